@@ -1,0 +1,165 @@
+//! Keys and values of the eBPF maps. `#[repr(C)]`, no implicit padding (explicit `_pad` fields), so
+//! the kernel's byte layout and Rust's agree; sizes are pinned below.
+
+use crate::hist::HIST_BUCKETS;
+
+/// Aggregation key: one row per (cgroup, process, API).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StatsKey {
+    /// cgroup v2 id (`bpf_get_current_cgroup_id`) at the time of the call.
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub api: u16,
+    pub _pad: u16,
+}
+
+/// Aggregated calls of one [`StatsKey`]. Updated with atomic adds from any CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiStats {
+    pub calls: u64,
+    /// Calls whose result was not `CUDA_SUCCESS`.
+    pub errors: u64,
+    /// Bytes named by the call's size argument (allocations: the size asked for).
+    pub bytes: u64,
+    /// Sum of entry-to-return latencies, ns.
+    pub total_ns: u64,
+    /// Log2 latency histogram, see [`crate::hist`].
+    pub hist: [u64; HIST_BUCKETS],
+}
+
+impl ApiStats {
+    pub const ZERO: ApiStats = ApiStats { calls: 0, errors: 0, bytes: 0, total_ns: 0, hist: [0; HIST_BUCKETS] };
+}
+
+/// A call in flight on one thread, stored by the entry probe and consumed by the return probe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InflightKey {
+    /// `bpf_get_current_pid_tgid()`: tgid << 32 | thread id.
+    pub pid_tgid: u64,
+    pub api: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inflight {
+    pub start_ns: u64,
+    /// The size argument (bytes), or for frees the address or handle being freed.
+    pub arg: u64,
+    /// Out-pointer of an allocation (`CUdeviceptr *` or handle pointer).
+    pub out_ptr: u64,
+    /// `cuMemAllocPitch_v2`: the `size_t *pitch` out-pointer.
+    pub pitch_ptr: u64,
+    /// `cuMemAllocPitch_v2`: the height.
+    pub height: u64,
+}
+
+/// A live allocation: (process, address space, address or handle).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AllocKey {
+    pub tgid: u32,
+    /// [`crate::api::ALLOC_SPACE_PTR`] or [`crate::api::ALLOC_SPACE_HANDLE`].
+    pub space: u32,
+    pub addr: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocVal {
+    pub bytes: u64,
+    pub api: u32,
+    pub _pad: u32,
+}
+
+/// Live device memory of one process as the probes saw it. The entry is the sum of the
+/// [`AllocKey`] entries of that process: both are updated by the same return probe, bytes are added
+/// only when the allocation entry was inserted and subtracted only when it was found and removed,
+/// so the figure can neither go negative nor keep bytes that the table no longer holds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveMem {
+    pub bytes: u64,
+    pub allocations: u64,
+}
+
+/// Indices of the per-CPU health counters (map `HEALTH`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// An entry probe could not store its in-flight record (map full).
+    InflightDropped = 0,
+    /// A return probe found no in-flight record (the entry was missed or evicted).
+    ReturnWithoutEntry = 1,
+    /// The allocation table was full: the allocation is counted but not tracked as live memory.
+    AllocTableFull = 2,
+    /// A stats row could not be created (map full): the call was not aggregated.
+    StatsDropped = 3,
+    /// A free named an address that the table does not hold (allocated before the agent started,
+    /// or a failed free).
+    FreeUnknown = 4,
+    /// Reading user memory (an out-pointer) failed.
+    UserReadFailed = 5,
+}
+
+impl Health {
+    pub const COUNT: u32 = 6;
+    pub const ALL: [Health; Health::COUNT as usize] = [
+        Health::InflightDropped,
+        Health::ReturnWithoutEntry,
+        Health::AllocTableFull,
+        Health::StatsDropped,
+        Health::FreeUnknown,
+        Health::UserReadFailed,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Health::InflightDropped => "inflight_dropped",
+            Health::ReturnWithoutEntry => "return_without_entry",
+            Health::AllocTableFull => "alloc_table_full",
+            Health::StatsDropped => "stats_dropped",
+            Health::FreeUnknown => "free_unknown",
+            Health::UserReadFailed => "user_read_failed",
+        }
+    }
+}
+
+/// Map sizes, shared so that userspace can report how full each one is.
+pub const STATS_MAX_ENTRIES: u32 = 16_384;
+pub const INFLIGHT_MAX_ENTRIES: u32 = 16_384;
+pub const ALLOCS_MAX_ENTRIES: u32 = 262_144;
+pub const LIVE_MAX_ENTRIES: u32 = 16_384;
+
+const _: () = {
+    assert!(core::mem::size_of::<StatsKey>() == 16);
+    assert!(core::mem::size_of::<ApiStats>() == 32 + 8 * HIST_BUCKETS);
+    assert!(core::mem::size_of::<InflightKey>() == 16);
+    assert!(core::mem::size_of::<Inflight>() == 40);
+    assert!(core::mem::size_of::<AllocKey>() == 16);
+    assert!(core::mem::size_of::<AllocVal>() == 16);
+    assert!(core::mem::size_of::<LiveMem>() == 16);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: each type is #[repr(C)], made of integers only, with no implicit padding (sizes are
+    // asserted above), so every bit pattern is valid and copying bytes is sound.
+    unsafe impl aya::Pod for StatsKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ApiStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for InflightKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for Inflight {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for AllocKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for AllocVal {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for LiveMem {}
+}

@@ -1,0 +1,1 @@
+//! The shared-memory accounting region (see docs/region.md).

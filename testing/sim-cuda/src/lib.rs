@@ -1,0 +1,1 @@
+//! A simulated CUDA driver.

@@ -96,8 +96,18 @@ pub struct ApiSpec {
     pub effect: MemEffect,
 }
 
-const fn spec(name: &'static str, kind: ApiKind, size_arg: Option<u8>, effect: MemEffect) -> ApiSpec {
-    ApiSpec { name, kind, size_arg, effect }
+const fn spec(
+    name: &'static str,
+    kind: ApiKind,
+    size_arg: Option<u8>,
+    effect: MemEffect,
+) -> ApiSpec {
+    ApiSpec {
+        name,
+        kind,
+        size_arg,
+        effect,
+    }
 }
 
 use ApiKind::*;
@@ -186,7 +196,9 @@ pub struct ApiId(pub u16);
 impl ApiId {
     /// The id of a symbol name, if traced.
     pub fn from_name(name: &str) -> Option<ApiId> {
-        APIS.iter().position(|s| s.name == name).map(|i| ApiId(i as u16))
+        APIS.iter()
+            .position(|s| s.name == name)
+            .map(|i| ApiId(i as u16))
     }
 
     pub fn spec(self) -> Option<&'static ApiSpec> {
@@ -224,7 +236,8 @@ impl ProbeCookie {
     }
 
     pub fn for_api(id: ApiId) -> Option<ProbeCookie> {
-        id.spec().map(|s| ProbeCookie::new(id.0, s.size_arg, s.effect))
+        id.spec()
+            .map(|s| ProbeCookie::new(id.0, s.size_arg, s.effect))
     }
 
     #[inline(always)]
@@ -253,7 +266,12 @@ mod tests {
     #[test]
     fn names_are_unique_and_ids_round_trip() {
         for (i, a) in APIS.iter().enumerate() {
-            assert_eq!(ApiId::from_name(a.name), Some(ApiId(i as u16)), "{}", a.name);
+            assert_eq!(
+                ApiId::from_name(a.name),
+                Some(ApiId(i as u16)),
+                "{}",
+                a.name
+            );
         }
     }
 
@@ -275,7 +293,9 @@ mod tests {
                 MemEffect::AllocPtr | MemEffect::AllocPitch | MemEffect::AllocHandle => {
                     assert_eq!(a.kind, ApiKind::Alloc, "{}", a.name)
                 }
-                MemEffect::FreePtr | MemEffect::FreeHandle => assert_eq!(a.kind, ApiKind::Free, "{}", a.name),
+                MemEffect::FreePtr | MemEffect::FreeHandle => {
+                    assert_eq!(a.kind, ApiKind::Free, "{}", a.name)
+                }
                 MemEffect::None => {}
             }
         }

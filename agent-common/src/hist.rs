@@ -13,7 +13,11 @@ pub const fn bucket_of(ns: u64) -> usize {
         return 0;
     }
     let b = 63 - ns.leading_zeros() as usize;
-    if b >= HIST_BUCKETS { HIST_BUCKETS - 1 } else { b }
+    if b >= HIST_BUCKETS {
+        HIST_BUCKETS - 1
+    } else {
+        b
+    }
 }
 
 /// The lower bound of a bucket, in nanoseconds.
@@ -25,7 +29,11 @@ pub const fn bucket_lower_ns(bucket: usize) -> u64 {
 /// The exclusive upper bound of a bucket, in nanoseconds (`u64::MAX` for the last one).
 #[inline]
 pub const fn bucket_upper_ns(bucket: usize) -> u64 {
-    if bucket + 1 >= HIST_BUCKETS { u64::MAX } else { 1u64 << (bucket + 1) }
+    if bucket + 1 >= HIST_BUCKETS {
+        u64::MAX
+    } else {
+        1u64 << (bucket + 1)
+    }
 }
 
 /// Estimates a quantile (`q` in 0..=1) from bucket counts by interpolating linearly inside the
@@ -35,7 +43,13 @@ pub fn quantile_ns(buckets: &[u64; HIST_BUCKETS], q: f64) -> Option<u64> {
     if total == 0 {
         return None;
     }
-    let q = if q < 0.0 { 0.0 } else if q > 1.0 { 1.0 } else { q };
+    let q = if q < 0.0 {
+        0.0
+    } else if q > 1.0 {
+        1.0
+    } else {
+        q
+    };
     // Rank of the wanted observation, 1-based.
     let rank = ((q * total as f64) as u64).clamp(1, total);
     let mut seen = 0u64;
@@ -45,7 +59,11 @@ pub fn quantile_ns(buckets: &[u64; HIST_BUCKETS], q: f64) -> Option<u64> {
         }
         if seen + n >= rank {
             let lo = bucket_lower_ns(i);
-            let hi = if i + 1 >= HIST_BUCKETS { lo.saturating_mul(2) } else { bucket_upper_ns(i) };
+            let hi = if i + 1 >= HIST_BUCKETS {
+                lo.saturating_mul(2)
+            } else {
+                bucket_upper_ns(i)
+            };
             let within = (rank - seen) as f64 / n as f64;
             return Some(lo + ((hi - lo) as f64 * within) as u64);
         }

@@ -30,7 +30,13 @@ pub struct ApiStats {
 }
 
 impl ApiStats {
-    pub const ZERO: ApiStats = ApiStats { calls: 0, errors: 0, bytes: 0, total_ns: 0, hist: [0; HIST_BUCKETS] };
+    pub const ZERO: ApiStats = ApiStats {
+        calls: 0,
+        errors: 0,
+        bytes: 0,
+        total_ns: 0,
+        hist: [0; HIST_BUCKETS],
+    };
 }
 
 /// A call in flight on one thread, stored by the entry probe and consumed by the return probe.

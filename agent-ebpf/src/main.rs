@@ -1,1 +1,387 @@
-#![no_std] #![no_main]
+//! The agent's eBPF programs: entry and return uprobes on libcuda's exported driver API.
+//!
+//! One program pair per [`ApiKind`], in two flavours: `uprobe.multi` (one link for all symbols of a
+//! library, used where the kernel has uprobe_multi) and plain `uprobe` (one perf link per symbol).
+//! Every probe carries a [`ProbeCookie`] that names the API and where its size, out-pointer and
+//! freed address are, so the programs are generic. Aggregation happens here, in the kernel: per
+//! (cgroup, process, API) call and error counts, bytes and a log2 latency histogram, plus live
+//! device memory per process. Userspace only reads the maps.
+#![no_std]
+#![no_main]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+use agent_common::{
+    MemEffect, ProbeCookie,
+    api::{ALLOC_SPACE_HANDLE, ALLOC_SPACE_PTR},
+    hist::{HIST_BUCKETS, bucket_of},
+    maps::{
+        ALLOCS_MAX_ENTRIES, AllocKey, AllocVal, ApiStats, Health, INFLIGHT_MAX_ENTRIES, Inflight,
+        InflightKey, LIVE_MAX_ENTRIES, LiveMem, STATS_MAX_ENTRIES, StatsKey,
+    },
+};
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid,
+        bpf_ktime_get_ns, bpf_probe_read_user,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::{ProbeContext, RetProbeContext},
+};
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+/// Aggregated calls per (cgroup, process, API). LRU: rows of long-gone processes make room.
+#[map]
+static STATS: LruHashMap<StatsKey, ApiStats> = LruHashMap::with_max_entries(STATS_MAX_ENTRIES, 0);
+
+/// Calls in flight, per thread and API. LRU: a thread that dies inside a call leaves no leak.
+#[map]
+static INFLIGHT: LruHashMap<InflightKey, Inflight> =
+    LruHashMap::with_max_entries(INFLIGHT_MAX_ENTRIES, 0);
+
+/// Live allocations. A plain hash (not LRU): an entry is never evicted behind the live-bytes
+/// figure's back; when full, new allocations are counted in `HEALTH` and not tracked.
+#[map]
+static ALLOCS: HashMap<AllocKey, AllocVal> = HashMap::with_max_entries(ALLOCS_MAX_ENTRIES, 0);
+
+/// Live device memory per process (the sum of its `ALLOCS` entries).
+#[map]
+static LIVE: HashMap<u32, LiveMem> = HashMap::with_max_entries(LIVE_MAX_ENTRIES, 0);
+
+/// Per-CPU counters of everything lost or inconsistent, indexed by [`Health`].
+#[map]
+static HEALTH: PerCpuArray<u64> = PerCpuArray::with_max_entries(Health::COUNT, 0);
+
+/// A zeroed row to insert from: a 344-byte value does not fit the eBPF stack budget comfortably.
+static ZERO_STATS: ApiStats = ApiStats::ZERO;
+static ZERO_LIVE: LiveMem = LiveMem {
+    bytes: 0,
+    allocations: 0,
+};
+
+#[inline(always)]
+fn count(h: Health) {
+    if let Some(p) = HEALTH.get_ptr_mut(h as u32) {
+        // SAFETY: per-CPU slot, only this CPU writes it while this program runs (no preemption
+        // inside a BPF program), so a plain read-modify-write is race-free.
+        unsafe { *p += 1 };
+    }
+}
+
+/// Atomic add on a map value field shared between CPUs.
+#[inline(always)]
+fn add(field: *mut u64, v: u64) {
+    // SAFETY: `field` points into a map value returned by the kernel for this program run; BPF
+    // atomic add is the only kind of write to these fields (userspace only reads), so concurrent
+    // adds from other CPUs are safe. Relaxed: readers sum counters and need no ordering with other
+    // memory.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, v) };
+}
+
+/// The first five integer arguments (x86-64 SysV: rdi, rsi, rdx, rcx, r8).
+///
+/// Volatile loads at constant offsets: with a variable argument index the compiler would compute
+/// a pointer into the context, which the verifier rejects ("dereference of modified ctx ptr").
+#[inline(always)]
+fn args(ctx: &ProbeContext) -> [u64; 5] {
+    let regs = ctx.regs;
+    // SAFETY: `regs` is the pt_regs context the kernel passed to this program; each field is read
+    // at a constant offset, which the verifier allows.
+    unsafe {
+        [
+            core::ptr::read_volatile(&raw const (*regs).rdi),
+            core::ptr::read_volatile(&raw const (*regs).rsi),
+            core::ptr::read_volatile(&raw const (*regs).rdx),
+            core::ptr::read_volatile(&raw const (*regs).rcx),
+            core::ptr::read_volatile(&raw const (*regs).r8),
+        ]
+    }
+}
+
+#[inline(always)]
+fn pick(args: &[u64; 5], n: u8) -> u64 {
+    match n {
+        0 => args[0],
+        1 => args[1],
+        2 => args[2],
+        3 => args[3],
+        4 => args[4],
+        _ => 0,
+    }
+}
+
+#[inline(always)]
+fn cookie_of<C: EbpfContext>(ctx: &C) -> ProbeCookie {
+    // SAFETY: the helper only reads the attach cookie of the running program's link.
+    ProbeCookie(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+}
+
+#[inline(always)]
+fn on_entry(ctx: &ProbeContext) {
+    let cookie = cookie_of(ctx);
+    let key = InflightKey {
+        pid_tgid: bpf_get_current_pid_tgid(),
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    let a = args(ctx);
+    let mut rec = Inflight {
+        start_ns: 0,
+        arg: 0,
+        out_ptr: 0,
+        pitch_ptr: 0,
+        height: 0,
+    };
+    if let Some(i) = cookie.size_arg() {
+        rec.arg = pick(&a, i);
+    }
+    match cookie.effect() {
+        MemEffect::AllocPtr | MemEffect::AllocHandle => rec.out_ptr = a[0],
+        MemEffect::AllocPitch => {
+            rec.out_ptr = a[0];
+            rec.pitch_ptr = a[1];
+            rec.height = a[3];
+        }
+        MemEffect::FreePtr | MemEffect::FreeHandle => rec.arg = a[0],
+        MemEffect::None => {}
+    }
+    // Taken last so the latency excludes this program's own work.
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    rec.start_ns = unsafe { bpf_ktime_get_ns() };
+    if INFLIGHT.insert(&key, &rec, BPF_ANY as u64).is_err() {
+        count(Health::InflightDropped);
+    }
+}
+
+#[inline(always)]
+fn read_user_u64(addr: u64) -> Option<u64> {
+    if addr == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_user copies from user memory with fault handling; a bad address
+    // returns an error instead of faulting.
+    match unsafe { bpf_probe_read_user(addr as *const u64) } {
+        Ok(v) => Some(v),
+        Err(_) => {
+            count(Health::UserReadFailed);
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn live_add(tgid: u32, bytes: u64, allocations: u64) {
+    let mut p = LIVE.get_ptr_mut(&tgid);
+    if p.is_none() {
+        // NOEXIST: if another CPU created the row first, ours fails and we use theirs.
+        let _ = LIVE.insert(&tgid, &ZERO_LIVE, BPF_NOEXIST as u64);
+        p = LIVE.get_ptr_mut(&tgid);
+    }
+    if let Some(p) = p {
+        // SAFETY: `p` is a live map value; fields are only changed by atomic adds.
+        unsafe {
+            add(&raw mut (*p).bytes, bytes);
+            add(&raw mut (*p).allocations, allocations);
+        }
+    }
+}
+
+/// Records a new live allocation. Bytes reach `LIVE` only once the `ALLOCS` entry exists.
+#[inline(always)]
+fn track(tgid: u32, space: u32, addr: u64, bytes: u64, api: u16) {
+    let key = AllocKey { tgid, space, addr };
+    // SAFETY: the value is copied out before any other map operation on this key.
+    let stale = unsafe { ALLOCS.get(&key) }.map(|v| v.bytes);
+    if ALLOCS
+        .insert(
+            &key,
+            &AllocVal {
+                bytes,
+                api: api as u32,
+                _pad: 0,
+            },
+            BPF_ANY as u64,
+        )
+        .is_err()
+    {
+        count(Health::AllocTableFull);
+        return;
+    }
+    match stale {
+        // The address was live in the table: its free was missed. Replace, don't double count.
+        Some(old) => live_add(tgid, bytes.wrapping_sub(old), 0),
+        None => live_add(tgid, bytes, 1),
+    }
+}
+
+/// Forgets a freed allocation; returns its size if the table held it.
+#[inline(always)]
+fn untrack(tgid: u32, space: u32, addr: u64) -> u64 {
+    let key = AllocKey { tgid, space, addr };
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(bytes) = (unsafe { ALLOCS.get(&key) }).map(|v| v.bytes) else {
+        count(Health::FreeUnknown);
+        return 0;
+    };
+    // Only the remover that actually deleted the entry subtracts, so a racing duplicate free
+    // cannot subtract twice.
+    if ALLOCS.remove(&key).is_ok() {
+        live_add(tgid, bytes.wrapping_neg(), u64::MAX);
+        bytes
+    } else {
+        0
+    }
+}
+
+#[inline(always)]
+fn on_return(ctx: &RetProbeContext) {
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cookie = cookie_of(ctx);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let key = InflightKey {
+        pid_tgid,
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    // SAFETY: the record is copied out before the entry is removed.
+    let Some(rec) = (unsafe { INFLIGHT.get(&key) }).copied() else {
+        count(Health::ReturnWithoutEntry);
+        return;
+    };
+    let _ = INFLIGHT.remove(&key);
+
+    let tgid = (pid_tgid >> 32) as u32;
+    // CUresult is a C int: only the low 32 bits of rax are defined.
+    let result = ctx.ret::<u64>() as u32;
+    let ok = result == 0;
+    let mut bytes = if cookie.size_arg().is_some() {
+        rec.arg
+    } else {
+        0
+    };
+    let api = cookie.api();
+    match cookie.effect() {
+        MemEffect::AllocPtr if ok => {
+            if let Some(addr) = read_user_u64(rec.out_ptr) {
+                track(tgid, ALLOC_SPACE_PTR, addr, rec.arg, api);
+            }
+        }
+        MemEffect::AllocHandle if ok => {
+            if let Some(handle) = read_user_u64(rec.out_ptr) {
+                track(tgid, ALLOC_SPACE_HANDLE, handle, rec.arg, api);
+            }
+        }
+        MemEffect::AllocPitch if ok => {
+            if let (Some(addr), Some(pitch)) =
+                (read_user_u64(rec.out_ptr), read_user_u64(rec.pitch_ptr))
+            {
+                bytes = pitch.wrapping_mul(rec.height);
+                track(tgid, ALLOC_SPACE_PTR, addr, bytes, api);
+            }
+        }
+        MemEffect::FreePtr if ok => bytes = untrack(tgid, ALLOC_SPACE_PTR, rec.arg),
+        MemEffect::FreeHandle if ok => bytes = untrack(tgid, ALLOC_SPACE_HANDLE, rec.arg),
+        _ => {}
+    }
+
+    // SAFETY: reads the current task's cgroup id; no memory is touched.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let skey = StatsKey {
+        cgroup_id,
+        tgid,
+        api,
+        _pad: 0,
+    };
+    let mut row = STATS.get_ptr_mut(&skey);
+    if row.is_none() {
+        let _ = STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
+        row = STATS.get_ptr_mut(&skey);
+    }
+    let Some(row) = row else {
+        count(Health::StatsDropped);
+        return;
+    };
+    let latency = now.saturating_sub(rec.start_ns);
+    let bucket = bucket_of(latency);
+    // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
+    unsafe {
+        add(&raw mut (*row).calls, 1);
+        if !ok {
+            add(&raw mut (*row).errors, 1);
+        }
+        add(&raw mut (*row).bytes, bytes);
+        add(&raw mut (*row).total_ns, latency);
+        if bucket < HIST_BUCKETS {
+            add(&raw mut (*row).hist[bucket], 1);
+        }
+    }
+}
+
+/// Declares the entry/return pair of one API kind in both attach flavours.
+macro_rules! kind_programs {
+    ($entry:ident, $ret:ident, $entry_multi:ident, $ret_multi:ident) => {
+        #[uprobe]
+        pub fn $entry(ctx: ProbeContext) -> u32 {
+            on_entry(&ctx);
+            0
+        }
+        #[uretprobe]
+        pub fn $ret(ctx: RetProbeContext) -> u32 {
+            on_return(&ctx);
+            0
+        }
+        #[uprobe(multi)]
+        pub fn $entry_multi(ctx: ProbeContext) -> u32 {
+            on_entry(&ctx);
+            0
+        }
+        #[uretprobe(multi)]
+        pub fn $ret_multi(ctx: RetProbeContext) -> u32 {
+            on_return(&ctx);
+            0
+        }
+    };
+}
+
+kind_programs!(
+    alloc_entry,
+    alloc_return,
+    alloc_entry_multi,
+    alloc_return_multi
+);
+kind_programs!(free_entry, free_return, free_entry_multi, free_return_multi);
+kind_programs!(sync_entry, sync_return, sync_entry_multi, sync_return_multi);
+kind_programs!(copy_entry, copy_return, copy_entry_multi, copy_return_multi);
+kind_programs!(
+    launch_entry,
+    launch_return,
+    launch_entry_multi,
+    launch_return_multi
+);
+kind_programs!(
+    lifecycle_entry,
+    lifecycle_return,
+    lifecycle_entry_multi,
+    lifecycle_return_multi
+);
+// The agent's own calibration target (see agent/src/probes/calibrate.rs).
+kind_programs!(
+    calib_entry,
+    calib_return,
+    calib_entry_multi,
+    calib_return_multi
+);
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

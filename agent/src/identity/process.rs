@@ -1,0 +1,77 @@
+//! Facts about a process read from procfs.
+
+use std::{fs, path::Path};
+
+/// What identifies and names a process. `(pid, start_ticks)` is unique for the life of the boot:
+/// the kernel reuses pids, never a pid with the same start time.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProcessFacts {
+    pub pid: u32,
+    /// Start time in clock ticks after boot (field 22 of `/proc/<pid>/stat`).
+    pub start_ticks: u64,
+    /// The command name (`comm`).
+    pub comm: String,
+    /// The command line, arguments joined by spaces.
+    pub cmdline: String,
+    /// The cgroup v2 path (from `/proc/<pid>/cgroup`).
+    pub cgroup_path: Option<String>,
+}
+
+/// Parses `comm` and the start time out of a `/proc/<pid>/stat` line. The comm is in parentheses
+/// and may itself contain spaces and parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(stat: &str) -> Option<(String, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_owned();
+    // After ") " come fields 3.. ; start time is field 22, i.e. index 19 of the rest.
+    let start = stat.get(close + 2..)?.split(' ').nth(19)?.parse().ok()?;
+    Some((comm, start))
+}
+
+impl ProcessFacts {
+    /// Reads a process's facts from `proc` (normally `/proc`); `None` if it is gone.
+    pub fn read(proc: &Path, pid: u32) -> Option<ProcessFacts> {
+        let dir = proc.join(pid.to_string());
+        let (comm, start_ticks) = parse_stat(&fs::read_to_string(dir.join("stat")).ok()?)?;
+        let cmdline = fs::read(dir.join("cmdline"))
+            .map(|b| {
+                b.split(|&c| c == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(String::from_utf8_lossy)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        let cgroup_path = fs::read_to_string(dir.join("cgroup"))
+            .ok()
+            .and_then(|t| super::cgroup::v2_path_of(&t));
+        Some(ProcessFacts {
+            pid,
+            start_ticks,
+            comm,
+            cmdline,
+            cgroup_path,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_comm() {
+        let line = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194304 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 18446744073709551615";
+        assert_eq!(parse_stat(line), Some(("my (odd) name".into(), 987654)));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x) S"), None);
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = ProcessFacts::read(Path::new("/proc"), std::process::id()).unwrap();
+        assert!(me.start_ticks > 0);
+        assert!(!me.comm.is_empty());
+        assert_eq!(ProcessFacts::read(Path::new("/proc"), u32::MAX), None);
+    }
+}

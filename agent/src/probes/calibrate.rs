@@ -1,0 +1,148 @@
+//! Measures what one probe hit (entry + return) costs on this host, so that the agent can report
+//! its own overhead instead of quoting someone else's figure.
+//!
+//! The target is `cuDriverGetVersion` in the host's libcuda when there is one (a call that touches
+//! no device and works without a GPU; its prologue is the kind every probed driver entry point
+//! has), else a function of the agent's own binary. The probes are scoped to the calling thread,
+//! so nothing else on the host pays for the measurement. This is the only place where the agent
+//! itself calls into libcuda.
+
+use std::{
+    ffi::CString,
+    hint::black_box,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use agent_common::ProbeCookie;
+
+use super::{ProbeError, Probes, symbols::Prologue};
+use crate::discovery::LibraryFile;
+
+/// The measured cost of one probed call.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProbeCost {
+    /// What was probed: `libcuda:cuDriverGetVersion` or `self`.
+    pub target: String,
+    pub prologue: Prologue,
+    /// Probed calls made.
+    pub calls: u64,
+    /// Median cost of an unprobed call, ns.
+    pub unprobed_ns: f64,
+    /// Median added cost of one entry + return probe hit, ns.
+    pub per_hit_ns: f64,
+}
+
+type DriverGetVersion = unsafe extern "C" fn(*mut i32) -> i32;
+
+/// A function of the agent's own binary to probe when there is no libcuda.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn vgpu_agent_calibration_target(v: *mut i32) -> i32 {
+    black_box(v);
+    0
+}
+
+struct Target {
+    path: PathBuf,
+    file_offset: u64,
+    prologue: Prologue,
+    func: DriverGetVersion,
+    name: String,
+}
+
+fn libcuda_target(lib: &LibraryFile) -> Option<Target> {
+    let data = std::fs::read(&lib.attach_path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let (file_offset, prologue) =
+        super::symbols::find_function(&file, &data, "cuDriverGetVersion")?;
+    let cpath = CString::new(lib.attach_path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: dlopen of the driver library runs its initialisers, which neither touch a device
+    // nor start threads before cuInit; the handle is deliberately kept for the process's life
+    // (the function pointer below must stay valid).
+    let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated name on a valid handle.
+    let sym = unsafe { libc::dlsym(handle, c"cuDriverGetVersion".as_ptr()) };
+    if sym.is_null() {
+        return None;
+    }
+    // SAFETY: cuDriverGetVersion has this C signature in every CUDA version.
+    let func: DriverGetVersion =
+        unsafe { std::mem::transmute::<*mut libc::c_void, DriverGetVersion>(sym) };
+    Some(Target {
+        path: lib.attach_path.clone(),
+        file_offset,
+        prologue,
+        func,
+        name: "libcuda:cuDriverGetVersion".into(),
+    })
+}
+
+fn self_target() -> Option<Target> {
+    let path = std::fs::read_link("/proc/self/exe").ok()?;
+    let data = std::fs::read(&path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let (file_offset, prologue) =
+        super::symbols::find_function(&file, &data, "vgpu_agent_calibration_target")?;
+    Some(Target {
+        path,
+        file_offset,
+        prologue,
+        func: self_call,
+        name: "self".into(),
+    })
+}
+
+unsafe extern "C" fn self_call(v: *mut i32) -> i32 {
+    vgpu_agent_calibration_target(v)
+}
+
+/// Median ns per call over `batches` batches of `batch` calls.
+fn time_calls(func: DriverGetVersion, batch: u32, batches: u32) -> f64 {
+    let mut per_call = Vec::with_capacity(batches as usize);
+    let mut v = 0i32;
+    for _ in 0..batches {
+        let t = Instant::now();
+        for _ in 0..batch {
+            // SAFETY: `func` takes one out-pointer to an int, which `v` is.
+            black_box(unsafe { func(&mut v) });
+        }
+        per_call.push(t.elapsed().as_nanos() as f64 / batch as f64);
+    }
+    per_call.sort_by(f64::total_cmp);
+    per_call[per_call.len() / 2]
+}
+
+/// Calibrates on `libcuda` (when given) or on the agent itself.
+pub fn measure(
+    probes: &mut Probes,
+    libcuda: Option<&LibraryFile>,
+) -> Result<ProbeCost, ProbeError> {
+    let target = libcuda
+        .and_then(libcuda_target)
+        .or_else(self_target)
+        .ok_or_else(|| ProbeError::NotElf {
+            path: Path::new("/proc/self/exe").to_owned(),
+            reason: "no calibration target found".into(),
+        })?;
+    let unprobed = time_calls(target.func, 2_000, 9);
+    let links = probes.attach_calibration(&target.path, target.file_offset)?;
+    // A single-stepped probe can cost ~15 us in a VM: size batches to finish in ~100 ms.
+    let probe_once = time_calls(target.func, 20, 1);
+    let batch = ((Duration::from_millis(10).as_nanos() as f64 / probe_once.max(1.0)) as u32)
+        .clamp(20, 5_000);
+    let probed = time_calls(target.func, batch, 9);
+    probes.detach_links(links);
+    probes.remove_stats_rows(std::process::id(), ProbeCookie::CALIBRATION_API)?;
+    Ok(ProbeCost {
+        target: target.name,
+        prologue: target.prologue,
+        calls: u64::from(batch) * 9 + 20,
+        unprobed_ns: unprobed,
+        per_hit_ns: (probed - unprobed).max(0.0),
+    })
+}

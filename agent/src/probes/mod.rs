@@ -1,0 +1,414 @@
+//! Loading the eBPF programs and attaching them to driver libraries.
+//!
+//! Each [`ApiKind`] has one entry and one return program; every attached symbol carries a
+//! [`ProbeCookie`]. Where the kernel supports uprobe_multi links, one link covers all symbols of a
+//! kind in a library (fast to attach and detach); elsewhere each symbol gets its own perf link.
+//! All calls into aya go through this module.
+
+pub mod calibrate;
+pub mod privileges;
+pub mod symbols;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use agent_common::{
+    ApiId, ApiKind, ProbeCookie,
+    maps::{ApiStats, Health, LiveMem, StatsKey},
+};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapError, PerCpuArray},
+    programs::{
+        ProgramError, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
+    sys::{UProbeMultiFeature, is_uprobe_multi_supported},
+};
+use thiserror::Error;
+
+use crate::discovery::{FileId, LibraryFile};
+pub use symbols::SymbolTable;
+
+/// The compiled eBPF object (empty when the agent was built without the eBPF toolchain).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vgpu-probes"));
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error("{0}")]
+    NotPrivileged(String),
+    #[error(
+        "this vgpu-agent was built without its eBPF probes (bpf-linker or the pinned nightly was missing at build time): run `cargo xtask setup` and rebuild"
+    )]
+    BuiltWithoutProbes,
+    #[error("loading the eBPF programs into the kernel failed: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("eBPF program {name}: {source}")]
+    Program {
+        name: String,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("the eBPF object has no program {0}")]
+    MissingProgram(String),
+    #[error("attaching {program} to {} failed: {source}", path.display())]
+    Attach {
+        program: String,
+        path: PathBuf,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("reading {}: {source}", path.display())]
+    ReadLibrary {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not an ELF library: {reason}", path.display())]
+    NotElf { path: PathBuf, reason: String },
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: Box<MapError>,
+    },
+}
+
+/// How the probes attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachMode {
+    /// One uprobe_multi link per program and library.
+    Multi,
+    /// One perf-event link per symbol.
+    PerSymbol,
+}
+
+fn program_name(kind: ApiKind, entry: bool, mode: AttachMode) -> String {
+    let base = match kind {
+        ApiKind::Info => "calib",
+        k => k.name(),
+    };
+    let suffix = if entry { "entry" } else { "return" };
+    match mode {
+        AttachMode::Multi => format!("{base}_{suffix}_multi"),
+        AttachMode::PerSymbol => format!("{base}_{suffix}"),
+    }
+}
+
+/// One library's attachment.
+#[derive(Debug)]
+pub struct AttachedLibrary {
+    pub file: LibraryFile,
+    pub symbols: SymbolTable,
+    /// Links per kind (entry and return programs).
+    links: BTreeMap<ApiKind, Vec<(String, UProbeLinkId)>>,
+}
+
+impl AttachedLibrary {
+    pub fn attached_kinds(&self) -> impl Iterator<Item = ApiKind> + '_ {
+        self.links.keys().copied()
+    }
+}
+
+/// The loaded programs and everything attached.
+pub struct Probes {
+    ebpf: Ebpf,
+    mode: AttachMode,
+    libraries: BTreeMap<FileId, AttachedLibrary>,
+    launches_on: bool,
+}
+
+impl Probes {
+    /// Checks privileges, then loads every program of the attach mode the kernel supports.
+    pub fn load() -> Result<Probes, ProbeError> {
+        privileges::check_current_process().map_err(ProbeError::NotPrivileged)?;
+        if EBPF_OBJECT.is_empty() {
+            return Err(ProbeError::BuiltWithoutProbes);
+        }
+        let mode = match is_uprobe_multi_supported(UProbeMultiFeature::LinkCreation) {
+            Ok(true) => AttachMode::Multi,
+            _ => AttachMode::PerSymbol,
+        };
+        let mut ebpf = EbpfLoader::new()
+            .load(EBPF_OBJECT)
+            .map_err(|e| ProbeError::Load(Box::new(e)))?;
+        let mut kinds: Vec<ApiKind> = ApiKind::PROBED.to_vec();
+        kinds.push(ApiKind::Info);
+        for kind in kinds {
+            for entry in [true, false] {
+                // Calibration always uses per-symbol links: they can be scoped to this thread.
+                let m = if kind == ApiKind::Info {
+                    AttachMode::PerSymbol
+                } else {
+                    mode
+                };
+                let name = program_name(kind, entry, m);
+                let prog: &mut UProbe = program(&mut ebpf, &name)?;
+                prog.load().map_err(|e| ProbeError::Program {
+                    name: name.clone(),
+                    source: Box::new(e),
+                })?;
+            }
+        }
+        Ok(Probes {
+            ebpf,
+            mode,
+            libraries: BTreeMap::new(),
+            launches_on: false,
+        })
+    }
+
+    pub fn mode(&self) -> AttachMode {
+        self.mode
+    }
+
+    pub fn libraries(&self) -> impl Iterator<Item = &AttachedLibrary> {
+        self.libraries.values()
+    }
+
+    pub fn is_attached(&self, id: FileId) -> bool {
+        self.libraries.contains_key(&id)
+    }
+
+    /// Attaches every probed kind (launches only while launch probes are on) to a library.
+    pub fn attach_library(&mut self, file: LibraryFile) -> Result<&AttachedLibrary, ProbeError> {
+        let apis =
+            ApiId::all().filter(|a| a.spec().is_some_and(|s| ApiKind::PROBED.contains(&s.kind)));
+        let symbols = symbols::resolve(&file.attach_path, apis)?;
+        let mut lib = AttachedLibrary {
+            file,
+            symbols,
+            links: BTreeMap::new(),
+        };
+        for kind in ApiKind::PROBED {
+            if kind == ApiKind::Launch && !self.launches_on {
+                continue;
+            }
+            self.attach_kind(&mut lib, kind)?;
+        }
+        let id = lib.file.id;
+        Ok(self.libraries.entry(id).or_insert(lib))
+    }
+
+    fn attach_kind(&mut self, lib: &mut AttachedLibrary, kind: ApiKind) -> Result<(), ProbeError> {
+        let points: Vec<UProbeAttachPoint<'static>> = lib
+            .symbols
+            .found
+            .iter()
+            .filter(|s| s.api.spec().is_some_and(|spec| spec.kind == kind))
+            .filter_map(|s| {
+                Some(UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(s.file_offset),
+                    cookie: Some(ProbeCookie::for_api(s.api)?.0),
+                })
+            })
+            .collect();
+        if points.is_empty() {
+            return Ok(());
+        }
+        let mut links = Vec::with_capacity(2);
+        for entry in [true, false] {
+            let name = program_name(kind, entry, self.mode);
+            let prog = program(&mut self.ebpf, &name)?;
+            match prog.attach(
+                points.iter(),
+                &lib.file.attach_path,
+                UProbeScope::AllProcesses,
+            ) {
+                Ok(id) => links.push((name, id)),
+                Err(source) => {
+                    // Leave nothing half-attached: an entry probe without its return probe
+                    // would only fill the in-flight table.
+                    for (n, id) in links {
+                        if let Ok(p) = program(&mut self.ebpf, &n) {
+                            let _ = p.detach(id);
+                        }
+                    }
+                    return Err(ProbeError::Attach {
+                        program: name,
+                        path: lib.file.attach_path.clone(),
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
+        lib.links.insert(kind, links);
+        Ok(())
+    }
+
+    fn detach_kind(&mut self, id: FileId, kind: ApiKind) {
+        let Some(lib) = self.libraries.get_mut(&id) else {
+            return;
+        };
+        for (name, link) in lib.links.remove(&kind).unwrap_or_default() {
+            if let Ok(p) = program(&mut self.ebpf, &name)
+                && let Err(e) = p.detach(link)
+            {
+                log::warn!(
+                    "detaching {name} from {}: {e}",
+                    lib.file.attach_path.display()
+                );
+            }
+        }
+    }
+
+    /// Turns the launch-family probes on or off in every attached library.
+    pub fn set_launch_probes(&mut self, on: bool) -> Result<(), ProbeError> {
+        if on == self.launches_on {
+            return Ok(());
+        }
+        self.launches_on = on;
+        let ids: Vec<FileId> = self.libraries.keys().copied().collect();
+        for id in ids {
+            if on {
+                let mut lib = self.libraries.remove(&id).expect("listed above");
+                let result = self.attach_kind(&mut lib, ApiKind::Launch);
+                self.libraries.insert(id, lib);
+                result?;
+            } else {
+                self.detach_kind(id, ApiKind::Launch);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn launches_on(&self) -> bool {
+        self.launches_on
+    }
+
+    /// Every aggregation row.
+    pub fn read_stats(&self) -> Result<Vec<(StatsKey, ApiStats)>, ProbeError> {
+        let map: BpfHashMap<_, StatsKey, ApiStats> = BpfHashMap::try_from(self.map("STATS")?)
+            .map_err(|e| ProbeError::Map {
+                name: "STATS",
+                source: Box::new(e),
+            })?;
+        // A row evicted during iteration shows up as an error for that key: skip it.
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// Live device memory per process.
+    pub fn read_live(&self) -> Result<Vec<(u32, LiveMem)>, ProbeError> {
+        let map: BpfHashMap<_, u32, LiveMem> =
+            BpfHashMap::try_from(self.map("LIVE")?).map_err(|e| ProbeError::Map {
+                name: "LIVE",
+                source: Box::new(e),
+            })?;
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// Health counters summed over CPUs, indexed by [`Health`].
+    pub fn read_health(&self) -> Result<[u64; Health::COUNT as usize], ProbeError> {
+        let map: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.map("HEALTH")?).map_err(|e| ProbeError::Map {
+                name: "HEALTH",
+                source: Box::new(e),
+            })?;
+        let mut out = [0u64; Health::COUNT as usize];
+        for h in Health::ALL {
+            if let Ok(v) = map.get(&(h as u32), 0) {
+                out[h as usize] = v.iter().sum();
+            }
+        }
+        Ok(out)
+    }
+
+    fn map(&self, name: &'static str) -> Result<&aya::maps::Map, ProbeError> {
+        self.ebpf.map(name).ok_or(ProbeError::Map {
+            name,
+            source: Box::new(MapError::InvalidName { name: name.into() }),
+        })
+    }
+
+    /// Attaches the calibration programs to one function of `path`, scoped to the calling thread.
+    pub(crate) fn attach_calibration(
+        &mut self,
+        path: &Path,
+        file_offset: u64,
+    ) -> Result<Vec<(String, UProbeLinkId)>, ProbeError> {
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+            cookie: Some(ProbeCookie::CALIBRATION_API as u64),
+        };
+        let mut links = Vec::new();
+        for entry in [true, false] {
+            let name = program_name(ApiKind::Info, entry, AttachMode::PerSymbol);
+            let prog = program(&mut self.ebpf, &name)?;
+            let id = prog
+                .attach([point], path, UProbeScope::CallingProcess)
+                .map_err(|source| ProbeError::Attach {
+                    program: name.clone(),
+                    path: path.to_owned(),
+                    source: Box::new(source),
+                })?;
+            links.push((name, id));
+        }
+        Ok(links)
+    }
+
+    pub(crate) fn detach_links(&mut self, links: Vec<(String, UProbeLinkId)>) {
+        for (name, id) in links {
+            if let Ok(p) = program(&mut self.ebpf, &name) {
+                let _ = p.detach(id);
+            }
+        }
+    }
+
+    /// Removes the aggregation rows of one process and API (used to drop calibration rows).
+    pub(crate) fn remove_stats_rows(&mut self, tgid: u32, api: u16) -> Result<(), ProbeError> {
+        let map = self.ebpf.map_mut("STATS").ok_or(ProbeError::Map {
+            name: "STATS",
+            source: Box::new(MapError::InvalidName {
+                name: "STATS".into(),
+            }),
+        })?;
+        let mut stats: BpfHashMap<_, StatsKey, ApiStats> =
+            BpfHashMap::try_from(map).map_err(|e| ProbeError::Map {
+                name: "STATS",
+                source: Box::new(e),
+            })?;
+        let keys: Vec<StatsKey> = stats
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == tgid && k.api == api)
+            .collect();
+        for k in keys {
+            let _ = stats.remove(&k);
+        }
+        Ok(())
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProbeError> {
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or_else(|| ProbeError::MissingProgram(name.to_owned()))?;
+    prog.try_into().map_err(|e| ProbeError::Program {
+        name: name.to_owned(),
+        source: Box::new(e),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_names_match_the_ebpf_object() {
+        assert_eq!(
+            program_name(ApiKind::Alloc, true, AttachMode::Multi),
+            "alloc_entry_multi"
+        );
+        assert_eq!(
+            program_name(ApiKind::Launch, false, AttachMode::PerSymbol),
+            "launch_return"
+        );
+        assert_eq!(
+            program_name(ApiKind::Info, true, AttachMode::PerSymbol),
+            "calib_entry"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! The `stat` report as a terminal table.
+
+use std::fmt::Write;
+
+use super::report::{ApiRow, StatReport};
+use crate::units::{bytes, nanos};
+
+fn api_table(out: &mut String, apis: &[ApiRow]) {
+    let _ = writeln!(
+        out,
+        "  {:<32} {:>10} {:>8} {:>9} {:>9} {:>12}",
+        "API", "CALLS", "ERRORS", "P50", "P99", "BYTES"
+    );
+    for a in apis {
+        let _ = writeln!(
+            out,
+            "  {:<32} {:>10} {:>8} {:>9} {:>9} {:>12}",
+            a.api,
+            a.calls,
+            a.errors,
+            a.p50_ns.map(nanos).unwrap_or_else(|| "-".into()),
+            a.p99_ns.map(nanos).unwrap_or_else(|| "-".into()),
+            if a.bytes > 0 {
+                bytes(a.bytes)
+            } else {
+                "-".into()
+            },
+        );
+    }
+}
+
+pub fn table(r: &StatReport) -> String {
+    let mut out = String::new();
+    let p = &r.probes;
+    let _ = writeln!(
+        out,
+        "vgpu-agent stat: {:.1}s, {} librar{} probed ({:?} links), launch probes {}",
+        r.duration_seconds,
+        p.libraries.len(),
+        if p.libraries.len() == 1 { "y" } else { "ies" },
+        p.attach_mode,
+        match p.launch_probes {
+            crate::trace::LaunchProbes::Off => "off".to_string(),
+            crate::trace::LaunchProbes::On => "on".to_string(),
+            crate::trace::LaunchProbes::Sampled { window, period } => format!(
+                "sampled {:?} every {:?} ({:.1}s attached)",
+                window, period, p.launch_probe_seconds
+            ),
+        }
+    );
+    if let Some(c) = &p.cost {
+        let _ = writeln!(
+            out,
+            "probe cost: {} per probed call (measured on {})",
+            nanos(c.per_hit_ns as u64),
+            c.target
+        );
+    }
+    let lost: u64 = r.health.values().sum();
+    if lost > 0 {
+        let parts: Vec<String> = r
+            .health
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(out, "events lost or unmatched: {}", parts.join(", "));
+    }
+    for w in &r.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    if r.processes.is_empty() {
+        let _ = writeln!(out, "\nno CUDA driver calls were seen.");
+        return out;
+    }
+    for proc in &r.processes {
+        let _ = writeln!(
+            out,
+            "\nPROCESS {} {} ({}) cgroup {} [{}]  live GPU memory {} in {} allocation(s)",
+            proc.pid,
+            proc.comm.as_deref().unwrap_or("?"),
+            if proc.alive { "running" } else { "exited" },
+            proc.cgroup_path.as_deref().unwrap_or("?"),
+            proc.cgroup_id,
+            bytes(proc.live_bytes),
+            proc.live_allocations,
+        );
+        api_table(&mut out, &proc.apis);
+    }
+    for cg in &r.cgroups {
+        let _ = writeln!(
+            out,
+            "\nCGROUP {} [{}]  processes {:?}  live GPU memory {}",
+            cg.cgroup_path.as_deref().unwrap_or("?"),
+            cg.cgroup_id,
+            cg.pids,
+            bytes(cg.live_bytes),
+        );
+        api_table(&mut out, &cg.apis);
+    }
+    out
+}

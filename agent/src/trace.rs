@@ -1,0 +1,234 @@
+//! The tracing session: probes loaded, libraries discovered and attached as they appear, launch
+//! probes switched by policy, and raw readings of the kernel's aggregation maps.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use agent_common::maps::{ApiStats, Health, LiveMem, StatsKey};
+
+use crate::{
+    discovery::{self, Discovery, LibraryFile, LibraryKind},
+    host::HostPaths,
+    identity::ProcessFacts,
+    probes::{ProbeError, Probes, calibrate::ProbeCost},
+};
+
+/// When the launch-family probes are attached. Off by default: an entry+return probe adds about
+/// 1.7 us to a 3.2 us kernel launch (docs/gpu-validation.md, shared notes), so they are for short
+/// investigations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum LaunchProbes {
+    Off,
+    On,
+    /// Attached for `window` out of every `period`.
+    Sampled {
+        #[serde(with = "crate::units::serde_secs")]
+        window: Duration,
+        #[serde(with = "crate::units::serde_secs")]
+        period: Duration,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct TraceOptions {
+    /// Libraries to attach besides the discovered ones.
+    pub extra_libcuda: Vec<PathBuf>,
+    pub launches: LaunchProbes,
+    pub calibrate: bool,
+    pub host: HostPaths,
+}
+
+/// One reading of the kernel maps.
+#[derive(Clone, Debug, Default)]
+pub struct RawReading {
+    pub stats: Vec<(StatsKey, ApiStats)>,
+    pub live: Vec<(u32, LiveMem)>,
+    pub health: [u64; Health::COUNT as usize],
+}
+
+pub struct Tracer {
+    probes: Probes,
+    discovery: Discovery,
+    opts: TraceOptions,
+    started: Instant,
+    launch_on_since: Option<Instant>,
+    launch_on_total: Duration,
+    pub probe_cost: Option<ProbeCost>,
+    /// Facts about every process seen mapping a probed library, kept after it exits so that a
+    /// short-lived process is still shown by name.
+    seen_processes: HashMap<u32, ProcessFacts>,
+    /// Problems worth telling the user (also logged as they happen).
+    pub warnings: Vec<String>,
+}
+
+impl Tracer {
+    /// Loads the probes, attaches the host's and the configured libraries, and calibrates.
+    pub fn start(opts: TraceOptions) -> Result<Tracer, ProbeError> {
+        let probes = Probes::load()?;
+        let mut t = Tracer {
+            probes,
+            discovery: Discovery::new(),
+            opts,
+            started: Instant::now(),
+            launch_on_since: None,
+            launch_on_total: Duration::ZERO,
+            probe_cost: None,
+            seen_processes: HashMap::new(),
+            warnings: Vec::new(),
+        };
+        if t.opts.launches == LaunchProbes::On {
+            t.set_launches(true)?;
+        }
+        let host_lib = discovery::host_library(&t.opts.host, LibraryKind::Cuda);
+        let mut initial: Vec<LibraryFile> = Vec::new();
+        for p in t.opts.extra_libcuda.clone() {
+            match discovery::configured_library(LibraryKind::Cuda, &p) {
+                Some(lib) => initial.push(lib),
+                None => t.warn(format!("--libcuda {}: not a readable file", p.display())),
+            }
+        }
+        match &host_lib {
+            Some(lib) => initial.push(lib.clone()),
+            None => t.warn(
+                "no libcuda on the host (searched /etc/ld.so.cache and the driver directories): \
+                 no NVIDIA driver here? Watching processes for one"
+                    .into(),
+            ),
+        }
+        for lib in initial {
+            t.attach(lib);
+        }
+        if t.opts.calibrate {
+            match crate::probes::calibrate::measure(&mut t.probes, host_lib.as_ref()) {
+                Ok(cost) => {
+                    log::info!(
+                        "probe cost on this host: {:.0} ns per probed call (entry+return, {} prologue, measured on {})",
+                        cost.per_hit_ns,
+                        serde_json::to_value(cost.prologue)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default(),
+                        cost.target
+                    );
+                    t.probe_cost = Some(cost);
+                }
+                Err(e) => t.warn(format!("probe cost calibration failed: {e}")),
+            }
+        }
+        t.poll()?;
+        Ok(t)
+    }
+
+    fn warn(&mut self, msg: String) {
+        log::warn!("{msg}");
+        self.warnings.push(msg);
+    }
+
+    fn attach(&mut self, lib: LibraryFile) {
+        if self.probes.is_attached(lib.id) {
+            return;
+        }
+        self.discovery.mark_seen(lib.id);
+        let shown = lib.attach_path.clone();
+        match self.probes.attach_library(lib) {
+            Ok(attached) => {
+                let missing: Vec<&str> =
+                    attached.symbols.missing.iter().map(|a| a.name()).collect();
+                log::info!(
+                    "attached to {} [{}] ({} symbols; found {})",
+                    shown.display(),
+                    attached.file.id,
+                    attached.symbols.found.len(),
+                    match &attached.file.found_by {
+                        discovery::FoundBy::Configured => "on the command line".to_string(),
+                        discovery::FoundBy::Host => "on the host".to_string(),
+                        discovery::FoundBy::Process { pid } =>
+                            format!("in pid {pid} as {}", attached.file.path.display()),
+                    }
+                );
+                if !missing.is_empty() {
+                    let msg = format!(
+                        "{} does not export {} traced symbol(s), skipped: {}",
+                        shown.display(),
+                        missing.len(),
+                        missing.join(", ")
+                    );
+                    self.warn(msg);
+                }
+            }
+            Err(e) => self.warn(format!("could not attach to {}: {e}", shown.display())),
+        }
+    }
+
+    /// Looks for new libraries in processes and applies the launch-probe policy. Call often
+    /// (every 0.5-1 s): a library that appears is attached at the next call.
+    pub fn poll(&mut self) -> Result<(), ProbeError> {
+        let scan = self.discovery.scan_processes(&self.opts.host);
+        for lib in scan.new {
+            self.attach(lib);
+        }
+        for (pid, _) in scan.users {
+            let stale = self.seen_processes.get(&pid).is_none_or(|f| {
+                // A reused pid is another process.
+                ProcessFacts::read(&self.opts.host.proc, pid)
+                    .is_some_and(|now| now.start_ticks != f.start_ticks)
+            });
+            if stale && let Some(f) = ProcessFacts::read(&self.opts.host.proc, pid) {
+                self.seen_processes.insert(pid, f);
+            }
+        }
+        if let LaunchProbes::Sampled { window, period } = self.opts.launches {
+            let period_ns = period.as_nanos().max(1);
+            let within = self.started.elapsed().as_nanos() % period_ns;
+            self.set_launches(within < window.as_nanos())?;
+        }
+        Ok(())
+    }
+
+    fn set_launches(&mut self, on: bool) -> Result<(), ProbeError> {
+        if on == self.probes.launches_on() {
+            return Ok(());
+        }
+        self.probes.set_launch_probes(on)?;
+        if on {
+            self.launch_on_since = Some(Instant::now());
+        } else if let Some(since) = self.launch_on_since.take() {
+            self.launch_on_total += since.elapsed();
+        }
+        Ok(())
+    }
+
+    /// How long the launch probes have been attached in total.
+    pub fn launch_probe_time(&self) -> Duration {
+        self.launch_on_total
+            + self
+                .launch_on_since
+                .map(|s| s.elapsed())
+                .unwrap_or_default()
+    }
+
+    /// Processes seen mapping a probed library (including ones that exited since).
+    pub fn seen_processes(&self) -> &HashMap<u32, ProcessFacts> {
+        &self.seen_processes
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn probes(&self) -> &Probes {
+        &self.probes
+    }
+
+    pub fn read(&self) -> Result<RawReading, ProbeError> {
+        Ok(RawReading {
+            stats: self.probes.read_stats()?,
+            live: self.probes.read_live()?,
+            health: self.probes.read_health()?,
+        })
+    }
+}

@@ -1,1 +1,120 @@
-fn main() {}
+//! Project tasks: `cargo xtask <setup|build|test|run|bundle|bench>`.
+//!
+//! `setup` installs every prerequisite on a fresh Debian 12 machine and is idempotent: when
+//! everything is present it only checks, in well under 5 s. `test` and `run` call it first, so a
+//! fresh clone needs nothing else.
+
+mod bench;
+mod setup;
+mod util;
+
+use std::{env, path::PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{cmd, repo_root};
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  setup            install the toolchains and packages the build and tests need (idempotent)
+  build [--release]  build everything, the eBPF probes included
+  test             setup, then formatting, lints and every test (privileged ones when root)
+  run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: stat --duration 10s)
+  bundle           build release binaries into .carry/ for the GPU machine
+  bench <name>     run a benchmark (see docs/benchmarks.md)";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let Some(command) = args.first() else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    let rest = &args[1..];
+    match command.as_str() {
+        "setup" => setup::run(),
+        "build" => {
+            setup::run()?;
+            build(rest.iter().any(|a| a == "--release"))
+        }
+        "test" => test(),
+        "run" => run(rest),
+        "bundle" => bundle(),
+        "bench" => bench::run(rest),
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown command {other:?}\n\n{USAGE}"),
+    }
+}
+
+fn build(release: bool) -> Result<()> {
+    let mut c = cmd("cargo", ["build", "--all-targets"]);
+    if release {
+        c.arg("--release");
+    }
+    util::run(&mut c)
+}
+
+/// Environment that tests read: where the real driver library is, and whether privileged tests
+/// must run (as root they may not skip).
+pub fn test_env() -> Vec<(String, String)> {
+    let mut v = vec![("VGPU_TEST_LIBCUDA".to_string(), setup::test_libcuda().display().to_string())];
+    if util::is_root() {
+        v.push(("VGPU_REQUIRE_PRIVILEGED".into(), "1".into()));
+    }
+    v
+}
+
+fn test() -> Result<()> {
+    setup::run()?;
+    util::step("cargo fmt --check");
+    util::run(&mut cmd("cargo", ["fmt", "--all", "--", "--check"])).context("formatting: run `cargo fmt --all`")?;
+    util::step("cargo clippy");
+    util::run(&mut cmd("cargo", ["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    util::step("cargo test");
+    let mut t = cmd("cargo", ["test", "--no-fail-fast"]);
+    t.envs(test_env());
+    util::run(&mut t)?;
+    Ok(())
+}
+
+fn run(rest: &[String]) -> Result<()> {
+    setup::run()?;
+    util::run(&mut cmd("cargo", ["build", "--release", "--bin", "vgpu-agent"]))?;
+    let bin = repo_root().join("target/release/vgpu-agent");
+    let args: Vec<String> = match rest.iter().position(|a| a == "--") {
+        Some(i) => rest[i + 1..].to_vec(),
+        None if rest.is_empty() => vec!["stat".into(), "--duration".into(), "10s".into()],
+        None => rest.to_vec(),
+    };
+    let mut c = if util::is_root() || which("sudo").is_none() {
+        cmd(bin.to_str().context("utf-8 path")?, args.iter().map(String::as_str))
+    } else {
+        let mut c = cmd("sudo", ["-E"]);
+        c.arg(&bin).args(&args);
+        c
+    };
+    util::run(&mut c)
+}
+
+fn bundle() -> Result<()> {
+    setup::run()?;
+    util::run(&mut cmd("cargo", ["build", "--release", "--workspace", "--exclude", "agent-ebpf"]))?;
+    let out = repo_root().join(".carry/bin");
+    std::fs::create_dir_all(&out)?;
+    for name in ["vgpu-agent", "cuda-exercise", "libsimcuda.so"] {
+        let src = repo_root().join("target/release").join(name);
+        if src.exists() {
+            std::fs::copy(&src, out.join(name)).with_context(|| format!("copying {}", src.display()))?;
+            println!("bundled {}", out.join(name).display());
+        }
+    }
+    Ok(())
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    env::var_os("PATH").and_then(|p| env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
+}

@@ -596,6 +596,69 @@ impl Driver {
         )
     }
 
+    /// `cuModuleLoadData(image)` + `cuModuleGetFunction(name)`: the result of the last call
+    /// made and the function.
+    pub fn function_from_image(&self, image: &[u8], name: &str) -> (Option<CUresult>, Handle) {
+        let Ok(cname) = CString::new(name) else {
+            return (Some(1), std::ptr::null_mut());
+        };
+        let mut module: Handle = std::ptr::null_mut();
+        let r = call!(
+            self,
+            "cuModuleLoadData",
+            fn(*mut Handle, *const c_void),
+            &mut module,
+            image.as_ptr().cast()
+        );
+        if r != Some(0) {
+            return (r, std::ptr::null_mut());
+        }
+        let mut f: Handle = std::ptr::null_mut();
+        let r = call!(
+            self,
+            "cuModuleGetFunction",
+            fn(*mut Handle, Handle, *const c_char),
+            &mut f,
+            module,
+            cname.as_ptr()
+        );
+        (r, f)
+    }
+
+    /// `cuLaunchKernel(f)` with a 1x1x1 grid and block on the NULL stream, no parameters.
+    pub fn launch_kernel(&self, f: Handle) -> Option<CUresult> {
+        let null: Handle = std::ptr::null_mut();
+        let none: *mut Handle = std::ptr::null_mut();
+        call!(
+            self,
+            "cuLaunchKernel",
+            fn(
+                Handle,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                Handle,
+                *mut Handle,
+                *mut Handle,
+            ),
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            null,
+            none,
+            none
+        )
+    }
+
     pub fn ctx_synchronize(&self) -> Option<CUresult> {
         call!(self, "cuCtxSynchronize", fn())
     }

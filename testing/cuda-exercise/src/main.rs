@@ -82,6 +82,13 @@ enum Command {
         #[arg(long, default_value = "4096", value_parser = parse_bytes)]
         size: u64,
     },
+    /// cuInit, load a module, launch a kernel N times (cuLaunchKernel), then cuCtxSynchronize;
+    /// prints the time spent launching and synchronising (with the sim's SIMCUDA_LAUNCH_US the
+    /// synchronisation waits for the simulated work).
+    Launches {
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+    },
     /// Resolve a symbol with cuGetProcAddress(_v2) and print the address next to dlsym's.
     ProcAddress {
         #[arg(long)]
@@ -181,6 +188,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             init,
             size,
         } => latency(&drv, &api, calls, init, size as usize),
+        Command::Launches { count } => launches(&drv, count),
         Command::ProcAddress {
             symbol,
             cuda_version,
@@ -541,6 +549,45 @@ fn latency(
         "p50_ns": pct(0.5),
         "p99_ns": pct(0.99),
         "max_ns": ns.last().copied().unwrap_or(0),
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn launches(drv: &Driver, count: u64) -> Result<ExitCode, String> {
+    let mut rec = Recorder::default();
+    let r = drv.init();
+    rec.record("cuInit", r, 0);
+    if r != Some(0) {
+        return Err(format!("cuInit returned {r:?}"));
+    }
+    drv.primary_context(&mut |n, r, s| rec.record(n, r, s))
+        .map_err(|e| format!("setting up a context: {e}"))?;
+    // A stand-in image: the sim does not read it; a real driver would reject it.
+    let (r, func) = drv.function_from_image(b"simcuda\0", "kernel");
+    rec.record("cuModuleGetFunction", r, 0);
+    if r != Some(0) {
+        return Err(format!("loading a function returned {r:?}"));
+    }
+    let t = Instant::now();
+    let mut errors = 0;
+    for _ in 0..count {
+        let r = drv.launch_kernel(func);
+        errors += u64::from(r != Some(0));
+        rec.record("cuLaunchKernel", r, 0);
+    }
+    let launch_ns = t.elapsed().as_nanos() as u64;
+    let t = Instant::now();
+    let r = drv.ctx_synchronize();
+    let sync_ns = t.elapsed().as_nanos() as u64;
+    errors += u64::from(r != Some(0));
+    rec.record("cuCtxSynchronize", r, 0);
+    print(json!({
+        "pid": std::process::id(),
+        "launches": count,
+        "errors": errors,
+        "launch_ns": launch_ns,
+        "sync_ns": sync_ns,
+        "calls": rec.calls,
     }));
     Ok(ExitCode::SUCCESS)
 }

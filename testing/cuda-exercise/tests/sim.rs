@@ -285,7 +285,9 @@ fn every_traced_api_is_exported_at_its_own_address() {
     let section = |n: &str| file.section_by_name(n).and_then(|s| s.data().ok()).unwrap();
     let (dynamic, dynstr) = (section(".dynamic"), section(".dynstr"));
     let soname = dynamic
-        .chunks_exact(16)
+        .as_chunks::<16>()
+        .0
+        .iter()
         .map(|e| {
             (
                 u64::from_le_bytes(e[..8].try_into().unwrap()),
@@ -298,4 +300,65 @@ fn every_traced_api_is_exported_at_its_own_address() {
             String::from_utf8_lossy(&s[..s.iter().position(|b| *b == 0).unwrap()]).into_owned()
         });
     assert_eq!(soname.as_deref(), Some("libcuda.so.1"));
+}
+
+#[test]
+fn hold_keeps_memory_until_stdin_closes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(EXE)
+        .arg("--lib")
+        .arg(sim_lib())
+        .args(["hold", "--bytes", "1g"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["pid"].as_u64(), Some(child.id() as u64), "{first}");
+    assert_eq!(first["result"], 0, "{first}");
+    assert_eq!(first["bytes"], 1u64 << 30);
+    // Still running while stdin is open.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(child.try_wait().unwrap().is_none());
+    drop(child.stdin.take());
+    let last: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(last["freed"], 0, "{last}");
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn ready_and_wait_files_gate_the_first_call() {
+    use std::process::{Command, Stdio};
+    let dir = test_dir("gate");
+    let (ready, go) = (dir.join("ready"), dir.join("go"));
+    let child = Command::new(EXE)
+        .arg("--lib")
+        .arg(sim_lib())
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("--wait-file")
+        .arg(&go)
+        .args(["counts", "--per-api", "2", "--apis", "cuCtxSynchronize"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "the ready file never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let mut child = child;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "cuda-exercise did not wait for the wait file"
+    );
+    std::fs::write(&go, b"").unwrap();
+    let v = json(&child.wait_with_output().unwrap());
+    assert_eq!(stat(&v, "cuCtxSynchronize", "calls"), 2);
 }

@@ -298,7 +298,7 @@ fn ctx_create(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     CUDA_SUCCESS
 }
 
-/// A new handle of kind `o` written to `p`, if `check` passes.
+/// Creates an object of kind `o` and writes its handle (converted by `make`) to `p`.
 fn create<T>(p: *mut T, o: Obj, make: impl FnOnce(u64) -> T) -> CUresult {
     if p.is_null() {
         return CUDA_ERROR_INVALID_VALUE;

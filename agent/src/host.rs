@@ -27,6 +27,15 @@ impl HostPaths {
         }
     }
 
+    /// Reads the loader cache and driver directories under `root` instead of `/`.
+    pub fn with_root(self, root: PathBuf) -> HostPaths {
+        HostPaths {
+            ld_so_cache: root.join("etc/ld.so.cache"),
+            root,
+            ..self
+        }
+    }
+
     /// A host path under [`HostPaths::root`].
     pub fn rooted(&self, path: &Path) -> PathBuf {
         self.root.join(path.strip_prefix("/").unwrap_or(path))

@@ -61,6 +61,10 @@ enum Command {
         /// Skip measuring the probe cost at start.
         #[arg(long)]
         no_calibrate: bool,
+        /// Where the host's filesystem is (for the loader cache and driver directories), e.g.
+        /// /host when the agent runs in a container with the host's root mounted there.
+        #[arg(long, default_value = "/")]
+        host_root: PathBuf,
     },
 }
 
@@ -102,6 +106,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             libcuda,
             poll_interval,
             no_calibrate,
+            host_root,
         } => {
             let launches = match probe_launches {
                 LaunchMode::Off => LaunchProbes::Off,
@@ -124,7 +129,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     extra_libcuda: libcuda,
                     launches,
                     calibrate: !no_calibrate,
-                    host: host::HostPaths::system(),
+                    host: host::HostPaths::system().with_root(host_root),
                 },
             };
             let report = match stat::run(opts) {

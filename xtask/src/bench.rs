@@ -14,10 +14,23 @@ pub fn run(args: &[String]) -> Result<()> {
 
 fn region() -> Result<()> {
     crate::util::step("region: recording one call, reserve+release (criterion)");
-    crate::util::run(&mut crate::util::cmd("cargo", ["bench", "-p", "region", "--bench", "record"]))?;
+    crate::util::run(&mut crate::util::cmd(
+        "cargo",
+        ["bench", "-p", "region", "--bench", "record"],
+    ))?;
     crate::util::step("region: 64 processes starting on one region");
     crate::util::run(&mut crate::util::cmd(
         "cargo",
-        ["run", "--release", "-p", "region", "--example", "startup_bench", "--", "--processes", "64"],
+        [
+            "run",
+            "--release",
+            "-p",
+            "region",
+            "--example",
+            "startup_bench",
+            "--",
+            "--processes",
+            "64",
+        ],
     ))
 }

@@ -61,7 +61,10 @@ fn build(release: bool) -> Result<()> {
 /// Environment that tests read: where the real driver library is, and whether privileged tests
 /// must run (as root they may not skip).
 pub fn test_env() -> Vec<(String, String)> {
-    let mut v = vec![("VGPU_TEST_LIBCUDA".to_string(), setup::test_libcuda().display().to_string())];
+    let mut v = vec![(
+        "VGPU_TEST_LIBCUDA".to_string(),
+        setup::test_libcuda().display().to_string(),
+    )];
     if util::is_root() {
         v.push(("VGPU_REQUIRE_PRIVILEGED".into(), "1".into()));
     }
@@ -71,9 +74,13 @@ pub fn test_env() -> Vec<(String, String)> {
 fn test() -> Result<()> {
     setup::run()?;
     util::step("cargo fmt --check");
-    util::run(&mut cmd("cargo", ["fmt", "--all", "--", "--check"])).context("formatting: run `cargo fmt --all`")?;
+    util::run(&mut cmd("cargo", ["fmt", "--all", "--", "--check"]))
+        .context("formatting: run `cargo fmt --all`")?;
     util::step("cargo clippy");
-    util::run(&mut cmd("cargo", ["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    util::run(&mut cmd(
+        "cargo",
+        ["clippy", "--all-targets", "--", "-D", "warnings"],
+    ))?;
     util::step("cargo test");
     let mut t = cmd("cargo", ["test", "--no-fail-fast"]);
     t.envs(test_env());
@@ -83,7 +90,10 @@ fn test() -> Result<()> {
 
 fn run(rest: &[String]) -> Result<()> {
     setup::run()?;
-    util::run(&mut cmd("cargo", ["build", "--release", "--bin", "vgpu-agent"]))?;
+    util::run(&mut cmd(
+        "cargo",
+        ["build", "--release", "--bin", "vgpu-agent"],
+    ))?;
     let bin = repo_root().join("target/release/vgpu-agent");
     let args: Vec<String> = match rest.iter().position(|a| a == "--") {
         Some(i) => rest[i + 1..].to_vec(),
@@ -91,7 +101,10 @@ fn run(rest: &[String]) -> Result<()> {
         None => rest.to_vec(),
     };
     let mut c = if util::is_root() || which("sudo").is_none() {
-        cmd(bin.to_str().context("utf-8 path")?, args.iter().map(String::as_str))
+        cmd(
+            bin.to_str().context("utf-8 path")?,
+            args.iter().map(String::as_str),
+        )
     } else {
         let mut c = cmd("sudo", ["-E"]);
         c.arg(&bin).args(&args);
@@ -102,13 +115,23 @@ fn run(rest: &[String]) -> Result<()> {
 
 fn bundle() -> Result<()> {
     setup::run()?;
-    util::run(&mut cmd("cargo", ["build", "--release", "--workspace", "--exclude", "agent-ebpf"]))?;
+    util::run(&mut cmd(
+        "cargo",
+        [
+            "build",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "agent-ebpf",
+        ],
+    ))?;
     let out = repo_root().join(".carry/bin");
     std::fs::create_dir_all(&out)?;
     for name in ["vgpu-agent", "cuda-exercise", "libsimcuda.so"] {
         let src = repo_root().join("target/release").join(name);
         if src.exists() {
-            std::fs::copy(&src, out.join(name)).with_context(|| format!("copying {}", src.display()))?;
+            std::fs::copy(&src, out.join(name))
+                .with_context(|| format!("copying {}", src.display()))?;
             println!("bundled {}", out.join(name).display());
         }
     }
@@ -116,5 +139,9 @@ fn bundle() -> Result<()> {
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    env::var_os("PATH").and_then(|p| env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
+    env::var_os("PATH").and_then(|p| {
+        env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
 }

@@ -20,8 +20,17 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
 /// Debian packages: LLVM 22 for bpf-linker; tmux for the TUI end-to-end tests; iproute2 and
 /// util-linux (unshare) for namespace tests; binutils (nm) for the export allow-list test.
-const DEB_PACKAGES: &[&str] =
-    &["llvm-22-dev", "libpolly-22-dev", "tmux", "iproute2", "util-linux", "binutils", "gcc", "python3", "ca-certificates"];
+const DEB_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "tmux",
+    "iproute2",
+    "util-linux",
+    "binutils",
+    "gcc",
+    "python3",
+    "ca-certificates",
+];
 
 /// The real NVIDIA driver libraries from Debian non-free, unpacked (not installed: the package
 /// pulls in dkms and kernel headers) for tests that probe the real libcuda without a GPU.
@@ -54,21 +63,47 @@ pub fn run() -> Result<()> {
     let apt_updated = debian_packages()?;
     bpf_linker()?;
     nvidia_test_driver(apt_updated)?;
-    eprintln!("setup: everything present ({:.1}s)", started.elapsed().as_secs_f64());
+    eprintln!(
+        "setup: everything present ({:.1}s)",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
 fn toolchains() -> Result<()> {
     let list = output(&mut cmd("rustup", ["toolchain", "list"]))
         .context("rustup is missing: install it from https://rustup.rs (the toolchains are then installed here)")?;
-    for (toolchain, components) in [(USERSPACE_TOOLCHAIN, &["clippy", "rustfmt"][..]), (EBPF_TOOLCHAIN, &["rust-src"][..])] {
+    for (toolchain, components) in [
+        (USERSPACE_TOOLCHAIN, &["clippy", "rustfmt"][..]),
+        (EBPF_TOOLCHAIN, &["rust-src"][..]),
+    ] {
         let have_toolchain = list.lines().any(|l| l.starts_with(toolchain));
         let have_components = have_toolchain
-            && output(&mut cmd("rustup", ["component", "list", "--installed", "--toolchain", toolchain]))
-                .is_some_and(|installed| components.iter().all(|c| installed.lines().any(|l| l.starts_with(c))));
+            && output(&mut cmd(
+                "rustup",
+                ["component", "list", "--installed", "--toolchain", toolchain],
+            ))
+            .is_some_and(|installed| {
+                components
+                    .iter()
+                    .all(|c| installed.lines().any(|l| l.starts_with(c)))
+            });
         if !have_components {
-            eprintln!("setup: installing Rust toolchain {toolchain} with {}", components.join(", "));
-            let mut c = cmd("rustup", ["toolchain", "install", toolchain, "--profile", "minimal", "--component"]);
+            eprintln!(
+                "setup: installing Rust toolchain {toolchain} with {}",
+                components.join(", ")
+            );
+            let mut c = cmd(
+                "rustup",
+                [
+                    "toolchain",
+                    "install",
+                    toolchain,
+                    "--profile",
+                    "minimal",
+                    "--component",
+                ],
+            );
             c.arg(components.join(","));
             util::run(&mut c).with_context(|| {
                 format!("installing {toolchain} failed: is static.rust-lang.org reachable? Retry `cargo xtask setup`")
@@ -79,7 +114,10 @@ fn toolchains() -> Result<()> {
 }
 
 fn missing_debs(packages: &[&str]) -> Vec<String> {
-    let mut c = cmd("dpkg-query", ["-W", "-f", "${Package} ${db:Status-Status}\n"]);
+    let mut c = cmd(
+        "dpkg-query",
+        ["-W", "-f", "${Package} ${db:Status-Status}\n"],
+    );
     c.args(packages);
     let installed = output(&mut c).unwrap_or_default();
     // dpkg-query exits non-zero if any package is unknown; parse what it printed either way.
@@ -102,7 +140,9 @@ fn missing_debs(packages: &[&str]) -> Vec<String> {
 
 fn require_root(what: &str) -> Result<()> {
     if !util::is_root() {
-        bail!("setup needs root to {what}: run `sudo cargo xtask setup` once (or install it yourself)");
+        bail!(
+            "setup needs root to {what}: run `sudo cargo xtask setup` once (or install it yourself)"
+        );
     }
     Ok(())
 }
@@ -149,16 +189,22 @@ fn bpf_linker() -> Result<()> {
         ],
     );
     c.env("LLVM_PREFIX", LLVM_PREFIX);
-    util::run(&mut c).context("building bpf-linker failed (it needs llvm-22-dev and libpolly-22-dev)")
+    util::run(&mut c)
+        .context("building bpf-linker failed (it needs llvm-22-dev and libpolly-22-dev)")
 }
 
 fn nvidia_test_driver(apt_updated: bool) -> Result<()> {
-    if test_libcuda().is_file() && Path::new(TEST_DRIVER_DIR).join("libnvidia-ml.so.1").is_file() {
+    if test_libcuda().is_file()
+        && Path::new(TEST_DRIVER_DIR)
+            .join("libnvidia-ml.so.1")
+            .is_file()
+    {
         return Ok(());
     }
     require_root("unpack Debian's NVIDIA driver libraries for the tests")?;
     if !Path::new(NONFREE_SOURCES).exists() {
-        fs::write(NONFREE_SOURCES, NONFREE_SOURCES_TEXT).with_context(|| format!("writing {NONFREE_SOURCES}"))?;
+        fs::write(NONFREE_SOURCES, NONFREE_SOURCES_TEXT)
+            .with_context(|| format!("writing {NONFREE_SOURCES}"))?;
     }
     let can_download = |_: ()| {
         let mut c = cmd("apt-cache", ["policy"]);
@@ -174,7 +220,10 @@ fn nvidia_test_driver(apt_updated: bool) -> Result<()> {
     // apt-get download runs as the _apt user where it can: let it write here.
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(&work, fs::Permissions::from_mode(0o777))?;
-    eprintln!("setup: unpacking {} into {TEST_DRIVER_DIR}", NVIDIA_DEBS.join(" "));
+    eprintln!(
+        "setup: unpacking {} into {TEST_DRIVER_DIR}",
+        NVIDIA_DEBS.join(" ")
+    );
     let mut dl = cmd("apt-get", ["download", "-q"]);
     dl.args(NVIDIA_DEBS).current_dir(&work);
     util::run(&mut dl)?;
@@ -186,7 +235,9 @@ fn nvidia_test_driver(apt_updated: bool) -> Result<()> {
     }
     let libs = unpacked.join("usr/lib/x86_64-linux-gnu/nvidia/current");
     fs::create_dir_all(TEST_DRIVER_DIR)?;
-    for entry in fs::read_dir(&libs).with_context(|| format!("{} after unpacking", libs.display()))? {
+    for entry in
+        fs::read_dir(&libs).with_context(|| format!("{} after unpacking", libs.display()))?
+    {
         let p = entry?.path();
         let dst = Path::new(TEST_DRIVER_DIR).join(p.file_name().expect("file name"));
         let _ = fs::remove_file(&dst);
@@ -199,7 +250,11 @@ fn nvidia_test_driver(apt_updated: bool) -> Result<()> {
     }
     let _ = fs::remove_dir_all(&work);
     if !test_libcuda().is_file() {
-        bail!("{} is missing after unpacking {}", test_libcuda().display(), NVIDIA_DEBS.join(" "));
+        bail!(
+            "{} is missing after unpacking {}",
+            test_libcuda().display(),
+            NVIDIA_DEBS.join(" ")
+        );
     }
     Ok(())
 }
@@ -214,6 +269,8 @@ mod tests {
         let toolchain_file = fs::read_to_string(root.join("rust-toolchain.toml")).unwrap();
         assert!(toolchain_file.contains(&format!("channel = \"{USERSPACE_TOOLCHAIN}\"")));
         let agent_build = fs::read_to_string(root.join("agent/build.rs")).unwrap();
-        assert!(agent_build.contains(&format!("const EBPF_TOOLCHAIN: &str = \"{EBPF_TOOLCHAIN}\";")));
+        assert!(agent_build.contains(&format!(
+            "const EBPF_TOOLCHAIN: &str = \"{EBPF_TOOLCHAIN}\";"
+        )));
     }
 }

@@ -10,7 +10,10 @@ use anyhow::{Context, Result, bail};
 
 /// The repository root (xtask lives in `<root>/xtask`).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the repository").to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the repository")
+        .to_path_buf()
 }
 
 pub fn cmd<I, S>(program: &str, args: I) -> Command
@@ -26,7 +29,9 @@ where
 /// Runs a command with inherited stdio; an unsuccessful exit is an error naming the command.
 pub fn run(c: &mut Command) -> Result<()> {
     let shown = format!("{c:?}");
-    let status = c.status().with_context(|| format!("could not start {shown}"))?;
+    let status = c
+        .status()
+        .with_context(|| format!("could not start {shown}"))?;
     if !status.success() {
         bail!("{shown} failed ({status})");
     }
@@ -36,7 +41,9 @@ pub fn run(c: &mut Command) -> Result<()> {
 /// Runs a command and returns its stdout, or `None` if it could not run or failed.
 pub fn output(c: &mut Command) -> Option<String> {
     let out = c.stderr(Stdio::null()).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 pub fn is_root() -> bool {

@@ -43,13 +43,7 @@ pub fn quantile_ns(buckets: &[u64; HIST_BUCKETS], q: f64) -> Option<u64> {
     if total == 0 {
         return None;
     }
-    let q = if q < 0.0 {
-        0.0
-    } else if q > 1.0 {
-        1.0
-    } else {
-        q
-    };
+    let q = q.clamp(0.0, 1.0);
     // Rank of the wanted observation, 1-based.
     let rank = ((q * total as f64) as u64).clamp(1, total);
     let mut seen = 0u64;

@@ -1,0 +1,163 @@
+//! What every entry point does before its own work: configuration, delay, failure injection,
+//! the initialisation check and logging. Lock-free after the first call of each symbol.
+
+use crate::config::Config;
+use crate::types::*;
+use agent_common::api::ApiId;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+/// Nanoseconds since [`EPOCH`] at which all launched work will have finished.
+static BUSY_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// Entry points that work before `cuInit`, as in the real driver.
+const NO_INIT: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorString",
+    "cuGetErrorName",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuGetExportTable",
+];
+
+/// The process-wide configuration, read from the environment on first use.
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        let (c, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
+        if c.log {
+            eprintln!("simcuda: {c:?}");
+        }
+        for w in warnings {
+            // Malformed configuration is worth a line even without SIMCUDA_LOG: a test would
+            // otherwise silently run with defaults.
+            eprintln!("simcuda: warning: {w}");
+        }
+        c
+    })
+}
+
+pub fn set_initialized() {
+    INITIALIZED.store(true, Ordering::Release);
+}
+
+/// Nanoseconds since the process's first call.
+pub fn now_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Waits for `d`: a busy-wait for the last 60 us (all of it below 50 us), a sleep before that, so
+/// that short delays are accurate and long ones do not burn a core.
+pub fn wait(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    let deadline = Instant::now() + d;
+    if d >= Duration::from_micros(50) {
+        std::thread::sleep(d - Duration::from_micros(60).min(d));
+    }
+    while Instant::now() < deadline {
+        std::hint::spin_loop();
+    }
+}
+
+/// Waits until the simulated device time `until_ns` (see [`now_ns`]).
+pub fn wait_until_ns(until_ns: u64) {
+    let now = now_ns();
+    if until_ns > now {
+        wait(Duration::from_nanos(until_ns - now));
+    }
+}
+
+/// Records a launch: the device is busy for `SIMCUDA_LAUNCH_US` more after all earlier work.
+pub fn launch_work() {
+    let launch = config().launch.as_nanos() as u64;
+    if launch == 0 {
+        return;
+    }
+    let now = now_ns();
+    let mut cur = BUSY_UNTIL.load(Ordering::Acquire);
+    loop {
+        match BUSY_UNTIL.compare_exchange_weak(
+            cur,
+            cur.max(now) + launch,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => break,
+            Err(v) => cur = v,
+        }
+    }
+}
+
+/// The time at which all work launched so far will have finished.
+pub fn busy_until() -> u64 {
+    BUSY_UNTIL.load(Ordering::Acquire)
+}
+
+/// Waits until all launched work has finished.
+pub fn sync_device() {
+    wait_until_ns(busy_until());
+}
+
+struct SymCfg {
+    delay: Duration,
+    fail_every: u64,
+    needs_init: bool,
+    log: bool,
+}
+
+/// Per-entry-point state: a static in every exported function.
+pub struct Sym {
+    name: &'static str,
+    cfg: OnceLock<SymCfg>,
+    calls: AtomicU64,
+}
+
+impl Sym {
+    pub const fn new(name: &'static str) -> Sym {
+        Sym {
+            name,
+            cfg: OnceLock::new(),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    fn cfg(&self) -> &SymCfg {
+        self.cfg.get_or_init(|| {
+            let c = config();
+            let kind = ApiId::from_name(self.name)
+                .and_then(|id| id.spec())
+                .map(|s| s.kind.name());
+            SymCfg {
+                delay: c.delay_for(self.name, kind),
+                fail_every: c.fail_every(self.name, kind),
+                needs_init: c.require_init && !NO_INIT.contains(&self.name),
+                log: c.log,
+            }
+        })
+    }
+
+    /// Runs the common part of a call, then `body` unless the call fails early.
+    #[inline(always)]
+    pub fn call(&self, body: impl FnOnce() -> CUresult) -> CUresult {
+        let cfg = self.cfg();
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        wait(cfg.delay);
+        let r = if cfg.fail_every != 0 && n.is_multiple_of(cfg.fail_every) {
+            CUDA_ERROR_UNKNOWN
+        } else if cfg.needs_init && !INITIALIZED.load(Ordering::Acquire) {
+            CUDA_ERROR_NOT_INITIALIZED
+        } else {
+            body()
+        };
+        if cfg.log {
+            eprintln!("simcuda: {} #{n} -> {r}", self.name);
+        }
+        r
+    }
+}

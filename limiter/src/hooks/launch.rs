@@ -1,16 +1,42 @@
 //! Kernel and graph launches, the hot path: counted and timed, nothing else (the SM limiter will
-//! hook in here). No lock, allocation or environment access: a thread-local flag, one acquire load
-//! of the state, two clock reads and relaxed counter increments.
+//! hook in here). No lock, allocation or environment access: once initialised, one acquire load of
+//! the state, two clock reads and relaxed counter increments.
 
-use std::ffi::{c_uint, c_void};
-
-use super::passthrough;
-use crate::{
-    cuda::*,
-    real_driver::{
-        PfnGraphLaunch, PfnLaunchCooperativeKernel, PfnLaunchKernel, PfnLaunchKernelEx, sym,
-    },
+use std::{
+    ffi::{c_uint, c_void},
+    time::Instant,
 };
+
+use super::{passthrough, since};
+use crate::{
+    accounting::Accounting as _,
+    cuda::*,
+    guard::shield,
+    real_driver::{
+        PfnGraphLaunch, PfnLaunchCooperativeKernel, PfnLaunchKernel, PfnLaunchKernelEx, Symbol, sym,
+    },
+    state,
+};
+
+/// A launch hook. Once the state exists, launches skip the re-entrancy guard (two thread-local
+/// accesses through `__tls_get_addr` in a shared library): a launch hook calls nothing but the real
+/// function and the counters, so a launch the driver might make from inside another hook is simply
+/// counted as well. Before initialisation, and after a configuration error, the guarded path runs.
+#[inline]
+fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
+    let Some((state, real)) = state::ready().and_then(|s| Some((s, s.driver.get::<S>()?))) else {
+        return passthrough::<S>(call);
+    };
+    let t0 = Instant::now();
+    let r = call(real);
+    let dt = since(t0);
+    shield(|| {
+        state
+            .ledger
+            .record_call(state.api(S::SYM), dt, r == CUDA_SUCCESS)
+    });
+    r
+}
 
 macro_rules! launch_kernel {
     ($name:ident, $sym:ty) => {
@@ -30,7 +56,7 @@ macro_rules! launch_kernel {
             kernel_params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
-            passthrough::<$sym>(|real: PfnLaunchKernel| {
+            launch::<$sym>(|real: PfnLaunchKernel| {
                 // SAFETY: forwards the caller's arguments unchanged to the same variant.
                 unsafe {
                     real(
@@ -67,7 +93,7 @@ macro_rules! launch_kernel_ex {
             extra: *mut *mut c_void,
         ) -> CUresult {
             // SAFETY: forwards the caller's arguments unchanged to the same variant.
-            passthrough::<$sym>(|real: PfnLaunchKernelEx| unsafe {
+            launch::<$sym>(|real: PfnLaunchKernelEx| unsafe {
                 real(config, f, kernel_params, extra)
             })
         }
@@ -94,7 +120,7 @@ macro_rules! launch_cooperative {
             stream: CUstream,
             kernel_params: *mut *mut c_void,
         ) -> CUresult {
-            passthrough::<$sym>(|real: PfnLaunchCooperativeKernel| {
+            launch::<$sym>(|real: PfnLaunchCooperativeKernel| {
                 // SAFETY: forwards the caller's arguments unchanged to the same variant.
                 unsafe {
                     real(
@@ -128,7 +154,7 @@ macro_rules! graph_launch {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(graph: CUgraphExec, stream: CUstream) -> CUresult {
             // SAFETY: forwards the caller's arguments unchanged to the same variant.
-            passthrough::<$sym>(|real: PfnGraphLaunch| unsafe { real(graph, stream) })
+            launch::<$sym>(|real: PfnGraphLaunch| unsafe { real(graph, stream) })
         }
     };
 }

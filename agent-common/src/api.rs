@@ -178,6 +178,12 @@ pub const APIS: &[ApiSpec] = &[
     // Information (intercepted by the limiter).
     spec("cuMemGetInfo_v2", Info, None, E::None),
     spec("cuDeviceTotalMem_v2", Info, None, E::None),
+    // Appended for the limiter (ids 54..): memory pools and the driver's own symbol lookup.
+    spec("cuMemPoolCreate", Lifecycle, None, E::None),
+    spec("cuMemPoolDestroy", Free, None, E::None),
+    spec("cuMemPoolTrimTo", Free, None, E::None),
+    spec("cuGetProcAddress", Lifecycle, None, E::None),
+    spec("cuGetProcAddress_v2", Lifecycle, None, E::None),
 ];
 
 /// Number of entries in [`APIS`]. Region shards reserve room for [`API_SLOTS`] so the table can grow

@@ -1,0 +1,406 @@
+//! Configuration from the environment, compatible with HAMi-core's variables.
+//!
+//! Read once, at the first CUDA call, never on a call and never in a process that does not use
+//! CUDA. Parsing is pure: [`Config::from_vars`] takes the variables as pairs, so it is tested
+//! without touching the process environment. A malformed value is an error naming the variable and
+//! the value; the limiter then fails every intercepted call (see `state.rs`) rather than run
+//! unlimited.
+
+use std::{ffi::OsString, path::PathBuf};
+
+use crate::log::Level;
+
+/// Devices addressed by per-device variables (`_0` ..= `_15`), as in HAMi-core.
+pub const MAX_DEVICES: usize = 16;
+
+pub const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+pub const REAL_LIBCUDA: &str = "VGPU_REAL_LIBCUDA";
+
+/// Why a byte count does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BytesError {
+    #[error("empty value")]
+    Empty,
+    #[error("expected digits followed by an optional k, m, g or t suffix")]
+    Syntax,
+    #[error("does not fit in 64 bits")]
+    Overflow,
+}
+
+/// A configuration error: the variable, its value and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A memory limit that is not a byte count.
+    #[error("{var}={value:?}: invalid byte count: {reason}")]
+    Bytes {
+        var: String,
+        value: String,
+        #[source]
+        reason: BytesError,
+    },
+    /// An SM limit outside 0..=100.
+    #[error("{var}={value:?}: expected a percentage from 0 to 100")]
+    SmLimit { var: String, value: String },
+    /// A log level outside 0..=4.
+    #[error("{var}={value:?}: expected a log level from 0 (silent) to 4 (debug)")]
+    LogLevel { var: String, value: String },
+    /// A per-device suffix that is not a device index below [`MAX_DEVICES`].
+    #[error("{var}: the suffix after {prefix}_ must be a device index from 0 to {max}", max = MAX_DEVICES - 1)]
+    DeviceIndex { var: String, prefix: &'static str },
+    /// An empty path.
+    #[error("{var} is set but empty")]
+    EmptyPath { var: String },
+    /// A variable of ours whose name or value is not UTF-8.
+    #[error("{var}: value is not valid UTF-8")]
+    NotUnicode { var: String },
+}
+
+/// The limiter's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Memory limit per device in bytes; `None` (unset or `0`) means no limit.
+    pub memory_limit: [Option<u64>; MAX_DEVICES],
+    /// SM share per device in percent; `None` (unset, `0` or `100`) means no SM limit. Stored for the
+    /// SM limiter; not enforced yet.
+    pub sm_limit: [Option<u8>; MAX_DEVICES],
+    /// Path of the shared accounting region (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
+    pub shared_cache: Option<PathBuf>,
+    pub log_level: Level,
+    /// Where the real driver is (`VGPU_REAL_LIBCUDA`); `None` means `libcuda.so.1`.
+    pub real_libcuda: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            memory_limit: [None; MAX_DEVICES],
+            sm_limit: [None; MAX_DEVICES],
+            shared_cache: None,
+            log_level: Level::DEFAULT,
+            real_libcuda: None,
+        }
+    }
+}
+
+/// Parses a byte count: decimal digits with an optional binary suffix `k`, `m`, `g` or `t` (either
+/// case), as HAMi-core accepts: `"4g"`, `"4096m"`, `"1073741824"`.
+pub fn parse_bytes(s: &str) -> Result<u64, BytesError> {
+    if s.is_empty() {
+        return Err(BytesError::Empty);
+    }
+    let (digits, shift) = match s.as_bytes()[s.len() - 1].to_ascii_lowercase() {
+        b'k' => (&s[..s.len() - 1], 10),
+        b'm' => (&s[..s.len() - 1], 20),
+        b'g' => (&s[..s.len() - 1], 30),
+        b't' => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(BytesError::Syntax);
+    }
+    let n: u64 = digits.parse().map_err(|_| BytesError::Overflow)?;
+    n.checked_mul(1u64 << shift).ok_or(BytesError::Overflow)
+}
+
+/// What a variable name means to us.
+enum Var {
+    Memory(Option<usize>),
+    Sm(Option<usize>),
+    SharedCache,
+    LogLevel,
+    RealLibcuda,
+}
+
+fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
+    fn indexed(name: &str, prefix: &'static str) -> Result<Option<Option<usize>>, ConfigError> {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            return Ok(None);
+        };
+        if rest.is_empty() {
+            return Ok(Some(None));
+        }
+        let Some(idx) = rest.strip_prefix('_') else {
+            return Ok(None);
+        };
+        let bad = || ConfigError::DeviceIndex {
+            var: name.to_owned(),
+            prefix,
+        };
+        if idx.is_empty()
+            || !idx.bytes().all(|b| b.is_ascii_digit())
+            || (idx.len() > 1 && idx.starts_with('0'))
+        {
+            return Err(bad());
+        }
+        match idx.parse::<usize>() {
+            Ok(i) if i < MAX_DEVICES => Ok(Some(Some(i))),
+            _ => Err(bad()),
+        }
+    }
+    // CUDA_DEVICE_MEMORY_SHARED_CACHE shares the prefix CUDA_DEVICE_MEMORY_: match it first.
+    if name == SHARED_CACHE {
+        return Ok(Some(Var::SharedCache));
+    }
+    if name == LOG_LEVEL {
+        return Ok(Some(Var::LogLevel));
+    }
+    if name == REAL_LIBCUDA {
+        return Ok(Some(Var::RealLibcuda));
+    }
+    if let Some(i) = indexed(name, MEMORY_LIMIT)? {
+        return Ok(Some(Var::Memory(i)));
+    }
+    if let Some(i) = indexed(name, SM_LIMIT)? {
+        return Ok(Some(Var::Sm(i)));
+    }
+    Ok(None)
+}
+
+impl Config {
+    /// Reads the process environment (once, at initialisation).
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_vars(std::env::vars_os())
+    }
+
+    /// Builds the configuration from `(name, value)` pairs. Per-device variables override the
+    /// global one whatever their order; the first error found is returned.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        let mut mem_global = None;
+        let mut mem_dev = [None; MAX_DEVICES];
+        let mut sm_global = None;
+        let mut sm_dev = [None; MAX_DEVICES];
+        for (name, value) in vars {
+            // Names that are not UTF-8 cannot be ours.
+            let Some(name) = name.to_str() else { continue };
+            let Some(var) = classify(name)? else { continue };
+            let value = value.into_string().map_err(|_| ConfigError::NotUnicode {
+                var: name.to_owned(),
+            })?;
+            match var {
+                Var::Memory(idx) => {
+                    let bytes = parse_bytes(&value).map_err(|reason| ConfigError::Bytes {
+                        var: name.to_owned(),
+                        value: value.clone(),
+                        reason,
+                    })?;
+                    let limit = (bytes != 0).then_some(bytes);
+                    match idx {
+                        None => mem_global = Some(limit),
+                        Some(i) => mem_dev[i] = Some(limit),
+                    }
+                }
+                Var::Sm(idx) => {
+                    let pct = match value.parse::<u8>() {
+                        Ok(p) if p <= 100 && !value.starts_with('+') => p,
+                        _ => {
+                            return Err(ConfigError::SmLimit {
+                                var: name.to_owned(),
+                                value,
+                            });
+                        }
+                    };
+                    let limit = (pct != 0 && pct != 100).then_some(pct);
+                    match idx {
+                        None => sm_global = Some(limit),
+                        Some(i) => sm_dev[i] = Some(limit),
+                    }
+                }
+                Var::SharedCache => {
+                    if value.is_empty() {
+                        return Err(ConfigError::EmptyPath {
+                            var: name.to_owned(),
+                        });
+                    }
+                    cfg.shared_cache = Some(PathBuf::from(value));
+                }
+                Var::RealLibcuda => {
+                    if value.is_empty() {
+                        return Err(ConfigError::EmptyPath {
+                            var: name.to_owned(),
+                        });
+                    }
+                    cfg.real_libcuda = Some(PathBuf::from(value));
+                }
+                Var::LogLevel => {
+                    cfg.log_level = value
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|_| !value.starts_with('+'))
+                        .and_then(Level::from_u8)
+                        .ok_or_else(|| ConfigError::LogLevel {
+                            var: name.to_owned(),
+                            value,
+                        })?;
+                }
+            }
+        }
+        for i in 0..MAX_DEVICES {
+            cfg.memory_limit[i] = mem_dev[i].unwrap_or(mem_global.flatten());
+            cfg.sm_limit[i] = sm_dev[i].unwrap_or(sm_global.flatten());
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_vars(
+            pairs
+                .iter()
+                .map(|(n, v)| (OsString::from(n), OsString::from(v))),
+        )
+    }
+
+    #[test]
+    fn byte_counts_parse_like_hami() {
+        assert_eq!(parse_bytes("4g"), Ok(4 << 30));
+        assert_eq!(parse_bytes("4G"), Ok(4 << 30));
+        assert_eq!(parse_bytes("4096m"), Ok(4 << 30));
+        assert_eq!(parse_bytes("4096M"), Ok(4 << 30));
+        assert_eq!(parse_bytes("1073741824"), Ok(1 << 30));
+        assert_eq!(parse_bytes("512k"), Ok(512 << 10));
+        assert_eq!(parse_bytes("2t"), Ok(2 << 40));
+        assert_eq!(parse_bytes("0"), Ok(0));
+    }
+
+    #[test]
+    fn malformed_byte_counts_are_errors() {
+        assert_eq!(parse_bytes("4x"), Err(BytesError::Syntax));
+        assert_eq!(parse_bytes("-1"), Err(BytesError::Syntax));
+        assert_eq!(parse_bytes("+1"), Err(BytesError::Syntax));
+        assert_eq!(parse_bytes(""), Err(BytesError::Empty));
+        assert_eq!(parse_bytes("g"), Err(BytesError::Syntax));
+        assert_eq!(parse_bytes(" 4g"), Err(BytesError::Syntax));
+        assert_eq!(parse_bytes("4.5g"), Err(BytesError::Syntax));
+        assert_eq!(parse_bytes("4gb"), Err(BytesError::Syntax));
+        assert_eq!(
+            parse_bytes("18446744073709551616"),
+            Err(BytesError::Overflow)
+        );
+        assert_eq!(parse_bytes("17179869184g"), Err(BytesError::Overflow));
+        assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn empty_environment_means_no_limits() {
+        assert_eq!(vars(&[]), Ok(Config::default()));
+    }
+
+    #[test]
+    fn per_device_overrides_global_in_any_order() {
+        let c = vars(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+        ])
+        .unwrap();
+        assert_eq!(c.memory_limit[0], Some(4 << 30));
+        assert_eq!(c.memory_limit[1], Some(1 << 30));
+        assert_eq!(c.memory_limit[15], Some(4 << 30));
+        // A per-device 0 lifts the global limit for that device.
+        let c = vars(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_2", "0"),
+        ])
+        .unwrap();
+        assert_eq!(c.memory_limit[2], None);
+        assert_eq!(c.memory_limit[3], Some(4 << 30));
+        let c = vars(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "100m")]).unwrap();
+        assert_eq!(c.memory_limit[0], Some(100 << 20));
+        assert_eq!(c.memory_limit[1], None);
+    }
+
+    #[test]
+    fn errors_name_the_variable_and_the_value() {
+        let e = vars(&[("CUDA_DEVICE_MEMORY_LIMIT", "4x")]).unwrap_err();
+        assert!(matches!(
+            e,
+            ConfigError::Bytes {
+                reason: BytesError::Syntax,
+                ..
+            }
+        ));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("CUDA_DEVICE_MEMORY_LIMIT") && msg.contains("\"4x\""),
+            "{msg}"
+        );
+        let e = vars(&[("CUDA_DEVICE_MEMORY_LIMIT_3", "")]).unwrap_err();
+        assert_eq!(
+            e,
+            ConfigError::Bytes {
+                var: "CUDA_DEVICE_MEMORY_LIMIT_3".into(),
+                value: String::new(),
+                reason: BytesError::Empty
+            }
+        );
+    }
+
+    #[test]
+    fn device_suffixes_must_be_indices() {
+        for name in [
+            "CUDA_DEVICE_MEMORY_LIMIT_16",
+            "CUDA_DEVICE_MEMORY_LIMIT_x",
+            "CUDA_DEVICE_MEMORY_LIMIT_",
+            "CUDA_DEVICE_SM_LIMIT_01",
+        ] {
+            let e = vars(&[(name, "1g")]).unwrap_err();
+            assert!(matches!(e, ConfigError::DeviceIndex { .. }), "{name}: {e}");
+        }
+        // Other names that merely share a prefix are not ours.
+        assert_eq!(
+            vars(&[("CUDA_DEVICE_MEMORY_LIMITX", "junk")]),
+            Ok(Config::default())
+        );
+    }
+
+    #[test]
+    fn sm_limits_are_percentages() {
+        let c = vars(&[
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "100"),
+            ("CUDA_DEVICE_SM_LIMIT_2", "0"),
+        ])
+        .unwrap();
+        assert_eq!(c.sm_limit[0], Some(30));
+        assert_eq!(c.sm_limit[1], None);
+        assert_eq!(c.sm_limit[2], None);
+        for bad in ["101", "-1", "", "50%", "+5", "256"] {
+            let e = vars(&[("CUDA_DEVICE_SM_LIMIT", bad)]).unwrap_err();
+            assert!(matches!(e, ConfigError::SmLimit { .. }), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn log_level_and_paths() {
+        let c = vars(&[
+            ("LIBCUDA_LOG_LEVEL", "4"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x.cache"),
+            ("VGPU_REAL_LIBCUDA", "/opt/libcuda.so.1"),
+        ])
+        .unwrap();
+        assert_eq!(c.log_level, Level::Debug);
+        assert_eq!(c.shared_cache, Some(PathBuf::from("/tmp/x.cache")));
+        assert_eq!(c.real_libcuda, Some(PathBuf::from("/opt/libcuda.so.1")));
+        assert!(matches!(
+            vars(&[("LIBCUDA_LOG_LEVEL", "5")]),
+            Err(ConfigError::LogLevel { .. })
+        ));
+        assert!(matches!(
+            vars(&[("LIBCUDA_LOG_LEVEL", "debug")]),
+            Err(ConfigError::LogLevel { .. })
+        ));
+        assert!(matches!(
+            vars(&[("VGPU_REAL_LIBCUDA", "")]),
+            Err(ConfigError::EmptyPath { .. })
+        ));
+    }
+}

@@ -1,0 +1,18 @@
+//! `cuInit`: the usual first CUDA call, so the usual place where the limiter initialises and where a
+//! configuration error first shows.
+
+use std::ffi::c_uint;
+
+use super::passthrough;
+use crate::{
+    cuda::CUresult,
+    real_driver::{PfnInit, sym},
+};
+
+/// # Safety
+/// The caller follows the contract of the driver's `cuInit`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the real `cuInit`.
+    passthrough::<sym::Init>(|real: PfnInit| unsafe { real(flags) })
+}

@@ -1,0 +1,163 @@
+//! Kernel and graph launches, the hot path: counted and timed, nothing else (the SM limiter will
+//! hook in here). No lock, allocation or environment access: once initialised, one acquire load of
+//! the state, two clock reads and relaxed counter increments.
+
+use std::{
+    ffi::{c_uint, c_void},
+    time::Instant,
+};
+
+use super::{passthrough, since};
+use crate::{
+    accounting::Accounting as _,
+    cuda::*,
+    guard::shield,
+    real_driver::{
+        PfnGraphLaunch, PfnLaunchCooperativeKernel, PfnLaunchKernel, PfnLaunchKernelEx, Symbol, sym,
+    },
+    state,
+};
+
+/// A launch hook. Once the state exists, launches skip the re-entrancy guard (two thread-local
+/// accesses through `__tls_get_addr` in a shared library): a launch hook calls nothing but the real
+/// function and the counters, so a launch the driver might make from inside another hook is simply
+/// counted as well. Before initialisation, and after a configuration error, the guarded path runs.
+#[inline]
+fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
+    let Some((state, real)) = state::ready().and_then(|s| Some((s, s.driver.get::<S>()?))) else {
+        return passthrough::<S>(call);
+    };
+    let t0 = Instant::now();
+    let r = call(real);
+    let dt = since(t0);
+    shield(|| {
+        state
+            .ledger
+            .record_call(state.api(S::SYM), dt, r == CUDA_SUCCESS)
+    });
+    r
+}
+
+macro_rules! launch_kernel {
+    ($name:ident, $sym:ty) => {
+        /// # Safety
+        /// The caller follows the contract of the driver function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            stream: CUstream,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            launch::<$sym>(|real: PfnLaunchKernel| {
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                unsafe {
+                    real(
+                        f,
+                        grid_x,
+                        grid_y,
+                        grid_z,
+                        block_x,
+                        block_y,
+                        block_z,
+                        shared_mem_bytes,
+                        stream,
+                        kernel_params,
+                        extra,
+                    )
+                }
+            })
+        }
+    };
+}
+
+launch_kernel!(cuLaunchKernel, sym::LaunchKernel);
+launch_kernel!(cuLaunchKernel_ptsz, sym::LaunchKernelPtsz);
+
+macro_rules! launch_kernel_ex {
+    ($name:ident, $sym:ty) => {
+        /// # Safety
+        /// The caller follows the contract of the driver function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            // SAFETY: forwards the caller's arguments unchanged to the same variant.
+            launch::<$sym>(|real: PfnLaunchKernelEx| unsafe {
+                real(config, f, kernel_params, extra)
+            })
+        }
+    };
+}
+
+launch_kernel_ex!(cuLaunchKernelEx, sym::LaunchKernelEx);
+launch_kernel_ex!(cuLaunchKernelEx_ptsz, sym::LaunchKernelExPtsz);
+
+macro_rules! launch_cooperative {
+    ($name:ident, $sym:ty) => {
+        /// # Safety
+        /// The caller follows the contract of the driver function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem_bytes: c_uint,
+            stream: CUstream,
+            kernel_params: *mut *mut c_void,
+        ) -> CUresult {
+            launch::<$sym>(|real: PfnLaunchCooperativeKernel| {
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                unsafe {
+                    real(
+                        f,
+                        grid_x,
+                        grid_y,
+                        grid_z,
+                        block_x,
+                        block_y,
+                        block_z,
+                        shared_mem_bytes,
+                        stream,
+                        kernel_params,
+                    )
+                }
+            })
+        }
+    };
+}
+
+launch_cooperative!(cuLaunchCooperativeKernel, sym::LaunchCooperativeKernel);
+launch_cooperative!(
+    cuLaunchCooperativeKernel_ptsz,
+    sym::LaunchCooperativeKernelPtsz
+);
+
+macro_rules! graph_launch {
+    ($name:ident, $sym:ty) => {
+        /// # Safety
+        /// The caller follows the contract of the driver function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(graph: CUgraphExec, stream: CUstream) -> CUresult {
+            // SAFETY: forwards the caller's arguments unchanged to the same variant.
+            launch::<$sym>(|real: PfnGraphLaunch| unsafe { real(graph, stream) })
+        }
+    };
+}
+
+graph_launch!(cuGraphLaunch, sym::GraphLaunch);
+graph_launch!(cuGraphLaunch_ptsz, sym::GraphLaunchPtsz);

@@ -1,0 +1,151 @@
+//! The exported hooks: one `extern "C"` function per hooked driver symbol and ABI variant, each
+//! forwarding to the real function of exactly the same name.
+//!
+//! Every hook starts with [`enter`], which decides between three paths:
+//! - [`Gate::Direct`]: the thread is already inside the limiter (the driver calling back into an
+//!   interposed name): call the real function and nothing else;
+//! - [`Gate::Fail`]: the limiter is misconfigured or the driver lacks the symbol: return the code
+//!   without calling the driver;
+//! - [`Gate::Hook`]: run the limiter's logic around the real call. That logic runs inside
+//!   [`crate::guard::shield`] so a panic is counted and the call still reaches the driver; the
+//!   driver call itself is never inside a `catch_unwind` and never made twice.
+
+pub mod info;
+pub mod init;
+pub mod launch;
+pub mod memory;
+pub mod procaddress;
+
+use std::{ffi::c_void, time::Instant};
+
+use crate::{
+    cuda::{CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED, CUresult},
+    guard::{self, Reentry},
+    real_driver::{self, Sym, Symbol},
+    state::{self, State},
+};
+
+/// How a hook proceeds.
+pub enum Gate<F> {
+    Direct(F),
+    Fail(CUresult),
+    Hook(Hooked<F>),
+}
+
+/// A call that runs the limiter's logic. The re-entrancy guard is held until this is dropped, so
+/// driver callbacks made during the real call go straight to the driver.
+pub struct Hooked<F> {
+    pub real: F,
+    pub state: &'static State,
+    _guard: Reentry,
+}
+
+#[inline]
+pub fn enter<S: Symbol>() -> Gate<S::Fn> {
+    let Some(guard) = Reentry::enter() else {
+        return match real_driver::reentrant::<S>() {
+            Some(f) => Gate::Direct(f),
+            None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
+        };
+    };
+    let state = match guard::shield(|| state::get(&guard)) {
+        Some(Ok(s)) => s,
+        Some(Err(code)) => return Gate::Fail(code),
+        // A panic while initialising: fall through to the driver if it is bound.
+        None => {
+            return match real_driver::bound().and_then(|d| d.get::<S>()) {
+                Some(f) => Gate::Direct(f),
+                None => Gate::Fail(CUDA_ERROR_NOT_INITIALIZED),
+            };
+        }
+    };
+    match state.driver.get::<S>() {
+        Some(real) => Gate::Hook(Hooked {
+            real,
+            state,
+            _guard: guard,
+        }),
+        None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
+    }
+}
+
+/// Nanoseconds elapsed since `t0`, saturating.
+#[inline]
+pub fn since(t0: Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A pass-through hook: the call is counted and timed, nothing else.
+#[inline]
+pub fn passthrough<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
+    match enter::<S>() {
+        Gate::Direct(f) => call(f),
+        Gate::Fail(code) => code,
+        Gate::Hook(h) => {
+            let t0 = Instant::now();
+            let r = call(h.real);
+            let dt = since(t0);
+            guard::shield(|| {
+                use crate::accounting::Accounting as _;
+                h.state.ledger.record_call(h.state.api(S::SYM), dt, r == 0);
+            });
+            r
+        }
+    }
+}
+
+/// The address of this library's hook for `sym`, `None` for symbols that are only used.
+pub fn hook_addr(sym: Sym) -> Option<*mut c_void> {
+    use self::{info::*, init::*, launch::*, memory::*, procaddress::*};
+    let f: *const () = match sym {
+        Sym::Init => cuInit as *const (),
+        Sym::GetProcAddress => cuGetProcAddress as *const (),
+        Sym::GetProcAddressV2 => cuGetProcAddress_v2 as *const (),
+        Sym::MemAllocV2 => cuMemAlloc_v2 as *const (),
+        Sym::MemAllocPitchV2 => cuMemAllocPitch_v2 as *const (),
+        Sym::MemAllocManaged => cuMemAllocManaged as *const (),
+        Sym::MemAllocAsync => cuMemAllocAsync as *const (),
+        Sym::MemAllocAsyncPtsz => cuMemAllocAsync_ptsz as *const (),
+        Sym::MemAllocFromPoolAsync => cuMemAllocFromPoolAsync as *const (),
+        Sym::MemAllocFromPoolAsyncPtsz => cuMemAllocFromPoolAsync_ptsz as *const (),
+        Sym::MemFreeV2 => cuMemFree_v2 as *const (),
+        Sym::MemFreeAsync => cuMemFreeAsync as *const (),
+        Sym::MemFreeAsyncPtsz => cuMemFreeAsync_ptsz as *const (),
+        Sym::MemCreate => cuMemCreate as *const (),
+        Sym::MemRelease => cuMemRelease as *const (),
+        Sym::MemMap => cuMemMap as *const (),
+        Sym::MemPoolCreate => cuMemPoolCreate as *const (),
+        Sym::MemPoolDestroy => cuMemPoolDestroy as *const (),
+        Sym::MemPoolTrimTo => cuMemPoolTrimTo as *const (),
+        Sym::MemGetInfoV2 => cuMemGetInfo_v2 as *const (),
+        Sym::DeviceTotalMemV2 => cuDeviceTotalMem_v2 as *const (),
+        Sym::LaunchKernel => cuLaunchKernel as *const (),
+        Sym::LaunchKernelPtsz => cuLaunchKernel_ptsz as *const (),
+        Sym::LaunchKernelEx => cuLaunchKernelEx as *const (),
+        Sym::LaunchKernelExPtsz => cuLaunchKernelEx_ptsz as *const (),
+        Sym::LaunchCooperativeKernel => cuLaunchCooperativeKernel as *const (),
+        Sym::LaunchCooperativeKernelPtsz => cuLaunchCooperativeKernel_ptsz as *const (),
+        Sym::GraphLaunch => cuGraphLaunch as *const (),
+        Sym::GraphLaunchPtsz => cuGraphLaunch_ptsz as *const (),
+        Sym::CtxGetDevice => return None,
+    };
+    Some(f.cast_mut().cast())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_hooked_symbol_has_a_distinct_hook() {
+        let mut seen = Vec::new();
+        for &s in Sym::ALL {
+            let addr = hook_addr(s);
+            assert_eq!(addr.is_some(), s.hooked(), "{s:?}");
+            if let Some(a) = addr {
+                assert!(!seen.contains(&a), "{s:?} shares a hook");
+                seen.push(a);
+            }
+        }
+    }
+}

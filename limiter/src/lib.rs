@@ -1,0 +1,25 @@
+//! The vgpu-agent limiter: a library preloaded into GPU containers (`LD_PRELOAD` or
+//! `/etc/ld.so.preload`) that intercepts the CUDA driver API, enforces per-device memory limits and
+//! records per-call accounting. A drop-in replacement for HAMi-core's `libvgpu.so`; see
+//! `limiter/README.md` for the configuration.
+//!
+//! Module map:
+//! - [`real_driver`]: finds glibc's `dlsym` and the real libcuda; holds the real function pointers.
+//! - [`dlsym`]: the `dlsym` override that hands out hooks for lookups through libcuda's handle.
+//! - [`hooks`]: the exported hooks (memory, launch, information, `cuGetProcAddress`, `cuInit`).
+//! - [`guard`]: re-entrancy and panic guards; [`state`]: lazy process-wide state;
+//!   [`config`]: environment parsing; [`accounting`]: the accounting boundary; [`log`]: stderr
+//!   diagnostics without allocation; [`cuda`]: the `cuda.h` subset.
+//!
+//! Nothing runs at load time: no constructor, no thread, no file. The first intercepted CUDA call
+//! initialises everything.
+
+pub mod accounting;
+pub mod config;
+pub mod cuda;
+pub mod dlsym;
+pub mod guard;
+pub mod hooks;
+pub mod log;
+pub mod real_driver;
+pub mod state;

@@ -1,0 +1,138 @@
+//! Shared by the integration tests: where the built limiter and the simulated driver are, and how
+//! to run a program under the limiter.
+//!
+//! - The limiter: `cargo test` builds the cdylib into `target/<profile>/deps/` beside the test
+//!   binaries (the crate's `rlib` type makes cargo build the library for tests); override with
+//!   `VGPU_TEST_LIMITER=/path/libvgpu_limiter.so`.
+//! - The driver: `testing/sim-cuda` (soname `libcuda.so.1`), built once per test binary with
+//!   `cargo build -p sim-cuda` into `target/tmp/sim-target` (a separate target directory: the outer
+//!   `cargo test` may hold the lock of the main one); override with `VGPU_TEST_LIBCUDA=/path`.
+//!   A private directory gets `libcuda.so.1` and `libcuda.so` links to it, for `LD_LIBRARY_PATH`
+//!   and for `cc -lcuda`.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the support module"
+)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::OnceLock,
+};
+
+pub struct Paths {
+    pub limiter: PathBuf,
+    pub libdir: PathBuf,
+    pub tmp: PathBuf,
+}
+
+pub fn paths() -> &'static Paths {
+    static PATHS: OnceLock<Paths> = OnceLock::new();
+    PATHS.get_or_init(|| {
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("limiter-tests");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let limiter = std::env::var_os("VGPU_TEST_LIMITER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let exe = std::env::current_exe().unwrap();
+                exe.parent().unwrap().join("libvgpu_limiter.so")
+            });
+        assert!(
+            limiter.exists(),
+            "limiter not built at {}",
+            limiter.display()
+        );
+        let sim = std::env::var_os("VGPU_TEST_LIBCUDA")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| build_sim(&tmp));
+        let libdir = tmp.join(format!("lib-{}", std::process::id()));
+        std::fs::create_dir_all(&libdir).unwrap();
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            let link = libdir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&sim, &link).unwrap();
+        }
+        Paths {
+            limiter,
+            libdir,
+            tmp,
+        }
+    })
+}
+
+fn build_sim(tmp: &Path) -> PathBuf {
+    let target = tmp.join("sim-target");
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "-p", "sim-cuda", "--target-dir"])
+        .arg(&target)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building sim-cuda failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let so = target.join("debug/libsimcuda.so");
+    assert!(so.exists(), "{} missing", so.display());
+    so
+}
+
+/// Compiles `callers/<src>` with `cc` into the test directory.
+pub fn cc(src: &str, out: &str, extra: &[&str]) -> PathBuf {
+    let p = paths();
+    let exe = p.tmp.join(out);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/callers")
+        .join(src);
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(extra)
+        .output()
+        .expect("run cc");
+    assert!(
+        o.status.success(),
+        "cc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    exe
+}
+
+/// A command with the limiter preloaded, the simulated driver on the library path and a clean
+/// configuration (no inherited limiter or simulator variables).
+pub fn preloaded(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let p = paths();
+    let mut c = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CUDA_")
+            || k.starts_with("VGPU_")
+            || k.starts_with("SIMCUDA_")
+            || k == "LIBCUDA_LOG_LEVEL"
+        {
+            c.env_remove(&*k);
+        }
+    }
+    c.env("LD_PRELOAD", &p.limiter)
+        .env("LD_LIBRARY_PATH", &p.libdir);
+    c
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Asserts success and that no line of stdout says FAIL; returns (stdout, stderr).
+pub fn expect_ok(out: Output) -> (String, String) {
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success() && !so.contains("FAIL"),
+        "status {:?}\nstdout:\n{so}\nstderr:\n{se}",
+        out.status
+    );
+    (so, se)
+}

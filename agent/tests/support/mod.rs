@@ -264,7 +264,7 @@ impl Stat {
 }
 
 /// The report's row for a process.
-pub fn process<'a>(report: &'a Value, pid: u32) -> &'a Value {
+pub fn process(report: &Value, pid: u32) -> &Value {
     report["processes"]
         .as_array()
         .unwrap()

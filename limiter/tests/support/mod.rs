@@ -6,7 +6,7 @@
 //!   `VGPU_TEST_LIMITER=/path/libvgpu_limiter.so`.
 //! - The driver: `testing/sim-cuda` (soname `libcuda.so.1`), built once per test binary with
 //!   `cargo build -p sim-cuda` into `target/tmp/sim-target` (a separate target directory: the outer
-//!   `cargo test` may hold the lock of the main one); override with `VGPU_TEST_LIBCUDA=/path`.
+//!   `cargo test` may hold the lock of the main one); override with `VGPU_TEST_SIM_LIBCUDA=/path`.
 //!   A private directory gets `libcuda.so.1` and `libcuda.so` links to it, for `LD_LIBRARY_PATH`
 //!   and for `cc -lcuda`.
 
@@ -43,7 +43,7 @@ pub fn paths() -> &'static Paths {
             "limiter not built at {}",
             limiter.display()
         );
-        let sim = std::env::var_os("VGPU_TEST_LIBCUDA")
+        let sim = std::env::var_os("VGPU_TEST_SIM_LIBCUDA")
             .map(PathBuf::from)
             .unwrap_or_else(|| build_sim(&tmp));
         let libdir = tmp.join(format!("lib-{}", std::process::id()));

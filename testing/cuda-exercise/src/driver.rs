@@ -371,6 +371,44 @@ impl Driver {
                 let mut t = 0usize;
                 call!(self, name, fn(*mut usize, c_int), &mut t, 0)
             }
+            "cuMemPoolCreate" => {
+                // Zeroed properties: an invalid allocation type, so no pool is created.
+                let props = [0u8; 88];
+                call!(
+                    self,
+                    name,
+                    fn(*mut Handle, *const u8),
+                    &mut handle,
+                    props.as_ptr()
+                )
+            }
+            "cuMemPoolDestroy" => call!(self, name, fn(Handle), null),
+            "cuMemPoolTrimTo" => call!(self, name, fn(Handle, usize), null, size),
+            "cuGetProcAddress" => {
+                let mut pfn: Handle = null;
+                call!(
+                    self,
+                    name,
+                    fn(*const c_char, *mut Handle, c_int, u64),
+                    c"cuInit".as_ptr(),
+                    &mut pfn,
+                    12000,
+                    0
+                )
+            }
+            "cuGetProcAddress_v2" => {
+                let (mut pfn, mut status): (Handle, c_int) = (null, 0);
+                call!(
+                    self,
+                    name,
+                    fn(*const c_char, *mut Handle, c_int, u64, *mut c_int),
+                    c"cuInit".as_ptr(),
+                    &mut pfn,
+                    12000,
+                    0,
+                    &mut status
+                )
+            }
             _ => return Err(format!("cuda-exercise does not know how to call {name}")),
         };
         drop(host);

@@ -33,7 +33,11 @@ fn counts_against_the_real_driver() {
         called += 1;
         let calls = if a.name == "cuInit" { 4 } else { 3 };
         assert_eq!(stat(&v, a.name, "calls"), calls, "{}", a.name);
-        // Without a GPU every call fails (cuInit with 100, most others with 3).
+        // Without a GPU every call fails (cuInit with 100, most others with 3), except name
+        // resolution, which needs no device.
+        if a.name.starts_with("cuGetProcAddress") {
+            continue;
+        }
         assert_eq!(
             stat(&v, a.name, "errors"),
             calls,

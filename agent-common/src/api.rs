@@ -184,6 +184,17 @@ pub const APIS: &[ApiSpec] = &[
     spec("cuMemPoolTrimTo", Free, None, E::None),
     spec("cuGetProcAddress", Lifecycle, None, E::None),
     spec("cuGetProcAddress_v2", Lifecycle, None, E::None),
+    // Appended (ids 59..) after listing driver 580's exports: CUDA 13's cudaDeviceSynchronize
+    // calls cuCtxSynchronize_v2; batched copies; per-thread peer copies; host callbacks.
+    spec("cuCtxSynchronize_v2", Sync, None, E::None),
+    spec("cuMemcpyPeer_ptds", Copy, Some(4), E::None),
+    spec("cuMemcpyPeerAsync_ptsz", Copy, Some(4), E::None),
+    spec("cuMemcpyBatchAsync", Copy, None, E::None),
+    spec("cuMemcpyBatchAsync_ptsz", Copy, None, E::None),
+    spec("cuMemcpyBatchAsync_v2", Copy, None, E::None),
+    spec("cuMemcpyBatchAsync_v2_ptsz", Copy, None, E::None),
+    spec("cuLaunchHostFunc", Launch, None, E::None),
+    spec("cuLaunchHostFunc_ptsz", Launch, None, E::None),
 ];
 
 /// Number of entries in [`APIS`]. Region shards reserve room for [`API_SLOTS`] so the table can grow

@@ -17,7 +17,7 @@ def calls(*names):
 
 n = expected["n"]
 checks = [
-    ("cuCtxSynchronize calls (torch.cuda.synchronize x N, + empty_cache's device sync)", calls("cuCtxSynchronize"), None),
+    ("cuCtxSynchronize(_v2) calls (torch.cuda.synchronize x N, + empty_cache's device sync)", calls("cuCtxSynchronize", "cuCtxSynchronize_v2"), None),
     ("cuStreamSynchronize calls (one per pageable copy)", calls("cuStreamSynchronize"), 2 * n),
     ("D2H copies (cuMemcpyDtoH*)", calls("cuMemcpyDtoHAsync_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoHAsync_v2_ptsz", "cuMemcpyDtoH_v2_ptds"), n),
     ("H2D copies (cuMemcpyHtoD*)", calls("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoD_v2", "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyHtoD_v2_ptds"), n),

@@ -130,9 +130,11 @@ fn bundle() -> Result<()> {
     for name in ["vgpu-agent", "cuda-exercise", "libsimcuda.so"] {
         let src = repo_root().join("target/release").join(name);
         if src.exists() {
-            std::fs::copy(&src, out.join(name))
-                .with_context(|| format!("copying {}", src.display()))?;
-            println!("bundled {}", out.join(name).display());
+            let dst = out.join(name);
+            std::fs::copy(&src, &dst).with_context(|| format!("copying {}", src.display()))?;
+            // Debug info stays in target/; the copies travel to the GPU machine (64 MiB limit).
+            util::run(cmd("strip", ["--strip-debug"]).arg(&dst))?;
+            println!("bundled {}", dst.display());
         }
     }
     Ok(())

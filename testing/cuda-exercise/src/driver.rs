@@ -371,6 +371,84 @@ impl Driver {
                 let mut t = 0usize;
                 call!(self, name, fn(*mut usize, c_int), &mut t, 0)
             }
+            "cuCtxSynchronize_v2" => call!(self, name, fn(Handle), null),
+            "cuMemcpyPeer_ptds" => {
+                call!(
+                    self,
+                    name,
+                    fn(u64, Handle, u64, Handle, usize),
+                    0,
+                    null,
+                    0,
+                    null,
+                    size
+                )
+            }
+            "cuMemcpyPeerAsync_ptsz" => {
+                call!(
+                    self,
+                    name,
+                    fn(u64, Handle, u64, Handle, usize, Handle),
+                    0,
+                    null,
+                    0,
+                    null,
+                    size,
+                    null
+                )
+            }
+            "cuMemcpyBatchAsync" | "cuMemcpyBatchAsync_ptsz" => {
+                // An empty batch: no copies, nothing dereferenced.
+                let mut fail = 0usize;
+                call!(
+                    self,
+                    name,
+                    fn(
+                        *mut u64,
+                        *mut u64,
+                        *mut usize,
+                        usize,
+                        Handle,
+                        *mut usize,
+                        usize,
+                        *mut usize,
+                        Handle,
+                    ),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                    null,
+                    std::ptr::null_mut(),
+                    0,
+                    &mut fail,
+                    null
+                )
+            }
+            "cuMemcpyBatchAsync_v2" | "cuMemcpyBatchAsync_v2_ptsz" => call!(
+                self,
+                name,
+                fn(*mut u64, *mut u64, *mut usize, usize, Handle, *mut usize, usize, Handle),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                null,
+                std::ptr::null_mut(),
+                0,
+                null
+            ),
+            "cuLaunchHostFunc" | "cuLaunchHostFunc_ptsz" => {
+                extern "C" fn nothing(_: *mut c_void) {}
+                call!(
+                    self,
+                    name,
+                    fn(Handle, extern "C" fn(*mut c_void), *mut c_void),
+                    null,
+                    nothing,
+                    std::ptr::null_mut()
+                )
+            }
             "cuMemPoolCreate" => {
                 // Zeroed properties: an invalid allocation type, so no pool is created.
                 let props = [0u8; 88];

@@ -246,6 +246,46 @@ fn copy_peer(
     copy(Mem::Device(dst), Mem::Device(src), n, stream)
 }
 
+/// `cuMemcpyBatchAsync(_v2)`: each copy in turn; the index of a failing one goes to `fail_idx`.
+fn batch_copy(
+    dsts: *mut CUdeviceptr,
+    srcs: *mut CUdeviceptr,
+    sizes: *mut usize,
+    count: usize,
+    fail_idx: *mut usize,
+    stream: CUstream,
+) -> CUresult {
+    if count > 0 && (dsts.is_null() || srcs.is_null() || sizes.is_null()) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for i in 0..count {
+        // SAFETY: the caller passes arrays of `count` elements (checked non-null above).
+        let (d, s, n) = unsafe { (*dsts.add(i), *srcs.add(i), *sizes.add(i)) };
+        let r = copy(Mem::Any(d), Mem::Any(s), n, Some(stream));
+        if r != CUDA_SUCCESS {
+            if !fail_idx.is_null() {
+                // SAFETY: a non-null out-pointer from the caller.
+                unsafe { *fail_idx = i };
+            }
+            return r;
+        }
+    }
+    CUDA_SUCCESS
+}
+
+/// `cuLaunchHostFunc`: the sim runs the callback at once, after the work launched before it.
+fn host_func(func: *mut c_void, user_data: *mut c_void) -> CUresult {
+    if func.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sync_device();
+    // SAFETY: CUhostFn is `void (*)(void *)`; the caller passed a function of that type.
+    let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(func) };
+    // SAFETY: the callback receives the caller's own user data.
+    unsafe { f(user_data) };
+    CUDA_SUCCESS
+}
+
 fn launch(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], stream: CUstream) -> CUresult {
     let s = state();
     if !s.is(f as u64, |o| matches!(o, Obj::Function | Obj::Kernel)) {
@@ -940,6 +980,11 @@ exports! {
         state().release_pools_at_sync();
         CUDA_SUCCESS
     }
+    fn cuCtxSynchronize_v2(ctx: CUcontext) {
+        sync_device();
+        state().release_pools_at_sync();
+        CUDA_SUCCESS
+    }
     fn cuEventSynchronize(event: CUevent) {
         let at = match state().objects.get(&(event as u64)) {
             Some(Obj::Event { at_ns }) => *at_ns,
@@ -1012,7 +1057,44 @@ exports! {
         copy_peer(dst, dst_ctx, src, src_ctx, n, Some(stream))
     }
 
+    fn cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) {
+        copy_peer(dst, dst_ctx, src, src_ctx, n, None)
+    }
+    fn cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, stream: CUstream) {
+        copy_peer(dst, dst_ctx, src, src_ctx, n, Some(stream))
+    }
+    fn cuMemcpyBatchAsync(
+        dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+        attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream,
+    ) {
+        batch_copy(dsts, srcs, sizes, count, fail_idx, stream)
+    }
+    fn cuMemcpyBatchAsync_ptsz(
+        dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+        attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, stream: CUstream,
+    ) {
+        batch_copy(dsts, srcs, sizes, count, fail_idx, stream)
+    }
+    fn cuMemcpyBatchAsync_v2(
+        dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+        attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream,
+    ) {
+        batch_copy(dsts, srcs, sizes, count, std::ptr::null_mut(), stream)
+    }
+    fn cuMemcpyBatchAsync_v2_ptsz(
+        dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+        attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream,
+    ) {
+        batch_copy(dsts, srcs, sizes, count, std::ptr::null_mut(), stream)
+    }
+
     // ---- Launches.
+    fn cuLaunchHostFunc(stream: CUstream, func: *mut c_void, user_data: *mut c_void) {
+        host_func(func, user_data)
+    }
+    fn cuLaunchHostFunc_ptsz(stream: CUstream, func: *mut c_void, user_data: *mut c_void) {
+        host_func(func, user_data)
+    }
     fn cuLaunchKernel(
         f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
         shared_mem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void,

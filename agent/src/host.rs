@@ -12,7 +12,20 @@ pub struct HostPaths {
     pub driver_dirs: Vec<PathBuf>,
     /// Prefix for host paths found in the loader cache (`/` normally).
     pub root: PathBuf,
+    /// The Docker Engine API socket.
+    pub docker_socket: PathBuf,
+    /// The kubelet's pod log directories (`<namespace>_<pod>_<uid>/<container>/`).
+    pub pod_logs_dir: PathBuf,
+    /// containerd's task bundles (`<namespace>/<id>/config.json`).
+    pub containerd_tasks_dir: PathBuf,
+    /// CRI-O's container directories (`<id>/userdata/config.json`).
+    pub crio_containers_dir: PathBuf,
 }
+
+const DOCKER_SOCKET: &str = "/var/run/docker.sock";
+const POD_LOGS_DIR: &str = "/var/log/pods";
+const CONTAINERD_TASKS_DIR: &str = "/run/containerd/io.containerd.runtime.v2.task";
+const CRIO_CONTAINERS_DIR: &str = "/run/containers/storage/overlay-containers";
 
 impl HostPaths {
     pub fn system() -> HostPaths {
@@ -24,13 +37,23 @@ impl HostPaths {
                 .map(PathBuf::from)
                 .collect(),
             root: PathBuf::from("/"),
+            docker_socket: PathBuf::from(DOCKER_SOCKET),
+            pod_logs_dir: PathBuf::from(POD_LOGS_DIR),
+            containerd_tasks_dir: PathBuf::from(CONTAINERD_TASKS_DIR),
+            crio_containers_dir: PathBuf::from(CRIO_CONTAINERS_DIR),
         }
     }
 
-    /// Reads the loader cache and driver directories under `root` instead of `/`.
+    /// Reads the loader cache, driver directories and container runtime paths under `root`
+    /// instead of `/`.
     pub fn with_root(self, root: PathBuf) -> HostPaths {
+        let under = |p: &str| root.join(p.trim_start_matches('/'));
         HostPaths {
-            ld_so_cache: root.join("etc/ld.so.cache"),
+            ld_so_cache: under("etc/ld.so.cache"),
+            docker_socket: under(DOCKER_SOCKET),
+            pod_logs_dir: under(POD_LOGS_DIR),
+            containerd_tasks_dir: under(CONTAINERD_TASKS_DIR),
+            crio_containers_dir: under(CRIO_CONTAINERS_DIR),
             root,
             ..self
         }
@@ -39,5 +62,26 @@ impl HostPaths {
     /// A host path under [`HostPaths::root`].
     pub fn rooted(&self, path: &Path) -> PathBuf {
         self.root.join(path.strip_prefix("/").unwrap_or(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_root_prefixes_the_runtime_paths() {
+        let paths = HostPaths::system().with_root(PathBuf::from("/host"));
+        assert_eq!(paths.docker_socket, Path::new("/host/var/run/docker.sock"));
+        assert_eq!(paths.pod_logs_dir, Path::new("/host/var/log/pods"));
+        assert_eq!(
+            paths.containerd_tasks_dir,
+            Path::new("/host/run/containerd/io.containerd.runtime.v2.task")
+        );
+        assert_eq!(
+            paths.crio_containers_dir,
+            Path::new("/host/run/containers/storage/overlay-containers")
+        );
+        assert_eq!(paths.ld_so_cache, Path::new("/host/etc/ld.so.cache"));
     }
 }

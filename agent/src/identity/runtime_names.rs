@@ -1,0 +1,393 @@
+//! Human names for containers and pods, from whatever the host offers, each source optional:
+//!
+//! 1. the Docker Engine API on its Unix socket (`.Name` and the `io.kubernetes.*` labels that
+//!    dockershim and cri-dockerd put on pod containers);
+//! 2. the OCI bundle the CRI runtime wrote for the container: containerd's
+//!    `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/config.json` and CRI-O's
+//!    `/run/containers/storage/overlay-containers/<id>/userdata/config.json` carry the pod
+//!    name, namespace and container name as annotations (no gRPC client needed);
+//! 3. the kubelet's `/var/log/pods/<namespace>_<pod>_<uid>/<container>/` directories, on every
+//!    kubelet host and for every runtime: they map a pod UID to its namespace and name, and give
+//!    the container name when the pod has one container.
+//!
+//! Lookups are cached (bounded, with a TTL, misses included) and the socket has a deadline, so a
+//! missing or hung runtime costs at most one short wait per container per TTL. When nothing
+//! answers, callers show ids.
+
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+use super::{
+    container::{ContainerId, ContainerIdentity, PodUid, Runtime},
+    docker_api,
+};
+use crate::host::HostPaths;
+
+/// Names found for a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ContainerNames {
+    /// The container's name: the Kubernetes container name, or the runtime's (docker's `--name`).
+    pub container_name: Option<String>,
+    pub pod: Option<PodNames>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodNames {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Why one source gave no names. Lookups log these at debug level and fall through.
+#[derive(Debug, thiserror::Error)]
+pub enum NameLookupError {
+    /// The runtime's socket could not be reached or failed mid-request.
+    #[error("runtime socket `{}`: {source}", socket.display())]
+    Socket {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runtime did not answer within the deadline.
+    #[error("runtime socket `{}` did not answer within {timeout:?}", socket.display())]
+    Timeout { socket: PathBuf, timeout: Duration },
+    /// The answer was not a usable HTTP response.
+    #[error("runtime API: {reason}")]
+    Http { reason: String },
+    /// The answer's body was not the JSON expected.
+    #[error("could not parse {what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A file or directory could not be read.
+    #[error("could not read `{}`: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Pod and container names from CRI labels or annotations, looked up with `get`. Both the
+/// dockershim/cri-dockerd labels (`io.kubernetes.pod.name`, ...) and containerd's CRI
+/// annotations (`io.kubernetes.cri.sandbox-name`, ...) are understood.
+pub fn names_from_labels<'a>(get: impl Fn(&str) -> Option<&'a str>) -> ContainerNames {
+    let first = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| get(k))
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    let pod_name = first(&["io.kubernetes.pod.name", "io.kubernetes.cri.sandbox-name"]);
+    let namespace = first(&[
+        "io.kubernetes.pod.namespace",
+        "io.kubernetes.cri.sandbox-namespace",
+    ]);
+    ContainerNames {
+        container_name: first(&[
+            "io.kubernetes.container.name",
+            "io.kubernetes.cri.container-name",
+        ]),
+        pod: pod_name
+            .zip(namespace)
+            .map(|(name, namespace)| PodNames { namespace, name }),
+    }
+}
+
+/// What `/var/log/pods` says about one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodLogEntry {
+    pub names: PodNames,
+    /// The container directories, sorted.
+    pub containers: Vec<String>,
+}
+
+/// Reads `/var/log/pods`: `<namespace>_<pod>_<uid>/<container>/`. Namespaces and pod names are
+/// DNS labels and subdomains, which cannot contain `_`, so the split is unambiguous.
+pub fn read_pod_logs_dir(dir: &Path) -> Result<HashMap<PodUid, PodLogEntry>, NameLookupError> {
+    let read_err = |source| NameLookupError::Read {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut pods = HashMap::new();
+    for entry in fs::read_dir(dir).map_err(read_err)?.flatten() {
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str() else {
+            continue;
+        };
+        let mut parts = name.splitn(3, '_');
+        let (Some(namespace), Some(pod), Some(uid)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Some(uid) = PodUid::parse(uid) else {
+            continue;
+        };
+        let mut containers: Vec<String> = fs::read_dir(entry.path())
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        containers.sort();
+        pods.insert(
+            uid,
+            PodLogEntry {
+                names: PodNames {
+                    namespace: namespace.to_owned(),
+                    name: pod.to_owned(),
+                },
+                containers,
+            },
+        );
+    }
+    Ok(pods)
+}
+
+/// The annotations of an OCI bundle's `config.json`, as names.
+pub fn names_from_bundle(config_json: &Path) -> Result<ContainerNames, NameLookupError> {
+    const MAX_CONFIG_BYTES: u64 = 4 << 20;
+    let read_err = |source| NameLookupError::Read {
+        path: config_json.to_owned(),
+        source,
+    };
+    let meta = fs::metadata(config_json).map_err(read_err)?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(read_err(std::io::Error::other("larger than 4 MiB")));
+    }
+    let text = fs::read(config_json).map_err(read_err)?;
+    let doc: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|source| NameLookupError::Json {
+            what: config_json.display().to_string(),
+            source,
+        })?;
+    let annotations = doc
+        .get("annotations")
+        .and_then(serde_json::Value::as_object);
+    Ok(annotations
+        .map(|a| names_from_labels(|k| a.get(k).and_then(serde_json::Value::as_str)))
+        .unwrap_or_default())
+}
+
+/// How lookups behave.
+#[derive(Clone, Debug)]
+pub struct NameLookupConfig {
+    /// How long a cached answer (or a miss) is kept.
+    pub ttl: Duration,
+    /// How many containers are remembered.
+    pub max_entries: usize,
+    /// The deadline for one runtime socket request, connect included.
+    pub socket_timeout: Duration,
+}
+
+impl Default for NameLookupConfig {
+    fn default() -> NameLookupConfig {
+        NameLookupConfig {
+            ttl: Duration::from_secs(60),
+            max_entries: 4096,
+            socket_timeout: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Where names come from on this host.
+#[derive(Clone, Debug)]
+pub struct NameSources {
+    pub docker_socket: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub containerd_tasks_dir: PathBuf,
+    pub crio_containers_dir: PathBuf,
+}
+
+impl NameSources {
+    pub fn from_host(paths: &HostPaths) -> NameSources {
+        NameSources {
+            docker_socket: paths.docker_socket.clone(),
+            pod_logs_dir: paths.pod_logs_dir.clone(),
+            containerd_tasks_dir: paths.containerd_tasks_dir.clone(),
+            crio_containers_dir: paths.crio_containers_dir.clone(),
+        }
+    }
+}
+
+/// Looks up and caches names for container identities.
+pub struct RuntimeNames {
+    sources: NameSources,
+    config: NameLookupConfig,
+    by_key: HashMap<CacheKey, (Instant, Option<ContainerNames>)>,
+    pod_logs: HashMap<PodUid, PodLogEntry>,
+    pod_logs_read_at: Option<Instant>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum CacheKey {
+    Container(ContainerId),
+    Pod(PodUid),
+}
+
+impl RuntimeNames {
+    pub fn new(sources: NameSources, config: NameLookupConfig) -> RuntimeNames {
+        RuntimeNames {
+            sources,
+            config,
+            by_key: HashMap::new(),
+            pod_logs: HashMap::new(),
+            pod_logs_read_at: None,
+        }
+    }
+
+    /// Names for `identity`, from the cache or the sources; `None` when no source knows it.
+    pub fn lookup(&mut self, identity: &ContainerIdentity, now: Instant) -> Option<ContainerNames> {
+        let key = match (&identity.container_id, &identity.pod) {
+            (Some(id), _) => CacheKey::Container(id.clone()),
+            (None, Some(pod)) => CacheKey::Pod(pod.uid.clone()),
+            (None, None) => return None,
+        };
+        if let Some((at, names)) = self.by_key.get(&key)
+            && now.saturating_duration_since(*at) < self.config.ttl
+        {
+            return names.clone();
+        }
+        let names = self.resolve(identity, now);
+        self.insert(key, now, names.clone());
+        names
+    }
+
+    fn insert(&mut self, key: CacheKey, now: Instant, names: Option<ContainerNames>) {
+        if self.by_key.len() >= self.config.max_entries && !self.by_key.contains_key(&key) {
+            let ttl = self.config.ttl;
+            self.by_key
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+            if self.by_key.len() >= self.config.max_entries {
+                let oldest = self
+                    .by_key
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| k.clone());
+                if let Some(oldest) = oldest {
+                    self.by_key.remove(&oldest);
+                }
+            }
+        }
+        self.by_key.insert(key, (now, names));
+    }
+
+    fn resolve(&mut self, identity: &ContainerIdentity, now: Instant) -> Option<ContainerNames> {
+        let mut found = ContainerNames::default();
+        if let Some(id) = &identity.container_id {
+            for names in [
+                self.read_bundle(identity.runtime, id),
+                self.ask_docker(identity.runtime, id),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                merge(&mut found, names);
+                if found.container_name.is_some() && (found.pod.is_some() || identity.pod.is_none())
+                {
+                    return Some(found);
+                }
+            }
+        }
+        if let Some(pod) = &identity.pod
+            && let Some(entry) = self.pod_log_entry(&pod.uid, now)
+        {
+            let container_name = match entry.containers.as_slice() {
+                [only] => Some(only.clone()),
+                _ => None,
+            };
+            merge(
+                &mut found,
+                ContainerNames {
+                    container_name,
+                    pod: Some(entry.names),
+                },
+            );
+        }
+        (found != ContainerNames::default()).then_some(found)
+    }
+
+    fn ask_docker(&self, runtime: Option<Runtime>, id: &ContainerId) -> Option<ContainerNames> {
+        // Docker's own containers, and pod containers that may be dockershim's or cri-dockerd's.
+        if !matches!(
+            runtime,
+            Some(Runtime::Docker | Runtime::Containerd | Runtime::Unknown)
+        ) || !self.sources.docker_socket.exists()
+        {
+            return None;
+        }
+        docker_api::inspect_container(&self.sources.docker_socket, id, self.config.socket_timeout)
+            .inspect_err(|e| log::debug!("names of container {}: {e}", id.short()))
+            .ok()
+    }
+
+    fn read_bundle(&self, runtime: Option<Runtime>, id: &ContainerId) -> Option<ContainerNames> {
+        let candidates = match runtime {
+            Some(Runtime::Containerd) => vec![
+                self.sources
+                    .containerd_tasks_dir
+                    .join("k8s.io")
+                    .join(id.as_str())
+                    .join("config.json"),
+            ],
+            Some(Runtime::CriO) => vec![
+                self.sources
+                    .crio_containers_dir
+                    .join(id.as_str())
+                    .join("userdata/config.json"),
+            ],
+            _ => return None,
+        };
+        candidates
+            .iter()
+            .filter(|p| p.exists())
+            .find_map(|p| {
+                names_from_bundle(p)
+                    .inspect_err(|e| log::debug!("names of container {}: {e}", id.short()))
+                    .ok()
+            })
+            .filter(|n| *n != ContainerNames::default())
+    }
+
+    /// The pod's entry in `/var/log/pods`, re-reading the directory on a miss at most once a
+    /// TTL (pods come and go; the directory is cheap to list).
+    fn pod_log_entry(&mut self, uid: &PodUid, now: Instant) -> Option<PodLogEntry> {
+        if let Some(entry) = self.pod_logs.get(uid) {
+            return Some(entry.clone());
+        }
+        let stale = self
+            .pod_logs_read_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= self.config.ttl);
+        if !stale {
+            return None;
+        }
+        self.pod_logs_read_at = Some(now);
+        match read_pod_logs_dir(&self.sources.pod_logs_dir) {
+            Ok(pods) => self.pod_logs = pods,
+            Err(e) => log::debug!("pod names: {e}"),
+        }
+        self.pod_logs.get(uid).cloned()
+    }
+}
+
+/// Fills what `into` lacks from `from`.
+fn merge(into: &mut ContainerNames, from: ContainerNames) {
+    if into.container_name.is_none() {
+        into.container_name = from.container_name;
+    }
+    if into.pod.is_none() {
+        into.pod = from.pod;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,375 @@
+//! What the NVIDIA driver says about the GPUs: per device utilisation, memory, power and
+//! temperature, and per process memory and SM utilisation.
+//!
+//! Every NVML call goes through [`NvmlBackend`] (the real one is [`library::NvmlLibrary`]), and
+//! [`NvmlGpuSource`] turns its answers into a [`GpuSnapshot`]. Nothing here panics or exits on a
+//! missing driver, a missing GPU or a failing call: the snapshot lists what is missing in
+//! `problems`, a failing field is `None` without dropping its device, and initialisation is
+//! retried at most every [`RETRY_INIT_EVERY`] (a driver can be installed or loaded later).
+
+pub mod library;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use nvml_wrapper::error::NvmlError;
+use serde::Serialize;
+
+/// How often a failed NVML initialisation is tried again.
+pub const RETRY_INIT_EVERY: Duration = Duration::from_secs(30);
+
+/// A source of GPU snapshots: NVML, or a fake in tests.
+pub trait GpuSource {
+    fn snapshot(&mut self) -> GpuSnapshot;
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GpuSnapshot {
+    pub driver_version: Option<String>,
+    /// The CUDA version the driver supports, e.g. `12.2`.
+    pub cuda_driver_version: Option<String>,
+    pub devices: Vec<DeviceReading>,
+    /// What could not be read, for people: "GPU 0: power: not supported".
+    pub problems: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DeviceReading {
+    pub index: u32,
+    pub uuid: Option<String>,
+    pub name: Option<String>,
+    pub utilization_gpu_pct: Option<u32>,
+    pub utilization_memory_pct: Option<u32>,
+    /// Bytes.
+    pub memory_used: Option<u64>,
+    /// Bytes.
+    pub memory_total: Option<u64>,
+    pub power_mw: Option<u32>,
+    pub power_limit_mw: Option<u32>,
+    pub temperature_c: Option<u32>,
+    /// Processes with a context on this GPU, by pid (host pids: the driver ignores pid
+    /// namespaces).
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// Bytes of GPU memory, when the driver reports it.
+    pub used_memory: Option<u64>,
+    /// SM utilisation over the time since the previous snapshot, when sampled.
+    pub sm_util_pct: Option<u32>,
+}
+
+/// One process's memory on a device, as NVML's running-process lists give it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessMemory {
+    pub pid: u32,
+    pub used: Option<u64>,
+}
+
+/// One process utilisation sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// CPU timestamp of the sample, in microseconds.
+    pub timestamp_us: u64,
+    pub sm_util_pct: u32,
+}
+
+/// The NVML calls the agent makes, by device index.
+pub trait NvmlBackend {
+    fn driver_version(&self) -> Result<String, NvmlError>;
+    /// As NVML encodes it: 1000 * major + 10 * minor.
+    fn cuda_driver_version(&self) -> Result<i32, NvmlError>;
+    fn device_count(&self) -> Result<u32, NvmlError>;
+    fn uuid(&self, index: u32) -> Result<String, NvmlError>;
+    fn name(&self, index: u32) -> Result<String, NvmlError>;
+    /// (GPU, memory) utilisation in percent.
+    fn utilization_pct(&self, index: u32) -> Result<(u32, u32), NvmlError>;
+    /// (used, total) bytes.
+    fn memory_used_total(&self, index: u32) -> Result<(u64, u64), NvmlError>;
+    fn power_mw(&self, index: u32) -> Result<u32, NvmlError>;
+    fn power_limit_mw(&self, index: u32) -> Result<u32, NvmlError>;
+    fn temperature_c(&self, index: u32) -> Result<u32, NvmlError>;
+    fn compute_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError>;
+    fn graphics_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError>;
+    /// Samples taken after `since` (all buffered samples for `None`).
+    fn process_utilization(
+        &self,
+        index: u32,
+        since: Option<u64>,
+    ) -> Result<Vec<ProcessSample>, NvmlError>;
+}
+
+/// Why NVML gave nothing or less than everything. Its text is what `problems` shows.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlProblem {
+    /// The library could not be loaded: no driver, or not where it was looked for.
+    #[error("NVML not found: {library} could not be loaded (no NVIDIA driver?)")]
+    NotFound {
+        library: String,
+        #[source]
+        source: NvmlError,
+    },
+    /// The library loaded but `nvmlInit` failed.
+    #[error("NVML could not be initialised from {library}: {}", describe(source))]
+    Init {
+        library: String,
+        #[source]
+        source: NvmlError,
+    },
+    /// A system-wide query failed.
+    #[error("NVML: {what}: {}", describe(source))]
+    System {
+        what: &'static str,
+        #[source]
+        source: NvmlError,
+    },
+    /// One field of one device could not be read.
+    #[error("GPU {index}: {field}: {}", describe(source))]
+    Field {
+        index: u32,
+        field: &'static str,
+        #[source]
+        source: NvmlError,
+    },
+}
+
+/// NVML's errors in the words `problems` uses.
+fn describe(e: &NvmlError) -> String {
+    match e {
+        NvmlError::NotSupported => "not supported".to_owned(),
+        NvmlError::NoPermission => "no permission".to_owned(),
+        NvmlError::DriverNotLoaded => "the NVIDIA driver is not loaded".to_owned(),
+        NvmlError::GpuLost => "the GPU fell off the bus".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// How a backend is opened, so that tests can open a fake.
+type Opener<B> = Box<dyn FnMut() -> Result<B, NvmlProblem> + Send>;
+
+/// Snapshots from NVML, re-initialising after failures.
+pub struct NvmlGpuSource<B: NvmlBackend = library::NvmlLibrary> {
+    open: Opener<B>,
+    backend: Option<B>,
+    last_attempt: Option<Instant>,
+    last_failure: Option<String>,
+    retry_every: Duration,
+    /// The newest process utilisation sample seen, per device uuid (or index).
+    last_sample_us: HashMap<String, u64>,
+}
+
+impl NvmlGpuSource<library::NvmlLibrary> {
+    /// NVML from the library the loader finds (`libnvidia-ml.so.1`).
+    pub fn system() -> Self {
+        Self::with_library(PathBuf::from(library::DEFAULT_LIBRARY))
+    }
+
+    /// NVML from a given library name or path.
+    pub fn with_library(path: PathBuf) -> Self {
+        let open = move || {
+            library::NvmlLibrary::open(&path).map_err(|source| {
+                let library = path.display().to_string();
+                match source {
+                    NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => {
+                        NvmlProblem::NotFound { library, source }
+                    }
+                    source => NvmlProblem::Init { library, source },
+                }
+            })
+        };
+        Self::with_opener(Box::new(open), RETRY_INIT_EVERY)
+    }
+}
+
+impl<B: NvmlBackend> NvmlGpuSource<B> {
+    pub fn with_opener(open: Opener<B>, retry_every: Duration) -> Self {
+        NvmlGpuSource {
+            open,
+            backend: None,
+            last_attempt: None,
+            last_failure: None,
+            retry_every,
+            last_sample_us: HashMap::new(),
+        }
+    }
+
+    /// A snapshot as of `now` (which decides whether a failed initialisation is retried).
+    pub fn snapshot_at(&mut self, now: Instant) -> GpuSnapshot {
+        let mut snap = GpuSnapshot::default();
+        if self.backend.is_none() {
+            let due = self
+                .last_attempt
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.retry_every);
+            if due {
+                self.last_attempt = Some(now);
+                match (self.open)() {
+                    Ok(b) => {
+                        self.backend = Some(b);
+                        self.last_failure = None;
+                    }
+                    Err(problem) => {
+                        log::debug!("{problem}");
+                        self.last_failure = Some(problem.to_string());
+                    }
+                }
+            }
+        }
+        let Some(backend) = &self.backend else {
+            snap.problems.push(
+                self.last_failure
+                    .clone()
+                    .unwrap_or_else(|| "NVML not initialised".to_owned()),
+            );
+            return snap;
+        };
+        let mut problem = |p: NvmlProblem| snap.problems.push(p.to_string());
+        match backend.driver_version() {
+            Ok(v) => snap.driver_version = Some(v),
+            Err(source) => problem(NvmlProblem::System {
+                what: "driver version",
+                source,
+            }),
+        }
+        match backend.cuda_driver_version() {
+            Ok(v) => snap.cuda_driver_version = Some(format!("{}.{}", v / 1000, (v % 1000) / 10)),
+            Err(source) => problem(NvmlProblem::System {
+                what: "CUDA driver version",
+                source,
+            }),
+        }
+        let count = match backend.device_count() {
+            Ok(n) => n,
+            Err(source) => {
+                problem(NvmlProblem::System {
+                    what: "device count",
+                    source,
+                });
+                // The driver may have gone away: start over after the retry interval.
+                self.backend = None;
+                self.last_attempt = Some(now);
+                return snap;
+            }
+        };
+        let mut devices = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            devices.push(read_device(
+                backend,
+                index,
+                &mut self.last_sample_us,
+                &mut problem,
+            ));
+        }
+        snap.devices = devices;
+        snap
+    }
+}
+
+impl<B: NvmlBackend> GpuSource for NvmlGpuSource<B> {
+    fn snapshot(&mut self) -> GpuSnapshot {
+        self.snapshot_at(Instant::now())
+    }
+}
+
+fn read_device(
+    backend: &impl NvmlBackend,
+    index: u32,
+    last_sample_us: &mut HashMap<String, u64>,
+    problem: &mut impl FnMut(NvmlProblem),
+) -> DeviceReading {
+    let mut field = |field: &'static str, source: NvmlError| {
+        problem(NvmlProblem::Field {
+            index,
+            field,
+            source,
+        });
+    };
+    let mut d = DeviceReading {
+        index,
+        ..DeviceReading::default()
+    };
+    d.uuid = backend.uuid(index).map_err(|e| field("uuid", e)).ok();
+    d.name = backend.name(index).map_err(|e| field("name", e)).ok();
+    if let Ok((gpu, mem)) = backend
+        .utilization_pct(index)
+        .map_err(|e| field("utilization", e))
+    {
+        (d.utilization_gpu_pct, d.utilization_memory_pct) = (Some(gpu), Some(mem));
+    }
+    if let Ok((used, total)) = backend
+        .memory_used_total(index)
+        .map_err(|e| field("memory", e))
+    {
+        (d.memory_used, d.memory_total) = (Some(used), Some(total));
+    }
+    d.power_mw = backend.power_mw(index).map_err(|e| field("power", e)).ok();
+    d.power_limit_mw = backend
+        .power_limit_mw(index)
+        .map_err(|e| field("power limit", e))
+        .ok();
+    d.temperature_c = backend
+        .temperature_c(index)
+        .map_err(|e| field("temperature", e))
+        .ok();
+
+    // Memory from the compute and graphics lists; a process in both is counted once.
+    let mut by_pid: BTreeMap<u32, GpuProcess> = BTreeMap::new();
+    for (list, what) in [
+        (backend.compute_processes(index), "compute processes"),
+        (backend.graphics_processes(index), "graphics processes"),
+    ] {
+        match list {
+            Ok(list) => {
+                for p in list {
+                    let entry = by_pid.entry(p.pid).or_insert(GpuProcess {
+                        pid: p.pid,
+                        used_memory: None,
+                        sm_util_pct: None,
+                    });
+                    entry.used_memory = entry.used_memory.max(p.used);
+                }
+            }
+            Err(e) => field(what, e),
+        }
+    }
+    // SM utilisation since the newest sample seen last time, the latest sample per process.
+    let key = d.uuid.clone().unwrap_or_else(|| format!("index {index}"));
+    let since = last_sample_us.get(&key).copied();
+    match backend.process_utilization(index, since) {
+        Ok(samples) => {
+            let mut newest: HashMap<u32, &ProcessSample> = HashMap::new();
+            for s in &samples {
+                let slot = newest.entry(s.pid).or_insert(s);
+                if s.timestamp_us > slot.timestamp_us {
+                    *slot = s;
+                }
+            }
+            for (pid, s) in newest {
+                by_pid
+                    .entry(pid)
+                    .or_insert(GpuProcess {
+                        pid,
+                        used_memory: None,
+                        sm_util_pct: None,
+                    })
+                    .sm_util_pct = Some(s.sm_util_pct);
+            }
+            if let Some(max) = samples.iter().map(|s| s.timestamp_us).max() {
+                last_sample_us.insert(key, max.max(since.unwrap_or(0)));
+            }
+        }
+        // NVML answers "not found" when no process ran since `since`.
+        Err(NvmlError::NotFound) => {}
+        Err(e) => field("process utilization", e),
+    }
+    d.processes = by_pid.into_values().collect();
+    d
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,37 @@
-//! The shared-memory accounting region (see docs/region.md).
+//! The shared-memory accounting region: the protocol between the limiter (writer, in every GPU
+//! process of a container) and the agent (reader). See `docs/region.md` for the layout, the
+//! protocols and their crash windows.
+//!
+//! - Writers: [`Region::open_or_create`] (CAS initialisation, no file locks),
+//!   [`Region::claim_slot`], [`Region::try_reserve`] / [`Region::release`] (exact limits),
+//!   [`Region::shard_writer`] (lock-free per-thread statistics).
+//! - Readers: [`reader::RegionReader`] (read-only, validates everything) and
+//!   [`hami::HamiReader`] (HAMi-core's v1 cache file).
+//!
+//! Model checking: `RUSTFLAGS="--cfg loom" cargo test -p region --release --lib loom`.
+
+mod error;
+pub mod hami;
+mod init;
+pub mod layout;
+mod layout_types;
+mod mapping;
+pub mod procfs;
+pub mod reader;
+mod region;
+mod reserve;
+pub mod seqlock;
+mod slots;
+mod stats;
+mod sync;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+pub use error::{RegionError, ReserveError};
+pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT};
+pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS};
+pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig};
+pub use reserve::Denied;
+pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};
+pub use stats::ShardWriter;

@@ -1,0 +1,320 @@
+//! A read-only reader for HAMi-core's own shared region (`shared_region_t`, layout v1, magic
+//! 19920718), so the agent can show containers that still run HAMi-core's `libvgpu.so`.
+//!
+//! Offsets are those of HAMi-core `8f3a89c` on x86_64 (`sizeof(shared_region_t) == 2008952`,
+//! see `shared/research/hami-core.md` §2.2). The same rules as [`crate::reader`] apply: read-only
+//! mapping, atomic loads only, every count from the file clamped, typed errors.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+use crate::layout::MAX_DEVICES;
+use crate::mapping::Mapping;
+
+/// `MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`.
+pub const HAMI_MAGIC: i32 = 19_920_718;
+/// `sizeof(shared_region_t)` of layout 1.2 on x86_64.
+pub const HAMI_V1_SIZE: u64 = 2_008_952;
+/// `SHARED_REGION_MAX_PROCESS_NUM`.
+pub const HAMI_MAX_PROCS: usize = 1024;
+
+const OFF_MAJOR: usize = 4;
+const OFF_MINOR: usize = 8;
+const OFF_DEVICE_NUM: usize = 56;
+const OFF_UUIDS: usize = 64;
+const UUID_LEN: usize = 96;
+const OFF_LIMIT: usize = 1600;
+const OFF_SM_LIMIT: usize = 1728;
+const OFF_PROCS: usize = 1856;
+const PROC_SIZE: usize = 1960;
+const OFF_PROC_NUM: usize = 2_008_896;
+const OFF_UTIL_SWITCH: usize = 2_008_900;
+const OFF_RECENT_KERNEL: usize = 2_008_904;
+const OFF_PRIORITY: usize = 2_008_908;
+const OFF_LAST_KERNEL_TIME: usize = 2_008_912;
+// Within a `shrreg_proc_slot_t`.
+const SLOT_PID: usize = 0;
+const SLOT_HOSTPID: usize = 4;
+const SLOT_USED: usize = 8;
+const DEVICE_MEMORY_SIZE: usize = 64;
+const SLOT_MONITORUSED: usize = 1032;
+const SLOT_DEVICE_UTIL: usize = 1160;
+const DEVICE_UTIL_SIZE: usize = 48;
+const SLOT_STATUS: usize = 1928;
+const SLOT_SEQLOCK: usize = 1936;
+
+const _: () = assert!(OFF_PROCS + HAMI_MAX_PROCS * PROC_SIZE == OFF_PROC_NUM);
+const _: () = assert!(OFF_LAST_KERNEL_TIME + 8 + 32 == HAMI_V1_SIZE as usize);
+const _: () = assert!(SLOT_USED + MAX_DEVICES * DEVICE_MEMORY_SIZE == SLOT_MONITORUSED);
+const _: () = assert!(SLOT_DEVICE_UTIL + MAX_DEVICES * DEVICE_UTIL_SIZE == SLOT_STATUS);
+
+/// Errors reading a HAMi-core region.
+#[derive(Debug, thiserror::Error)]
+pub enum HamiError {
+    /// Opening, sizing or mapping the file failed.
+    #[error("{call} on `{path}` failed")]
+    Io {
+        /// The failing call.
+        call: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is shorter than the v1 layout.
+    #[error("file is {len} bytes, HAMi-core v1 needs {needed}")]
+    Truncated {
+        /// File size.
+        len: u64,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// `initialized_flag` is not the magic (not initialised, or not a HAMi-core file).
+    #[error("initialized_flag at offset 0 is {found} (expected {HAMI_MAGIC})")]
+    NotInitialised {
+        /// What the file holds.
+        found: i32,
+    },
+    /// A major version other than 1.
+    #[error("unsupported HAMi-core layout {major}.{minor} (this reader understands major 1)")]
+    UnsupportedVersion {
+        /// Major version in the file.
+        major: u32,
+        /// Minor version in the file.
+        minor: u32,
+    },
+}
+
+/// One HAMi-core process slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HamiProcess {
+    /// Index in `procs[]`.
+    pub slot: usize,
+    /// Container pid.
+    pub pid: i32,
+    /// Host pid (0 until HAMi-core's detection succeeded).
+    pub hostpid: i32,
+    /// 1 running, 2 suspended.
+    pub status: i32,
+    /// `used[d].total` per device.
+    pub used_total: Vec<u64>,
+    /// `used[d].context_size` per device.
+    pub context_size: Vec<u64>,
+    /// `used[d].module_size` per device.
+    pub module_size: Vec<u64>,
+    /// `used[d].data_size` per device.
+    pub data_size: Vec<u64>,
+    /// NVML-observed usage per device (`monitorused`).
+    pub monitor_used: Vec<u64>,
+    /// SM utilisation per device (`device_util[d].sm_util`).
+    pub sm_util: Vec<u64>,
+    /// Whether the slot's seqlock gave a consistent read (false: stayed odd or kept changing).
+    pub consistent: bool,
+}
+
+/// A view of a HAMi-core region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HamiSnapshot {
+    /// `major_version`.
+    pub major: u32,
+    /// `minor_version`.
+    pub minor: u32,
+    /// `device_num`, clamped to 16.
+    pub device_count: usize,
+    /// Device UUIDs (lossy, NUL-trimmed).
+    pub uuids: Vec<String>,
+    /// Memory limit per device, bytes (0 = unlimited).
+    pub limit: Vec<u64>,
+    /// SM limit per device, percent.
+    pub sm_limit: Vec<u64>,
+    /// `proc_num` as stored (may be out of range in a corrupted file).
+    pub proc_num_raw: i32,
+    /// Occupied slots.
+    pub processes: Vec<HamiProcess>,
+    /// `utilization_switch`.
+    pub utilization_switch: i32,
+    /// `recent_kernel`.
+    pub recent_kernel: i32,
+    /// `priority`.
+    pub priority: i32,
+    /// `last_kernel_time`, epoch seconds.
+    pub last_kernel_time: u64,
+}
+
+/// A read-only reader for a HAMi-core v1 cache file.
+pub struct HamiReader {
+    map: Mapping,
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for HamiReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HamiReader")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl HamiReader {
+    /// Opens and validates a HAMi-core cache file read-only.
+    pub fn open(path: &Path) -> Result<HamiReader, HamiError> {
+        let io = |call| {
+            move |source| HamiError::Io {
+                call,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(io("open"))?;
+        let len = file.metadata().map_err(io("fstat"))?.len();
+        if len < HAMI_V1_SIZE {
+            return Err(HamiError::Truncated {
+                len,
+                needed: HAMI_V1_SIZE,
+            });
+        }
+        let map = Mapping::new(&file, HAMI_V1_SIZE as usize, false).map_err(io("mmap"))?;
+        let reader = HamiReader {
+            map,
+            file,
+            path: path.to_path_buf(),
+        };
+        reader.validate()?;
+        Ok(reader)
+    }
+
+    fn i32_at(&self, offset: usize) -> i32 {
+        // Relaxed: HAMi-core publishes with its own (weaker) protocol; values are momentary.
+        self.map
+            .get::<AtomicI32>(offset)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+
+    fn u64_at(&self, offset: usize) -> u64 {
+        // Relaxed: as above.
+        self.map
+            .get::<AtomicU64>(offset)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+
+    fn validate(&self) -> Result<(u32, u32), HamiError> {
+        // Acquire: HAMi-core stores the flag after a release fence once initialised.
+        let flag = self
+            .map
+            .get::<AtomicI32>(0)
+            .map_or(0, |a| a.load(Ordering::Acquire));
+        if flag != HAMI_MAGIC {
+            return Err(HamiError::NotInitialised { found: flag });
+        }
+        let (major, minor) = (self.i32_at(OFF_MAJOR) as u32, self.i32_at(OFF_MINOR) as u32);
+        if major != 1 {
+            return Err(HamiError::UnsupportedVersion { major, minor });
+        }
+        Ok((major, minor))
+    }
+
+    /// Reads the region.
+    pub fn snapshot(&self) -> Result<HamiSnapshot, HamiError> {
+        let len = self
+            .file
+            .metadata()
+            .map_err(|source| HamiError::Io {
+                call: "fstat",
+                path: self.path.clone(),
+                source,
+            })?
+            .len();
+        if len < HAMI_V1_SIZE {
+            return Err(HamiError::Truncated {
+                len,
+                needed: HAMI_V1_SIZE,
+            });
+        }
+        let (major, minor) = self.validate()?;
+        let device_count = (self.u64_at(OFF_DEVICE_NUM) as usize).min(MAX_DEVICES);
+        let uuids = (0..device_count)
+            .map(|d| {
+                let mut bytes = Vec::with_capacity(UUID_LEN);
+                for w in 0..UUID_LEN / 8 {
+                    bytes.extend_from_slice(
+                        &self.u64_at(OFF_UUIDS + d * UUID_LEN + w * 8).to_le_bytes(),
+                    );
+                }
+                let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+                String::from_utf8_lossy(&bytes[..end]).into_owned()
+            })
+            .collect();
+        let per_device = |base: usize, stride: usize| -> Vec<u64> {
+            (0..device_count)
+                .map(|d| self.u64_at(base + d * stride))
+                .collect()
+        };
+        let proc_num_raw = self.i32_at(OFF_PROC_NUM);
+        // Never index by proc_num: slots past it can be live after HAMi-core's compaction bugs
+        // (#191), and a corrupted value could be anything. Scan the whole fixed array instead;
+        // occupied slots have pid != 0 and status != 0.
+        let mut processes = Vec::new();
+        for slot in 0..HAMI_MAX_PROCS {
+            let base = OFF_PROCS + slot * PROC_SIZE;
+            if let Some(p) = self.read_proc(slot, base, &per_device) {
+                processes.push(p);
+            }
+        }
+        Ok(HamiSnapshot {
+            major,
+            minor,
+            device_count,
+            uuids,
+            limit: per_device(OFF_LIMIT, 8),
+            sm_limit: per_device(OFF_SM_LIMIT, 8),
+            proc_num_raw,
+            processes,
+            utilization_switch: self.i32_at(OFF_UTIL_SWITCH),
+            recent_kernel: self.i32_at(OFF_RECENT_KERNEL),
+            priority: self.i32_at(OFF_PRIORITY),
+            last_kernel_time: self.u64_at(OFF_LAST_KERNEL_TIME),
+        })
+    }
+
+    fn read_proc(
+        &self,
+        slot: usize,
+        base: usize,
+        per_device: &dyn Fn(usize, usize) -> Vec<u64>,
+    ) -> Option<HamiProcess> {
+        if self.i32_at(base + SLOT_PID) == 0 || self.i32_at(base + SLOT_STATUS) == 0 {
+            return None;
+        }
+        let copy = || {
+            let used = base + SLOT_USED;
+            HamiProcess {
+                slot,
+                pid: self.i32_at(base + SLOT_PID),
+                hostpid: self.i32_at(base + SLOT_HOSTPID),
+                status: self.i32_at(base + SLOT_STATUS),
+                context_size: per_device(used, DEVICE_MEMORY_SIZE),
+                module_size: per_device(used + 8, DEVICE_MEMORY_SIZE),
+                data_size: per_device(used + 16, DEVICE_MEMORY_SIZE),
+                used_total: per_device(used + 32, DEVICE_MEMORY_SIZE),
+                monitor_used: per_device(base + SLOT_MONITORUSED, 8),
+                sm_util: per_device(base + SLOT_DEVICE_UTIL + 16, DEVICE_UTIL_SIZE),
+                consistent: false,
+            }
+        };
+        let seq = self.map.get::<AtomicU64>(base + SLOT_SEQLOCK)?;
+        let mut last = None;
+        // HAMi-core's seqlock, best-effort and bounded: its writers race each other and a killed
+        // writer leaves it odd forever, so an inconsistent slot is shown flagged, never waited on.
+        let outcome = crate::seqlock::read(seq, || last = Some(copy()));
+        let mut process = last.unwrap_or_else(copy);
+        process.consistent = matches!(outcome, crate::seqlock::SeqRead::Consistent { .. });
+        Some(process)
+    }
+}

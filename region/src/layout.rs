@@ -1,0 +1,339 @@
+//! The byte layout of a region file: `#[repr(C)]` structs of atomics, pinned by `const` asserts.
+//!
+//! Every field that another process may write is an atomic, so no code path (writer or reader)
+//! ever makes a plain read of shared memory. `docs/region.md` documents each field; the test
+//! `doc_offsets_match_layout` checks the table in that document against [`FIELD_OFFSETS`], so the
+//! two cannot drift.
+//!
+//! A file is a [`RegionHeader`] (one 4 KiB page) followed by `slot_count` [`SlotRecord`]s. Each
+//! slot holds [`SHARDS_PER_SLOT`] statistics [`Shard`]s: [`THREAD_SHARDS`] owned by one thread
+//! each, and one overflow shard shared by the remaining threads under a try-only writer bit.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use agent_common::api::API_SLOTS;
+use agent_common::hist::HIST_BUCKETS;
+
+/// `b"VGPUREGN"` read as a little-endian `u64`.
+pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VGPUREGN");
+/// Layout major version: readers reject any other major.
+pub const LAYOUT_MAJOR: u32 = 1;
+/// Layout minor version: additions inside reserved fields; readers accept any minor.
+pub const LAYOUT_MINOR: u32 = 0;
+/// Devices per region (as HAMi-core's `CUDA_DEVICE_MAX_COUNT`).
+pub const MAX_DEVICES: usize = 16;
+/// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
+pub const MAX_SLOTS: u32 = 1024;
+/// Slots of a region when the configuration does not say.
+pub const DEFAULT_SLOTS: u32 = 128;
+/// Statistics shards owned by one thread each.
+pub const THREAD_SHARDS: usize = 8;
+/// All shards of a slot: the thread shards plus the overflow shard.
+pub const SHARDS_PER_SLOT: usize = THREAD_SHARDS + 1;
+/// Index of the overflow shard, shared by threads that found no free thread shard.
+pub const OVERFLOW_SHARD: usize = THREAD_SHARDS;
+/// Size of the header page; slots start here.
+pub const HEADER_SIZE: usize = 4096;
+
+/// Per-device container-wide state in the header.
+#[repr(C)]
+pub struct DeviceState {
+    /// Memory limit in bytes; 0 = unlimited. Written once by the initialiser.
+    pub memory_limit: AtomicU64,
+    /// Bytes reserved by all processes of the container (the enforced counter).
+    pub reserved: AtomicU64,
+    /// SM limit in percent; 0 or 100 = unlimited. Written once by the initialiser.
+    pub sm_limit: AtomicU64,
+    /// Highest value `reserved` has reached.
+    pub peak_reserved: AtomicU64,
+    /// Reservations denied on this device, by all processes.
+    pub denied: AtomicU64,
+    /// Bytes returned to `reserved` by reclaiming dead processes' slots.
+    pub reclaimed_bytes: AtomicU64,
+    /// Room for growth (minor versions).
+    pub spare: [AtomicU64; 2],
+}
+
+/// The first page of a region file.
+#[repr(C)]
+pub struct RegionHeader {
+    /// Initialisation state machine word (see `init`): 0 = uninitialised (a zero-filled file),
+    /// `INITIALISING(pid, start ms)`, `READY(pid)`. Published last with `Release`.
+    pub init_state: AtomicU64,
+    /// [`REGION_MAGIC`].
+    pub magic: AtomicU64,
+    /// `major << 32 | minor`.
+    pub layout_version: AtomicU64,
+    /// Bytes of the whole region: `HEADER_SIZE + slot_count * slot_stride`.
+    pub total_size: AtomicU64,
+    /// Number of slots.
+    pub slot_count: AtomicU32,
+    /// Shards per slot (must equal [`SHARDS_PER_SLOT`]).
+    pub shards_per_slot: AtomicU32,
+    /// Per-API entries per shard (must equal [`API_SLOTS`]).
+    pub api_slots: AtomicU32,
+    /// Histogram buckets per API (must equal [`HIST_BUCKETS`]).
+    pub hist_buckets: AtomicU32,
+    /// Entries of `devices` (must equal [`MAX_DEVICES`]).
+    pub max_devices: AtomicU32,
+    /// Devices in use (`<= max_devices`).
+    pub device_count: AtomicU32,
+    /// Bytes between slots (must equal `size_of::<SlotRecord>()`).
+    pub slot_stride: AtomicU64,
+    /// Offset of slot 0 (must equal [`HEADER_SIZE`]).
+    pub slots_offset: AtomicU64,
+    /// Bytes between shards (must equal `size_of::<Shard>()`).
+    pub shard_stride: AtomicU64,
+    /// Pid of the process that initialised the region, as seen in its pid namespace.
+    pub creator_pid: AtomicU64,
+    /// Inode of the initialiser's `/proc/self/ns/pid` (0 if unknown).
+    pub creator_pid_ns: AtomicU64,
+    /// `CLOCK_REALTIME` nanoseconds when initialisation completed.
+    pub created_at_unix_ns: AtomicU64,
+    /// Pid-namespace inode of the current `INITIALISING` owner, written right after its CAS.
+    pub init_owner_pid_ns: AtomicU64,
+    /// Times a dead or stalled initialiser was taken over.
+    pub init_takeovers: AtomicU64,
+    /// Room for growth (minor versions).
+    pub spare: [AtomicU64; 5],
+    /// Per-device state; entries at and after `device_count` are zero.
+    pub devices: [DeviceState; MAX_DEVICES],
+    /// Pads the header to [`HEADER_SIZE`].
+    pub tail: [AtomicU64; HEADER_TAIL_WORDS],
+}
+
+const HEADER_FIXED: usize = 160 + MAX_DEVICES * size_of::<DeviceState>();
+/// Words of padding at the end of the header page.
+pub const HEADER_TAIL_WORDS: usize = (HEADER_SIZE - HEADER_FIXED) / 8;
+
+/// Per-API counters of one shard (one cache line).
+#[repr(C)]
+pub struct ApiCounters {
+    /// Calls recorded.
+    pub calls: AtomicU64,
+    /// Calls that returned an error.
+    pub errors: AtomicU64,
+    /// Sum of call latencies as the application saw them, ns.
+    pub latency_ns: AtomicU64,
+    /// Time spent inside the limiter's own hook code, ns.
+    pub hook_ns: AtomicU64,
+    /// Bytes allocated through this API.
+    pub bytes_allocated: AtomicU64,
+    /// Bytes freed through this API.
+    pub bytes_freed: AtomicU64,
+    /// Allocations denied by the limit.
+    pub denied: AtomicU64,
+    /// Bytes of the denied allocations.
+    pub denied_bytes: AtomicU64,
+}
+
+/// A single-writer statistics shard, guarded by its own seqlock.
+#[repr(C)]
+pub struct Shard {
+    /// Seqlock sequence: odd while a write section is open.
+    pub seq: AtomicU64,
+    /// Thread shards: kernel tid of the owning thread, 0 = free. Overflow shard: unused (0).
+    pub owner_tid: AtomicU64,
+    /// Time the limiter throttled launches (SM limit), ns.
+    pub throttled_ns: AtomicU64,
+    /// Write sections completed.
+    pub write_sections: AtomicU64,
+    /// Room for growth (minor versions).
+    pub spare: [AtomicU64; 4],
+    /// Counters per API id.
+    pub apis: [ApiCounters; API_SLOTS],
+    /// Log2 latency histogram per API id (bucketed by `agent_common::hist::bucket_of`).
+    pub hist: [[AtomicU64; HIST_BUCKETS]; API_SLOTS],
+}
+
+/// The fixed part of a slot.
+#[repr(C)]
+pub struct SlotHeader {
+    /// Slot state word: `generation << 40 | phase << 32 | pid` (see `slots`).
+    pub state: AtomicU64,
+    /// Owner's start time, clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_time: AtomicU64,
+    /// Inode of the owner's `/proc/self/ns/pid` (0 if unknown).
+    pub pid_ns: AtomicU64,
+    /// `CLOCK_REALTIME` nanoseconds at claim.
+    pub claimed_at_unix_ns: AtomicU64,
+    /// `CLOCK_BOOTTIME` milliseconds when the current reclaim started (0 = none).
+    pub reclaim_started_ms: AtomicU64,
+    /// Records dropped because the overflow shard was busy.
+    pub dropped_records: AtomicU64,
+    /// Owner's command name (`/proc/self/comm`), 16 bytes, NUL padded.
+    pub name: [AtomicU64; 2],
+    /// Bytes this process holds per device (reserved and not released).
+    pub held: [AtomicU64; MAX_DEVICES],
+    /// Context (and module) bytes per device, as set by the limiter, for display.
+    pub context_bytes: [AtomicU64; MAX_DEVICES],
+    /// Bit `i` set once shard `i` has been written (so a reused slot zeroes only those).
+    pub used_shards: AtomicU64,
+    /// Room for growth (minor versions).
+    pub spare: [AtomicU64; 7],
+}
+
+/// One process slot: its header and its shards. Slots never move.
+#[repr(C)]
+pub struct SlotRecord {
+    /// Identity, state and holdings.
+    pub header: SlotHeader,
+    /// Statistics shards.
+    pub shards: [Shard; SHARDS_PER_SLOT],
+}
+
+/// Size of [`SlotRecord`].
+pub const SLOT_SIZE: usize = size_of::<SlotRecord>();
+/// Size of [`Shard`].
+pub const SHARD_SIZE: usize = size_of::<Shard>();
+
+/// Bytes of a region with `slots` slots.
+pub const fn region_size(slots: u32) -> u64 {
+    HEADER_SIZE as u64 + slots as u64 * SLOT_SIZE as u64
+}
+
+// Sizes and offsets are part of the protocol: a change here is a layout version change.
+const _: () = assert!(size_of::<DeviceState>() == 64);
+const _: () = assert!(size_of::<RegionHeader>() == HEADER_SIZE);
+const _: () = assert!(size_of::<ApiCounters>() == 64);
+const _: () = assert!(size_of::<Shard>() == 36_160);
+const _: () = assert!(size_of::<SlotHeader>() == 384);
+const _: () = assert!(size_of::<SlotRecord>() == 325_824);
+const _: () = assert!(SLOT_SIZE % 64 == 0 && SHARD_SIZE % 64 == 0);
+const _: () = assert!(offset_of!(RegionHeader, init_state) == 0);
+const _: () = assert!(offset_of!(RegionHeader, magic) == 8);
+const _: () = assert!(offset_of!(RegionHeader, layout_version) == 16);
+const _: () = assert!(offset_of!(RegionHeader, total_size) == 24);
+const _: () = assert!(offset_of!(RegionHeader, slot_count) == 32);
+const _: () = assert!(offset_of!(RegionHeader, device_count) == 52);
+const _: () = assert!(offset_of!(RegionHeader, slot_stride) == 56);
+const _: () = assert!(offset_of!(RegionHeader, init_takeovers) == 112);
+const _: () = assert!(offset_of!(RegionHeader, devices) == 160);
+const _: () = assert!(offset_of!(Shard, apis) == 64);
+const _: () = assert!(offset_of!(Shard, hist) == 6208);
+const _: () = assert!(offset_of!(SlotHeader, held) == 64);
+const _: () = assert!(offset_of!(SlotRecord, shards) == 384);
+// A region for 64 processes with 8 thread shards each stays far below 64 MiB of (sparse) file.
+const _: () = assert!(region_size(64) < 24 << 20);
+const _: () = assert!(region_size(DEFAULT_SLOTS) < 48 << 20);
+const _: () = assert!(HEADER_FIXED <= HEADER_SIZE);
+
+macro_rules! field_offsets {
+    ($($ty:ident . $field:ident),* $(,)?) => {
+        /// `(struct, field, offset, size)` for every field, as documented in `docs/region.md`.
+        pub const FIELD_OFFSETS: &[(&str, &str, usize, usize)] = &[
+            $((
+                stringify!($ty),
+                stringify!($field),
+                offset_of!($ty, $field),
+                size_of_field(|s: &$ty| &s.$field),
+            )),*
+        ];
+    };
+}
+
+const fn size_of_field<S, F>(_: fn(&S) -> &F) -> usize {
+    size_of::<F>()
+}
+
+field_offsets!(
+    RegionHeader.init_state,
+    RegionHeader.magic,
+    RegionHeader.layout_version,
+    RegionHeader.total_size,
+    RegionHeader.slot_count,
+    RegionHeader.shards_per_slot,
+    RegionHeader.api_slots,
+    RegionHeader.hist_buckets,
+    RegionHeader.max_devices,
+    RegionHeader.device_count,
+    RegionHeader.slot_stride,
+    RegionHeader.slots_offset,
+    RegionHeader.shard_stride,
+    RegionHeader.creator_pid,
+    RegionHeader.creator_pid_ns,
+    RegionHeader.created_at_unix_ns,
+    RegionHeader.init_owner_pid_ns,
+    RegionHeader.init_takeovers,
+    RegionHeader.spare,
+    RegionHeader.devices,
+    RegionHeader.tail,
+    DeviceState.memory_limit,
+    DeviceState.reserved,
+    DeviceState.sm_limit,
+    DeviceState.peak_reserved,
+    DeviceState.denied,
+    DeviceState.reclaimed_bytes,
+    DeviceState.spare,
+    SlotRecord.header,
+    SlotRecord.shards,
+    SlotHeader.state,
+    SlotHeader.start_time,
+    SlotHeader.pid_ns,
+    SlotHeader.claimed_at_unix_ns,
+    SlotHeader.reclaim_started_ms,
+    SlotHeader.dropped_records,
+    SlotHeader.name,
+    SlotHeader.held,
+    SlotHeader.context_bytes,
+    SlotHeader.used_shards,
+    SlotHeader.spare,
+    Shard.seq,
+    Shard.owner_tid,
+    Shard.throttled_ns,
+    Shard.write_sections,
+    Shard.spare,
+    Shard.apis,
+    Shard.hist,
+    ApiCounters.calls,
+    ApiCounters.errors,
+    ApiCounters.latency_ns,
+    ApiCounters.hook_ns,
+    ApiCounters.bytes_allocated,
+    ApiCounters.bytes_freed,
+    ApiCounters.denied,
+    ApiCounters.denied_bytes,
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row `| Struct | field | offset | size |` of the field tables in docs/region.md must
+    /// match [`FIELD_OFFSETS`] exactly, and every field must be documented.
+    #[test]
+    fn doc_offsets_match_layout() {
+        let doc = include_str!("../../docs/region.md");
+        let mut rows = Vec::new();
+        for line in doc.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            // ["", "`Struct`", "`field`", "offset", "size", "meaning", ""]
+            if cells.len() >= 6 && cells[1].starts_with('`') && cells[2].starts_with('`') {
+                if let (Ok(off), Ok(size)) = (cells[3].parse::<usize>(), cells[4].parse::<usize>())
+                {
+                    rows.push((
+                        cells[1].trim_matches('`').to_string(),
+                        cells[2].trim_matches('`').to_string(),
+                        off,
+                        size,
+                    ));
+                }
+            }
+        }
+        let expected: Vec<(String, String, usize, usize)> = FIELD_OFFSETS
+            .iter()
+            .map(|(s, f, o, z)| (s.to_string(), f.to_string(), *o, *z))
+            .collect();
+        assert_eq!(
+            rows, expected,
+            "docs/region.md field tables drifted from layout.rs"
+        );
+    }
+
+    #[test]
+    fn region_sizes() {
+        assert_eq!(region_size(0), HEADER_SIZE as u64);
+        assert_eq!(region_size(64), 4096 + 64 * 325_824);
+    }
+}

@@ -1,0 +1,685 @@
+//! The agent's read-only view of a region.
+//!
+//! The file is opened `O_RDONLY` and mapped `PROT_READ`/`MAP_SHARED`, so the agent cannot write
+//! into it. A container can write anything into its own region, so nothing read from it is
+//! trusted: magic, version, sizes and every count are validated against this crate's constants and
+//! the file's size before use; every access is bounds-checked; arithmetic on values read from the
+//! file saturates or wraps instead of panicking. The reader never reclaims anything.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use agent_common::api::{API_SLOTS, ApiId};
+use agent_common::hist::HIST_BUCKETS;
+
+use crate::init::{PHASE_READY, init_phase, init_pid};
+use crate::layout::{
+    HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, REGION_MAGIC, RegionHeader, SHARD_SIZE,
+    SHARDS_PER_SLOT, SLOT_SIZE, Shard, SlotRecord, region_size,
+};
+use crate::mapping::Mapping;
+use crate::procfs::{self, Liveness};
+use crate::seqlock::{self, SeqRead};
+use crate::slots::{
+    PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
+};
+
+/// Errors reading a region. Each names what was wrong; none is a panic.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Opening, sizing or mapping the file failed.
+    #[error("{call} on `{path}` failed")]
+    Io {
+        /// The failing call.
+        call: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is shorter than the layout requires.
+    #[error("file is {len} bytes, the layout needs {needed}")]
+    Truncated {
+        /// File size.
+        len: u64,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// The header has not been published as ready (still initialising, or not a region).
+    #[error("region is not initialised (state word {state:#x})")]
+    NotReady {
+        /// The `init_state` word.
+        state: u64,
+    },
+    /// The magic number is wrong.
+    #[error("bad magic {found:#x} at offset {offset} (expected {expected:#x})")]
+    BadMagic {
+        /// Offset of the magic.
+        offset: u64,
+        /// What the file holds.
+        found: u64,
+        /// What was expected.
+        expected: u64,
+    },
+    /// The layout's major version is not one this reader understands.
+    #[error(
+        "unsupported layout version {major}.{minor} (this reader understands major {supported})"
+    )]
+    UnsupportedVersion {
+        /// Major version in the file.
+        major: u32,
+        /// Minor version in the file.
+        minor: u32,
+        /// The major this reader understands.
+        supported: u32,
+    },
+    /// A header field holds a value the layout does not allow.
+    #[error("header field `{field}` at offset {offset} is {found}, expected {expected}")]
+    BadField {
+        /// Field name.
+        field: &'static str,
+        /// Its offset in the file.
+        offset: u64,
+        /// What the file holds.
+        found: u64,
+        /// What is allowed.
+        expected: String,
+    },
+}
+
+/// The validated geometry of a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Slots.
+    pub slot_count: u32,
+    /// Devices in use.
+    pub device_count: u32,
+    /// Bytes of the region.
+    pub total_size: u64,
+    /// Layout minor version.
+    pub minor: u32,
+}
+
+fn expect_field(field: &'static str, offset: u64, found: u64, want: u64) -> Result<(), ReadError> {
+    if found == want {
+        Ok(())
+    } else {
+        Err(ReadError::BadField {
+            field,
+            offset,
+            found,
+            expected: want.to_string(),
+        })
+    }
+}
+
+/// Validates a header against this crate's layout and the file size. Used by the reader and by
+/// writers joining a region another process initialised.
+pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Geometry, ReadError> {
+    let r = Ordering::Relaxed;
+    // Acquire: pairs with the initialiser's Release CAS to READY.
+    let state = header.init_state.load(Ordering::Acquire);
+    if init_phase(state) != PHASE_READY {
+        return Err(ReadError::NotReady { state });
+    }
+    let magic = header.magic.load(r);
+    if magic != REGION_MAGIC {
+        return Err(ReadError::BadMagic {
+            offset: 8,
+            found: magic,
+            expected: REGION_MAGIC,
+        });
+    }
+    let version = header.layout_version.load(r);
+    let (major, minor) = ((version >> 32) as u32, version as u32);
+    if major != LAYOUT_MAJOR {
+        return Err(ReadError::UnsupportedVersion {
+            major,
+            minor,
+            supported: LAYOUT_MAJOR,
+        });
+    }
+    expect_field(
+        "shards_per_slot",
+        36,
+        header.shards_per_slot.load(r).into(),
+        SHARDS_PER_SLOT as u64,
+    )?;
+    expect_field(
+        "api_slots",
+        40,
+        header.api_slots.load(r).into(),
+        API_SLOTS as u64,
+    )?;
+    expect_field(
+        "hist_buckets",
+        44,
+        header.hist_buckets.load(r).into(),
+        HIST_BUCKETS as u64,
+    )?;
+    expect_field(
+        "max_devices",
+        48,
+        header.max_devices.load(r).into(),
+        MAX_DEVICES as u64,
+    )?;
+    expect_field(
+        "slot_stride",
+        56,
+        header.slot_stride.load(r),
+        SLOT_SIZE as u64,
+    )?;
+    expect_field(
+        "slots_offset",
+        64,
+        header.slots_offset.load(r),
+        HEADER_SIZE as u64,
+    )?;
+    expect_field(
+        "shard_stride",
+        72,
+        header.shard_stride.load(r),
+        SHARD_SIZE as u64,
+    )?;
+    let slot_count = header.slot_count.load(r);
+    if slot_count == 0 || slot_count > MAX_SLOTS {
+        return Err(ReadError::BadField {
+            field: "slot_count",
+            offset: 32,
+            found: slot_count.into(),
+            expected: format!("1..={MAX_SLOTS}"),
+        });
+    }
+    let device_count = header.device_count.load(r);
+    if device_count == 0 || device_count as usize > MAX_DEVICES {
+        return Err(ReadError::BadField {
+            field: "device_count",
+            offset: 52,
+            found: device_count.into(),
+            expected: format!("1..={MAX_DEVICES}"),
+        });
+    }
+    let total_size = region_size(slot_count);
+    expect_field("total_size", 24, header.total_size.load(r), total_size)?;
+    if file_len < total_size {
+        return Err(ReadError::Truncated {
+            len: file_len,
+            needed: total_size,
+        });
+    }
+    Ok(Geometry {
+        slot_count,
+        device_count,
+        total_size,
+        minor,
+    })
+}
+
+/// A read-only view of a region file.
+pub struct RegionReader {
+    map: Mapping,
+    file: File,
+    path: PathBuf,
+    geometry: Geometry,
+}
+
+impl std::fmt::Debug for RegionReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionReader")
+            .field("path", &self.path)
+            .field("geometry", &self.geometry)
+            .finish()
+    }
+}
+
+/// Container-wide state of one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSnapshot {
+    /// Memory limit in bytes (0 = unlimited).
+    pub memory_limit: u64,
+    /// SM limit in percent (0 or 100 = unlimited; clamped to 100).
+    pub sm_limit: u8,
+    /// Bytes reserved container-wide.
+    pub reserved: u64,
+    /// Highest reservation seen.
+    pub peak_reserved: u64,
+    /// Reservations denied.
+    pub denied: u64,
+    /// Bytes returned by reclaiming dead processes' slots.
+    pub reclaimed_bytes: u64,
+}
+
+/// Per-API statistics of a process, merged over its consistent shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiStats {
+    /// The API.
+    pub api: ApiId,
+    /// Calls.
+    pub calls: u64,
+    /// Failed calls.
+    pub errors: u64,
+    /// Sum of latencies, ns.
+    pub latency_ns: u64,
+    /// Limiter self-time, ns.
+    pub hook_ns: u64,
+    /// Bytes allocated.
+    pub bytes_allocated: u64,
+    /// Bytes freed.
+    pub bytes_freed: u64,
+    /// Allocations denied.
+    pub denied: u64,
+    /// Bytes of denied allocations.
+    pub denied_bytes: u64,
+    /// Log2 latency histogram (`agent_common::hist`).
+    pub histogram: [u64; HIST_BUCKETS],
+}
+
+/// Why a shard could not be read consistently (it is left out of the merged statistics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardProblemKind {
+    /// The sequence stayed odd: its writer is stalled or died mid-update.
+    Stuck,
+    /// The sequence kept changing for every attempt (a very busy writer).
+    Busy,
+}
+
+/// A shard left out of a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardProblem {
+    /// Shard index within the slot.
+    pub shard: usize,
+    /// What happened.
+    pub kind: ShardProblemKind,
+    /// Pid of the slot's owner.
+    pub pid: u32,
+    /// Thread id that owns the shard (0 for the overflow shard or a free shard).
+    pub tid: u64,
+    /// The last sequence value seen.
+    pub seq: u64,
+}
+
+/// State of a slot as a reader sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotPhase {
+    /// Being set up by its claimer.
+    Claiming,
+    /// Owned by a process.
+    Live,
+    /// A writer is returning a dead owner's holdings.
+    Reclaiming,
+}
+
+/// One non-free slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotSnapshot {
+    /// Slot index.
+    pub index: u32,
+    /// Phase.
+    pub phase: SlotPhase,
+    /// Owner pid in the owner's pid namespace (the reclaimer's pid while reclaiming).
+    pub pid: u32,
+    /// Owner start time (clock ticks since boot).
+    pub start_time: u64,
+    /// Owner's pid-namespace inode.
+    pub pid_ns: u64,
+    /// Whether the owner runs, when the reader shares its pid namespace (`None` otherwise).
+    pub alive: Option<bool>,
+    /// Command name.
+    pub name: String,
+    /// Bytes held per device (`device_count` entries).
+    pub held: Vec<u64>,
+    /// Context bytes per device (`device_count` entries).
+    pub context_bytes: Vec<u64>,
+    /// Records dropped because the overflow shard was busy.
+    pub dropped_records: u64,
+    /// Time throttled, ns, over consistent shards.
+    pub throttled_ns: u64,
+    /// Per-API statistics over consistent shards (APIs with any activity only).
+    pub apis: Vec<ApiStats>,
+    /// Shards left out.
+    pub shard_problems: Vec<ShardProblem>,
+}
+
+/// Counters of how hard the snapshot was to take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadCounters {
+    /// Failed seqlock attempts that were retried.
+    pub seqlock_retries: u64,
+    /// Shards left out as stuck or busy.
+    pub shards_skipped: u64,
+    /// Slots re-read because their state changed during the read.
+    pub slot_rereads: u64,
+    /// Slots left out because their state kept changing.
+    pub slots_skipped: u64,
+}
+
+/// A consistent-per-shard view of a region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionSnapshot {
+    /// Geometry.
+    pub geometry: Geometry,
+    /// Initialiser pid.
+    pub creator_pid: u32,
+    /// Initialiser's pid-namespace inode.
+    pub creator_pid_ns: u64,
+    /// Whether this reader runs in that pid namespace (only then is `alive` judged).
+    pub same_pid_namespace: bool,
+    /// Initialisation time, `CLOCK_REALTIME` ns.
+    pub created_at_unix_ns: u64,
+    /// Initialiser takeovers.
+    pub init_takeovers: u64,
+    /// Per device (`device_count` entries).
+    pub devices: Vec<DeviceSnapshot>,
+    /// Non-free slots.
+    pub slots: Vec<SlotSnapshot>,
+    /// Read effort.
+    pub counters: ReadCounters,
+}
+
+impl RegionReader {
+    /// Opens and validates a region read-only.
+    pub fn open(path: &Path) -> Result<RegionReader, ReadError> {
+        let io = |call| {
+            move |source| ReadError::Io {
+                call,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(io("open"))?;
+        let meta = file.metadata().map_err(io("fstat"))?;
+        if !meta.is_file() {
+            return Err(ReadError::BadField {
+                field: "file type",
+                offset: 0,
+                found: 0,
+                expected: "a regular file".into(),
+            });
+        }
+        let len = meta.len();
+        if len < HEADER_SIZE as u64 {
+            return Err(ReadError::Truncated {
+                len,
+                needed: HEADER_SIZE as u64,
+            });
+        }
+        let header_map = Mapping::new(&file, HEADER_SIZE, false).map_err(io("mmap"))?;
+        let header: &RegionHeader = header_map.get(0).expect("mapped one header");
+        let geometry = validate_header(header, len)?;
+        drop(header_map);
+        let map = Mapping::new(&file, geometry.total_size as usize, false).map_err(io("mmap"))?;
+        // The header may have changed between the two mappings (a hostile writer): re-validate
+        // against the mapping we keep.
+        let again = validate_header(map.get(0).expect("mapped one header"), len)?;
+        if again != geometry {
+            return Err(ReadError::BadField {
+                field: "total_size",
+                offset: 24,
+                found: again.total_size,
+                expected: geometry.total_size.to_string(),
+            });
+        }
+        Ok(RegionReader {
+            map,
+            file,
+            path: path.to_path_buf(),
+            geometry,
+        })
+    }
+
+    /// The validated geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Reads the whole region. Each shard is read consistently or reported; a dead writer never
+    /// makes this spin.
+    pub fn snapshot(&self) -> Result<RegionSnapshot, ReadError> {
+        // A container may truncate its own file: touching pages past the end would raise SIGBUS,
+        // so check the size (and the header) before reading (see docs/region.md for the residual
+        // race).
+        let len = self
+            .file
+            .metadata()
+            .map_err(|source| ReadError::Io {
+                call: "fstat",
+                path: self.path.clone(),
+                source,
+            })?
+            .len();
+        let header: &RegionHeader = self.map.get(0).expect("mapped one header");
+        let geometry = validate_header(header, len)?;
+        if geometry != self.geometry {
+            return Err(ReadError::BadField {
+                field: "slot_count",
+                offset: 32,
+                found: geometry.slot_count.into(),
+                expected: self.geometry.slot_count.to_string(),
+            });
+        }
+        let r = Ordering::Relaxed;
+        let creator_pid_ns = header.creator_pid_ns.load(r);
+        let my_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        let devices = header.devices[..geometry.device_count as usize]
+            .iter()
+            .map(|d| DeviceSnapshot {
+                memory_limit: d.memory_limit.load(r),
+                sm_limit: d.sm_limit.load(r).min(100) as u8,
+                // Acquire: pairs with the AcqRel reservation CAS.
+                reserved: d.reserved.load(Ordering::Acquire),
+                peak_reserved: d.peak_reserved.load(r),
+                denied: d.denied.load(r),
+                reclaimed_bytes: d.reclaimed_bytes.load(r),
+            })
+            .collect();
+        let mut counters = ReadCounters::default();
+        let mut slots = Vec::new();
+        let mut scratch = Box::new(ShardCopy::zeroed());
+        for index in 0..geometry.slot_count {
+            let offset = HEADER_SIZE + index as usize * SLOT_SIZE;
+            let Some(record) = self.map.get::<SlotRecord>(offset) else {
+                break;
+            };
+            if let Some(slot) = read_slot(
+                record,
+                index,
+                geometry.device_count,
+                my_ns,
+                &mut scratch,
+                &mut counters,
+            ) {
+                slots.push(slot);
+            }
+        }
+        Ok(RegionSnapshot {
+            geometry,
+            creator_pid: init_pid(header.init_state.load(r)),
+            creator_pid_ns,
+            same_pid_namespace: my_ns != 0 && my_ns == creator_pid_ns,
+            created_at_unix_ns: header.created_at_unix_ns.load(r),
+            init_takeovers: header.init_takeovers.load(r),
+            devices,
+            slots,
+            counters,
+        })
+    }
+}
+
+/// A private copy of one shard's counters.
+struct ShardCopy {
+    throttled_ns: u64,
+    apis: [[u64; 8]; API_SLOTS],
+    hist: [[u64; HIST_BUCKETS]; API_SLOTS],
+}
+
+impl ShardCopy {
+    fn zeroed() -> ShardCopy {
+        ShardCopy {
+            throttled_ns: 0,
+            apis: [[0; 8]; API_SLOTS],
+            hist: [[0; HIST_BUCKETS]; API_SLOTS],
+        }
+    }
+
+    fn copy_from(&mut self, shard: &Shard) {
+        let r = Ordering::Relaxed;
+        self.throttled_ns = shard.throttled_ns.load(r);
+        for (dst, src) in self.apis.iter_mut().zip(&shard.apis) {
+            let fields: [&AtomicU64; 8] = [
+                &src.calls,
+                &src.errors,
+                &src.latency_ns,
+                &src.hook_ns,
+                &src.bytes_allocated,
+                &src.bytes_freed,
+                &src.denied,
+                &src.denied_bytes,
+            ];
+            for (d, s) in dst.iter_mut().zip(fields) {
+                *d = s.load(r);
+            }
+        }
+        for (dst, src) in self.hist.iter_mut().zip(&shard.hist) {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s.load(r);
+            }
+        }
+    }
+}
+
+const SLOT_READ_ATTEMPTS: u32 = 3;
+
+fn read_slot(
+    record: &SlotRecord,
+    index: u32,
+    device_count: u32,
+    my_ns: u64,
+    scratch: &mut ShardCopy,
+    counters: &mut ReadCounters,
+) -> Option<SlotSnapshot> {
+    let h = &record.header;
+    let r = Ordering::Relaxed;
+    for attempt in 0..SLOT_READ_ATTEMPTS {
+        // Acquire: pairs with the Release publication of LIVE (identity) by the claimer.
+        let word = h.state.load(Ordering::Acquire);
+        let phase = match slot_phase(word) {
+            PHASE_FREE => return None,
+            PHASE_CLAIMING => SlotPhase::Claiming,
+            PHASE_LIVE => SlotPhase::Live,
+            PHASE_RECLAIMING => SlotPhase::Reclaiming,
+            // Garbage phase in a hostile file: show nothing rather than guess.
+            _ => return None,
+        };
+        let pid = slot_pid(word);
+        let start_time = h.start_time.load(r);
+        let pid_ns = h.pid_ns.load(r);
+        let mut name_bytes = [0u8; 16];
+        name_bytes[..8].copy_from_slice(&h.name[0].load(r).to_le_bytes());
+        name_bytes[8..].copy_from_slice(&h.name[1].load(r).to_le_bytes());
+        let name_len = name_bytes.iter().position(|&b| b == 0).unwrap_or(16);
+        let devices = device_count as usize;
+        let held = h.held[..devices].iter().map(|w| w.load(r)).collect();
+        let context_bytes = h.context_bytes[..devices]
+            .iter()
+            .map(|w| w.load(r))
+            .collect();
+        let mut merged: Vec<Option<ApiStats>> = vec![None; API_SLOTS];
+        let mut throttled_ns = 0u64;
+        let mut shard_problems = Vec::new();
+        for (shard_index, shard) in record.shards.iter().enumerate() {
+            match seqlock::read(&shard.seq, || scratch.copy_from(shard)) {
+                SeqRead::Consistent { retries } => {
+                    counters.seqlock_retries += u64::from(retries);
+                    throttled_ns = throttled_ns.wrapping_add(scratch.throttled_ns);
+                    merge(&mut merged, scratch);
+                }
+                SeqRead::Stuck { seq } | SeqRead::Busy { seq } => {
+                    let stuck = seq & 1 == 1;
+                    counters.seqlock_retries += u64::from(seqlock::READ_RETRIES);
+                    counters.shards_skipped += 1;
+                    shard_problems.push(ShardProblem {
+                        shard: shard_index,
+                        kind: if stuck {
+                            ShardProblemKind::Stuck
+                        } else {
+                            ShardProblemKind::Busy
+                        },
+                        pid,
+                        tid: shard.owner_tid.load(r),
+                        seq,
+                    });
+                }
+            }
+        }
+        // Relaxed after the Acquire above is enough to detect a change of owner: a new owner must
+        // first move the word through RECLAIMING and FREE.
+        if h.state.load(Ordering::Acquire) != word {
+            counters.slot_rereads += 1;
+            if attempt + 1 == SLOT_READ_ATTEMPTS {
+                counters.slots_skipped += 1;
+            }
+            continue;
+        }
+        let alive = (my_ns != 0 && pid_ns == my_ns && phase == SlotPhase::Live)
+            .then(|| procfs::liveness(pid, start_time) == Liveness::Alive);
+        return Some(SlotSnapshot {
+            index,
+            phase,
+            pid,
+            start_time,
+            pid_ns,
+            alive,
+            name: String::from_utf8_lossy(&name_bytes[..name_len]).into_owned(),
+            held,
+            context_bytes,
+            dropped_records: h.dropped_records.load(r),
+            throttled_ns,
+            apis: merged.into_iter().flatten().collect(),
+            shard_problems,
+        });
+    }
+    None
+}
+
+fn merge(merged: &mut [Option<ApiStats>], copy: &ShardCopy) {
+    for (index, (fields, hist)) in copy.apis.iter().zip(&copy.hist).enumerate() {
+        if fields.iter().all(|&v| v == 0) && hist.iter().all(|&v| v == 0) {
+            continue;
+        }
+        let stats = merged[index].get_or_insert_with(|| ApiStats {
+            api: ApiId(index as u16),
+            calls: 0,
+            errors: 0,
+            latency_ns: 0,
+            hook_ns: 0,
+            bytes_allocated: 0,
+            bytes_freed: 0,
+            denied: 0,
+            denied_bytes: 0,
+            histogram: [0; HIST_BUCKETS],
+        });
+        let targets = [
+            &mut stats.calls,
+            &mut stats.errors,
+            &mut stats.latency_ns,
+            &mut stats.hook_ns,
+            &mut stats.bytes_allocated,
+            &mut stats.bytes_freed,
+            &mut stats.denied,
+            &mut stats.denied_bytes,
+        ];
+        for (t, &v) in targets.into_iter().zip(fields) {
+            *t = t.wrapping_add(v);
+        }
+        for (t, &v) in stats.histogram.iter_mut().zip(hist) {
+            *t = t.wrapping_add(v);
+        }
+    }
+}

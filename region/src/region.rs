@@ -1,0 +1,267 @@
+//! The writer side: a region mapped read-write by a limiter process.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use crate::error::{RegionError, ReserveError};
+use crate::layout::{
+    DeviceState, HEADER_SIZE, MAX_DEVICES, MAX_SLOTS, RegionHeader, SLOT_SIZE, SlotRecord,
+};
+use crate::mapping::Mapping;
+use crate::reserve;
+use crate::slots::Slot;
+
+/// What the first initialiser writes into a region. Later processes whose configuration differs
+/// get [`InitOutcome::ConfigMismatch`]: the first initialiser wins (as in HAMi-core).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionConfig {
+    /// Devices in use, `1..=MAX_DEVICES`.
+    pub devices: u32,
+    /// Memory limit per device in bytes; 0 = unlimited.
+    pub memory_limit: [u64; MAX_DEVICES],
+    /// SM limit per device in percent; 0 or 100 = unlimited.
+    pub sm_limit: [u8; MAX_DEVICES],
+    /// Process slots, `1..=MAX_SLOTS` (see [`crate::layout::DEFAULT_SLOTS`]).
+    pub slots: u32,
+}
+
+impl RegionConfig {
+    /// `devices` devices, no limits, the default slot count.
+    pub fn unlimited(devices: u32) -> RegionConfig {
+        RegionConfig {
+            devices,
+            memory_limit: [0; MAX_DEVICES],
+            sm_limit: [0; MAX_DEVICES],
+            slots: crate::layout::DEFAULT_SLOTS,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), RegionError> {
+        let reason = if self.devices == 0 || self.devices as usize > MAX_DEVICES {
+            format!("devices = {} (must be 1..={MAX_DEVICES})", self.devices)
+        } else if self.slots == 0 || self.slots > MAX_SLOTS {
+            format!("slots = {} (must be 1..={MAX_SLOTS})", self.slots)
+        } else if let Some(d) = self.sm_limit.iter().position(|&p| p > 100) {
+            format!("sm_limit[{d}] = {}% (must be 0..=100)", self.sm_limit[d])
+        } else {
+            return Ok(());
+        };
+        Err(RegionError::InvalidConfig { reason })
+    }
+
+    /// Equal as far as enforcement goes (0 and 100 % are both "no SM limit"; unused devices are
+    /// ignored).
+    pub(crate) fn same_effect(&self, other: &RegionConfig) -> bool {
+        let n = self.devices as usize;
+        let sm = |p: u8| if p == 0 { 100 } else { p };
+        self.devices == other.devices
+            && self.slots == other.slots
+            && self.memory_limit[..n] == other.memory_limit[..n]
+            && self.sm_limit[..n]
+                .iter()
+                .map(|&p| sm(p))
+                .eq(other.sm_limit[..n].iter().map(|&p| sm(p)))
+    }
+}
+
+/// The configuration this process asked for differs from the one the region was initialised
+/// with; the region's (`effective`) applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigMismatch {
+    /// What this process asked for.
+    pub requested: RegionConfig,
+    /// What the region holds (the first initialiser's configuration).
+    pub effective: RegionConfig,
+}
+
+/// How [`Region::open_or_create`] obtained a usable region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InitOutcome {
+    /// This process initialised the region.
+    Created,
+    /// The region was already initialised (or another process initialised it meanwhile) with
+    /// this configuration.
+    Joined,
+    /// This process took over from an initialiser that died or stalled, and initialised it.
+    TookOver {
+        /// Pid of the initialiser that was taken over.
+        stale_pid: u32,
+    },
+    /// Joined, but the region's configuration differs from the requested one.
+    ConfigMismatch(Box<ConfigMismatch>),
+}
+
+/// A region mapped read-write by a writer (limiter) process.
+pub struct Region {
+    pub(crate) map: Mapping,
+    pub(crate) path: PathBuf,
+    pub(crate) slot_count: u32,
+    pub(crate) device_count: u32,
+    /// Kept open so the file can be grown if another process shrank it.
+    pub(crate) _file: File,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("path", &self.path)
+            .field("slots", &self.slot_count)
+            .field("devices", &self.device_count)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Opens the region at `path`, creating and initialising it if needed. See `init` and
+    /// docs/region.md for the protocol.
+    pub fn open_or_create(
+        path: &Path,
+        config: &RegionConfig,
+    ) -> Result<(Region, InitOutcome), RegionError> {
+        crate::init::open_or_create(path, config)
+    }
+
+    pub(crate) fn header(&self) -> &RegionHeader {
+        self.map
+            .get(0)
+            .expect("mapping holds the header: checked at open")
+    }
+
+    pub(crate) fn device(&self, device: u32) -> Option<&DeviceState> {
+        if device >= self.device_count {
+            return None;
+        }
+        self.header().devices.get(device as usize)
+    }
+
+    pub(crate) fn slot_record(&self, index: u32) -> Option<&SlotRecord> {
+        if index >= self.slot_count {
+            return None;
+        }
+        self.map.get(HEADER_SIZE + index as usize * SLOT_SIZE)
+    }
+
+    /// The region file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of slots.
+    pub fn slot_count(&self) -> u32 {
+        self.slot_count
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> u32 {
+        self.device_count
+    }
+
+    /// The configuration the region holds (the first initialiser's).
+    pub fn config(&self) -> RegionConfig {
+        crate::init::effective_config(self.header())
+    }
+
+    /// Memory limit of `device` in bytes (0 = unlimited, or no such device).
+    pub fn limit(&self, device: u32) -> u64 {
+        // Relaxed: written once before READY, which this process acquired at open.
+        self.device(device)
+            .map_or(0, |d| d.memory_limit.load(Ordering::Relaxed))
+    }
+
+    /// SM limit of `device` in percent (0 or 100 = unlimited).
+    pub fn sm_limit(&self, device: u32) -> u8 {
+        // Relaxed: as `limit`.
+        self.device(device)
+            .map_or(0, |d| d.sm_limit.load(Ordering::Relaxed).min(100) as u8)
+    }
+
+    /// Bytes reserved container-wide on `device`.
+    pub fn reserved(&self, device: u32) -> u64 {
+        // Acquire: pairs with the AcqRel CAS of reservations; a momentary value either way.
+        self.device(device)
+            .map_or(0, |d| d.reserved.load(Ordering::Acquire))
+    }
+
+    /// Reserves `bytes` on `device` for the process owning `slot`, exactly: under any
+    /// interleaving of any number of processes the container-wide reservation never passes the
+    /// limit. When denied, dead processes' slots are reclaimed once and the reservation retried.
+    pub fn try_reserve(&self, slot: &Slot, device: u32, bytes: u64) -> Result<(), ReserveError> {
+        let dev = self.device(device).ok_or(ReserveError::NoSuchDevice {
+            device,
+            devices: self.device_count,
+        })?;
+        let held = self.owned_held(slot, device)?;
+        // Relaxed: written once before READY (acquired at open).
+        let limit = dev.memory_limit.load(Ordering::Relaxed);
+        let result = match reserve::reserve(&dev.reserved, limit, bytes) {
+            Err(_) if self.reclaim_dead_slots().slots_reclaimed > 0 => {
+                reserve::reserve(&dev.reserved, limit, bytes)
+            }
+            other => other,
+        };
+        match result {
+            Ok(new_total) => {
+                // Container-wide first, then the slot: see `reserve` for why this order.
+                reserve::add_held(held, bytes);
+                // Relaxed: a statistic.
+                dev.peak_reserved.fetch_max(new_total, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(denied) => {
+                // Relaxed: a statistic.
+                dev.denied.fetch_add(1, Ordering::Relaxed);
+                Err(ReserveError::Denied { device, denied })
+            }
+        }
+    }
+
+    /// Releases `bytes` on `device` held by the process owning `slot`. Releases more than held
+    /// are clamped to what the slot holds (so the counters never wrap).
+    pub fn release(&self, slot: &Slot, device: u32, bytes: u64) {
+        let (Some(dev), Ok(held)) = (self.device(device), self.owned_held(slot, device)) else {
+            return;
+        };
+        // The slot first, then container-wide: see `reserve` for why this order.
+        let taken = reserve::release_saturating(held, bytes);
+        reserve::release_saturating(&dev.reserved, taken);
+    }
+
+    /// Bytes the process owning `slot` holds on `device`.
+    pub fn held(&self, slot: &Slot, device: u32) -> u64 {
+        // Relaxed: a momentary value of this process's own counter.
+        self.owned_held(slot, device)
+            .map_or(0, |h| h.load(Ordering::Relaxed))
+    }
+
+    /// Records the context (and module) memory of the process on `device`, for display.
+    pub fn set_context_bytes(&self, slot: &Slot, device: u32, bytes: u64) {
+        if let (Some(record), true) = (self.slot_record(slot.index()), device < self.device_count) {
+            if self.owns(slot, record) {
+                // Relaxed: a display value, read by the agent without ordering needs.
+                record.header.context_bytes[device as usize].store(bytes, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn owned_held(
+        &self,
+        slot: &Slot,
+        device: u32,
+    ) -> Result<&std::sync::atomic::AtomicU64, ReserveError> {
+        let lost = ReserveError::SlotLost {
+            index: slot.index(),
+        };
+        let record = self.slot_record(slot.index()).ok_or(lost)?;
+        if !self.owns(slot, record) {
+            return Err(lost);
+        }
+        record.header.held.get(device as usize).ok_or(lost)
+    }
+
+    pub(crate) fn owns(&self, slot: &Slot, record: &SlotRecord) -> bool {
+        // Relaxed: only the owner and reclaimers of a dead owner change the state; a live owner
+        // sees its own LIVE word.
+        record.header.state.load(Ordering::Relaxed) == slot.state_word()
+    }
+}

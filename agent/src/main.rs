@@ -1,14 +1,14 @@
 //! `vgpu-agent`: observability and enforcement for shared NVIDIA GPUs.
 
+mod collector;
+mod daemon;
 mod discovery;
 mod host;
 mod identity;
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "wired by the collector (issue 5)")
-)]
+mod model;
 mod nvml;
 mod probes;
+mod signals;
 mod stat;
 mod trace;
 mod units;
@@ -37,6 +37,76 @@ enum LaunchMode {
     Sampled,
 }
 
+/// Options shared by the commands that load probes and collect.
+#[derive(clap::Args, Clone)]
+struct CollectArgs {
+    /// Probe kernel launches too: `on`, `sampled` (in windows) or `off`. They cost about
+    /// 1.7 us per launch while attached.
+    #[arg(long, value_enum, num_args = 0..=1, default_value = "off", default_missing_value = "on")]
+    probe_launches: LaunchMode,
+    /// With `--probe-launches sampled`: how long each window lasts.
+    #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
+    launch_window: Duration,
+    /// With `--probe-launches sampled`: how often a window starts.
+    #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
+    launch_period: Duration,
+    /// Also probe this libcuda (repeatable); discovered libraries are always probed.
+    #[arg(long = "libcuda", value_name = "PATH")]
+    libcuda: Vec<PathBuf>,
+    /// Skip measuring the probe cost at start.
+    #[arg(long)]
+    no_calibrate: bool,
+    /// Where the host's filesystem is (for the loader cache, driver directories and runtime
+    /// sockets), e.g. /host when the agent runs in a container with the host's root mounted there.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// Directories holding limiter regions (repeatable; searched 3 levels deep). Regions that
+    /// GPU processes map are found without it.
+    #[arg(long = "region-dir", value_name = "DIR")]
+    region_dirs: Vec<PathBuf>,
+    /// Do not read NVML.
+    #[arg(long)]
+    no_nvml: bool,
+}
+
+impl CollectArgs {
+    fn trace_options(&self) -> anyhow::Result<trace::TraceOptions> {
+        let launches = match self.probe_launches {
+            LaunchMode::Off => LaunchProbes::Off,
+            LaunchMode::On => LaunchProbes::On,
+            LaunchMode::Sampled => {
+                anyhow::ensure!(
+                    self.launch_window < self.launch_period,
+                    "--launch-window ({:?}) must be shorter than --launch-period ({:?})",
+                    self.launch_window,
+                    self.launch_period
+                );
+                LaunchProbes::Sampled {
+                    window: self.launch_window,
+                    period: self.launch_period,
+                }
+            }
+        };
+        Ok(trace::TraceOptions {
+            extra_libcuda: self.libcuda.clone(),
+            launches,
+            calibrate: !self.no_calibrate,
+            host: host::HostPaths::system().with_root(self.host_root.clone()),
+        })
+    }
+
+    fn region_dirs(&self) -> Vec<PathBuf> {
+        if self.region_dirs.is_empty() {
+            collector::regions::DEFAULT_REGION_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect()
+        } else {
+            self.region_dirs.clone()
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Trace CUDA driver calls for a while and print per-process and per-cgroup statistics.
@@ -47,29 +117,29 @@ enum Command {
         /// Print JSON (schema in docs/stat-json.md) instead of a table.
         #[arg(long)]
         json: bool,
-        /// Probe kernel launches too: `on`, `sampled` (in windows) or `off`. They cost about
-        /// 1.7 us per launch while attached.
-        #[arg(long, value_enum, num_args = 0..=1, default_value = "off", default_missing_value = "on")]
-        probe_launches: LaunchMode,
-        /// With `--probe-launches sampled`: how long each window lasts.
-        #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
-        launch_window: Duration,
-        /// With `--probe-launches sampled`: how often a window starts.
-        #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
-        launch_period: Duration,
-        /// Also probe this libcuda (repeatable); discovered libraries are always probed.
-        #[arg(long = "libcuda", value_name = "PATH")]
-        libcuda: Vec<PathBuf>,
         /// How often to look for new driver libraries in processes.
         #[arg(long, default_value = "500ms", value_parser = units::parse_duration)]
         poll_interval: Duration,
-        /// Skip measuring the probe cost at start.
+        /// Read from the agent daemon on this socket when one answers (then no probes are
+        /// loaded by this command).
+        #[arg(long, default_value = daemon::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Never read from a daemon: load the probes in this process.
         #[arg(long)]
-        no_calibrate: bool,
-        /// Where the host's filesystem is (for the loader cache and driver directories), e.g.
-        /// /host when the agent runs in a container with the host's root mounted there.
-        #[arg(long, default_value = "/")]
-        host_root: PathBuf,
+        no_daemon: bool,
+        #[command(flatten)]
+        collect: CollectArgs,
+    },
+    /// Run the agent daemon: collect at an interval and serve the model on a Unix socket.
+    Run {
+        /// Where to serve snapshots (JSON; docs/model.md).
+        #[arg(long, default_value = daemon::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// How often to take a snapshot.
+        #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
+        interval: Duration,
+        #[command(flatten)]
+        collect: CollectArgs,
     },
 }
 
@@ -105,42 +175,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stat {
             duration,
             json,
-            probe_launches,
-            launch_window,
-            launch_period,
-            libcuda,
             poll_interval,
-            no_calibrate,
-            host_root,
+            socket,
+            no_daemon,
+            collect,
         } => {
-            let launches = match probe_launches {
-                LaunchMode::Off => LaunchProbes::Off,
-                LaunchMode::On => LaunchProbes::On,
-                LaunchMode::Sampled => {
-                    anyhow::ensure!(
-                        launch_window < launch_period,
-                        "--launch-window ({launch_window:?}) must be shorter than --launch-period ({launch_period:?})"
-                    );
-                    LaunchProbes::Sampled {
-                        window: launch_window,
-                        period: launch_period,
-                    }
-                }
-            };
             let opts = stat::StatOptions {
                 duration,
                 poll_interval,
-                trace: trace::TraceOptions {
-                    extra_libcuda: libcuda,
-                    launches,
-                    calibrate: !no_calibrate,
-                    host: host::HostPaths::system().with_root(host_root),
-                },
+                trace: collect.trace_options()?,
+                region_dirs: collect.region_dirs(),
+                socket: (!no_daemon).then_some(socket),
+                nvml: !collect.no_nvml,
             };
             let report = match stat::run(opts) {
                 Ok(r) => r,
                 // The privilege message is the whole story; don't wrap it.
-                Err(ProbeError::NotPrivileged(msg)) => anyhow::bail!("{msg}"),
+                Err(stat::StatError::Probes(ProbeError::NotPrivileged(msg))) => {
+                    anyhow::bail!("{msg}")
+                }
                 Err(e) => return Err(e.into()),
             };
             let mut out = std::io::stdout().lock();
@@ -150,6 +203,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 write!(out, "{}", stat::render::table(&report))?;
             }
+            Ok(())
+        }
+        Command::Run {
+            socket,
+            interval,
+            collect,
+        } => {
+            let opts = daemon::DaemonOptions {
+                socket,
+                interval,
+                collector: collector::CollectorOptions {
+                    trace: Some(collect.trace_options()?),
+                    region_dirs: collect.region_dirs(),
+                    host: host::HostPaths::system().with_root(collect.host_root.clone()),
+                    nvml: !collect.no_nvml,
+                },
+            };
+            daemon::run(opts)?;
             Ok(())
         }
     }

@@ -10,7 +10,7 @@ use std::{
 use agent_common::maps::{ApiStats, Health, LiveMem, StatsKey};
 
 use crate::{
-    discovery::{self, Discovery, LibraryFile, LibraryKind},
+    discovery::{self, Discovery, FileId, LibraryFile, LibraryKind},
     host::HostPaths,
     identity::ProcessFacts,
     probes::{ProbeError, Probes, calibrate::ProbeCost},
@@ -19,7 +19,7 @@ use crate::{
 /// When the launch-family probes are attached. Off by default: an entry+return probe adds about
 /// 1.7 us to a 3.2 us kernel launch (docs/gpu-validation.md, shared notes), so they are for short
 /// investigations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "mode")]
 pub enum LaunchProbes {
     Off,
@@ -61,6 +61,11 @@ pub struct Tracer {
     /// Facts about every process seen mapping a probed library, kept after it exits so that a
     /// short-lived process is still shown by name.
     seen_processes: HashMap<u32, ProcessFacts>,
+    /// Processes mapping a probed library at the last poll, and which file.
+    users: Vec<(u32, FileId)>,
+    /// When each library was attached (CLOCK_BOOTTIME ns): processes that started later were
+    /// seen whole.
+    attached_at: HashMap<FileId, u64>,
     /// Problems worth telling the user (also logged as they happen).
     pub warnings: Vec<String>,
 }
@@ -78,6 +83,8 @@ impl Tracer {
             launch_on_total: Duration::ZERO,
             probe_cost: None,
             seen_processes: HashMap::new(),
+            users: Vec::new(),
+            attached_at: HashMap::new(),
             warnings: Vec::new(),
         };
         if t.opts.launches == LaunchProbes::On {
@@ -134,8 +141,10 @@ impl Tracer {
         }
         self.discovery.mark_seen(lib.id);
         let shown = lib.attach_path.clone();
+        let id = lib.id;
         match self.probes.attach_library(lib) {
             Ok(attached) => {
+                self.attached_at.insert(id, boot_time_ns());
                 let missing: Vec<&str> =
                     attached.symbols.missing.iter().map(|a| a.name()).collect();
                 log::info!(
@@ -171,6 +180,7 @@ impl Tracer {
         for lib in scan.new {
             self.attach(lib);
         }
+        self.users = scan.users.clone();
         for (pid, _) in scan.users {
             let stale = self.seen_processes.get(&pid).is_none_or(|f| {
                 // A reused pid is another process.
@@ -202,6 +212,10 @@ impl Tracer {
         Ok(())
     }
 
+    pub fn options_launches(&self) -> LaunchProbes {
+        self.opts.launches
+    }
+
     /// How long the launch probes have been attached in total.
     pub fn launch_probe_time(&self) -> Duration {
         self.launch_on_total
@@ -211,13 +225,56 @@ impl Tracer {
                 .unwrap_or_default()
     }
 
+    /// Processes that mapped a probed library at the last poll.
+    pub fn users(&self) -> &[(u32, FileId)] {
+        &self.users
+    }
+
+    /// When a library was attached, in CLOCK_BOOTTIME nanoseconds.
+    pub fn attached_at_boot_ns(&self, id: FileId) -> Option<u64> {
+        self.attached_at.get(&id).copied()
+    }
+
+    /// Removes exited processes' rows from the kernel maps and forgets them.
+    pub fn forget_processes(&mut self, pids: &[u32]) -> Result<(), ProbeError> {
+        for pid in pids {
+            self.seen_processes.remove(pid);
+        }
+        self.probes.forget_processes(pids)
+    }
+
     /// Processes seen mapping a probed library (including ones that exited since).
     pub fn seen_processes(&self) -> &HashMap<u32, ProcessFacts> {
         &self.seen_processes
     }
 
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
+    /// What the model reports about each probed library.
+    pub fn library_status(&self) -> Vec<crate::model::LibraryStatus> {
+        self.probes
+            .libraries()
+            .map(|l| crate::model::LibraryStatus {
+                path: l.file.path.display().to_string(),
+                attach_path: l.file.attach_path.display().to_string(),
+                dev: l.file.id.dev,
+                inode: l.file.id.inode,
+                found_by: l.file.found_by.clone(),
+                symbols_attached: l.symbols.found.len(),
+                symbols_missing: l
+                    .symbols
+                    .missing
+                    .iter()
+                    .map(|a| a.name().to_owned())
+                    .collect(),
+                prologues: l.symbols.found.iter().fold(Default::default(), |mut m, s| {
+                    let name = serde_json::to_value(s.prologue)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned));
+                    *m.entry(name.unwrap_or_default()).or_insert(0) += 1;
+                    m
+                }),
+                kinds_attached: l.attached_kinds().map(|k| k.name().to_owned()).collect(),
+            })
+            .collect()
     }
 
     pub fn probes(&self) -> &Probes {
@@ -231,4 +288,15 @@ impl Tracer {
             health: self.probes.read_health()?,
         })
     }
+}
+
+/// CLOCK_BOOTTIME in nanoseconds (process start times count from boot).
+pub fn boot_time_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -62,6 +62,7 @@ fn real_libcuda_every_traced_call_is_counted_exactly_and_as_an_error() {
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::start(&["--no-calibrate"]);
     stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
     // Debian's 535 driver predates cuCtxCreate_v4: skipped with a warning, the rest attach.
     stat.wait_for("cuCtxCreate_v4", ATTACH_TIMEOUT);
     let pid = workload.pid();
@@ -118,6 +119,7 @@ fn sim_latency_of_200us_lands_in_its_bucket() {
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::start(&["--no-calibrate"]);
     stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
     let pid = workload.pid();
     workload.go();
     let made = workload.finish();
@@ -166,6 +168,7 @@ fn sim_random_allocations_and_frees_leave_live_bytes_exact() {
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::start(&["--no-calibrate"]);
     stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
     let pid = workload.pid();
     workload.go();
     let made = workload.finish();
@@ -223,6 +226,7 @@ fn sim_process_moved_into_its_own_cgroup_is_reported_under_it() {
         .expect("move the workload into its cgroup");
     let mut stat = Stat::start(&["--no-calibrate"]);
     stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
     workload.go();
     let made = workload.finish();
     let report = stat.finish();
@@ -273,6 +277,8 @@ fn sim_process_in_its_own_mount_namespace_with_its_own_library_copy_is_attached_
     );
     let mut stat = Stat::start(&["--no-calibrate"]);
     let line = stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
     assert!(
         line.contains("/root/") && line.contains("private/libcuda.so.1"),
         "attached through /proc/<pid>/root: {line}"
@@ -335,6 +341,7 @@ fn launch_probes_are_off_by_default_and_count_exactly_when_on() {
         args.extend_from_slice(flags);
         let mut stat = Stat::start(&args);
         stat.wait_for("attached to", ATTACH_TIMEOUT);
+        stat.wait_for("tracing for", ATTACH_TIMEOUT);
         let pid = workload.pid();
         workload.go();
         let made = workload.finish();

@@ -62,7 +62,7 @@ impl fmt::Display for FileId {
 }
 
 /// How a library was found.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "by")]
 pub enum FoundBy {
     /// Named on the command line.

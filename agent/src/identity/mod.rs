@@ -3,17 +3,9 @@
 //! that tell two processes with the same pid apart (start time).
 
 pub mod cgroup;
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "wired by the collector (issue 5)")
-)]
 pub mod container;
 mod docker_api;
 pub mod process;
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "wired by the collector (issue 5)")
-)]
 pub mod runtime_names;
 
 pub use cgroup::CgroupIndex;

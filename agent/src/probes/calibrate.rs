@@ -21,7 +21,7 @@ use super::{ProbeError, Probes, symbols::Prologue};
 use crate::discovery::LibraryFile;
 
 /// The measured cost of one probed call.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProbeCost {
     /// What was probed: `libcuda:cuDriverGetVersion` or `self`.
     pub target: String,

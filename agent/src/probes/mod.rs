@@ -16,7 +16,7 @@ use std::{
 
 use agent_common::{
     ApiId, ApiKind, ProbeCookie,
-    maps::{ApiStats, Health, LiveMem, StatsKey},
+    maps::{AllocKey, AllocVal, ApiStats, Health, LiveMem, StatsKey},
 };
 use aya::{
     Ebpf, EbpfLoader,
@@ -77,7 +77,7 @@ pub enum ProbeError {
 }
 
 /// How the probes attach.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttachMode {
     /// One uprobe_multi link per program and library.
@@ -355,6 +355,63 @@ impl Probes {
                 let _ = p.detach(id);
             }
         }
+    }
+
+    /// Removes every row of these processes from the aggregation, live-memory and allocation
+    /// maps (they exited). Returns after a best effort: a row that vanished meanwhile is fine.
+    pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<(), ProbeError> {
+        if tgids.is_empty() {
+            return Ok(());
+        }
+        let gone = |t: u32| tgids.contains(&t);
+        {
+            let mut m: BpfHashMap<_, StatsKey, ApiStats> =
+                BpfHashMap::try_from(self.map_mut("STATS")?).map_err(|e| ProbeError::Map {
+                    name: "STATS",
+                    source: Box::new(e),
+                })?;
+            let keys: Vec<StatsKey> = m
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| gone(k.tgid))
+                .collect();
+            for k in keys {
+                let _ = m.remove(&k);
+            }
+        }
+        {
+            let mut m: BpfHashMap<_, u32, LiveMem> = BpfHashMap::try_from(self.map_mut("LIVE")?)
+                .map_err(|e| ProbeError::Map {
+                    name: "LIVE",
+                    source: Box::new(e),
+                })?;
+            for t in tgids {
+                let _ = m.remove(t);
+            }
+        }
+        {
+            let mut m: BpfHashMap<_, AllocKey, AllocVal> =
+                BpfHashMap::try_from(self.map_mut("ALLOCS")?).map_err(|e| ProbeError::Map {
+                    name: "ALLOCS",
+                    source: Box::new(e),
+                })?;
+            let keys: Vec<AllocKey> = m
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| gone(k.tgid))
+                .collect();
+            for k in keys {
+                let _ = m.remove(&k);
+            }
+        }
+        Ok(())
+    }
+
+    fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, ProbeError> {
+        self.ebpf.map_mut(name).ok_or(ProbeError::Map {
+            name,
+            source: Box::new(MapError::InvalidName { name: name.into() }),
+        })
     }
 
     /// Removes the aggregation rows of one process and API (used to drop calibration rows).

@@ -1,96 +1,105 @@
-//! `vgpu-agent stat`: trace for a while, then print per process and per cgroup, per API: calls,
-//! errors, p50, p99, bytes and live GPU memory.
+//! `vgpu-agent stat`: the model over a window, per process, per cgroup and per container, per API:
+//! calls, errors, p50, p99, bytes and live GPU memory. Read from a running `vgpu-agent run` when
+//! one answers on its socket (no second set of probes), else collected in-process.
 
 pub mod render;
 pub mod report;
 
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
+use thiserror::Error;
+
 use crate::{
+    collector::{Collector, CollectorOptions},
+    daemon::client,
     identity::CgroupIndex,
+    model::Snapshot,
     probes::ProbeError,
-    trace::{TraceOptions, Tracer},
+    trace::TraceOptions,
 };
 pub use report::StatReport;
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // Relaxed: the flag carries no data; the loop only needs to see it eventually.
-    STOP.store(true, Ordering::Relaxed);
-}
-
-fn stop_on_signals() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+#[derive(Debug, Error)]
+pub enum StatError {
+    #[error(transparent)]
+    Probes(#[from] ProbeError),
+    #[error("the daemon stopped answering during the window: {0}")]
+    Daemon(#[from] client::ClientError),
 }
 
 #[derive(Clone, Debug)]
 pub struct StatOptions {
     pub duration: Duration,
-    /// How often to look for new libraries and switch sampled launch probes.
+    /// How often to look for new driver libraries and switch sampled launch probes.
     pub poll_interval: Duration,
     pub trace: TraceOptions,
+    pub region_dirs: Vec<PathBuf>,
+    /// Read from the daemon on this socket when it answers.
+    pub socket: Option<PathBuf>,
+    pub nvml: bool,
 }
 
-/// Traces for `duration` (or until SIGINT/SIGTERM) and returns the report.
-pub fn run(opts: StatOptions) -> Result<StatReport, ProbeError> {
-    stop_on_signals();
-    let mut tracer = Tracer::start(opts.trace.clone())?;
+/// Collects for `duration` (or until SIGINT/SIGTERM) and returns the report.
+pub fn run(opts: StatOptions) -> Result<StatReport, StatError> {
+    crate::signals::install();
+    if let Some(socket) = &opts.socket
+        && let Ok(first) = client::fetch(socket, Duration::from_secs(5))
+    {
+        log::info!(
+            "reading from the agent on {}; window {:.1}s",
+            socket.display(),
+            opts.duration.as_secs_f64()
+        );
+        let started = Instant::now();
+        crate::signals::sleep(opts.duration);
+        let last = client::fetch(socket, Duration::from_secs(5))?;
+        return Ok(finish(
+            &first,
+            &last,
+            "daemon",
+            started.elapsed().as_secs_f64(),
+        ));
+    }
+    let mut collector = Collector::start_with_probes(CollectorOptions {
+        trace: Some(opts.trace.clone()),
+        region_dirs: opts.region_dirs.clone(),
+        host: opts.trace.host.clone(),
+        nvml: opts.nvml,
+    })?;
+    let started = Instant::now();
+    let first = collector.collect();
     log::info!("tracing for {:.1}s", opts.duration.as_secs_f64());
-    let deadline = Instant::now() + opts.duration;
-    while Instant::now() < deadline && !STOP.load(Ordering::Relaxed) {
-        std::thread::sleep(
+    let deadline = started + opts.duration;
+    while Instant::now() < deadline && !crate::signals::stop_requested() {
+        crate::signals::sleep(
             opts.poll_interval
                 .min(deadline.saturating_duration_since(Instant::now())),
         );
-        tracer.poll()?;
+        if let Some(t) = collector.tracer_mut()
+            && let Err(e) = t.poll()
+        {
+            log::warn!("{e}");
+        }
     }
-    let reading = tracer.read()?;
-    let libraries = tracer
-        .probes()
-        .libraries()
-        .map(|l| report::LibraryRow {
-            path: l.file.path.display().to_string(),
-            attach_path: l.file.attach_path.display().to_string(),
-            dev: l.file.id.dev,
-            inode: l.file.id.inode,
-            found_by: l.file.found_by.clone(),
-            symbols_attached: l.symbols.found.len(),
-            symbols_missing: l.symbols.missing.iter().map(|a| a.name()).collect(),
-            prologues: l.symbols.found.iter().fold(Default::default(), |mut m, s| {
-                let name = serde_json::to_value(s.prologue)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned));
-                *m.entry(name.unwrap_or_default()).or_insert(0) += 1;
-                m
-            }),
-            kinds_attached: l.attached_kinds().map(|k| k.name()).collect(),
-        })
-        .collect();
-    let probes = report::ProbeInfo {
-        attach_mode: tracer.probes().mode(),
-        launch_probes: opts.trace.launches,
-        launch_probe_seconds: tracer.launch_probe_time().as_secs_f64(),
-        cost: tracer.probe_cost.clone(),
-        libraries,
-    };
-    let mut lookup = report::HostLookup {
-        proc: &opts.trace.host.proc,
-        cgroups: CgroupIndex::new(),
-        remembered: tracer.seen_processes(),
-    };
-    Ok(report::build(
-        &reading,
-        &mut lookup,
-        probes,
-        tracer.elapsed().as_secs_f64(),
-        tracer.warnings.clone(),
-        std::process::id(),
+    let last = collector.collect();
+    Ok(finish(
+        &first,
+        &last,
+        "in_process",
+        started.elapsed().as_secs_f64(),
     ))
+}
+
+fn finish(first: &Snapshot, last: &Snapshot, source: &'static str, seconds: f64) -> StatReport {
+    let mount = CgroupIndex::new().mount().map(|m| m.to_owned());
+    // A cgroup's id is the inode of its directory (gone cgroups have none).
+    report::build(first, last, source, seconds, |path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(mount.as_ref()?.join(path.trim_start_matches('/')))
+            .ok()
+            .map(|md| md.ino())
+    })
 }

@@ -3,19 +3,27 @@
 use std::fmt::Write;
 
 use super::report::{ApiRow, StatReport};
-use crate::units::{bytes, nanos};
+use crate::{
+    model::Source,
+    trace::LaunchProbes,
+    units::{bytes, nanos},
+};
 
 fn api_table(out: &mut String, apis: &[ApiRow]) {
     let _ = writeln!(
         out,
-        "  {:<32} {:>10} {:>8} {:>9} {:>9} {:>12}",
-        "API", "CALLS", "ERRORS", "P50", "P99", "BYTES"
+        "  {:<32} {:>7} {:>10} {:>8} {:>9} {:>9} {:>12}",
+        "API", "SOURCE", "CALLS", "ERRORS", "P50", "P99", "BYTES"
     );
     for a in apis {
         let _ = writeln!(
             out,
-            "  {:<32} {:>10} {:>8} {:>9} {:>9} {:>12}",
+            "  {:<32} {:>7} {:>10} {:>8} {:>9} {:>9} {:>12}",
             a.api,
+            match a.source {
+                Source::Probes => "probes",
+                Source::Limiter => "limiter",
+            },
             a.calls,
             a.errors,
             a.p50_ns.map(nanos).unwrap_or_else(|| "-".into()),
@@ -32,22 +40,27 @@ fn api_table(out: &mut String, apis: &[ApiRow]) {
 pub fn table(r: &StatReport) -> String {
     let mut out = String::new();
     let p = &r.probes;
+    let launches = match p.launch_probes {
+        LaunchProbes::Off => "off".to_string(),
+        LaunchProbes::On => "on".to_string(),
+        LaunchProbes::Sampled { window, period } => {
+            format!(
+                "sampled {window:?} every {period:?} ({:.1}s attached)",
+                p.launch_probe_seconds
+            )
+        }
+    };
     let _ = writeln!(
         out,
-        "vgpu-agent stat: {:.1}s, {} librar{} probed ({:?} links), launch probes {}",
+        "vgpu-agent stat: {:.1}s ({}), {} librar{} probed, launch probes {launches}",
         r.duration_seconds,
+        r.source.replace('_', "-"),
         p.libraries.len(),
         if p.libraries.len() == 1 { "y" } else { "ies" },
-        p.attach_mode,
-        match p.launch_probes {
-            crate::trace::LaunchProbes::Off => "off".to_string(),
-            crate::trace::LaunchProbes::On => "on".to_string(),
-            crate::trace::LaunchProbes::Sampled { window, period } => format!(
-                "sampled {:?} every {:?} ({:.1}s attached)",
-                window, period, p.launch_probe_seconds
-            ),
-        }
     );
+    if let Some(why) = &p.unavailable {
+        let _ = writeln!(out, "probes unavailable: {why}");
+    }
     if let Some(c) = &p.cost {
         let _ = writeln!(
             out,
@@ -74,29 +87,72 @@ pub fn table(r: &StatReport) -> String {
         return out;
     }
     for proc in &r.processes {
+        let m = &proc.memory;
+        let mut views = vec![format!("probes {}", bytes(proc.live_bytes))];
+        if let Some(l) = m.limiter {
+            views.push(format!("limiter {}", bytes(l)));
+        }
+        if let Some(n) = m.nvml {
+            views.push(format!("nvml {}", bytes(n)));
+        }
         let _ = writeln!(
             out,
-            "\nPROCESS {} {} ({}) cgroup {} [{}]  live GPU memory {} in {} allocation(s)",
+            "\nPROCESS {} {} ({}) cgroup {}  GPU memory: {}{}",
             proc.pid,
             proc.comm.as_deref().unwrap_or("?"),
             if proc.alive { "running" } else { "exited" },
             proc.cgroup_path.as_deref().unwrap_or("?"),
-            proc.cgroup_id,
-            bytes(proc.live_bytes),
-            proc.live_allocations,
+            views.join(", "),
+            m.drift
+                .as_ref()
+                .map(|d| format!("  DRIFT {} ({})", bytes(d.bytes), d.between))
+                .unwrap_or_default(),
         );
         api_table(&mut out, &proc.apis);
     }
     for cg in &r.cgroups {
         let _ = writeln!(
             out,
-            "\nCGROUP {} [{}]  processes {:?}  live GPU memory {}",
+            "\nCGROUP {}  processes {:?}  live GPU memory {}",
             cg.cgroup_path.as_deref().unwrap_or("?"),
-            cg.cgroup_id,
             cg.pids,
             bytes(cg.live_bytes),
         );
         api_table(&mut out, &cg.apis);
+    }
+    for c in &r.containers {
+        let limits: Vec<String> = c
+            .regions
+            .iter()
+            .flat_map(|reg| reg.devices.iter().map(move |d| (reg, d)))
+            .map(|(reg, d)| {
+                let limit = if d.memory_limit == 0 {
+                    "unlimited".to_string()
+                } else {
+                    bytes(d.memory_limit)
+                };
+                format!(
+                    "GPU{} {} of {} ({} region)",
+                    d.index,
+                    bytes(d.reserved),
+                    limit,
+                    reg.format
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nCONTAINER {} [{}]  processes {:?}  {}",
+            c.name,
+            c.key,
+            c.pids,
+            limits.join(", ")
+        );
+        for reg in &c.regions {
+            for problem in &reg.problems {
+                let _ = writeln!(out, "  region {}: {problem}", reg.path);
+            }
+        }
     }
     out
 }

@@ -1,28 +1,21 @@
-//! The `stat` report: per process and per cgroup, per API. Built from one reading of the kernel
-//! maps plus what procfs says about each process. Its JSON form is documented in
-//! docs/stat-json.md and versioned by `schema`.
+//! The `stat` report: per process, per cgroup and per container, per API, over the window between
+//! two model snapshots. Its JSON form is documented in docs/stat-json.md and versioned by
+//! `schema`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use agent_common::{
-    ApiId,
-    hist::{HIST_BUCKETS, quantile_ns},
-    maps::{ApiStats, Health},
-};
 use serde::Serialize;
 
-use crate::{
-    identity::{CgroupIndex, ProcessFacts},
-    probes::{AttachMode, calibrate::ProbeCost},
-    trace::{LaunchProbes, RawReading},
-};
+use crate::model::{ApiUsage, LibraryStatus, MemoryViews, Process, RegionInfo, Snapshot, Source};
 
 pub const SCHEMA: &str = "vgpu-agent.stat/v1";
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ApiRow {
-    pub api: &'static str,
-    pub kind: &'static str,
+    pub api: String,
+    pub kind: String,
+    /// `probes` (eBPF) or `limiter` (the region of a process under the limiter).
+    pub source: Source,
     pub calls: u64,
     pub errors: u64,
     pub bytes: u64,
@@ -33,6 +26,23 @@ pub struct ApiRow {
     pub hist: Vec<u64>,
 }
 
+impl ApiRow {
+    fn from_usage(u: &ApiUsage) -> ApiRow {
+        ApiRow {
+            api: u.api.clone(),
+            kind: u.kind.clone(),
+            source: u.source,
+            calls: u.calls,
+            errors: u.errors,
+            bytes: u.bytes,
+            total_ns: u.total_ns,
+            p50_ns: u.quantile_ns(0.50),
+            p99_ns: u.quantile_ns(0.99),
+            hist: u.hist.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessRow {
     pub pid: u32,
@@ -41,18 +51,20 @@ pub struct ProcessRow {
     pub comm: Option<String>,
     pub cmdline: Option<String>,
     pub start_ticks: Option<u64>,
-    /// The cgroup the process is in now (alive) or made most calls from (exited).
-    pub cgroup_id: u64,
+    pub container: String,
+    pub cgroup_id: Option<u64>,
     pub cgroup_path: Option<String>,
     /// Device memory allocated through the traced APIs and not yet freed, as the probes saw it.
     pub live_bytes: u64,
     pub live_allocations: u64,
+    /// The three views of the process's memory (limiter, probes, NVML) and any drift.
+    pub memory: MemoryViews,
     pub apis: Vec<ApiRow>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CgroupRow {
-    pub cgroup_id: u64,
+    pub cgroup_id: Option<u64>,
     pub cgroup_path: Option<String>,
     pub pids: Vec<u32>,
     pub live_bytes: u64,
@@ -60,327 +72,319 @@ pub struct CgroupRow {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct LibraryRow {
-    pub path: String,
-    pub attach_path: String,
-    pub dev: u64,
-    pub inode: u64,
-    pub found_by: crate::discovery::FoundBy,
-    pub symbols_attached: usize,
-    pub symbols_missing: Vec<&'static str>,
-    /// First instruction of the probed functions, by kind of instruction (decides the probe cost).
-    pub prologues: BTreeMap<String, usize>,
-    pub kinds_attached: Vec<&'static str>,
+pub struct ContainerRow {
+    pub key: String,
+    pub name: String,
+    pub pids: Vec<u32>,
+    pub regions: Vec<RegionInfo>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ProbeInfo {
-    pub attach_mode: AttachMode,
-    pub launch_probes: LaunchProbes,
-    /// Seconds the launch probes were attached during the run.
+    /// Why there are no probe figures, if there are none.
+    pub unavailable: Option<String>,
+    pub attach_mode: Option<crate::probes::AttachMode>,
+    pub launch_probes: crate::trace::LaunchProbes,
+    /// Seconds the launch probes were attached during the window.
     pub launch_probe_seconds: f64,
-    pub cost: Option<ProbeCost>,
-    pub libraries: Vec<LibraryRow>,
+    pub cost: Option<crate::probes::calibrate::ProbeCost>,
+    pub libraries: Vec<LibraryStatus>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct StatReport {
     pub schema: &'static str,
+    /// `in_process` (this command loaded the probes) or `daemon` (read from `vgpu-agent run`).
+    pub source: &'static str,
     pub duration_seconds: f64,
     pub probes: ProbeInfo,
-    /// Lost or inconsistent events, by cause (see docs/stat-json.md).
-    pub health: BTreeMap<&'static str, u64>,
+    /// Lost or unmatched events during the window, by cause (see docs/stat-json.md).
+    pub health: BTreeMap<String, u64>,
     pub warnings: Vec<String>,
     pub processes: Vec<ProcessRow>,
     pub cgroups: Vec<CgroupRow>,
+    pub containers: Vec<ContainerRow>,
 }
 
-fn add_stats(into: &mut ApiStats, s: &ApiStats) {
-    into.calls += s.calls;
-    into.errors += s.errors;
-    into.bytes += s.bytes;
-    into.total_ns += s.total_ns;
-    for (a, b) in into.hist.iter_mut().zip(s.hist.iter()) {
+/// The process's calls during the window (APIs without calls in it are left out).
+fn window_apis(p: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
+    p.apis
+        .iter()
+        .map(|a| {
+            a.since(before.and_then(|b| {
+                b.apis
+                    .iter()
+                    .find(|e| e.api == a.api && e.source == a.source)
+            }))
+        })
+        .filter(|a| a.calls > 0)
+        .collect()
+}
+
+fn merge_into(into: &mut BTreeMap<(String, Source), ApiUsage>, u: &ApiUsage) {
+    let e = into
+        .entry((u.api.clone(), u.source))
+        .or_insert_with(|| ApiUsage {
+            calls: 0,
+            errors: 0,
+            bytes: 0,
+            total_ns: 0,
+            hook_ns: 0,
+            denied: 0,
+            hist: vec![0; u.hist.len()],
+            ..u.clone()
+        });
+    e.calls += u.calls;
+    e.errors += u.errors;
+    e.bytes += u.bytes;
+    e.total_ns += u.total_ns;
+    e.hook_ns += u.hook_ns;
+    e.denied += u.denied;
+    if e.hist.len() < u.hist.len() {
+        e.hist.resize(u.hist.len(), 0);
+    }
+    for (a, b) in e.hist.iter_mut().zip(&u.hist) {
         *a += b;
     }
 }
 
-fn rows(per_api: &BTreeMap<u16, ApiStats>) -> Vec<ApiRow> {
-    per_api
-        .iter()
-        .filter_map(|(&api, s)| {
-            let spec = ApiId(api).spec()?;
-            let hist: &[u64; HIST_BUCKETS] = &s.hist;
-            Some(ApiRow {
-                api: spec.name,
-                kind: spec.kind.name(),
-                calls: s.calls,
-                errors: s.errors,
-                bytes: s.bytes,
-                total_ns: s.total_ns,
-                p50_ns: quantile_ns(hist, 0.50),
-                p99_ns: quantile_ns(hist, 0.99),
-                hist: s.hist.to_vec(),
-            })
-        })
-        .collect()
-}
-
-/// Process facts, looked up once per pid (gone processes have none).
-pub trait ProcessLookup {
-    /// What is known of a process, and whether it is still running.
-    fn facts(&mut self, pid: u32) -> (Option<ProcessFacts>, bool);
-    fn cgroup_path(&mut self, id: u64) -> Option<String>;
-    /// The id of a cgroup path, for processes that are alive.
-    fn cgroup_id(&mut self, path: &str) -> Option<u64>;
-}
-
-/// Looks processes up in procfs and cgroups in the cgroup2 tree.
-pub struct HostLookup<'a> {
-    pub proc: &'a std::path::Path,
-    pub cgroups: CgroupIndex,
-    /// Facts remembered from processes that may have exited since.
-    pub remembered: &'a HashMap<u32, ProcessFacts>,
-}
-
-impl ProcessLookup for HostLookup<'_> {
-    fn facts(&mut self, pid: u32) -> (Option<ProcessFacts>, bool) {
-        let now = ProcessFacts::read(self.proc, pid);
-        match (now, self.remembered.get(&pid)) {
-            (Some(now), _) => (Some(now), true),
-            (None, Some(old)) => (
-                Some(ProcessFacts {
-                    cgroup_path: None,
-                    ..old.clone()
-                }),
-                false,
-            ),
-            (None, None) => (None, false),
-        }
-    }
-    fn cgroup_path(&mut self, id: u64) -> Option<String> {
-        self.cgroups.path_of(id)
-    }
-    fn cgroup_id(&mut self, path: &str) -> Option<u64> {
-        use std::os::unix::fs::MetadataExt;
-        let mount = self.cgroups.mount()?;
-        std::fs::metadata(mount.join(path.trim_start_matches('/')))
-            .ok()
-            .map(|m| m.ino())
-    }
-}
-
-/// Builds the report. `own_pid` (the agent) is left out.
+/// Builds the report of the window `first..last`. `cgroup_id` maps a cgroup path to its id.
 pub fn build(
-    reading: &RawReading,
-    lookup: &mut dyn ProcessLookup,
-    probes: ProbeInfo,
+    first: &Snapshot,
+    last: &Snapshot,
+    source: &'static str,
     duration_seconds: f64,
-    warnings: Vec<String>,
-    own_pid: u32,
+    mut cgroup_id: impl FnMut(&str) -> Option<u64>,
 ) -> StatReport {
-    // (tgid) -> cgroup -> api -> stats
-    let mut by_proc: BTreeMap<u32, BTreeMap<u64, BTreeMap<u16, ApiStats>>> = BTreeMap::new();
-    for (k, s) in &reading.stats {
-        if k.tgid == own_pid {
+    let mut processes = Vec::new();
+    let mut cgroups: BTreeMap<String, (Vec<u32>, u64, BTreeMap<(String, Source), ApiUsage>)> =
+        BTreeMap::new();
+    for p in &last.processes {
+        let apis = window_apis(p, first.process(p.key));
+        let live_bytes = p.memory.probes.unwrap_or(0);
+        if apis.is_empty() && live_bytes == 0 && p.limiter.is_none() && p.nvml.is_empty() {
             continue;
         }
-        let slot = by_proc
-            .entry(k.tgid)
-            .or_default()
-            .entry(k.cgroup_id)
-            .or_default();
-        add_stats(slot.entry(k.api).or_insert(ApiStats::ZERO), s);
-    }
-    let live: HashMap<u32, _> = reading.live.iter().map(|(t, l)| (*t, *l)).collect();
-    for &tgid in live.keys() {
-        if tgid != own_pid {
-            by_proc.entry(tgid).or_default();
-        }
-    }
-
-    let mut processes = Vec::new();
-    let mut cgroups: BTreeMap<u64, CgroupRow> = BTreeMap::new();
-    let mut cgroup_apis: BTreeMap<u64, BTreeMap<u16, ApiStats>> = BTreeMap::new();
-    for (tgid, per_cgroup) in by_proc {
-        let (facts, alive) = lookup.facts(tgid);
-        let mut merged: BTreeMap<u16, ApiStats> = BTreeMap::new();
-        let mut busiest = (0u64, 0u64);
-        for (&cg, apis) in &per_cgroup {
-            let calls: u64 = apis.values().map(|s| s.calls).sum();
-            if calls >= busiest.1 {
-                busiest = (cg, calls);
-            }
-            let cg_apis = cgroup_apis.entry(cg).or_default();
-            for (&api, s) in apis {
-                add_stats(merged.entry(api).or_insert(ApiStats::ZERO), s);
-                add_stats(cg_apis.entry(api).or_insert(ApiStats::ZERO), s);
-            }
-            let row = cgroups.entry(cg).or_insert_with(|| CgroupRow {
-                cgroup_id: cg,
-                cgroup_path: None,
-                pids: Vec::new(),
-                live_bytes: 0,
-                apis: Vec::new(),
-            });
-            row.pids.push(tgid);
-        }
-        // Where the process is now, if it is alive; else where it made most calls.
-        let current = facts
-            .as_ref()
-            .and_then(|f| f.cgroup_path.clone())
-            .and_then(|p| lookup.cgroup_id(&p));
-        let cgroup_id = current.unwrap_or(busiest.0);
-        let l = live.get(&tgid).copied();
-        let live_bytes = l.map(|l| l.bytes).unwrap_or(0);
-        let cg_row = cgroups.entry(cgroup_id).or_insert_with(|| CgroupRow {
-            cgroup_id,
-            cgroup_path: None,
-            pids: Vec::new(),
-            live_bytes: 0,
-            apis: Vec::new(),
-        });
-        cg_row.live_bytes += live_bytes;
-        if !cg_row.pids.contains(&tgid) {
-            cg_row.pids.push(tgid);
+        let path = p.cgroup_path.clone();
+        let group = cgroups.entry(path.clone().unwrap_or_default()).or_default();
+        group.0.push(p.key.pid);
+        group.1 += live_bytes;
+        for a in &apis {
+            merge_into(&mut group.2, a);
         }
         processes.push(ProcessRow {
-            pid: tgid,
-            alive,
-            comm: facts.as_ref().map(|f| f.comm.clone()),
-            cmdline: facts.as_ref().map(|f| f.cmdline.clone()),
-            start_ticks: facts.as_ref().map(|f| f.start_ticks),
-            cgroup_id,
-            cgroup_path: lookup.cgroup_path(cgroup_id),
+            pid: p.key.pid,
+            alive: p.alive,
+            comm: Some(p.comm.clone()).filter(|c| c != "?"),
+            cmdline: Some(p.cmdline.clone()).filter(|c| !c.is_empty()),
+            start_ticks: Some(p.key.start_ticks).filter(|t| *t > 0),
+            container: p.container.clone(),
+            cgroup_id: path.as_deref().and_then(&mut cgroup_id),
+            cgroup_path: path,
             live_bytes,
-            live_allocations: l.map(|l| l.allocations).unwrap_or(0),
-            apis: rows(&merged),
+            live_allocations: p.memory.probes_allocations.unwrap_or(0),
+            memory: p.memory.clone(),
+            apis: apis.iter().map(ApiRow::from_usage).collect(),
         });
     }
-    for (id, row) in cgroups.iter_mut() {
-        row.cgroup_path = lookup.cgroup_path(*id);
-        row.apis = cgroup_apis.get(id).map(rows).unwrap_or_default();
-        row.pids.sort_unstable();
-    }
-    let health = Health::ALL
+    let reported: Vec<u32> = processes.iter().map(|p| p.pid).collect();
+    let containers = last
+        .containers
         .iter()
-        .map(|h| (h.name(), reading.health[*h as usize]))
+        .map(|c| ContainerRow {
+            key: c.key.clone(),
+            name: c.name.clone(),
+            pids: c
+                .processes
+                .iter()
+                .map(|k| k.pid)
+                .filter(|p| reported.contains(p))
+                .collect(),
+            regions: c.regions.clone(),
+        })
+        .filter(|c| !c.pids.is_empty() || !c.regions.is_empty())
         .collect();
+    let health = last
+        .agent
+        .events_lost
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v.saturating_sub(first.agent.events_lost.get(k).copied().unwrap_or(0)),
+            )
+        })
+        .collect();
+    let a = &last.agent;
+    let mut warnings = a.warnings.clone();
+    warnings.extend(
+        a.nvml_problems
+            .iter()
+            .filter(|p| p.as_str() != "NVML disabled")
+            .map(|p| format!("NVML: {p}")),
+    );
+    warnings.dedup();
     StatReport {
         schema: SCHEMA,
+        source,
         duration_seconds,
-        probes,
+        probes: ProbeInfo {
+            unavailable: a.probes_unavailable.clone(),
+            attach_mode: a.attach_mode,
+            launch_probes: a.launch_probes,
+            launch_probe_seconds: (a.launch_probe_seconds - first.agent.launch_probe_seconds)
+                .max(0.0),
+            cost: a.probe_cost.clone(),
+            libraries: a.libraries.clone(),
+        },
         health,
         warnings,
         processes,
-        cgroups: cgroups.into_values().collect(),
+        cgroups: cgroups
+            .into_iter()
+            .map(|(path, (mut pids, live_bytes, apis))| {
+                pids.sort_unstable();
+                let path = Some(path).filter(|p| !p.is_empty());
+                CgroupRow {
+                    cgroup_id: path.as_deref().and_then(&mut cgroup_id),
+                    cgroup_path: path,
+                    pids,
+                    live_bytes,
+                    apis: apis.values().map(ApiRow::from_usage).collect(),
+                }
+            })
+            .collect(),
+        containers,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent_common::{hist::bucket_of, maps::StatsKey};
+    use crate::model::{AgentStatus, ProcessKey};
+    use agent_common::hist::{HIST_BUCKETS, bucket_of};
 
-    struct Fake;
-    impl ProcessLookup for Fake {
-        fn facts(&mut self, pid: u32) -> (Option<ProcessFacts>, bool) {
-            let f = (pid == 100).then(|| ProcessFacts {
+    fn usage(api: &str, calls: u64, latency: u64) -> ApiUsage {
+        let mut hist = vec![0; HIST_BUCKETS];
+        hist[bucket_of(latency)] = calls;
+        ApiUsage {
+            api: api.into(),
+            kind: "alloc".into(),
+            source: Source::Probes,
+            calls,
+            errors: 0,
+            bytes: calls << 20,
+            total_ns: calls * latency,
+            hook_ns: 0,
+            denied: 0,
+            hist,
+        }
+    }
+
+    fn process(pid: u32, start: u64, cgroup: &str, apis: Vec<ApiUsage>, live: u64) -> Process {
+        Process {
+            key: ProcessKey {
                 pid,
-                start_ticks: 5,
-                comm: "python3".into(),
-                cmdline: "python3 train.py".into(),
-                cgroup_path: Some("/b".into()),
-            });
-            let alive = f.is_some();
-            (f, alive)
-        }
-        fn cgroup_path(&mut self, id: u64) -> Option<String> {
-            Some(format!("/{}", (b'a' + id as u8 - 1) as char))
-        }
-        fn cgroup_id(&mut self, path: &str) -> Option<u64> {
-            Some((path.as_bytes()[1] - b'a' + 1) as u64)
+                start_ticks: start,
+            },
+            alive: true,
+            comm: "python3".into(),
+            cmdline: "python3 x.py".into(),
+            container: "host".into(),
+            cgroup_path: Some(cgroup.into()),
+            memory: MemoryViews {
+                probes: Some(live),
+                probes_allocations: Some(live >> 20),
+                ..Default::default()
+            },
+            apis,
+            limiter: None,
+            nvml: vec![],
+            communicators: vec![],
+            rates: None,
         }
     }
 
-    fn stats(calls: u64, errors: u64, bytes: u64, latency: u64) -> ApiStats {
-        let mut s = ApiStats::ZERO;
-        s.calls = calls;
-        s.errors = errors;
-        s.bytes = bytes;
-        s.total_ns = calls * latency;
-        s.hist[bucket_of(latency)] = calls;
-        s
-    }
-
-    fn probe_info() -> ProbeInfo {
-        ProbeInfo {
-            attach_mode: AttachMode::Multi,
-            launch_probes: LaunchProbes::Off,
-            launch_probe_seconds: 0.0,
-            cost: None,
-            libraries: vec![],
+    fn snapshot(processes: Vec<Process>) -> Snapshot {
+        Snapshot {
+            schema: crate::model::SCHEMA.into(),
+            hostname: "h".into(),
+            taken_at_unix_ms: 0,
+            interval_seconds: 0.0,
+            driver_version: None,
+            cuda_driver_version: None,
+            agent: AgentStatus::default(),
+            gpus: vec![],
+            containers: vec![],
+            processes,
         }
     }
 
     #[test]
-    fn splits_by_process_and_cgroup_and_follows_a_moved_process() {
-        let alloc = ApiId::from_name("cuMemAlloc_v2").unwrap().0;
-        let sync = ApiId::from_name("cuStreamSynchronize").unwrap().0;
-        let key = |cg, tgid, api| StatsKey {
-            cgroup_id: cg,
-            tgid,
-            api,
-            _pad: 0,
-        };
-        let reading = RawReading {
-            stats: vec![
-                // pid 100 made calls in cgroup 1 (/a), then moved to cgroup 2 (/b).
-                (key(1, 100, alloc), stats(3, 0, 3 << 20, 5_000)),
-                (key(2, 100, alloc), stats(2, 1, 2 << 20, 5_000)),
-                (key(2, 100, sync), stats(10, 0, 0, 200_000)),
-                // pid 200 exited; it ran in cgroup 1.
-                (key(1, 200, alloc), stats(1, 0, 1 << 20, 5_000)),
-                // The agent's own rows are dropped.
-                (key(1, 7, alloc), stats(1, 0, 0, 1)),
-            ],
-            live: vec![(
+    fn reports_the_window_per_process_and_cgroup_and_never_merges_a_reused_pid() {
+        let first = snapshot(vec![
+            process(
                 100,
-                agent_common::maps::LiveMem {
-                    bytes: 4 << 20,
-                    allocations: 4,
-                },
-            )],
-            health: [0; Health::COUNT as usize],
-        };
-        let r = build(&reading, &mut Fake, probe_info(), 1.0, vec![], 7);
-        assert_eq!(r.processes.len(), 2);
-        let p = &r.processes[0];
+                5,
+                "/a",
+                vec![usage("cuMemAlloc_v2", 3, 5_000)],
+                3 << 20,
+            ),
+            // pid 200, first life: exits before the window ends.
+            process(200, 7, "/a", vec![usage("cuMemAlloc_v2", 50, 5_000)], 0),
+        ]);
+        let last = snapshot(vec![
+            process(
+                100,
+                5,
+                "/a",
+                vec![
+                    usage("cuMemAlloc_v2", 8, 5_000),
+                    usage("cuStreamSynchronize", 10, 200_000),
+                ],
+                8 << 20,
+            ),
+            // pid 200 reused by another process: its calls are all in the window.
+            process(
+                200,
+                9,
+                "/b",
+                vec![usage("cuMemAlloc_v2", 2, 5_000)],
+                2 << 20,
+            ),
+        ]);
+        let r = build(&first, &last, "in_process", 1.0, |p| Some(p.len() as u64));
+        let p = r.processes.iter().find(|p| p.pid == 100).unwrap();
+        let alloc = p.apis.iter().find(|a| a.api == "cuMemAlloc_v2").unwrap();
         assert_eq!(
-            (p.pid, p.alive, p.cgroup_id, p.live_bytes),
-            (100, true, 2, 4 << 20)
+            (alloc.calls, alloc.bytes),
+            (5, 5 << 20),
+            "only the window's calls"
         );
-        let a = p.apis.iter().find(|a| a.api == "cuMemAlloc_v2").unwrap();
-        assert_eq!((a.calls, a.errors, a.bytes), (5, 1, 5 << 20));
-        let s = p
+        let sync = p
             .apis
             .iter()
             .find(|a| a.api == "cuStreamSynchronize")
             .unwrap();
-        assert_eq!(bucket_of(s.p99_ns.unwrap()), bucket_of(200_000));
-        let gone = &r.processes[1];
-        assert_eq!((gone.pid, gone.alive, gone.cgroup_id), (200, false, 1));
-
-        let cg_a = r.cgroups.iter().find(|c| c.cgroup_id == 1).unwrap();
-        assert_eq!(cg_a.cgroup_path.as_deref(), Some("/a"));
-        assert_eq!(cg_a.pids, vec![100, 200]);
+        assert_eq!(bucket_of(sync.p99_ns.unwrap()), bucket_of(200_000));
+        assert_eq!((p.live_bytes, p.live_allocations), (8 << 20, 8));
+        let reused = r.processes.iter().find(|p| p.pid == 200).unwrap();
         assert_eq!(
-            cg_a.apis[0].calls, 4,
-            "3 calls of pid 100 before the move + 1 of pid 200"
+            reused.apis[0].calls, 2,
+            "a new process with the old pid is not subtracted from the old one"
         );
-        assert_eq!(cg_a.live_bytes, 0);
-        let cg_b = r.cgroups.iter().find(|c| c.cgroup_id == 2).unwrap();
-        assert_eq!(cg_b.live_bytes, 4 << 20, "live memory follows the process");
-        assert_eq!(cg_b.apis.iter().map(|a| a.calls).sum::<u64>(), 12);
+        let a = r
+            .cgroups
+            .iter()
+            .find(|c| c.cgroup_path.as_deref() == Some("/a"))
+            .unwrap();
+        assert_eq!(a.pids, vec![100]);
+        assert_eq!(a.cgroup_id, Some(2));
+        let b = r
+            .cgroups
+            .iter()
+            .find(|c| c.cgroup_path.as_deref() == Some("/b"))
+            .unwrap();
+        assert_eq!((b.pids.clone(), b.live_bytes), (vec![200], 2 << 20));
     }
 }

@@ -1,0 +1,251 @@
+//! Collection: merges what the probes see, what every limiter region records, what NVML reports
+//! and who each process is into one [`Snapshot`]. Nothing here is fatal: a missing privilege,
+//! driver or GPU, or a corrupt region shows up in the snapshot's status, and collection goes on.
+
+mod assemble;
+pub mod processes;
+pub mod regions;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use crate::{
+    discovery::Discovery,
+    host::HostPaths,
+    identity::runtime_names::{NameLookupConfig, NameSources, RuntimeNames},
+    model::{ProcessKey, Snapshot},
+    nvml::{GpuSnapshot, GpuSource, NvmlGpuSource},
+    trace::{LaunchProbes, RawReading, TraceOptions, Tracer},
+};
+
+/// How long an exited process stays in the model (and its rows in the kernel maps).
+pub const EXITED_RETENTION: Duration = Duration::from_secs(60);
+
+pub struct CollectorOptions {
+    /// Probe options; `None` collects without probes.
+    pub trace: Option<TraceOptions>,
+    pub region_dirs: Vec<PathBuf>,
+    pub host: HostPaths,
+    /// Read NVML (off in tests that must not depend on the host's driver).
+    pub nvml: bool,
+}
+
+/// A GPU source for hosts where NVML is not wanted.
+struct NoGpu;
+
+impl GpuSource for NoGpu {
+    fn snapshot(&mut self) -> GpuSnapshot {
+        GpuSnapshot {
+            problems: vec!["NVML disabled".into()],
+            ..Default::default()
+        }
+    }
+}
+
+pub struct Collector {
+    tracer: Option<Tracer>,
+    probes_unavailable: Option<String>,
+    discovery: Discovery,
+    host: HostPaths,
+    regions: regions::RegionScanner,
+    gpu: Box<dyn GpuSource + Send>,
+    processes: processes::ProcessTable,
+    names: RuntimeNames,
+    cgroups: crate::identity::CgroupIndex,
+    previous: Option<(Instant, Snapshot)>,
+    /// When each process was first seen gone.
+    exited_since: HashMap<ProcessKey, Instant>,
+    launch_mode: LaunchProbes,
+}
+
+impl Collector {
+    /// Starts collecting. Never fails: what cannot run is reported in every snapshot.
+    pub fn start(opts: CollectorOptions) -> Collector {
+        let launch_mode = opts
+            .trace
+            .as_ref()
+            .map(|t| t.launches)
+            .unwrap_or(LaunchProbes::Off);
+        let (tracer, probes_unavailable) = match opts.trace {
+            None => (None, Some("probes disabled".to_string())),
+            Some(t) => match Tracer::start(t) {
+                Ok(t) => (Some(t), None),
+                Err(e) => {
+                    log::warn!("running without probes: {e}");
+                    (None, Some(e.to_string()))
+                }
+            },
+        };
+        let gpu: Box<dyn GpuSource + Send> = if opts.nvml {
+            Box::new(NvmlGpuSource::system())
+        } else {
+            Box::new(NoGpu)
+        };
+        Collector {
+            tracer,
+            probes_unavailable,
+            discovery: Discovery::new(),
+            regions: regions::RegionScanner::new(opts.region_dirs),
+            gpu,
+            processes: processes::ProcessTable::new(&opts.host.proc),
+            names: RuntimeNames::new(
+                NameSources::from_host(&opts.host),
+                NameLookupConfig::default(),
+            ),
+            cgroups: crate::identity::CgroupIndex::new(),
+            host: opts.host,
+            previous: None,
+            exited_since: HashMap::new(),
+            launch_mode,
+        }
+    }
+
+    /// As [`Collector::start`], but an error if the probes cannot run.
+    pub fn start_with_probes(
+        opts: CollectorOptions,
+    ) -> Result<Collector, crate::probes::ProbeError> {
+        let trace = opts.trace.clone().expect("probe options given");
+        let tracer = Tracer::start(trace)?;
+        let mut c = Collector::start(CollectorOptions {
+            trace: None,
+            ..opts
+        });
+        c.launch_mode = tracer.options_launches();
+        c.tracer = Some(tracer);
+        c.probes_unavailable = None;
+        Ok(c)
+    }
+
+    pub fn tracer_mut(&mut self) -> Option<&mut Tracer> {
+        self.tracer.as_mut()
+    }
+
+    /// Takes a snapshot.
+    pub fn collect(&mut self) -> Snapshot {
+        let mut warnings = Vec::new();
+        let (reading, users) = match &mut self.tracer {
+            Some(t) => {
+                if let Err(e) = t.poll() {
+                    warnings.push(format!("probe poll: {e}"));
+                }
+                let reading = t.read().unwrap_or_else(|e| {
+                    warnings.push(format!("reading probe maps: {e}"));
+                    RawReading::default()
+                });
+                (reading, t.users().to_vec())
+            }
+            None => (
+                RawReading::default(),
+                self.discovery.scan_processes(&self.host).users,
+            ),
+        };
+        let gpu = self.gpu.snapshot();
+        let mut mapped = Vec::new();
+        for (pid, _) in &users {
+            mapped.extend(regions::mapped_files(&self.host.proc, *pid));
+        }
+        let candidates = self.regions.candidates(mapped);
+        let region_reads = self.regions.read(&candidates);
+
+        let now = Instant::now();
+        let interval = self
+            .previous
+            .as_ref()
+            .map(|(t, _)| now.duration_since(*t).as_secs_f64())
+            .unwrap_or(0.0);
+        let inputs = assemble::Inputs {
+            reading: &reading,
+            users: &users,
+            gpu: &gpu,
+            regions: &region_reads,
+            tracer: self.tracer.as_ref(),
+            own_pid: std::process::id(),
+        };
+        let mut snap = assemble::build(
+            inputs,
+            &mut self.processes,
+            &mut self.names,
+            &mut self.cgroups,
+            now,
+        );
+        snap.schema = crate::model::SCHEMA.into();
+        snap.hostname = hostname();
+        snap.taken_at_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        snap.interval_seconds = interval;
+        snap.driver_version = gpu.driver_version.clone();
+        snap.cuda_driver_version = gpu.cuda_driver_version.clone();
+        let a = &mut snap.agent;
+        a.probes_unavailable = self.probes_unavailable.clone();
+        a.launch_probes = self.launch_mode;
+        a.nvml_problems = gpu.problems.clone();
+        if let Some(t) = &self.tracer {
+            a.attach_mode = Some(t.probes().mode());
+            a.libraries = t.library_status();
+            a.probe_cost = t.probe_cost.clone();
+            a.launch_probe_seconds = t.launch_probe_time().as_secs_f64();
+            a.warnings.extend(t.warnings.iter().cloned());
+        }
+        a.warnings.extend(warnings);
+
+        // Rates against the previous snapshot, per process.
+        if let Some((_, prev)) = &self.previous {
+            for p in &mut snap.processes {
+                if let Some(before) = prev.process(p.key) {
+                    p.rates = Some(crate::model::Rates::between(p, before, interval));
+                }
+            }
+        }
+        self.forget_exited(&mut snap, now);
+        self.previous = Some((now, snap.clone()));
+        snap
+    }
+
+    /// Drops processes gone for longer than [`EXITED_RETENTION`], from the model and from the
+    /// kernel maps, so that a long-running agent's memory stays flat.
+    fn forget_exited(&mut self, snap: &mut Snapshot, now: Instant) {
+        let mut forget = Vec::new();
+        for p in &snap.processes {
+            if p.alive {
+                self.exited_since.remove(&p.key);
+            } else {
+                let since = *self.exited_since.entry(p.key).or_insert(now);
+                if now.duration_since(since) >= EXITED_RETENTION {
+                    forget.push(p.key);
+                }
+            }
+        }
+        if forget.is_empty() {
+            return;
+        }
+        snap.processes.retain(|p| !forget.contains(&p.key));
+        for c in &mut snap.containers {
+            c.processes.retain(|k| !forget.contains(k));
+        }
+        snap.containers
+            .retain(|c| !c.processes.is_empty() || !c.regions.is_empty());
+        for k in &forget {
+            self.exited_since.remove(k);
+        }
+        if let Some(t) = &mut self.tracer {
+            let pids: Vec<u32> = forget.iter().map(|k| k.pid).collect();
+            if let Err(e) = t.forget_processes(&pids) {
+                log::warn!("removing exited processes from the probe maps: {e}");
+            }
+        }
+        let alive: std::collections::HashSet<u32> =
+            snap.processes.iter().map(|p| p.key.pid).collect();
+        self.processes.retain(|pid| alive.contains(&pid));
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,129 @@
+//! Facts, identity and pid-namespace coordinates of host processes, cached per (pid, start time).
+
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::identity::{ProcessFacts, container::ContainerIdentity};
+
+/// A process as the collector knows it.
+#[derive(Clone, Debug)]
+pub struct ProcessInfo {
+    pub facts: ProcessFacts,
+    pub identity: ContainerIdentity,
+    /// Inode of the process's pid namespace, and its pid there (the innermost `NSpid`).
+    pub namespace_pid: Option<(u64, u32)>,
+}
+
+/// The last value of the `NSpid:` line of `/proc/<pid>/status`: the pid inside the innermost
+/// pid namespace.
+pub fn innermost_pid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last()?.parse().ok())
+}
+
+/// `pid:[4026531836]` -> 4026531836.
+pub fn namespace_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+pub struct ProcessTable {
+    proc: PathBuf,
+    cache: HashMap<u32, ProcessInfo>,
+}
+
+impl ProcessTable {
+    pub fn new(proc: &Path) -> ProcessTable {
+        ProcessTable {
+            proc: proc.to_owned(),
+            cache: HashMap::new(),
+        }
+    }
+
+    /// The running process `pid`, read afresh when it is new or its pid was reused.
+    pub fn get(&mut self, pid: u32) -> Option<&ProcessInfo> {
+        let facts = ProcessFacts::read(&self.proc, pid);
+        let Some(facts) = facts else {
+            self.cache.remove(&pid);
+            return None;
+        };
+        let stale = self
+            .cache
+            .get(&pid)
+            .is_none_or(|c| c.facts.start_ticks != facts.start_ticks);
+        if stale {
+            let dir = self.proc.join(pid.to_string());
+            let identity = fs::read_to_string(dir.join("cgroup"))
+                .ok()
+                .and_then(|t| ContainerIdentity::from_proc_cgroup(&t))
+                .unwrap_or_else(|| {
+                    ContainerIdentity::from_path(facts.cgroup_path.as_deref().unwrap_or("/"))
+                });
+            let ns = fs::read_link(dir.join("ns/pid"))
+                .ok()
+                .and_then(|l| namespace_inode(&l.to_string_lossy()));
+            let inner = fs::read_to_string(dir.join("status"))
+                .ok()
+                .and_then(|s| innermost_pid(&s));
+            let namespace_pid = ns.zip(inner);
+            self.cache.insert(
+                pid,
+                ProcessInfo {
+                    facts,
+                    identity,
+                    namespace_pid,
+                },
+            );
+        }
+        self.cache.get(&pid)
+    }
+
+    /// Drops cached processes not in `keep`.
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.cache.retain(|pid, _| keep(*pid));
+    }
+
+    /// Host pid of the process that is `ns_pid` in pid namespace `ns` and started at `start`.
+    pub fn find_by_namespace(&self, ns: u64, ns_pid: u32, start: u64) -> Option<u32> {
+        self.cache
+            .iter()
+            .find(|(_, i)| i.namespace_pid == Some((ns, ns_pid)) && i.facts.start_ticks == start)
+            .map(|(pid, _)| *pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_namespace_coordinates() {
+        assert_eq!(innermost_pid("Name:\tx\nNSpid:\t4242\t7\n"), Some(7));
+        assert_eq!(innermost_pid("NSpid:\t4242\n"), Some(4242));
+        assert_eq!(innermost_pid("Name: x\n"), None);
+        assert_eq!(namespace_inode("pid:[4026531836]"), Some(4026531836));
+        assert_eq!(namespace_inode("net:[1]"), None);
+    }
+
+    #[test]
+    fn finds_this_process_by_its_namespace_pid() {
+        let mut t = ProcessTable::new(Path::new("/proc"));
+        let me = std::process::id();
+        let info = t.get(me).unwrap().clone();
+        let (ns, inner) = info.namespace_pid.unwrap();
+        assert_eq!(inner, me, "the test runs in its own namespace");
+        assert_eq!(
+            t.find_by_namespace(ns, inner, info.facts.start_ticks),
+            Some(me)
+        );
+        assert_eq!(
+            t.find_by_namespace(ns, inner, info.facts.start_ticks + 1),
+            None,
+            "a reused pid is another process"
+        );
+    }
+}

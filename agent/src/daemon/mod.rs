@@ -1,0 +1,127 @@
+//! `vgpu-agent run`: collect at an interval and serve the latest snapshot as JSON on a local Unix
+//! socket. The protocol (docs/model.md): connect, read one JSON document to end of file.
+
+pub mod client;
+
+use std::{
+    io::Write,
+    os::unix::{fs::PermissionsExt, net::UnixListener},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use thiserror::Error;
+
+use crate::collector::{Collector, CollectorOptions};
+
+pub const DEFAULT_SOCKET: &str = "/run/vgpu-agent/agent.sock";
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("another vgpu-agent already serves {}", .0.display())]
+    AlreadyRunning(PathBuf),
+    #[error("{what} {}: {source}", path.display())]
+    Socket {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub struct DaemonOptions {
+    pub socket: PathBuf,
+    pub interval: Duration,
+    pub collector: CollectorOptions,
+}
+
+/// The latest snapshot, serialised once per refresh and shared with every client.
+type Latest = Arc<Mutex<Arc<Vec<u8>>>>;
+
+/// Binds the socket, replacing a stale one; refuses if a live agent answers on it.
+pub fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::AlreadyRunning(path.to_owned()));
+        }
+        std::fs::remove_file(path).map_err(|source| DaemonError::Socket {
+            what: "removing stale socket",
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| DaemonError::Socket {
+            what: "creating",
+            path: dir.to_owned(),
+            source,
+        })?;
+    }
+    let listener = UnixListener::bind(path).map_err(|source| DaemonError::Socket {
+        what: "binding",
+        path: path.to_owned(),
+        source,
+    })?;
+    // The model names every GPU process on the host: only its owner (root) may read it.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        DaemonError::Socket {
+            what: "setting permissions of",
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    Ok(listener)
+}
+
+fn serve(listener: UnixListener, latest: Latest) {
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let body = latest.lock().map(|g| Arc::clone(&g)).unwrap_or_default();
+        let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
+        // A client that goes away mid-write is its own problem.
+        let _ = conn.write_all(&body);
+    }
+}
+
+/// Runs until SIGINT or SIGTERM.
+pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
+    crate::signals::install();
+    let listener = bind(&opts.socket)?;
+    let mut collector = Collector::start(opts.collector);
+    let latest: Latest = Arc::new(Mutex::new(Arc::new(Vec::new())));
+    let first = serde_json::to_vec(&collector.collect()).unwrap_or_default();
+    *latest.lock().expect("not poisoned") = Arc::new(first);
+    {
+        let latest = Arc::clone(&latest);
+        std::thread::Builder::new()
+            .name("socket".into())
+            .spawn(move || serve(listener, latest))
+            .map_err(|source| DaemonError::Socket {
+                what: "starting the server for",
+                path: opts.socket.clone(),
+                source,
+            })?;
+    }
+    log::info!(
+        "serving snapshots every {:?} on {}",
+        opts.interval,
+        opts.socket.display()
+    );
+    let mut next = Instant::now() + opts.interval;
+    while !crate::signals::stop_requested() {
+        crate::signals::sleep(next.saturating_duration_since(Instant::now()));
+        if crate::signals::stop_requested() {
+            break;
+        }
+        next += opts.interval;
+        let snap = collector.collect();
+        match serde_json::to_vec(&snap) {
+            Ok(body) => *latest.lock().expect("not poisoned") = Arc::new(body),
+            Err(e) => log::warn!("serialising a snapshot: {e}"),
+        }
+    }
+    let _ = std::fs::remove_file(&opts.socket);
+    log::info!("stopped");
+    Ok(())
+}

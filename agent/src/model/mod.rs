@@ -1,0 +1,281 @@
+//! The agent's one model of every GPU process: a typed, serialisable snapshot that `stat`, `top`,
+//! the exporters and `attribute` all read. Collection produces it (`crate::collector`); views
+//! never change it.
+//!
+//! Counters are cumulative (since the probes were attached, or for limiter data since the process
+//! started); views take differences between two snapshots. A process is identified by its pid
+//! *and* start time, so a reused pid is a different process.
+
+mod drift;
+mod rates;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use drift::MemoryViews;
+pub use rates::Rates;
+
+pub const SCHEMA: &str = "vgpu-agent.model/v1";
+
+/// A process, unique for the life of the boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ProcessKey {
+    /// Host pid.
+    pub pid: u32,
+    /// Start time, clock ticks after boot.
+    pub start_ticks: u64,
+}
+
+/// Where a figure came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// eBPF uprobes on the driver library.
+    Probes,
+    /// The limiter's region (in-process accounting).
+    Limiter,
+}
+
+/// Cumulative statistics of one API in one process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApiUsage {
+    pub api: String,
+    pub kind: String,
+    pub source: Source,
+    pub calls: u64,
+    pub errors: u64,
+    /// Bytes named by the calls (allocation sizes, copy sizes, NCCL payloads).
+    pub bytes: u64,
+    pub total_ns: u64,
+    /// Limiter self-time inside its hook, ns (limiter source only).
+    pub hook_ns: u64,
+    /// Allocations the limiter denied (limiter source only).
+    pub denied: u64,
+    /// Log2 latency histogram (`agent_common::hist`).
+    pub hist: Vec<u64>,
+}
+
+impl ApiUsage {
+    /// The difference `self - earlier` (saturating: counters never go back).
+    pub fn since(&self, earlier: Option<&ApiUsage>) -> ApiUsage {
+        let Some(e) = earlier else {
+            return self.clone();
+        };
+        ApiUsage {
+            calls: self.calls.saturating_sub(e.calls),
+            errors: self.errors.saturating_sub(e.errors),
+            bytes: self.bytes.saturating_sub(e.bytes),
+            total_ns: self.total_ns.saturating_sub(e.total_ns),
+            hook_ns: self.hook_ns.saturating_sub(e.hook_ns),
+            denied: self.denied.saturating_sub(e.denied),
+            hist: self
+                .hist
+                .iter()
+                .zip(e.hist.iter().chain(std::iter::repeat(&0)))
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            ..self.clone()
+        }
+    }
+
+    pub fn quantile_ns(&self, q: f64) -> Option<u64> {
+        let mut h = [0u64; agent_common::hist::HIST_BUCKETS];
+        for (d, s) in h.iter_mut().zip(&self.hist) {
+            *d = *s;
+        }
+        agent_common::hist::quantile_ns(&h, q)
+    }
+}
+
+/// What the limiter's region says about one process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LimiterProcess {
+    pub region: String,
+    pub slot: u32,
+    /// Bytes held per device (reserved against the container's limit), context included.
+    pub held: Vec<u64>,
+    pub context_bytes: Vec<u64>,
+    pub throttled_ns: u64,
+    pub dropped_records: u64,
+    /// Statistics shards that could not be read consistently (stuck or dead writer).
+    pub shard_problems: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NvmlProcess {
+    pub device: u32,
+    pub used_memory: Option<u64>,
+    pub sm_util_pct: Option<u32>,
+}
+
+/// A NCCL communicator as the probes saw it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Communicator {
+    pub comm: String,
+    pub rank: Option<u32>,
+    pub nranks: Option<u32>,
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Process {
+    pub key: ProcessKey,
+    pub alive: bool,
+    pub comm: String,
+    pub cmdline: String,
+    /// The container (see [`Container::key`]).
+    pub container: String,
+    pub cgroup_path: Option<String>,
+    pub memory: MemoryViews,
+    pub apis: Vec<ApiUsage>,
+    pub limiter: Option<LimiterProcess>,
+    pub nvml: Vec<NvmlProcess>,
+    pub communicators: Vec<Communicator>,
+    /// Per-second rates over the last interval (absent in the first snapshot).
+    pub rates: Option<Rates>,
+}
+
+/// A container's region (limiter or HAMi-core).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionInfo {
+    pub path: String,
+    /// `vgpu` (this project's limiter) or `hami` (HAMi-core v1).
+    pub format: String,
+    /// Per device: limit (0 = unlimited), reserved, denied.
+    pub devices: Vec<RegionDevice>,
+    /// Problems reading it (corrupt, hostile, dead writers): shown, never hidden.
+    pub problems: Vec<String>,
+    /// Seqlock retries while reading (a sign of contention).
+    pub read_retries: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionDevice {
+    pub index: u32,
+    pub memory_limit: u64,
+    pub sm_limit_pct: u8,
+    pub reserved: u64,
+    pub denied: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Container {
+    /// The container id when known, else `cgroup:<path>`; `host` for host processes.
+    pub key: String,
+    pub name: String,
+    /// In a container or pod (not a host service or session).
+    pub containerised: bool,
+    pub runtime: Option<String>,
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    pub pod_name: Option<String>,
+    pub namespace: Option<String>,
+    pub qos: Option<String>,
+    pub processes: Vec<ProcessKey>,
+    pub regions: Vec<RegionInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuDevice {
+    pub index: u32,
+    pub uuid: Option<String>,
+    pub name: Option<String>,
+    pub utilization_pct: Option<u32>,
+    pub memory_used: Option<u64>,
+    pub memory_total: Option<u64>,
+    pub power_mw: Option<u32>,
+    pub temperature_c: Option<u32>,
+}
+
+/// A probed library file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LibraryStatus {
+    pub path: String,
+    pub attach_path: String,
+    pub dev: u64,
+    pub inode: u64,
+    pub found_by: crate::discovery::FoundBy,
+    pub symbols_attached: usize,
+    pub symbols_missing: Vec<String>,
+    /// First instruction of the probed functions, by kind (decides the probe cost).
+    pub prologues: BTreeMap<String, usize>,
+    pub kinds_attached: Vec<String>,
+}
+
+/// The agent's own state: what it could and could not do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    /// Why the probes are not running, if they are not.
+    pub probes_unavailable: Option<String>,
+    pub attach_mode: Option<crate::probes::AttachMode>,
+    pub libraries: Vec<LibraryStatus>,
+    pub launch_probes: crate::trace::LaunchProbes,
+    /// Seconds the launch probes were attached since the agent started.
+    pub launch_probe_seconds: f64,
+    pub probe_cost: Option<crate::probes::calibrate::ProbeCost>,
+    /// Lost or unmatched events by cause.
+    pub events_lost: BTreeMap<String, u64>,
+    pub regions_read: usize,
+    pub region_errors: usize,
+    pub nvml_problems: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub schema: String,
+    pub hostname: String,
+    pub taken_at_unix_ms: u64,
+    /// Seconds since the previous snapshot (0 for the first).
+    pub interval_seconds: f64,
+    pub driver_version: Option<String>,
+    pub cuda_driver_version: Option<String>,
+    pub agent: AgentStatus,
+    pub gpus: Vec<GpuDevice>,
+    pub containers: Vec<Container>,
+    pub processes: Vec<Process>,
+}
+
+impl Default for AgentStatus {
+    fn default() -> AgentStatus {
+        AgentStatus {
+            probes_unavailable: None,
+            attach_mode: None,
+            libraries: vec![],
+            launch_probes: crate::trace::LaunchProbes::Off,
+            launch_probe_seconds: 0.0,
+            probe_cost: None,
+            events_lost: BTreeMap::new(),
+            regions_read: 0,
+            region_errors: 0,
+            nvml_problems: vec![],
+            warnings: vec![],
+        }
+    }
+}
+
+impl Process {
+    /// One entry per API: the limiter's where it counts the API (it sees the whole life of the
+    /// process), else the probes'.
+    pub fn effective_apis(&self) -> Vec<&ApiUsage> {
+        let mut out: Vec<&ApiUsage> = self
+            .apis
+            .iter()
+            .filter(|a| a.source == Source::Limiter)
+            .collect();
+        for a in self.apis.iter().filter(|a| a.source == Source::Probes) {
+            if !out.iter().any(|o| o.api == a.api) {
+                out.push(a);
+            }
+        }
+        out
+    }
+}
+
+impl Snapshot {
+    pub fn process(&self, key: ProcessKey) -> Option<&Process> {
+        self.processes.iter().find(|p| p.key == key)
+    }
+}

@@ -1,0 +1,34 @@
+//! SIGINT/SIGTERM as a flag that long-running commands poll.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Relaxed: the flag carries no data; loops only need to see it eventually.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Makes SIGINT and SIGTERM set the stop flag instead of killing the process.
+pub fn install() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// Sleeps up to `d`, waking early when a stop is requested.
+pub fn sleep(d: std::time::Duration) {
+    let end = std::time::Instant::now() + d;
+    while !stop_requested() {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(std::time::Duration::from_millis(50)));
+    }
+}

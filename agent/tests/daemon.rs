@@ -1,0 +1,261 @@
+//! `vgpu-agent run`: the model served on a Unix socket, with real probes (root).
+
+mod support;
+
+use std::{
+    io::Read,
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use support::*;
+
+fn cgroup2_root() -> PathBuf {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mountinfo
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// A cgroup made for the test and removed after it.
+struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    fn new(relative: &str) -> TestCgroup {
+        let p = cgroup2_root().join(relative);
+        std::fs::create_dir_all(&p).unwrap();
+        TestCgroup(p)
+    }
+    fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Remove the leaf and the empty parents the test created.
+        let mut p = self.0.clone();
+        while p != cgroup2_root() && std::fs::remove_dir(&p).is_ok() {
+            p.pop();
+        }
+    }
+}
+
+struct Daemon(Child, PathBuf);
+
+impl Daemon {
+    fn start(socket: &Path, args: &[&str]) -> Daemon {
+        let child = Command::new(agent_bin())
+            .args([
+                "run",
+                "--interval",
+                "200ms",
+                "--no-calibrate",
+                "--no-nvml",
+                "--socket",
+            ])
+            .arg(socket)
+            .args(args)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        wait_until(
+            Duration::from_secs(20),
+            || UnixStream::connect(socket).is_ok(),
+            "the daemon's socket",
+        );
+        Daemon(child, socket.to_owned())
+    }
+
+    fn snapshot(&self) -> Value {
+        let mut s = UnixStream::connect(&self.1).unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        serde_json::from_str(&body).expect("a JSON snapshot")
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        self.0.wait().unwrap()
+    }
+}
+
+fn process_of(snap: &Value, pid: u32) -> Option<&Value> {
+    snap["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["key"]["pid"] == pid)
+}
+
+#[test]
+fn two_processes_in_two_containers_a_corrupt_region_and_no_nvml() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let regions = dir.path().join("regions/poduid_ctr");
+    std::fs::create_dir_all(&regions).unwrap();
+    let mut corrupt = region::layout::REGION_MAGIC.to_le_bytes().to_vec();
+    corrupt.extend([0xa5u8; 4096]);
+    std::fs::write(regions.join("corrupt.cache"), &corrupt).unwrap();
+
+    let docker_id = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+    let k8s_id = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";
+    let pod_uid = "ac04f3f2-1f2c-11e9-b015-1ebee232acfa";
+    let tag = std::process::id();
+    let cg_docker = TestCgroup::new(&format!("vgpu-test-{tag}/docker/{docker_id}"));
+    let cg_k8s = TestCgroup::new(&format!(
+        "vgpu-test-{tag}/kubepods/besteffort/pod{pod_uid}/{k8s_id}"
+    ));
+
+    let socket = dir.path().join("agent.sock");
+    let region_dir = dir.path().join("regions");
+    let daemon = Daemon::start(&socket, &["--region-dir", region_dir.to_str().unwrap()]);
+
+    let mut holders = Vec::new();
+    for (i, (cg, bytes)) in [(&cg_docker, 64u64 << 20), (&cg_k8s, 96 << 20)]
+        .into_iter()
+        .enumerate()
+    {
+        let wdir = dir.path().join(format!("w{i}"));
+        std::fs::create_dir_all(&wdir).unwrap();
+        let mut cmd = exercise(&lib);
+        cmd.args(["hold", "--bytes", &bytes.to_string()])
+            .stdin(Stdio::piped());
+        let w = Workload::start(cmd, &wdir);
+        cg.add(w.pid());
+        holders.push((w, bytes));
+    }
+    // Let the daemon find and attach to the library before the allocations.
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            daemon.snapshot()["agent"]["libraries"]
+                .as_array()
+                .is_some_and(|l| !l.is_empty())
+        },
+        "the daemon to attach to the simulated driver",
+    );
+    for (w, _) in &holders {
+        w.go();
+    }
+    let pids: Vec<u32> = holders.iter().map(|(w, _)| w.pid()).collect();
+    let want: Vec<u64> = holders.iter().map(|(_, b)| *b).collect();
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            let s = daemon.snapshot();
+            pids.iter()
+                .zip(&want)
+                .all(|(p, b)| process_of(&s, *p).is_some_and(|p| p["memory"]["probes"] == *b))
+        },
+        "both processes' live memory in the model",
+    );
+    let snap = daemon.snapshot();
+    assert_eq!(snap["schema"], "vgpu-agent.model/v1");
+
+    // Identity: two containers with the right runtime, ids and pod.
+    let containers = snap["containers"].as_array().unwrap();
+    let docker = containers
+        .iter()
+        .find(|c| c["container_id"] == docker_id)
+        .expect("the docker container");
+    assert_eq!(docker["runtime"], "docker");
+    assert_eq!(docker["processes"][0]["pid"], pids[0]);
+    let k8s = containers
+        .iter()
+        .find(|c| c["container_id"] == k8s_id)
+        .expect("the pod's container");
+    assert_eq!(k8s["pod_uid"], pod_uid);
+    assert_eq!(k8s["qos"], "besteffort");
+    assert_eq!(k8s["processes"][0]["pid"], pids[1]);
+
+    // eBPF data per process: the hold's cuInit and cuMemAlloc_v2, exactly once each.
+    for pid in &pids {
+        let p = process_of(&snap, *pid).unwrap();
+        assert_eq!(p["alive"], true);
+        let alloc = p["apis"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["api"] == "cuMemAlloc_v2")
+            .unwrap();
+        assert_eq!(
+            (alloc["calls"].as_u64(), alloc["source"].as_str()),
+            (Some(1), Some("probes"))
+        );
+        assert_eq!(
+            p["memory"]["probes_complete"], false,
+            "the processes started before the library was attached"
+        );
+    }
+
+    // The corrupt region is shown with its problem, not hidden.
+    let bad = containers
+        .iter()
+        .flat_map(|c| c["regions"].as_array().unwrap())
+        .find(|r| r["path"].as_str().unwrap().ends_with("corrupt.cache"))
+        .expect("the corrupt region is in the model");
+    assert!(!bad["problems"].as_array().unwrap().is_empty(), "{bad}");
+    assert_eq!(snap["agent"]["region_errors"], 1);
+
+    // NVML disabled: said so, nothing invented.
+    assert!(snap["gpus"].as_array().unwrap().is_empty());
+    assert!(
+        snap["agent"]["nvml_problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "NVML disabled")
+    );
+
+    // `stat` reads the daemon's model instead of loading probes of its own.
+    let out = Command::new(agent_bin())
+        .args(["stat", "--json", "--duration", "500ms", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["source"], "daemon");
+    let held = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pids[1])
+        .expect("held memory is reported");
+    assert_eq!(held["live_bytes"], want[1]);
+
+    // A second daemon on the same socket refuses to start.
+    let second = Command::new(agent_bin())
+        .args(["run", "--no-calibrate", "--no-nvml", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("already serves"));
+
+    for (w, _) in holders {
+        let mut child = w.child;
+        drop(child.stdin.take());
+        let _ = child.wait();
+    }
+    assert!(daemon.stop().success());
+    assert!(!socket.exists(), "the socket is removed on exit");
+}

@@ -138,6 +138,9 @@ enum Command {
         /// How often to take a snapshot.
         #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
         interval: Duration,
+        /// How long an exited process stays in the model (and its rows in the probe maps).
+        #[arg(long, default_value = "60s", value_parser = units::parse_duration)]
+        exited_retention: Duration,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -205,11 +208,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Run {
-            socket,
-            interval,
-            collect,
-        } => {
+        Command::Run { socket, interval, exited_retention, collect } => {
             let opts = daemon::DaemonOptions {
                 socket,
                 interval,
@@ -218,6 +217,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     region_dirs: collect.region_dirs(),
                     host: host::HostPaths::system().with_root(collect.host_root.clone()),
                     nvml: !collect.no_nvml,
+                    exited_retention,
                 },
             };
             daemon::run(opts)?;

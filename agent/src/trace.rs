@@ -236,7 +236,8 @@ impl Tracer {
     }
 
     /// Removes exited processes' rows from the kernel maps and forgets them.
-    pub fn forget_processes(&mut self, pids: &[u32]) -> Result<(), ProbeError> {
+    /// Returns the allocation entries left in the kernel map.
+    pub fn forget_processes(&mut self, pids: &[u32]) -> Result<usize, ProbeError> {
         for pid in pids {
             self.seen_processes.remove(pid);
         }

@@ -2,11 +2,12 @@
 
 use anyhow::{Result, bail};
 
-const BENCHES: &str = "region";
+const BENCHES: &str = "region, agent";
 
 pub fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("region") => region(),
+        Some("agent") => crate::bench_agent::run(),
         Some(other) => bail!("unknown benchmark {other:?}; available: {BENCHES}"),
         None => bail!("which benchmark? available: {BENCHES}"),
     }

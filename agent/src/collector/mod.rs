@@ -21,7 +21,7 @@ use crate::{
     trace::{LaunchProbes, RawReading, TraceOptions, Tracer},
 };
 
-/// How long an exited process stays in the model (and its rows in the kernel maps).
+/// How long an exited process stays in the model (and its rows in the kernel maps), by default.
 pub const EXITED_RETENTION: Duration = Duration::from_secs(60);
 
 pub struct CollectorOptions {
@@ -31,6 +31,8 @@ pub struct CollectorOptions {
     pub host: HostPaths,
     /// Read NVML (off in tests that must not depend on the host's driver).
     pub nvml: bool,
+    /// How long exited processes stay in the model.
+    pub exited_retention: Duration,
 }
 
 /// A GPU source for hosts where NVML is not wanted.
@@ -59,6 +61,9 @@ pub struct Collector {
     /// When each process was first seen gone.
     exited_since: HashMap<ProcessKey, Instant>,
     launch_mode: LaunchProbes,
+    exited_retention: Duration,
+    /// Allocation entries in the kernel map, as counted at the last removal pass.
+    allocs_entries: Option<usize>,
 }
 
 impl Collector {
@@ -100,6 +105,8 @@ impl Collector {
             previous: None,
             exited_since: HashMap::new(),
             launch_mode,
+            exited_retention: opts.exited_retention,
+            allocs_entries: None,
         }
     }
 
@@ -192,6 +199,13 @@ impl Collector {
             a.warnings.extend(t.warnings.iter().cloned());
         }
         a.warnings.extend(warnings);
+        if self.tracer.is_some() {
+            a.map_entries.insert("stats".into(), reading.stats.len());
+            a.map_entries.insert("live".into(), reading.live.len());
+            if let Some(n) = self.allocs_entries {
+                a.map_entries.insert("allocs".into(), n);
+            }
+        }
 
         // Rates against the previous snapshot, per process.
         if let Some((_, prev)) = &self.previous {
@@ -215,7 +229,7 @@ impl Collector {
                 self.exited_since.remove(&p.key);
             } else {
                 let since = *self.exited_since.entry(p.key).or_insert(now);
-                if now.duration_since(since) >= EXITED_RETENTION {
+                if now.duration_since(since) >= self.exited_retention {
                     forget.push(p.key);
                 }
             }
@@ -234,8 +248,9 @@ impl Collector {
         }
         if let Some(t) = &mut self.tracer {
             let pids: Vec<u32> = forget.iter().map(|k| k.pid).collect();
-            if let Err(e) = t.forget_processes(&pids) {
-                log::warn!("removing exited processes from the probe maps: {e}");
+            match t.forget_processes(&pids) {
+                Ok(left) => self.allocs_entries = Some(left),
+                Err(e) => log::warn!("removing exited processes from the probe maps: {e}"),
             }
         }
         let alive: std::collections::HashSet<u32> =

@@ -219,6 +219,9 @@ pub struct AgentStatus {
     pub events_lost: BTreeMap<String, u64>,
     pub regions_read: usize,
     pub region_errors: usize,
+    /// Entries in the probes' kernel maps (`allocs` is counted when exited processes are
+    /// removed), to show that nothing leaks.
+    pub map_entries: BTreeMap<String, usize>,
     pub nvml_problems: Vec<String>,
     pub warnings: Vec<String>,
 }
@@ -250,6 +253,7 @@ impl Default for AgentStatus {
             events_lost: BTreeMap::new(),
             regions_read: 0,
             region_errors: 0,
+            map_entries: BTreeMap::new(),
             nvml_problems: vec![],
             warnings: vec![],
         }

@@ -359,10 +359,8 @@ impl Probes {
 
     /// Removes every row of these processes from the aggregation, live-memory and allocation
     /// maps (they exited). Returns after a best effort: a row that vanished meanwhile is fine.
-    pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<(), ProbeError> {
-        if tgids.is_empty() {
-            return Ok(());
-        }
+    /// Returns the allocation entries left.
+    pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<usize, ProbeError> {
         let gone = |t: u32| tgids.contains(&t);
         {
             let mut m: BpfHashMap<_, StatsKey, ApiStats> =
@@ -395,16 +393,15 @@ impl Probes {
                     name: "ALLOCS",
                     source: Box::new(e),
                 })?;
-            let keys: Vec<AllocKey> = m
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| gone(k.tgid))
-                .collect();
-            for k in keys {
-                let _ = m.remove(&k);
+            let all: Vec<AllocKey> = m.keys().filter_map(Result::ok).collect();
+            let mut left = all.len();
+            for k in all.iter().filter(|k| gone(k.tgid)) {
+                if m.remove(k).is_ok() {
+                    left -= 1;
+                }
             }
+            Ok(left)
         }
-        Ok(())
     }
 
     fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, ProbeError> {

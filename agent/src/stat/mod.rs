@@ -68,6 +68,7 @@ pub fn run(opts: StatOptions) -> Result<StatReport, StatError> {
         region_dirs: opts.region_dirs.clone(),
         host: opts.trace.host.clone(),
         nvml: opts.nvml,
+        exited_retention: crate::collector::EXITED_RETENTION,
     })?;
     let started = Instant::now();
     let first = collector.collect();

@@ -82,6 +82,18 @@ enum Command {
         #[arg(long, default_value = "4096", value_parser = parse_bytes)]
         size: u64,
     },
+    /// Calls one API at a steady rate for a while (a paced load for the agent's cost benchmark).
+    Steady {
+        #[arg(long)]
+        api: String,
+        /// Calls per second.
+        #[arg(long, default_value_t = 50_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        #[arg(long, default_value = "4096", value_parser = parse_bytes)]
+        size: u64,
+    },
     /// cuInit, load a module, launch a kernel N times (cuLaunchKernel), then cuCtxSynchronize;
     /// prints the time spent launching and synchronising (with the sim's SIMCUDA_LAUNCH_US the
     /// synchronisation waits for the simulated work).
@@ -189,6 +201,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             size,
         } => latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => launches(&drv, count),
+        Command::Steady { api, rate, seconds, size } => steady(&drv, &api, rate, seconds, size as usize),
         Command::ProcAddress {
             symbol,
             cuda_version,
@@ -508,6 +521,37 @@ fn hold(drv: &Driver, bytes: usize) -> Result<ExitCode, String> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Paces calls in 1 ms batches so that the rate holds even when calls are much faster.
+fn steady(drv: &Driver, api: &str, rate: u64, seconds: f64, size: usize) -> Result<ExitCode, String> {
+    if !drv.has(api) {
+        return Err(format!("{api} is not exported by the library"));
+    }
+    drv.init();
+    let start = Instant::now();
+    let total = (rate as f64 * seconds) as u64;
+    let mut made = 0u64;
+    let mut errors = 0u64;
+    while made < total {
+        // Calls due by now, at most one millisecond ahead.
+        let due = ((start.elapsed().as_secs_f64() + 0.001) * rate as f64) as u64;
+        while made < due.min(total) {
+            errors += u64::from(drv.call_default(api, size)? != Some(0));
+            made += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    print(json!({
+        "pid": std::process::id(),
+        "api": api,
+        "calls": made,
+        "errors": errors,
+        "seconds": elapsed,
+        "rate": made as f64 / elapsed,
+    }));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn latency(

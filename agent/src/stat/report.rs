@@ -31,6 +31,31 @@ pub struct ApiRow {
     pub p99_ns: Option<u64>,
     /// Log2 latency buckets: `hist[i]` counts calls that took [2^i, 2^(i+1)) ns.
     pub hist: Vec<u64>,
+    /// What the latency measures, where it is not the call's whole effect: `host_enqueue` for
+    /// NCCL (collectives are asynchronous: the time is the host-side call that enqueues them on
+    /// a stream, not the transfer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<&'static str>,
+}
+
+/// One NCCL communicator of a process.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CommRow {
+    /// The `ncclComm_t` (an address in the process), as `0x...`.
+    pub comm: String,
+    /// This process's rank and the communicator's size, as the successful ncclCommInit* call that
+    /// created it said (`null` if it was created before the agent started).
+    pub rank: Option<u32>,
+    pub nranks: Option<u32>,
+    /// The API that created it, if seen.
+    pub created_by: Option<&'static str>,
+    /// ncclCommDestroy or ncclCommAbort succeeded on it.
+    pub destroyed: bool,
+    /// NCCL calls that named it (collectives, point-to-point, its creation and destruction).
+    pub calls: u64,
+    pub errors: u64,
+    /// Sum of `count x datatype size` of those calls.
+    pub bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -48,6 +73,8 @@ pub struct ProcessRow {
     pub live_bytes: u64,
     pub live_allocations: u64,
     pub apis: Vec<ApiRow>,
+    /// NCCL communicators the process created or used while traced.
+    pub communicators: Vec<CommRow>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -121,6 +148,7 @@ fn rows(per_api: &BTreeMap<u16, ApiStats>) -> Vec<ApiRow> {
                 p50_ns: quantile_ns(hist, 0.50),
                 p99_ns: quantile_ns(hist, 0.99),
                 hist: s.hist.to_vec(),
+                latency: spec.kind.is_nccl().then_some("host_enqueue"),
             })
         })
         .collect()
@@ -192,6 +220,54 @@ pub fn build(
             .or_default();
         add_stats(slot.entry(k.api).or_insert(ApiStats::ZERO), s);
     }
+    // (tgid) -> comm -> row
+    let mut comms: BTreeMap<u32, BTreeMap<u64, CommRow>> = BTreeMap::new();
+    let comm_row = |comm: u64| CommRow {
+        comm: format!("{comm:#x}"),
+        rank: None,
+        nranks: None,
+        created_by: None,
+        destroyed: false,
+        calls: 0,
+        errors: 0,
+        bytes: 0,
+    };
+    for (k, s) in &reading.nccl_stats {
+        if k.tgid == own_pid {
+            continue;
+        }
+        let slot = by_proc
+            .entry(k.tgid)
+            .or_default()
+            .entry(k.cgroup_id)
+            .or_default();
+        add_stats(slot.entry(k.api).or_insert(ApiStats::ZERO), s);
+        if k.comm != 0 {
+            let c = comms
+                .entry(k.tgid)
+                .or_default()
+                .entry(k.comm)
+                .or_insert_with(|| comm_row(k.comm));
+            c.calls += s.calls;
+            c.errors += s.errors;
+            c.bytes += s.bytes;
+        }
+    }
+    for (k, info) in &reading.nccl_comms {
+        if k.tgid == own_pid {
+            continue;
+        }
+        by_proc.entry(k.tgid).or_default();
+        let c = comms
+            .entry(k.tgid)
+            .or_default()
+            .entry(k.comm)
+            .or_insert_with(|| comm_row(k.comm));
+        c.rank = Some(info.rank);
+        c.nranks = Some(info.nranks);
+        c.created_by = Some(ApiId(info.init_api).name());
+        c.destroyed = info.destroyed != 0;
+    }
     let live: HashMap<u32, _> = reading.live.iter().map(|(t, l)| (*t, *l)).collect();
     for &tgid in live.keys() {
         if tgid != own_pid {
@@ -255,6 +331,10 @@ pub fn build(
             live_bytes,
             live_allocations: l.map(|l| l.allocations).unwrap_or(0),
             apis: rows(&merged),
+            communicators: comms
+                .remove(&tgid)
+                .map(|m| m.into_values().collect())
+                .unwrap_or_default(),
         });
     }
     for (id, row) in cgroups.iter_mut() {
@@ -351,6 +431,8 @@ mod tests {
                     allocations: 4,
                 },
             )],
+            nccl_stats: vec![],
+            nccl_comms: vec![],
             health: [0; Health::COUNT as usize],
         };
         let r = build(&reading, &mut Fake, probe_info(), 1.0, vec![], 7);
@@ -382,5 +464,103 @@ mod tests {
         let cg_b = r.cgroups.iter().find(|c| c.cgroup_id == 2).unwrap();
         assert_eq!(cg_b.live_bytes, 4 << 20, "live memory follows the process");
         assert_eq!(cg_b.apis.iter().map(|a| a.calls).sum::<u64>(), 12);
+        assert!(p.communicators.is_empty());
+        assert!(a.latency.is_none());
+    }
+
+    #[test]
+    fn nccl_rows_are_api_rows_and_communicators_are_listed_per_process() {
+        use agent_common::maps::{NcclCommInfo, NcclCommKey, NcclStatsKey};
+        let id = |n| ApiId::from_name(n).unwrap().0;
+        let key = |tgid, api, comm| NcclStatsKey {
+            cgroup_id: 2,
+            tgid,
+            api,
+            _pad: 0,
+            comm,
+        };
+        let comm = 0x5555_0000_1000u64;
+        let reading = RawReading {
+            nccl_stats: vec![
+                (
+                    key(100, id("ncclCommInitRankConfig"), comm),
+                    stats(1, 0, 0, 50_000_000),
+                ),
+                (
+                    key(100, id("ncclAllReduce"), comm),
+                    stats(50, 0, 50 << 22, 8_000),
+                ),
+                (key(100, id("ncclAllReduce"), 0), stats(2, 2, 0, 1_000)),
+                (key(100, id("ncclGroupStart"), 0), stats(3, 0, 0, 100)),
+                (key(7, id("ncclAllReduce"), comm), stats(1, 0, 4, 1)),
+            ],
+            nccl_comms: vec![
+                (
+                    NcclCommKey {
+                        tgid: 100,
+                        _pad: 0,
+                        comm,
+                    },
+                    NcclCommInfo {
+                        rank: 1,
+                        nranks: 2,
+                        init_api: id("ncclCommInitRankConfig"),
+                        destroyed: 0,
+                        _pad: 0,
+                    },
+                ),
+                (
+                    NcclCommKey {
+                        tgid: 100,
+                        _pad: 0,
+                        comm: 0x77,
+                    },
+                    NcclCommInfo {
+                        rank: 0,
+                        nranks: 1,
+                        init_api: id("ncclCommInitAll"),
+                        destroyed: 1,
+                        _pad: 0,
+                    },
+                ),
+            ],
+            ..RawReading::default()
+        };
+        let r = build(&reading, &mut Fake, probe_info(), 1.0, vec![], 7);
+        assert_eq!(r.processes.len(), 1, "the agent's own rows are dropped");
+        let p = &r.processes[0];
+        let ar = p.apis.iter().find(|a| a.api == "ncclAllReduce").unwrap();
+        assert_eq!(
+            (ar.kind, ar.calls, ar.errors, ar.bytes),
+            ("nccl", 52, 2, 50 << 22)
+        );
+        assert_eq!(ar.latency, Some("host_enqueue"));
+        assert_eq!(
+            p.communicators,
+            vec![
+                CommRow {
+                    comm: "0x77".into(),
+                    rank: Some(0),
+                    nranks: Some(1),
+                    created_by: Some("ncclCommInitAll"),
+                    destroyed: true,
+                    calls: 0,
+                    errors: 0,
+                    bytes: 0,
+                },
+                CommRow {
+                    comm: "0x555500001000".into(),
+                    rank: Some(1),
+                    nranks: Some(2),
+                    created_by: Some("ncclCommInitRankConfig"),
+                    destroyed: false,
+                    calls: 51,
+                    errors: 0,
+                    bytes: 50 << 22,
+                },
+            ]
+        );
+        let cg = r.cgroups.iter().find(|c| c.cgroup_id == 2).unwrap();
+        assert_eq!(cg.apis.iter().map(|a| a.calls).sum::<u64>(), 56);
     }
 }

@@ -3,6 +3,7 @@
 //! can compare what vgpu-agent and the limiter report with the truth. See `testing/README.md`.
 
 mod driver;
+mod nccl;
 
 use agent_common::api::{APIS, ApiId, ApiKind};
 use clap::{Parser, Subcommand};
@@ -89,6 +90,19 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         count: u64,
     },
+    /// Call each traced NCCL API (agent_common's `nccl` kind) N times with harmless arguments
+    /// (NULL buffers, communicators and streams; one rank; counts and datatypes varied per call)
+    /// and print calls, errors and bytes (count x datatype size) per API. `--lib` names the NCCL
+    /// library (libnccl.so.2). Communicators that get created (with a GPU) are destroyed at the
+    /// end with ncclCommDestroy (counted).
+    Nccl {
+        /// Calls per API.
+        #[arg(long, default_value_t = 1)]
+        per_api: u64,
+        /// One more ncclAllReduce with datatype 99, which NCCL does not define (0 bytes).
+        #[arg(long)]
+        bad_datatype: bool,
+    },
     /// Resolve a symbol with cuGetProcAddress(_v2) and print the address next to dlsym's.
     ProcAddress {
         #[arg(long)]
@@ -131,6 +145,14 @@ struct Recorder {
 impl Recorder {
     /// Records one call of `name` that passed `size` as its size argument (`None`: not exported).
     fn record(&mut self, name: &str, r: Option<CUresult>, size: u64) {
+        let sized = ApiId::from_name(name)
+            .and_then(|id| id.spec())
+            .is_some_and(|sp| sp.size_arg.is_some());
+        self.record_bytes(name, r, if sized { size } else { 0 });
+    }
+
+    /// Records one call of `name` that moved `bytes` (`None`: not exported).
+    fn record_bytes(&mut self, name: &str, r: Option<CUresult>, bytes: u64) {
         let Some(rc) = r else {
             self.missing.insert(name.to_string());
             return;
@@ -138,12 +160,7 @@ impl Recorder {
         let s = self.calls.entry(name.to_string()).or_default();
         s.calls += 1;
         s.errors += u64::from(rc != 0);
-        if ApiId::from_name(name)
-            .and_then(|id| id.spec())
-            .is_some_and(|sp| sp.size_arg.is_some())
-        {
-            s.bytes += size;
-        }
+        s.bytes += bytes;
         *s.codes.entry(rc.to_string()).or_default() += 1;
     }
 }
@@ -189,6 +206,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             size,
         } => latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => launches(&drv, count),
+        Command::Nccl {
+            per_api,
+            bad_datatype,
+        } => nccl_counts(&drv, per_api, bad_datatype),
         Command::ProcAddress {
             symbol,
             cuda_version,
@@ -272,6 +293,47 @@ fn counts(
         }
     }
     print(json!({"pid": std::process::id(), "calls": rec.calls, "missing": rec.missing}));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn nccl_counts(lib: &Driver, per_api: u64, bad_datatype: bool) -> Result<ExitCode, String> {
+    let (version_result, version) = nccl::version(lib);
+    let (unique_id_result, id) = nccl::unique_id(lib);
+    let mut rec = Recorder::default();
+    let mut created = Vec::new();
+    for (j, name) in nccl::traced().enumerate() {
+        if !lib.has(name) {
+            rec.missing.insert(name.to_string());
+            continue;
+        }
+        for i in 0..per_api {
+            let args = nccl::Args::nth(j, i);
+            let o = nccl::call_default(lib, name, id, args)?;
+            rec.record_bytes(name, o.result, if o.data { args.bytes() } else { 0 });
+            created.extend(o.created);
+        }
+    }
+    if bad_datatype {
+        let args = nccl::Args {
+            count: 4096,
+            datatype: 99,
+        };
+        let o = nccl::call_default(lib, "ncclAllReduce", id, args)?;
+        rec.record_bytes("ncclAllReduce", o.result, args.bytes());
+    }
+    let communicators = created.len();
+    for c in created {
+        rec.record_bytes("ncclCommDestroy", nccl::destroy(lib, c), 0);
+    }
+    print(json!({
+        "pid": std::process::id(),
+        "version": version,
+        "version_result": version_result,
+        "unique_id_result": unique_id_result,
+        "communicators_created": communicators,
+        "calls": rec.calls,
+        "missing": rec.missing,
+    }));
     Ok(ExitCode::SUCCESS)
 }
 

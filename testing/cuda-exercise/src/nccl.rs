@@ -203,8 +203,8 @@ pub fn call_default(lib: &Driver, name: &str, id: UniqueId, a: Args) -> Result<O
                     comm,
                     null
                 ),
-                // (buff, count, datatype, peer or root, comm, stream)
-                "ncclSend" | "ncclRecv" | "ncclBcast" => call!(
+                // (buff, count, datatype, peer, comm, stream)
+                "ncclSend" | "ncclRecv" => call!(
                     lib,
                     name,
                     fn(P, usize, c_int, c_int, Comm, P),

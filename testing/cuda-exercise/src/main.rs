@@ -102,6 +102,13 @@ enum Command {
         /// One more ncclAllReduce with datatype 99, which NCCL does not define (0 bytes).
         #[arg(long)]
         bad_datatype: bool,
+        /// Ranks of the communicators asked for (this process is the last rank;
+        /// ncclCommInitAll makes all of them), at most 16.
+        #[arg(long, default_value_t = 1)]
+        nranks: usize,
+        /// Pass the first communicator created (if any) to the collectives instead of NULL.
+        #[arg(long)]
+        use_comm: bool,
     },
     /// Resolve a symbol with cuGetProcAddress(_v2) and print the address next to dlsym's.
     ProcAddress {
@@ -209,7 +216,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::Nccl {
             per_api,
             bad_datatype,
-        } => nccl_counts(&drv, per_api, bad_datatype),
+            nranks,
+            use_comm,
+        } => nccl_counts(&drv, per_api, bad_datatype, nranks, use_comm),
         Command::ProcAddress {
             symbol,
             cuda_version,
@@ -296,7 +305,13 @@ fn counts(
     Ok(ExitCode::SUCCESS)
 }
 
-fn nccl_counts(lib: &Driver, per_api: u64, bad_datatype: bool) -> Result<ExitCode, String> {
+fn nccl_counts(
+    lib: &Driver,
+    per_api: u64,
+    bad_datatype: bool,
+    nranks: usize,
+    use_comm: bool,
+) -> Result<ExitCode, String> {
     let (version_result, version) = nccl::version(lib);
     let (unique_id_result, id) = nccl::unique_id(lib);
     let mut rec = Recorder::default();
@@ -308,7 +323,11 @@ fn nccl_counts(lib: &Driver, per_api: u64, bad_datatype: bool) -> Result<ExitCod
         }
         for i in 0..per_api {
             let args = nccl::Args::nth(j, i);
-            let o = nccl::call_default(lib, name, id, args)?;
+            let comm = match created.first() {
+                Some(&c) if use_comm => c,
+                _ => std::ptr::null_mut(),
+            };
+            let o = nccl::call_default(lib, name, id, args, nranks, comm)?;
             rec.record_bytes(name, o.result, if o.data { args.bytes() } else { 0 });
             created.extend(o.created);
         }
@@ -318,10 +337,14 @@ fn nccl_counts(lib: &Driver, per_api: u64, bad_datatype: bool) -> Result<ExitCod
             count: 4096,
             datatype: 99,
         };
-        let o = nccl::call_default(lib, "ncclAllReduce", id, args)?;
+        let o = nccl::call_default(lib, "ncclAllReduce", id, args, nranks, std::ptr::null_mut())?;
         rec.record_bytes("ncclAllReduce", o.result, args.bytes());
     }
-    let communicators = created.len();
+    let communicators: Vec<String> = created.iter().map(|&c| format!("{c:p}")).collect();
+    let used = match created.first() {
+        Some(&c) if use_comm => Some(format!("{c:p}")),
+        _ => None,
+    };
     for c in created {
         rec.record_bytes("ncclCommDestroy", nccl::destroy(lib, c), 0);
     }
@@ -330,7 +353,9 @@ fn nccl_counts(lib: &Driver, per_api: u64, bad_datatype: bool) -> Result<ExitCod
         "version": version,
         "version_result": version_result,
         "unique_id_result": unique_id_result,
-        "communicators_created": communicators,
+        "communicators_created": communicators.len(),
+        "communicators": communicators,
+        "collectives_comm": used,
         "calls": rec.calls,
         "missing": rec.missing,
     }));

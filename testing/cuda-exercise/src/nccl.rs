@@ -93,15 +93,27 @@ pub struct Outcome {
     pub data: bool,
 }
 
-/// Calls `name` once with harmless arguments: NULL buffers, communicators and streams, a single
-/// rank (1 of 1, rank 0, device list NULL), `args` for count and datatype. `Err` for a name this
-/// program does not know.
-pub fn call_default(lib: &Driver, name: &str, id: UniqueId, a: Args) -> Result<Outcome, String> {
+/// The most ranks `call_default` creates with ncclCommInitAll.
+pub const MAX_RANKS: usize = 16;
+
+/// Calls `name` once with harmless arguments: NULL buffers and streams, `comm` as the
+/// communicator of collectives and point-to-point calls (NULL unless a test's fake NCCL made
+/// one; destroy and abort always get NULL), `nranks` ranks (this process the last one; device
+/// list NULL), `args` for count and datatype. `Err` for a name this program does not know.
+pub fn call_default(
+    lib: &Driver,
+    name: &str,
+    id: UniqueId,
+    a: Args,
+    nranks: usize,
+    comm: Comm,
+) -> Result<Outcome, String> {
     let null: *mut c_void = std::ptr::null_mut();
     let cnull: *const c_void = std::ptr::null();
-    let comm: Comm = std::ptr::null_mut();
+    let nranks = nranks.clamp(1, MAX_RANKS);
+    let (n_ranks, rank) = (nranks as c_int, nranks as c_int - 1);
     let mut out: Comm = std::ptr::null_mut();
-    let mut outs: [Comm; 1] = [std::ptr::null_mut()];
+    let mut outs: [Comm; MAX_RANKS] = [std::ptr::null_mut(); MAX_RANKS];
     let mut ids = [id];
     let (n, d) = (a.count, a.datatype);
     type P = *mut c_void;
@@ -113,18 +125,18 @@ pub fn call_default(lib: &Driver, name: &str, id: UniqueId, a: Args) -> Result<O
             name,
             fn(*mut Comm, c_int, UniqueId, c_int),
             &mut out,
-            1,
+            n_ranks,
             id,
-            0
+            rank
         ),
         "ncclCommInitRankConfig" => call!(
             lib,
             name,
             fn(*mut Comm, c_int, UniqueId, c_int, P),
             &mut out,
-            1,
+            n_ranks,
             id,
-            0,
+            rank,
             null
         ),
         "ncclCommInitAll" => call!(
@@ -132,7 +144,7 @@ pub fn call_default(lib: &Driver, name: &str, id: UniqueId, a: Args) -> Result<O
             name,
             fn(*mut Comm, c_int, *const c_int),
             outs.as_mut_ptr(),
-            1,
+            n_ranks,
             std::ptr::null()
         ),
         "ncclCommInitRankScalable" => call!(
@@ -140,13 +152,16 @@ pub fn call_default(lib: &Driver, name: &str, id: UniqueId, a: Args) -> Result<O
             name,
             fn(*mut Comm, c_int, c_int, c_int, *mut UniqueId, P),
             &mut out,
-            1,
-            0,
+            n_ranks,
+            rank,
             1,
             ids.as_mut_ptr(),
             null
         ),
-        "ncclCommDestroy" | "ncclCommAbort" => call!(lib, name, fn(Comm), comm),
+        // Always NULL: the communicators this program made are destroyed at the end.
+        "ncclCommDestroy" | "ncclCommAbort" => {
+            call!(lib, name, fn(Comm), std::ptr::null_mut())
+        }
         "ncclGroupStart" | "ncclGroupEnd" => call!(lib, name, fn()),
         _ => {
             data = true;
@@ -221,7 +236,11 @@ pub fn call_default(lib: &Driver, name: &str, id: UniqueId, a: Args) -> Result<O
     };
     let mut created = Vec::new();
     if r == Some(0) {
-        created.extend([out, outs[0]].into_iter().filter(|c| !c.is_null()));
+        created.extend(
+            std::iter::once(out)
+                .chain(outs[..nranks].iter().copied())
+                .filter(|c| !c.is_null()),
+        );
     }
     Ok(Outcome {
         result: r,

@@ -21,10 +21,14 @@ pub enum ApiKind {
     Lifecycle = 5,
     /// Memory information queries (intercepted by the limiter, not probed).
     Info = 6,
+    /// NCCL (`libnccl.so.2`): communicator lifecycle, collectives, point-to-point and groups.
+    /// Probed on NCCL libraries only, by the `nccl_*` program pair; see [`NcclArgs`].
+    Nccl = 7,
 }
 
 impl ApiKind {
-    /// Kinds that have an eBPF entry/return program pair.
+    /// Kinds of the CUDA driver API (libcuda) that have an eBPF entry/return program pair.
+    /// NCCL's kind is probed too, on NCCL libraries only: see [`ApiKind::NCCL_PROBED`].
     pub const PROBED: [ApiKind; 6] = [
         ApiKind::Alloc,
         ApiKind::Free,
@@ -33,6 +37,14 @@ impl ApiKind {
         ApiKind::Launch,
         ApiKind::Lifecycle,
     ];
+
+    /// Kinds probed on NCCL libraries.
+    pub const NCCL_PROBED: [ApiKind; 1] = [ApiKind::Nccl];
+
+    /// Whether the kind's entry points live in libnccl (else in libcuda).
+    pub const fn is_nccl(self) -> bool {
+        matches!(self, ApiKind::Nccl)
+    }
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -43,6 +55,7 @@ impl ApiKind {
             ApiKind::Launch => "launch",
             ApiKind::Lifecycle => "lifecycle",
             ApiKind::Info => "info",
+            ApiKind::Nccl => "nccl",
         }
     }
 }
@@ -94,6 +107,8 @@ pub struct ApiSpec {
     /// The argument that holds the byte count, if any.
     pub size_arg: Option<u8>,
     pub effect: MemEffect,
+    /// Where an NCCL call's arguments are ([`NcclArgs::NONE`] for the CUDA driver API).
+    pub nccl: NcclArgs,
 }
 
 const fn spec(
@@ -107,8 +122,150 @@ const fn spec(
         kind,
         size_arg,
         effect,
+        nccl: NcclArgs::NONE,
     }
 }
+
+/// An NCCL entry point: `ncclX`, resolved as `pncclX` where the weak alias is missing.
+const fn nccl(name: &'static str, args: NcclArgs) -> ApiSpec {
+    ApiSpec {
+        name,
+        kind: ApiKind::Nccl,
+        size_arg: None,
+        effect: MemEffect::None,
+        nccl: args,
+    }
+}
+
+/// Where an argument is at a function's first instruction (x86-64 System V): one of the six
+/// integer argument registers, or a stack slot above the return address. A struct larger than
+/// 16 bytes passed by value (NCCL's 128-byte `ncclUniqueId`) goes on the stack and takes no
+/// register, so the integer arguments after it move up one register.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgLoc {
+    Rdi = 0,
+    Rsi = 1,
+    Rdx = 2,
+    Rcx = 3,
+    R8 = 4,
+    R9 = 5,
+    /// The 7th integer argument: `[rsp + 8]` at entry.
+    Stack1 = 6,
+    /// The 8th integer argument: `[rsp + 16]` at entry.
+    Stack2 = 7,
+}
+
+impl ArgLoc {
+    pub const fn from_u8(v: u8) -> Option<ArgLoc> {
+        match v {
+            0 => Some(ArgLoc::Rdi),
+            1 => Some(ArgLoc::Rsi),
+            2 => Some(ArgLoc::Rdx),
+            3 => Some(ArgLoc::Rcx),
+            4 => Some(ArgLoc::R8),
+            5 => Some(ArgLoc::R9),
+            6 => Some(ArgLoc::Stack1),
+            7 => Some(ArgLoc::Stack2),
+            _ => None,
+        }
+    }
+
+    /// The stack slot's offset from `rsp` at entry, for stack arguments.
+    pub const fn stack_offset(self) -> Option<u64> {
+        match self {
+            ArgLoc::Stack1 => Some(8),
+            ArgLoc::Stack2 => Some(16),
+            _ => None,
+        }
+    }
+}
+
+/// What an NCCL call does to communicators, beyond being counted.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclOp {
+    /// A collective, point-to-point or group call.
+    Call = 0,
+    /// Creates one communicator: `ncclComm_t *out` in rdi, `int nranks` in rsi, `int rank` in
+    /// rdx (ncclCommInitRank, ncclCommInitRankConfig, ncclCommInitRankScalable).
+    InitOne = 1,
+    /// `ncclCommInitAll(ncclComm_t *comms /*rdi*/, int ndev /*rsi*/, const int *devlist)`:
+    /// `comms[i]` has rank i of ndev.
+    InitAll = 2,
+    /// Ends the communicator in its comm argument (ncclCommDestroy, ncclCommAbort).
+    Destroy = 3,
+}
+
+impl NcclOp {
+    pub const fn from_u8(v: u8) -> NcclOp {
+        match v {
+            1 => NcclOp::InitOne,
+            2 => NcclOp::InitAll,
+            3 => NcclOp::Destroy,
+            _ => NcclOp::Call,
+        }
+    }
+}
+
+/// Where an NCCL call's element count, datatype and communicator are. Bytes are
+/// `count x size(datatype)` ([`nccl_datatype_size`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NcclArgs {
+    pub count: Option<ArgLoc>,
+    pub datatype: Option<ArgLoc>,
+    pub comm: Option<ArgLoc>,
+    pub op: NcclOp,
+}
+
+impl NcclArgs {
+    pub const NONE: NcclArgs = NcclArgs {
+        count: None,
+        datatype: None,
+        comm: None,
+        op: NcclOp::Call,
+    };
+
+    /// A call on a data buffer: count, datatype and communicator.
+    const fn data(count: ArgLoc, datatype: ArgLoc, comm: ArgLoc) -> NcclArgs {
+        NcclArgs {
+            count: Some(count),
+            datatype: Some(datatype),
+            comm: Some(comm),
+            op: NcclOp::Call,
+        }
+    }
+
+    const fn op(op: NcclOp, comm: Option<ArgLoc>) -> NcclArgs {
+        NcclArgs {
+            count: None,
+            datatype: None,
+            comm,
+            op,
+        }
+    }
+}
+
+/// Number of NCCL datatypes (`ncclNumTypes` in NCCL 2.24-2.28).
+pub const NCCL_NUM_TYPES: u32 = 12;
+
+/// Bytes per element of an `ncclDataType_t`, `None` for values NCCL 2.28 does not define.
+#[inline(always)]
+pub const fn nccl_datatype_size(datatype: u32) -> Option<u64> {
+    match datatype {
+        // ncclInt8, ncclUint8, ncclFloat8e4m3, ncclFloat8e5m2
+        0 | 1 | 10 | 11 => Some(1),
+        // ncclFloat16, ncclBfloat16
+        6 | 9 => Some(2),
+        // ncclInt32, ncclUint32, ncclFloat32
+        2 | 3 | 7 => Some(4),
+        // ncclInt64, ncclUint64, ncclFloat64
+        4 | 5 | 8 => Some(8),
+        _ => None,
+    }
+}
+
+use ArgLoc as L;
 
 use ApiKind::*;
 use MemEffect as E;
@@ -195,6 +352,74 @@ pub const APIS: &[ApiSpec] = &[
     spec("cuMemcpyBatchAsync_v2_ptsz", Copy, None, E::None),
     spec("cuLaunchHostFunc", Launch, None, E::None),
     spec("cuLaunchHostFunc_ptsz", Launch, None, E::None),
+    // NCCL (ids 68..), from nccl.h of NCCL 2.28 (all return ncclResult_t; ncclSuccess = 0).
+    // Registers are x86-64 SysV at the first instruction; `[rsp+8]` is the 7th integer argument.
+    // ncclCommInitRank(ncclComm_t* comm /*rdi*/, int nranks /*rsi*/, ncclUniqueId commId
+    //   /*128 bytes by value: stack, no register*/, int rank /*rdx*/)
+    nccl("ncclCommInitRank", NcclArgs::op(NcclOp::InitOne, None)),
+    // ncclCommInitRankConfig(ncclComm_t* comm /*rdi*/, int nranks /*rsi*/, ncclUniqueId commId
+    //   /*stack*/, int rank /*rdx*/, ncclConfig_t* config /*rcx*/): what PyTorch calls.
+    nccl(
+        "ncclCommInitRankConfig",
+        NcclArgs::op(NcclOp::InitOne, None),
+    ),
+    // ncclCommInitAll(ncclComm_t* comms /*rdi*/, int ndev /*rsi*/, const int* devlist /*rdx*/)
+    nccl("ncclCommInitAll", NcclArgs::op(NcclOp::InitAll, None)),
+    // ncclCommInitRankScalable(ncclComm_t* newcomm /*rdi*/, int nranks /*rsi*/, int myrank
+    //   /*rdx*/, int nId /*rcx*/, ncclUniqueId* commIds /*r8*/, ncclConfig_t* config /*r9*/)
+    nccl(
+        "ncclCommInitRankScalable",
+        NcclArgs::op(NcclOp::InitOne, None),
+    ),
+    // ncclCommDestroy(ncclComm_t comm /*rdi*/), ncclCommAbort(ncclComm_t comm /*rdi*/)
+    nccl(
+        "ncclCommDestroy",
+        NcclArgs::op(NcclOp::Destroy, Some(L::Rdi)),
+    ),
+    nccl("ncclCommAbort", NcclArgs::op(NcclOp::Destroy, Some(L::Rdi))),
+    // ncclAllReduce(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
+    //   ncclDataType_t datatype /*rcx*/, ncclRedOp_t op /*r8*/, ncclComm_t comm /*r9*/,
+    //   cudaStream_t stream /*[rsp+8]*/)
+    nccl("ncclAllReduce", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    // ncclAllGather(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t sendcount
+    //   /*rdx*/, ncclDataType_t datatype /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream
+    //   /*r9*/): bytes are what each rank sends.
+    nccl("ncclAllGather", NcclArgs::data(L::Rdx, L::Rcx, L::R8)),
+    // ncclReduceScatter(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t recvcount
+    //   /*rdx*/, ncclDataType_t datatype /*rcx*/, ncclRedOp_t op /*r8*/, ncclComm_t comm /*r9*/,
+    //   cudaStream_t stream /*[rsp+8]*/): bytes are what each rank receives.
+    nccl("ncclReduceScatter", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    // ncclBroadcast(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
+    //   ncclDataType_t datatype /*rcx*/, int root /*r8*/, ncclComm_t comm /*r9*/,
+    //   cudaStream_t stream /*[rsp+8]*/)
+    nccl("ncclBroadcast", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    // ncclReduce(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
+    //   ncclDataType_t datatype /*rcx*/, ncclRedOp_t op /*r8*/, int root /*r9*/, ncclComm_t comm
+    //   /*[rsp+8]*/, cudaStream_t stream /*[rsp+16]*/)
+    nccl("ncclReduce", NcclArgs::data(L::Rdx, L::Rcx, L::Stack1)),
+    // ncclSend(const void* sendbuff /*rdi*/, size_t count /*rsi*/, ncclDataType_t datatype
+    //   /*rdx*/, int peer /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream /*r9*/)
+    nccl("ncclSend", NcclArgs::data(L::Rsi, L::Rdx, L::R8)),
+    // ncclRecv(void* recvbuff /*rdi*/, size_t count /*rsi*/, ncclDataType_t datatype /*rdx*/,
+    //   int peer /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream /*r9*/)
+    nccl("ncclRecv", NcclArgs::data(L::Rsi, L::Rdx, L::R8)),
+    // ncclGroupStart(void), ncclGroupEnd(void)
+    nccl("ncclGroupStart", NcclArgs::NONE),
+    nccl("ncclGroupEnd", NcclArgs::NONE),
+    // ncclAlltoAll(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
+    //   ncclDataType_t datatype /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream /*r9*/)
+    //   (new in 2.28; spelled "Allto", not "AllTo")
+    nccl("ncclAlltoAll", NcclArgs::data(L::Rdx, L::Rcx, L::R8)),
+    // ncclGather(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
+    //   ncclDataType_t datatype /*rcx*/, int root /*r8*/, ncclComm_t comm /*r9*/,
+    //   cudaStream_t stream /*[rsp+8]*/)
+    nccl("ncclGather", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    // ncclScatter: as ncclGather.
+    nccl("ncclScatter", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    // Not traced: ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+    //   ncclComm_t comm, cudaStream_t stream), which PyTorch's broadcast calls. NCCL implements
+    //   it as ncclBroadcast(buff, buff, ...), so the probe on ncclBroadcast counts it once;
+    //   probing both would count it twice.
 ];
 
 /// Number of entries in [`APIS`]. Region shards reserve room for [`API_SLOTS`] so the table can grow
@@ -236,6 +461,9 @@ impl ApiId {
 /// sits on, so that one program serves a whole [`ApiKind`].
 ///
 /// Bits 0..16: api id; 16..20: size argument index + 1 (0 = none); 20..24: [`MemEffect`].
+/// NCCL ([`NcclArgs`], zero for the CUDA driver API): 24..28: count [`ArgLoc`] + 1 (0 = none);
+/// 28..32: datatype `ArgLoc` + 1; 32..36: communicator `ArgLoc` + 1; 36..40: [`NcclOp`].
+/// Bits 40..64 are free.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeCookie(pub u64);
@@ -252,9 +480,67 @@ impl ProbeCookie {
         ProbeCookie(api as u64 | (size << 16) | ((effect as u64 & 0xf) << 20))
     }
 
+    /// Adds where an NCCL call's arguments are.
+    pub const fn with_nccl(self, args: NcclArgs) -> ProbeCookie {
+        const fn loc(l: Option<ArgLoc>) -> u64 {
+            match l {
+                Some(l) => (l as u64 & 0x7) + 1,
+                None => 0,
+            }
+        }
+        ProbeCookie(
+            self.0
+                | (loc(args.count) << 24)
+                | (loc(args.datatype) << 28)
+                | (loc(args.comm) << 32)
+                | ((args.op as u64 & 0xf) << 36),
+        )
+    }
+
     pub fn for_api(id: ApiId) -> Option<ProbeCookie> {
         id.spec()
-            .map(|s| ProbeCookie::new(id.0, s.size_arg, s.effect))
+            .map(|s| ProbeCookie::new(id.0, s.size_arg, s.effect).with_nccl(s.nccl))
+    }
+
+    #[inline(always)]
+    const fn loc_at(self, shift: u32) -> Option<ArgLoc> {
+        match (self.0 >> shift) & 0xf {
+            0 => None,
+            n => ArgLoc::from_u8((n - 1) as u8),
+        }
+    }
+
+    /// Where an NCCL call's element count is.
+    #[inline(always)]
+    pub const fn nccl_count(self) -> Option<ArgLoc> {
+        self.loc_at(24)
+    }
+
+    /// Where an NCCL call's `ncclDataType_t` is.
+    #[inline(always)]
+    pub const fn nccl_datatype(self) -> Option<ArgLoc> {
+        self.loc_at(28)
+    }
+
+    /// Where an NCCL call's `ncclComm_t` is.
+    #[inline(always)]
+    pub const fn nccl_comm(self) -> Option<ArgLoc> {
+        self.loc_at(32)
+    }
+
+    #[inline(always)]
+    pub const fn nccl_op(self) -> NcclOp {
+        NcclOp::from_u8(((self.0 >> 36) & 0xf) as u8)
+    }
+
+    /// All NCCL argument locations at once.
+    pub const fn nccl_args(self) -> NcclArgs {
+        NcclArgs {
+            count: self.nccl_count(),
+            datatype: self.nccl_datatype(),
+            comm: self.nccl_comm(),
+            op: self.nccl_op(),
+        }
     }
 
     #[inline(always)]
@@ -300,7 +586,91 @@ mod tests {
             assert_eq!(c.api(), id.0);
             assert_eq!(c.size_arg(), s.size_arg);
             assert_eq!(c.effect(), s.effect);
+            assert_eq!(c.nccl_args(), s.nccl);
         }
+    }
+
+    #[test]
+    fn cuda_cookies_keep_their_bits() {
+        // The CUDA kinds' cookies are what they were before NCCL: nothing above bit 24.
+        for id in ApiId::all() {
+            let s = id.spec().unwrap();
+            let c = ProbeCookie::for_api(id).unwrap();
+            if s.kind.is_nccl() {
+                assert_eq!(s.size_arg, None, "{}", s.name);
+                assert_eq!(s.effect, MemEffect::None, "{}", s.name);
+            } else {
+                assert_eq!(c.0 >> 24, 0, "{}", s.name);
+                assert_eq!(s.nccl, NcclArgs::NONE, "{}", s.name);
+            }
+        }
+        let alloc = ApiId::from_name("cuMemAlloc_v2").unwrap();
+        assert_eq!(ProbeCookie::for_api(alloc).unwrap().0, 0x0012_0000);
+    }
+
+    #[test]
+    fn nccl_cookie_encoding_is_pinned() {
+        let c = |name| ProbeCookie::for_api(ApiId::from_name(name).unwrap()).unwrap();
+        // ncclAllReduce: id 74, count rdx (2+1), datatype rcx (3+1), comm r9 (5+1), op Call.
+        let ar = c("ncclAllReduce");
+        assert_eq!(ar.api(), 74);
+        assert_eq!(ar.0, 74 | (3 << 24) | (4 << 28) | (6 << 32));
+        assert_eq!(ar.nccl_count(), Some(ArgLoc::Rdx));
+        assert_eq!(ar.nccl_datatype(), Some(ArgLoc::Rcx));
+        assert_eq!(ar.nccl_comm(), Some(ArgLoc::R9));
+        // ncclReduce's comm is the 7th argument, on the stack at [rsp+8].
+        let r = c("ncclReduce");
+        assert_eq!(r.nccl_comm(), Some(ArgLoc::Stack1));
+        assert_eq!(r.0 >> 32 & 0xf, 7);
+        assert_eq!(ArgLoc::Stack1.stack_offset(), Some(8));
+        assert_eq!(ArgLoc::Stack2.stack_offset(), Some(16));
+        assert_eq!(ArgLoc::R9.stack_offset(), None);
+        // Send/Recv: count rsi, datatype rdx, comm r8.
+        for name in ["ncclSend", "ncclRecv"] {
+            let a = c(name).nccl_args();
+            assert_eq!(
+                (a.count, a.datatype, a.comm),
+                (Some(ArgLoc::Rsi), Some(ArgLoc::Rdx), Some(ArgLoc::R8)),
+                "{name}"
+            );
+        }
+        // Communicator creation: op in bits 36..40, no count/datatype/comm location.
+        let init = c("ncclCommInitRank");
+        assert_eq!(init.0, 68 | (1 << 36));
+        assert_eq!(c("ncclCommInitRankConfig").nccl_op(), NcclOp::InitOne);
+        assert_eq!(c("ncclCommInitAll").nccl_op(), NcclOp::InitAll);
+        let d = c("ncclCommDestroy");
+        assert_eq!(
+            (d.nccl_op(), d.nccl_comm()),
+            (NcclOp::Destroy, Some(ArgLoc::Rdi))
+        );
+        assert_eq!(c("ncclGroupEnd").0 >> 16, 0);
+    }
+
+    #[test]
+    fn nccl_ids_are_appended_and_within_the_reserved_slots() {
+        let first = ApiId::from_name("ncclCommInitRank").unwrap().0 as usize;
+        assert_eq!(first, 68);
+        assert!(APIS[..first].iter().all(|a| !a.kind.is_nccl()));
+        assert!(APIS[first..].iter().all(|a| a.kind == ApiKind::Nccl));
+        assert_eq!(ApiId::from_name("ncclScatter").unwrap().0, 85);
+        assert_eq!(API_COUNT, 86);
+        assert_eq!(
+            ApiId::from_name("ncclBcast"),
+            None,
+            "counted as ncclBroadcast"
+        );
+    }
+
+    #[test]
+    fn nccl_datatype_sizes() {
+        let want = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1];
+        for (dt, size) in want.iter().enumerate() {
+            assert_eq!(nccl_datatype_size(dt as u32), Some(*size), "datatype {dt}");
+        }
+        assert_eq!(want.len() as u32, NCCL_NUM_TYPES);
+        assert_eq!(nccl_datatype_size(NCCL_NUM_TYPES), None);
+        assert_eq!(nccl_datatype_size(u32::MAX), None);
     }
 
     #[test]

@@ -92,6 +92,62 @@ pub struct LiveMem {
     pub allocations: u64,
 }
 
+/// NCCL aggregation key: one row per (cgroup, process, API, communicator).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NcclStatsKey {
+    /// cgroup v2 id at the time of the call.
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub api: u16,
+    pub _pad: u16,
+    /// The `ncclComm_t` the call named (for a successful ncclCommInitRank*, the communicator it
+    /// created); 0 for group calls, ncclCommInitAll and calls that named no communicator.
+    pub comm: u64,
+}
+
+/// An NCCL call in flight on one thread (keyed by [`InflightKey`] in its own map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NcclInflight {
+    pub start_ns: u64,
+    /// `count x size(datatype)`; 0 where the datatype is unknown.
+    pub bytes: u64,
+    /// The communicator argument.
+    pub comm: u64,
+    /// ncclCommInit*: the `ncclComm_t *` out-pointer (an array for ncclCommInitAll).
+    pub out_ptr: u64,
+    /// ncclCommInit*: number of ranks (ncclCommInitAll: ndev).
+    pub nranks: u32,
+    /// ncclCommInitRank*: this process's rank.
+    pub rank: u32,
+}
+
+/// A communicator of a process: (process, `ncclComm_t`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NcclCommKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub comm: u64,
+}
+
+/// What the successful ncclCommInit* call that created a communicator said about it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NcclCommInfo {
+    pub rank: u32,
+    pub nranks: u32,
+    /// The API id that created it.
+    pub init_api: u16,
+    /// 1 once ncclCommDestroy or ncclCommAbort succeeded on it.
+    pub destroyed: u16,
+    pub _pad: u32,
+}
+
+/// How many entries of ncclCommInitAll's `comms` array the return probe reads (a bounded loop).
+pub const NCCL_INIT_ALL_MAX: u32 = 8;
+
 /// Indices of the per-CPU health counters (map `HEALTH`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,10 +165,14 @@ pub enum Health {
     FreeUnknown = 4,
     /// Reading user memory (an out-pointer) failed.
     UserReadFailed = 5,
+    /// An NCCL call named a datatype that NCCL 2.28 does not define: counted with 0 bytes.
+    NcclUnknownDatatype = 6,
+    /// An NCCL aggregation row or communicator entry could not be created (map full).
+    NcclDropped = 7,
 }
 
 impl Health {
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 8;
     pub const ALL: [Health; Health::COUNT as usize] = [
         Health::InflightDropped,
         Health::ReturnWithoutEntry,
@@ -120,6 +180,8 @@ impl Health {
         Health::StatsDropped,
         Health::FreeUnknown,
         Health::UserReadFailed,
+        Health::NcclUnknownDatatype,
+        Health::NcclDropped,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -130,6 +192,8 @@ impl Health {
             Health::StatsDropped => "stats_dropped",
             Health::FreeUnknown => "free_unknown",
             Health::UserReadFailed => "user_read_failed",
+            Health::NcclUnknownDatatype => "nccl_unknown_datatype",
+            Health::NcclDropped => "nccl_dropped",
         }
     }
 }
@@ -139,6 +203,9 @@ pub const STATS_MAX_ENTRIES: u32 = 16_384;
 pub const INFLIGHT_MAX_ENTRIES: u32 = 16_384;
 pub const ALLOCS_MAX_ENTRIES: u32 = 262_144;
 pub const LIVE_MAX_ENTRIES: u32 = 16_384;
+pub const NCCL_STATS_MAX_ENTRIES: u32 = 16_384;
+pub const NCCL_INFLIGHT_MAX_ENTRIES: u32 = 16_384;
+pub const NCCL_COMMS_MAX_ENTRIES: u32 = 4_096;
 
 const _: () = {
     assert!(core::mem::size_of::<StatsKey>() == 16);
@@ -148,6 +215,10 @@ const _: () = {
     assert!(core::mem::size_of::<AllocKey>() == 16);
     assert!(core::mem::size_of::<AllocVal>() == 16);
     assert!(core::mem::size_of::<LiveMem>() == 16);
+    assert!(core::mem::size_of::<NcclStatsKey>() == 24);
+    assert!(core::mem::size_of::<NcclInflight>() == 40);
+    assert!(core::mem::size_of::<NcclCommKey>() == 16);
+    assert!(core::mem::size_of::<NcclCommInfo>() == 16);
 };
 
 #[cfg(feature = "user")]
@@ -168,4 +239,12 @@ mod pod {
     unsafe impl aya::Pod for AllocVal {}
     // SAFETY: as above.
     unsafe impl aya::Pod for LiveMem {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for NcclStatsKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for NcclInflight {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for NcclCommKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for NcclCommInfo {}
 }

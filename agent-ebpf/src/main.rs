@@ -6,6 +6,11 @@
 //! freed address are, so the programs are generic. Aggregation happens here, in the kernel: per
 //! (cgroup, process, API) call and error counts, bytes and a log2 latency histogram, plus live
 //! device memory per process. Userspace only reads the maps.
+//!
+//! NCCL (`libnccl.so.2`) has its own pair (`nccl_*`): its cookie also says where the element
+//! count, datatype and communicator are (a register or a stack slot), and calls are aggregated
+//! per (cgroup, process, API, communicator) in `NCCL_STATS`; communicators created by a
+//! successful ncclCommInit* call are recorded with their rank and size in `NCCL_COMMS`.
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -13,11 +18,13 @@
 
 use agent_common::{
     MemEffect, ProbeCookie,
-    api::{ALLOC_SPACE_HANDLE, ALLOC_SPACE_PTR},
+    api::{ALLOC_SPACE_HANDLE, ALLOC_SPACE_PTR, ArgLoc, NcclOp, nccl_datatype_size},
     hist::{HIST_BUCKETS, bucket_of},
     maps::{
         ALLOCS_MAX_ENTRIES, AllocKey, AllocVal, ApiStats, Health, INFLIGHT_MAX_ENTRIES, Inflight,
-        InflightKey, LIVE_MAX_ENTRIES, LiveMem, STATS_MAX_ENTRIES, StatsKey,
+        InflightKey, LIVE_MAX_ENTRIES, LiveMem, NCCL_COMMS_MAX_ENTRIES, NCCL_INFLIGHT_MAX_ENTRIES,
+        NCCL_INIT_ALL_MAX, NCCL_STATS_MAX_ENTRIES, NcclCommInfo, NcclCommKey, NcclInflight,
+        NcclStatsKey, STATS_MAX_ENTRIES, StatsKey,
     },
 };
 use aya_ebpf::{
@@ -54,6 +61,22 @@ static LIVE: HashMap<u32, LiveMem> = HashMap::with_max_entries(LIVE_MAX_ENTRIES,
 /// Per-CPU counters of everything lost or inconsistent, indexed by [`Health`].
 #[map]
 static HEALTH: PerCpuArray<u64> = PerCpuArray::with_max_entries(Health::COUNT, 0);
+
+/// Aggregated NCCL calls per (cgroup, process, API, communicator).
+#[map]
+static NCCL_STATS: LruHashMap<NcclStatsKey, ApiStats> =
+    LruHashMap::with_max_entries(NCCL_STATS_MAX_ENTRIES, 0);
+
+/// NCCL calls in flight, per thread and API.
+#[map]
+static NCCL_INFLIGHT: LruHashMap<InflightKey, NcclInflight> =
+    LruHashMap::with_max_entries(NCCL_INFLIGHT_MAX_ENTRIES, 0);
+
+/// Communicators created by successful ncclCommInit* calls, per process. LRU: communicators of
+/// long-gone processes make room.
+#[map]
+static NCCL_COMMS: LruHashMap<NcclCommKey, NcclCommInfo> =
+    LruHashMap::with_max_entries(NCCL_COMMS_MAX_ENTRIES, 0);
 
 /// A zeroed row to insert from: a 344-byte value does not fit the eBPF stack budget comfortably.
 static ZERO_STATS: ApiStats = ApiStats::ZERO;
@@ -305,7 +328,12 @@ fn on_return(ctx: &RetProbeContext) {
         count(Health::StatsDropped);
         return;
     };
-    let latency = now.saturating_sub(rec.start_ns);
+    account(row, ok, bytes, now.saturating_sub(rec.start_ns));
+}
+
+/// Adds one call to an aggregation row.
+#[inline(always)]
+fn account(row: *mut ApiStats, ok: bool, bytes: u64, latency: u64) {
     let bucket = bucket_of(latency);
     // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
     unsafe {
@@ -321,27 +349,210 @@ fn on_return(ctx: &RetProbeContext) {
     }
 }
 
+/// The six integer argument registers (rdi, rsi, rdx, rcx, r8, r9) and rsp, at entry.
+#[inline(always)]
+fn regs_and_sp(ctx: &ProbeContext) -> ([u64; 6], u64) {
+    let regs = ctx.regs;
+    // SAFETY: `regs` is the pt_regs context the kernel passed to this program; each field is read
+    // at a constant offset, which the verifier allows.
+    unsafe {
+        (
+            [
+                core::ptr::read_volatile(&raw const (*regs).rdi),
+                core::ptr::read_volatile(&raw const (*regs).rsi),
+                core::ptr::read_volatile(&raw const (*regs).rdx),
+                core::ptr::read_volatile(&raw const (*regs).rcx),
+                core::ptr::read_volatile(&raw const (*regs).r8),
+                core::ptr::read_volatile(&raw const (*regs).r9),
+            ],
+            core::ptr::read_volatile(&raw const (*regs).rsp),
+        )
+    }
+}
+
+/// An argument at the function's first instruction: a register, or a stack slot above the
+/// return address (read from user memory; 0 if that fails).
+#[inline(always)]
+fn arg_at(regs: &[u64; 6], sp: u64, loc: ArgLoc) -> u64 {
+    match loc {
+        ArgLoc::Rdi => regs[0],
+        ArgLoc::Rsi => regs[1],
+        ArgLoc::Rdx => regs[2],
+        ArgLoc::Rcx => regs[3],
+        ArgLoc::R8 => regs[4],
+        ArgLoc::R9 => regs[5],
+        ArgLoc::Stack1 => read_user_u64(sp.wrapping_add(8)).unwrap_or(0),
+        ArgLoc::Stack2 => read_user_u64(sp.wrapping_add(16)).unwrap_or(0),
+    }
+}
+
+#[inline(always)]
+fn on_nccl_entry(ctx: &ProbeContext) {
+    let cookie = cookie_of(ctx);
+    let key = InflightKey {
+        pid_tgid: bpf_get_current_pid_tgid(),
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    let (regs, sp) = regs_and_sp(ctx);
+    let mut rec = NcclInflight {
+        start_ns: 0,
+        bytes: 0,
+        comm: 0,
+        out_ptr: 0,
+        nranks: 0,
+        rank: 0,
+    };
+    if let (Some(c), Some(d)) = (cookie.nccl_count(), cookie.nccl_datatype()) {
+        let elements = arg_at(&regs, sp, c);
+        // ncclDataType_t is a C enum (int): only the low 32 bits are defined.
+        match nccl_datatype_size(arg_at(&regs, sp, d) as u32) {
+            Some(size) => rec.bytes = elements.wrapping_mul(size),
+            None => count(Health::NcclUnknownDatatype),
+        }
+    }
+    if let Some(l) = cookie.nccl_comm() {
+        rec.comm = arg_at(&regs, sp, l);
+    }
+    match cookie.nccl_op() {
+        NcclOp::InitOne => {
+            rec.out_ptr = regs[0];
+            rec.nranks = regs[1] as u32;
+            rec.rank = regs[2] as u32;
+        }
+        NcclOp::InitAll => {
+            rec.out_ptr = regs[0];
+            rec.nranks = regs[1] as u32;
+        }
+        NcclOp::Call | NcclOp::Destroy => {}
+    }
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    rec.start_ns = unsafe { bpf_ktime_get_ns() };
+    if NCCL_INFLIGHT.insert(&key, &rec, BPF_ANY as u64).is_err() {
+        count(Health::InflightDropped);
+    }
+}
+
+#[inline(always)]
+fn comm_created(tgid: u32, comm: u64, rank: u32, nranks: u32, api: u16) {
+    let key = NcclCommKey {
+        tgid,
+        _pad: 0,
+        comm,
+    };
+    let info = NcclCommInfo {
+        rank,
+        nranks,
+        init_api: api,
+        destroyed: 0,
+        _pad: 0,
+    };
+    if NCCL_COMMS.insert(&key, &info, BPF_ANY as u64).is_err() {
+        count(Health::NcclDropped);
+    }
+}
+
+#[inline(always)]
+fn on_nccl_return(ctx: &RetProbeContext) {
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cookie = cookie_of(ctx);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let key = InflightKey {
+        pid_tgid,
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    // SAFETY: the record is copied out before the entry is removed.
+    let Some(rec) = (unsafe { NCCL_INFLIGHT.get(&key) }).copied() else {
+        count(Health::ReturnWithoutEntry);
+        return;
+    };
+    let _ = NCCL_INFLIGHT.remove(&key);
+
+    let tgid = (pid_tgid >> 32) as u32;
+    // ncclResult_t is a C enum: only the low 32 bits of rax are defined; ncclSuccess is 0.
+    let ok = ctx.ret::<u64>() as u32 == 0;
+    let api = cookie.api();
+    let mut comm = rec.comm;
+    match cookie.nccl_op() {
+        NcclOp::InitOne if ok => {
+            if let Some(c) = read_user_u64(rec.out_ptr) {
+                comm = c;
+                comm_created(tgid, c, rec.rank, rec.nranks, api);
+            }
+        }
+        NcclOp::InitAll if ok => {
+            for i in 0..NCCL_INIT_ALL_MAX {
+                if i >= rec.nranks {
+                    break;
+                }
+                if let Some(c) = read_user_u64(rec.out_ptr.wrapping_add(8 * i as u64))
+                    && c != 0
+                {
+                    comm_created(tgid, c, i, rec.nranks, api);
+                }
+            }
+        }
+        NcclOp::Destroy if ok => {
+            let ckey = NcclCommKey {
+                tgid,
+                _pad: 0,
+                comm,
+            };
+            if let Some(info) = NCCL_COMMS.get_ptr_mut(&ckey) {
+                // SAFETY: a live map value; a racing writer can only store the same 1.
+                unsafe { core::ptr::write_volatile(&raw mut (*info).destroyed, 1) };
+            }
+        }
+        _ => {}
+    }
+
+    // SAFETY: reads the current task's cgroup id; no memory is touched.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let skey = NcclStatsKey {
+        cgroup_id,
+        tgid,
+        api,
+        _pad: 0,
+        comm,
+    };
+    let mut row = NCCL_STATS.get_ptr_mut(&skey);
+    if row.is_none() {
+        let _ = NCCL_STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
+        row = NCCL_STATS.get_ptr_mut(&skey);
+    }
+    let Some(row) = row else {
+        count(Health::NcclDropped);
+        return;
+    };
+    account(row, ok, rec.bytes, now.saturating_sub(rec.start_ns));
+}
+
 /// Declares the entry/return pair of one API kind in both attach flavours.
 macro_rules! kind_programs {
     ($entry:ident, $ret:ident, $entry_multi:ident, $ret_multi:ident) => {
+        kind_programs!($entry, $ret, $entry_multi, $ret_multi; on_entry, on_return);
+    };
+    ($entry:ident, $ret:ident, $entry_multi:ident, $ret_multi:ident; $on_entry:ident, $on_return:ident) => {
         #[uprobe]
         pub fn $entry(ctx: ProbeContext) -> u32 {
-            on_entry(&ctx);
+            $on_entry(&ctx);
             0
         }
         #[uretprobe]
         pub fn $ret(ctx: RetProbeContext) -> u32 {
-            on_return(&ctx);
+            $on_return(&ctx);
             0
         }
         #[uprobe(multi)]
         pub fn $entry_multi(ctx: ProbeContext) -> u32 {
-            on_entry(&ctx);
+            $on_entry(&ctx);
             0
         }
         #[uretprobe(multi)]
         pub fn $ret_multi(ctx: RetProbeContext) -> u32 {
-            on_return(&ctx);
+            $on_return(&ctx);
             0
         }
     };
@@ -367,6 +578,14 @@ kind_programs!(
     lifecycle_return,
     lifecycle_entry_multi,
     lifecycle_return_multi
+);
+kind_programs!(
+    nccl_entry,
+    nccl_return,
+    nccl_entry_multi,
+    nccl_return_multi;
+    on_nccl_entry,
+    on_nccl_return
 );
 // The agent's own calibration target (see agent/src/probes/calibrate.rs).
 kind_programs!(

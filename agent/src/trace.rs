@@ -7,7 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::maps::{ApiStats, Health, LiveMem, StatsKey};
+use agent_common::maps::{
+    ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey, StatsKey,
+};
 
 use crate::{
     discovery::{self, Discovery, FileId, LibraryFile, LibraryKind},
@@ -47,6 +49,8 @@ pub struct TraceOptions {
 pub struct RawReading {
     pub stats: Vec<(StatsKey, ApiStats)>,
     pub live: Vec<(u32, LiveMem)>,
+    pub nccl_stats: Vec<(NcclStatsKey, ApiStats)>,
+    pub nccl_comms: Vec<(NcclCommKey, NcclCommInfo)>,
     pub health: [u64; Health::COUNT as usize],
 }
 
@@ -105,6 +109,11 @@ impl Tracer {
                  no NVIDIA driver here? Watching processes for one"
                     .into(),
             ),
+        }
+        // The host's NCCL, if it has one (silently: most NCCL users bring their own copy, which
+        // the process scan finds).
+        if let Some(lib) = discovery::host_library(&t.opts.host, LibraryKind::Nccl) {
+            initial.push(lib);
         }
         for lib in initial {
             t.attach(lib);
@@ -286,6 +295,8 @@ impl Tracer {
         Ok(RawReading {
             stats: self.probes.read_stats()?,
             live: self.probes.read_live()?,
+            nccl_stats: self.probes.read_nccl_stats()?,
+            nccl_comms: self.probes.read_nccl_comms()?,
             health: self.probes.read_health()?,
         })
     }

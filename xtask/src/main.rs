@@ -59,13 +59,19 @@ fn build(release: bool) -> Result<()> {
     util::run(&mut c)
 }
 
-/// Environment that tests read: where the real driver library is, and whether privileged tests
-/// must run (as root they may not skip).
+/// Environment that tests read: where the real driver and NCCL libraries are, and whether
+/// privileged tests must run (as root they may not skip).
 pub fn test_env() -> Vec<(String, String)> {
-    let mut v = vec![(
-        "VGPU_TEST_LIBCUDA".to_string(),
-        setup::test_libcuda().display().to_string(),
-    )];
+    let mut v = vec![
+        (
+            "VGPU_TEST_LIBCUDA".to_string(),
+            setup::test_libcuda().display().to_string(),
+        ),
+        (
+            "VGPU_TEST_LIBNCCL".to_string(),
+            setup::test_libnccl().display().to_string(),
+        ),
+    ];
     if util::is_root() {
         v.push(("VGPU_REQUIRE_PRIVILEGED".into(), "1".into()));
     }

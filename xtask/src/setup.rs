@@ -1,5 +1,5 @@
-//! `cargo xtask setup`: toolchains, Debian packages, bpf-linker and the NVIDIA driver libraries
-//! that the tests use. Each step checks first and does nothing when its result is present.
+//! `cargo xtask setup`: toolchains, Debian packages, bpf-linker and the NVIDIA driver and NCCL
+//! libraries that the tests use. Each step checks first and does nothing when its result is present.
 
 use std::{
     fs,
@@ -29,6 +29,7 @@ const DEB_PACKAGES: &[&str] = &[
     "binutils",
     "gcc",
     "python3",
+    "python3-pip",
     "ca-certificates",
 ];
 
@@ -52,6 +53,17 @@ Components: non-free
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 ";
 
+/// NCCL from PyPI's `nvidia-nccl-cu12` wheel, the same NCCL as on the GPU machine (2.28.3, also
+/// what PyTorch's environment there loads). A wheel is a zip: only `libnccl.so.2` is kept.
+const NCCL_WHEEL: &str = "nvidia-nccl-cu12";
+pub const NCCL_VERSION: &str = "2.28.3";
+const TEST_NCCL_DIR: &str = "/opt/vgpu-agent/test-nccl";
+
+/// The real libnccl.so.2 that tests probe.
+pub fn test_libnccl() -> PathBuf {
+    Path::new(TEST_NCCL_DIR).join("libnccl.so.2")
+}
+
 /// The unpacked real libcuda that tests probe.
 pub fn test_libcuda() -> PathBuf {
     Path::new(TEST_DRIVER_DIR).join("libcuda.so.1")
@@ -63,6 +75,7 @@ pub fn run() -> Result<()> {
     let apt_updated = debian_packages()?;
     bpf_linker()?;
     nvidia_test_driver(apt_updated)?;
+    nccl_test_library()?;
     eprintln!(
         "setup: everything present ({:.1}s)",
         started.elapsed().as_secs_f64()
@@ -256,6 +269,58 @@ fn nvidia_test_driver(apt_updated: bool) -> Result<()> {
             NVIDIA_DEBS.join(" ")
         );
     }
+    Ok(())
+}
+
+fn nccl_test_library() -> Result<()> {
+    let version_file = Path::new(TEST_NCCL_DIR).join("VERSION");
+    if test_libnccl().is_file()
+        && fs::read_to_string(&version_file).is_ok_and(|v| v.trim() == NCCL_VERSION)
+    {
+        return Ok(());
+    }
+    require_root(&format!("unpack NCCL {NCCL_VERSION} into {TEST_NCCL_DIR}"))?;
+    let work = std::env::temp_dir().join(format!("vgpu-agent-nccl-{}", std::process::id()));
+    fs::create_dir_all(&work)?;
+    eprintln!("setup: downloading {NCCL_WHEEL}=={NCCL_VERSION} from PyPI (about 300 MB)");
+    let mut dl = cmd(
+        "python3",
+        [
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+        ],
+    );
+    dl.arg(format!("{NCCL_WHEEL}=={NCCL_VERSION}"))
+        .arg("-d")
+        .arg(&work);
+    util::run(&mut dl).context(
+        "downloading the NCCL wheel failed: is pypi.org reachable (python3-pip needed)?",
+    )?;
+    let wheel = fs::read_dir(&work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .context("pip download left no wheel")?;
+    fs::create_dir_all(TEST_NCCL_DIR)?;
+    // Extract next to the destination, then rename: a half-written library is never in place.
+    let partial = Path::new(TEST_NCCL_DIR).join("libnccl.so.2.partial");
+    let script = "import shutil, sys, zipfile\n\
+                  with zipfile.ZipFile(sys.argv[1]) as z, z.open('nvidia/nccl/lib/libnccl.so.2') as src, open(sys.argv[2], 'wb') as dst:\n    \
+                  shutil.copyfileobj(src, dst)\n";
+    util::run(cmd("python3", ["-c", script]).arg(&wheel).arg(&partial))
+        .context("extracting libnccl.so.2 from the wheel")?;
+    let mut head = [0u8; 4];
+    std::io::Read::read_exact(&mut fs::File::open(&partial)?, &mut head)?;
+    if &head != b"\x7fELF" {
+        bail!("{} is not an ELF file", partial.display());
+    }
+    fs::rename(&partial, test_libnccl())?;
+    fs::write(&version_file, format!("{NCCL_VERSION}\n"))?;
+    let _ = fs::remove_dir_all(&work);
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use crate::{
         runtime_names::RuntimeNames,
     },
     model::{
-        ApiUsage, Container, GpuDevice, LimiterProcess, MemoryViews, NvmlProcess, Process,
+        ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews, NvmlProcess, Process,
         ProcessKey, RegionDevice, RegionInfo, Snapshot, Source,
     },
     nvml::GpuSnapshot,
@@ -77,6 +77,8 @@ pub fn build(
     let mut pids: HashSet<u32> = HashSet::new();
     pids.extend(inp.reading.stats.iter().map(|(k, _)| k.tgid));
     pids.extend(inp.reading.live.iter().map(|(t, _)| *t));
+    pids.extend(inp.reading.nccl_stats.iter().map(|(k, _)| k.tgid));
+    pids.extend(inp.reading.nccl_comms.iter().map(|(k, _)| k.tgid));
     pids.extend(inp.users.iter().map(|(p, _)| *p));
     for d in &inp.gpu.devices {
         pids.extend(d.processes.iter().map(|p| p.pid));
@@ -176,6 +178,7 @@ pub fn build(
                                 hook_ns: a.hook_ns,
                                 denied: a.denied,
                                 hist: a.histogram.to_vec(),
+                                latency: None,
                             })
                         })
                         .collect();
@@ -265,6 +268,41 @@ pub fn build(
             *a += b;
         }
     }
+    // NCCL rows are API rows too; per communicator they also add up.
+    let mut communicators: BTreeMap<u32, BTreeMap<u64, Communicator>> = BTreeMap::new();
+    let new_comm = |comm: u64| Communicator {
+        comm: format!("{comm:#x}"),
+        rank: None,
+        nranks: None,
+        created_by: None,
+        destroyed: false,
+        calls: 0,
+        errors: 0,
+        bytes: 0,
+    };
+    for (k, s) in &inp.reading.nccl_stats {
+        let row = probe_apis.entry(k.tgid).or_default().entry(k.api).or_insert(agent_common::maps::ApiStats::ZERO);
+        row.calls += s.calls;
+        row.errors += s.errors;
+        row.bytes += s.bytes;
+        row.total_ns += s.total_ns;
+        for (a, b) in row.hist.iter_mut().zip(s.hist.iter()) {
+            *a += b;
+        }
+        if k.comm != 0 {
+            let c = communicators.entry(k.tgid).or_default().entry(k.comm).or_insert_with(|| new_comm(k.comm));
+            c.calls += s.calls;
+            c.errors += s.errors;
+            c.bytes += s.bytes;
+        }
+    }
+    for (k, info) in &inp.reading.nccl_comms {
+        let c = communicators.entry(k.tgid).or_default().entry(k.comm).or_insert_with(|| new_comm(k.comm));
+        c.rank = Some(info.rank);
+        c.nranks = Some(info.nranks);
+        c.created_by = Some(ApiId(info.init_api).name().to_owned());
+        c.destroyed = info.destroyed != 0;
+    }
     let live: HashMap<u32, (u64, u64)> = inp
         .reading
         .live
@@ -328,6 +366,7 @@ pub fn build(
                     hook_ns: 0,
                     denied: 0,
                     hist: s.hist[..HIST_BUCKETS].to_vec(),
+                    latency: spec.kind.is_nccl().then(|| "host_enqueue".to_owned()),
                 })
             })
             .collect();
@@ -401,7 +440,7 @@ pub fn build(
             apis,
             limiter,
             nvml,
-            communicators: vec![],
+            communicators: communicators.remove(&pid).map(|m| m.into_values().collect()).unwrap_or_default(),
             rates: None,
         });
         identities.insert(key, identity);

@@ -22,28 +22,35 @@ use crate::host::HostPaths;
 pub enum LibraryKind {
     /// The CUDA driver API (`libcuda.so.1`).
     Cuda,
+    /// NCCL (`libnccl.so.2`). PyTorch and other frameworks ship their own copy (e.g. in
+    /// `site-packages/nvidia/nccl/lib`), so it is found mostly through processes' maps.
+    Nccl,
 }
 
 impl LibraryKind {
-    pub const ALL: [LibraryKind; 1] = [LibraryKind::Cuda];
+    pub const ALL: [LibraryKind; 2] = [LibraryKind::Cuda, LibraryKind::Nccl];
 
     /// Does a file name (the last path component) name this library?
     pub fn matches_file_name(self, name: &str) -> bool {
         match self {
             // libcuda.so, libcuda.so.1, libcuda.so.535.309.01; not libcudart or libcudadebugger.
             LibraryKind::Cuda => name.starts_with("libcuda.so"),
+            // libnccl.so, libnccl.so.2, libnccl.so.2.28.3; not the libnccl-net*.so plugins.
+            LibraryKind::Nccl => name.starts_with("libnccl.so"),
         }
     }
 
     fn soname(self) -> &'static str {
         match self {
             LibraryKind::Cuda => "libcuda.so.1",
+            LibraryKind::Nccl => "libnccl.so.2",
         }
     }
 
     fn needle(self) -> &'static str {
         match self {
             LibraryKind::Cuda => "/libcuda.so",
+            LibraryKind::Nccl => "/libnccl.so",
         }
     }
 }
@@ -270,6 +277,49 @@ mod tests {
         assert!(k.matches_file_name("libcuda.so.580.159.04"));
         assert!(!k.matches_file_name("libcudart.so.12"));
         assert!(!k.matches_file_name("libcudadebugger.so.1"));
+        assert!(!k.matches_file_name("libnccl.so.2"));
+        let n = LibraryKind::Nccl;
+        assert!(n.matches_file_name("libnccl.so"));
+        assert!(n.matches_file_name("libnccl.so.2"));
+        assert!(n.matches_file_name("libnccl.so.2.28.3"));
+        assert!(!n.matches_file_name("libnccl-net.so"));
+        assert!(!n.matches_file_name("libnccl-net-ofi.so"));
+        assert!(!n.matches_file_name("libcuda.so.1"));
+    }
+
+    #[test]
+    fn scan_finds_nccl_beside_libcuda_with_its_kind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut lines = String::new();
+        let mut ids = Vec::new();
+        for name in ["libcuda.so.1", "libnccl.so.2", "libnccl-net.so"] {
+            let lib = tmp.path().join(name);
+            fs::write(&lib, name).unwrap();
+            let meta = fs::metadata(&lib).unwrap();
+            let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+            lines += &format!(
+                "7f00-7f10 r-xp 00000000 {major:x}:{minor:x} {} {}\n",
+                meta.ino(),
+                lib.display()
+            );
+            ids.push(meta.ino());
+        }
+        let proc = tmp.path().join("proc");
+        fs::create_dir_all(proc.join("10")).unwrap();
+        fs::write(proc.join("10").join("maps"), &lines).unwrap();
+        std::os::unix::fs::symlink("/", proc.join("10").join("root")).unwrap();
+        let host = HostPaths {
+            proc,
+            ..HostPaths::system()
+        };
+        let scan = Discovery::new().scan_processes(&host);
+        let found: Vec<(LibraryKind, u64)> =
+            scan.new.iter().map(|l| (l.kind, l.id.inode)).collect();
+        assert_eq!(
+            found,
+            vec![(LibraryKind::Cuda, ids[0]), (LibraryKind::Nccl, ids[1])],
+            "the net plugin is not NCCL itself"
+        );
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub struct ApiUsage {
     pub denied: u64,
     /// Log2 latency histogram (`agent_common::hist`).
     pub hist: Vec<u64>,
+    /// What the latency measures where it is not the call's whole effect: `host_enqueue` for
+    /// NCCL (collectives are asynchronous: the time is the host-side call that enqueues them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<String>,
 }
 
 impl ApiUsage {
@@ -109,13 +113,23 @@ pub struct NvmlProcess {
     pub sm_util_pct: Option<u32>,
 }
 
-/// A NCCL communicator as the probes saw it.
+/// A NCCL communicator as the probes saw it (cumulative).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Communicator {
+    /// The `ncclComm_t` (an address in the process), as `0x...`.
     pub comm: String,
+    /// This process's rank and the communicator's size, from the ncclCommInit* call that created
+    /// it (`None` if it was created before the probes were attached).
     pub rank: Option<u32>,
     pub nranks: Option<u32>,
+    /// The API that created it, if seen.
+    pub created_by: Option<String>,
+    /// ncclCommDestroy or ncclCommAbort succeeded on it.
+    pub destroyed: bool,
+    /// NCCL calls that named it.
     pub calls: u64,
+    pub errors: u64,
+    /// Sum of `count x datatype size` of those calls.
     pub bytes: u64,
 }
 

@@ -69,6 +69,7 @@ mod tests {
             hook_ns: 0,
             denied: 0,
             hist: vec![],
+            latency: None,
         }
     }
 

@@ -16,7 +16,7 @@ use std::{
 
 use agent_common::{
     ApiId, ApiKind, ProbeCookie,
-    maps::{AllocKey, AllocVal, ApiStats, Health, LiveMem, StatsKey},
+    maps::{AllocKey, AllocVal, ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey, StatsKey},
 };
 use aya::{
     Ebpf, EbpfLoader,
@@ -29,7 +29,7 @@ use aya::{
 };
 use thiserror::Error;
 
-use crate::discovery::{FileId, LibraryFile};
+use crate::discovery::{FileId, LibraryFile, LibraryKind};
 pub use symbols::SymbolTable;
 
 /// The compiled eBPF object (empty when the agent was built without the eBPF toolchain).
@@ -136,6 +136,7 @@ impl Probes {
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let mut kinds: Vec<ApiKind> = ApiKind::PROBED.to_vec();
+        kinds.extend(ApiKind::NCCL_PROBED);
         kinds.push(ApiKind::Info);
         for kind in kinds {
             for entry in [true, false] {
@@ -173,17 +174,18 @@ impl Probes {
         self.libraries.contains_key(&id)
     }
 
-    /// Attaches every probed kind (launches only while launch probes are on) to a library.
+    /// Attaches every probed kind of the library's kind (launches only while launch probes are
+    /// on): the CUDA kinds to libcuda, the NCCL kind to libnccl.
     pub fn attach_library(&mut self, file: LibraryFile) -> Result<&AttachedLibrary, ProbeError> {
-        let apis =
-            ApiId::all().filter(|a| a.spec().is_some_and(|s| ApiKind::PROBED.contains(&s.kind)));
+        let kinds = probed_kinds(file.kind);
+        let apis = ApiId::all().filter(|a| a.spec().is_some_and(|s| kinds.contains(&s.kind)));
         let symbols = symbols::resolve(&file.attach_path, apis)?;
         let mut lib = AttachedLibrary {
             file,
             symbols,
             links: BTreeMap::new(),
         };
-        for kind in ApiKind::PROBED {
+        for &kind in kinds {
             if kind == ApiKind::Launch && !self.launches_on {
                 continue;
             }
@@ -287,6 +289,26 @@ impl Probes {
                 source: Box::new(e),
             })?;
         // A row evicted during iteration shows up as an error for that key: skip it.
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// Every NCCL aggregation row (per cgroup, process, API and communicator).
+    pub fn read_nccl_stats(&self) -> Result<Vec<(NcclStatsKey, ApiStats)>, ProbeError> {
+        let map: BpfHashMap<_, NcclStatsKey, ApiStats> =
+            BpfHashMap::try_from(self.map("NCCL_STATS")?).map_err(|e| ProbeError::Map {
+                name: "NCCL_STATS",
+                source: Box::new(e),
+            })?;
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// NCCL communicators created by successful ncclCommInit* calls.
+    pub fn read_nccl_comms(&self) -> Result<Vec<(NcclCommKey, NcclCommInfo)>, ProbeError> {
+        let map: BpfHashMap<_, NcclCommKey, NcclCommInfo> =
+            BpfHashMap::try_from(self.map("NCCL_COMMS")?).map_err(|e| ProbeError::Map {
+                name: "NCCL_COMMS",
+                source: Box::new(e),
+            })?;
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 
@@ -436,6 +458,14 @@ impl Probes {
     }
 }
 
+/// The API kinds probed on a kind of library.
+fn probed_kinds(kind: LibraryKind) -> &'static [ApiKind] {
+    match kind {
+        LibraryKind::Cuda => &ApiKind::PROBED,
+        LibraryKind::Nccl => &ApiKind::NCCL_PROBED,
+    }
+}
+
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProbeError> {
     let prog = ebpf
         .program_mut(name)
@@ -464,5 +494,17 @@ mod tests {
             program_name(ApiKind::Info, true, AttachMode::PerSymbol),
             "calib_entry"
         );
+        assert_eq!(
+            program_name(ApiKind::Nccl, false, AttachMode::Multi),
+            "nccl_return_multi"
+        );
+    }
+
+    #[test]
+    fn each_library_gets_only_its_own_kinds() {
+        let cuda = probed_kinds(LibraryKind::Cuda);
+        assert!(!cuda.iter().any(|k| k.is_nccl()));
+        assert!(cuda.contains(&ApiKind::Alloc));
+        assert_eq!(probed_kinds(LibraryKind::Nccl), &[ApiKind::Nccl]);
     }
 }

@@ -72,7 +72,15 @@ pub(crate) fn resolve_in(
     })?;
     let mut table = SymbolTable::default();
     for api in apis {
-        match find_function(&file, data, api.name()) {
+        // NCCL exports `ncclX` as a weak alias of `pncclX` (the profiling interface): take the
+        // alias, or the strong symbol where a build lacks the alias.
+        let found = find_function(&file, data, api.name()).or_else(|| {
+            api.name()
+                .starts_with("nccl")
+                .then(|| find_function(&file, data, &format!("p{}", api.name())))
+                .flatten()
+        });
+        match found {
             Some((file_offset, prologue)) => table.found.push(ResolvedSymbol {
                 api,
                 file_offset,

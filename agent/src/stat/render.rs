@@ -83,7 +83,7 @@ pub fn table(r: &StatReport) -> String {
         let _ = writeln!(out, "warning: {w}");
     }
     if r.processes.is_empty() {
-        let _ = writeln!(out, "\nno CUDA driver calls were seen.");
+        let _ = writeln!(out, "\nno CUDA driver or NCCL calls were seen.");
         return out;
     }
     for proc in &r.processes {
@@ -109,6 +109,37 @@ pub fn table(r: &StatReport) -> String {
                 .unwrap_or_default(),
         );
         api_table(&mut out, &proc.apis);
+        if proc.apis.iter().any(|a| a.latency.is_some()) {
+            let _ = writeln!(
+                out,
+                "  (nccl latency is host-side enqueue time: collectives run asynchronously)"
+            );
+        }
+        if !proc.communicators.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {:<20} {:>6} {:>7} {:>10} {:>8} {:>12}",
+                "NCCL COMMUNICATOR", "RANK", "NRANKS", "CALLS", "ERRORS", "BYTES"
+            );
+            for c in &proc.communicators {
+                let num = |v: Option<u32>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
+                let _ = writeln!(
+                    out,
+                    "  {:<20} {:>6} {:>7} {:>10} {:>8} {:>12}{}",
+                    c.comm,
+                    num(c.rank),
+                    num(c.nranks),
+                    c.calls,
+                    c.errors,
+                    if c.bytes > 0 {
+                        bytes(c.bytes)
+                    } else {
+                        "-".into()
+                    },
+                    if c.destroyed { "  (destroyed)" } else { "" },
+                );
+            }
+        }
     }
     for cg in &r.cgroups {
         let _ = writeln!(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::{ApiUsage, LibraryStatus, MemoryViews, Process, RegionInfo, Snapshot, Source};
+use crate::model::{ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, Snapshot, Source};
 
 pub const SCHEMA: &str = "vgpu-agent.stat/v1";
 
@@ -24,6 +24,9 @@ pub struct ApiRow {
     pub p99_ns: Option<u64>,
     /// Log2 latency buckets: `hist[i]` counts calls that took [2^i, 2^(i+1)) ns.
     pub hist: Vec<u64>,
+    /// `host_enqueue` for NCCL: collectives are asynchronous, the latency is the host-side call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<String>,
 }
 
 impl ApiRow {
@@ -39,6 +42,7 @@ impl ApiRow {
             p50_ns: u.quantile_ns(0.50),
             p99_ns: u.quantile_ns(0.99),
             hist: u.hist.clone(),
+            latency: u.latency.clone(),
         }
     }
 }
@@ -60,6 +64,9 @@ pub struct ProcessRow {
     /// The three views of the process's memory (limiter, probes, NVML) and any drift.
     pub memory: MemoryViews,
     pub apis: Vec<ApiRow>,
+    /// NCCL communicators the process created or used while traced (calls, errors and bytes
+    /// within the window; rank, size, creator and state as last seen).
+    pub communicators: Vec<Communicator>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -162,7 +169,21 @@ pub fn build(
     for p in &last.processes {
         let apis = window_apis(p, first.process(p.key));
         let live_bytes = p.memory.probes.unwrap_or(0);
-        if apis.is_empty() && live_bytes == 0 && p.limiter.is_none() && p.nvml.is_empty() {
+        let before = first.process(p.key);
+        let communicators: Vec<Communicator> = p
+            .communicators
+            .iter()
+            .map(|c| {
+                let earlier = before.and_then(|b| b.communicators.iter().find(|e| e.comm == c.comm));
+                Communicator {
+                    calls: c.calls - earlier.map(|e| e.calls).unwrap_or(0).min(c.calls),
+                    errors: c.errors - earlier.map(|e| e.errors).unwrap_or(0).min(c.errors),
+                    bytes: c.bytes - earlier.map(|e| e.bytes).unwrap_or(0).min(c.bytes),
+                    ..c.clone()
+                }
+            })
+            .collect();
+        if apis.is_empty() && live_bytes == 0 && p.limiter.is_none() && p.nvml.is_empty() && communicators.is_empty() {
             continue;
         }
         let path = p.cgroup_path.clone();
@@ -185,6 +206,7 @@ pub fn build(
             live_allocations: p.memory.probes_allocations.unwrap_or(0),
             memory: p.memory.clone(),
             apis: apis.iter().map(ApiRow::from_usage).collect(),
+            communicators,
         });
     }
     let reported: Vec<u32> = processes.iter().map(|p| p.pid).collect();
@@ -278,6 +300,7 @@ mod tests {
             hook_ns: 0,
             denied: 0,
             hist,
+            latency: None,
         }
     }
 

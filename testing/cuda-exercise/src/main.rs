@@ -3,6 +3,7 @@
 //! can compare what vgpu-agent and the limiter report with the truth. See `testing/README.md`.
 
 mod driver;
+mod nccl;
 
 use agent_common::api::{APIS, ApiId, ApiKind};
 use clap::{Parser, Subcommand};
@@ -101,6 +102,26 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         count: u64,
     },
+    /// Call each traced NCCL API (agent_common's `nccl` kind) N times with harmless arguments
+    /// (NULL buffers, communicators and streams; one rank; counts and datatypes varied per call)
+    /// and print calls, errors and bytes (count x datatype size) per API. `--lib` names the NCCL
+    /// library (libnccl.so.2). Communicators that get created (with a GPU) are destroyed at the
+    /// end with ncclCommDestroy (counted).
+    Nccl {
+        /// Calls per API.
+        #[arg(long, default_value_t = 1)]
+        per_api: u64,
+        /// One more ncclAllReduce with datatype 99, which NCCL does not define (0 bytes).
+        #[arg(long)]
+        bad_datatype: bool,
+        /// Ranks of the communicators asked for (this process is the last rank;
+        /// ncclCommInitAll makes all of them), at most 16.
+        #[arg(long, default_value_t = 1)]
+        nranks: usize,
+        /// Pass the first communicator created (if any) to the collectives instead of NULL.
+        #[arg(long)]
+        use_comm: bool,
+    },
     /// Resolve a symbol with cuGetProcAddress(_v2) and print the address next to dlsym's.
     ProcAddress {
         #[arg(long)]
@@ -143,6 +164,14 @@ struct Recorder {
 impl Recorder {
     /// Records one call of `name` that passed `size` as its size argument (`None`: not exported).
     fn record(&mut self, name: &str, r: Option<CUresult>, size: u64) {
+        let sized = ApiId::from_name(name)
+            .and_then(|id| id.spec())
+            .is_some_and(|sp| sp.size_arg.is_some());
+        self.record_bytes(name, r, if sized { size } else { 0 });
+    }
+
+    /// Records one call of `name` that moved `bytes` (`None`: not exported).
+    fn record_bytes(&mut self, name: &str, r: Option<CUresult>, bytes: u64) {
         let Some(rc) = r else {
             self.missing.insert(name.to_string());
             return;
@@ -150,12 +179,7 @@ impl Recorder {
         let s = self.calls.entry(name.to_string()).or_default();
         s.calls += 1;
         s.errors += u64::from(rc != 0);
-        if ApiId::from_name(name)
-            .and_then(|id| id.spec())
-            .is_some_and(|sp| sp.size_arg.is_some())
-        {
-            s.bytes += size;
-        }
+        s.bytes += bytes;
         *s.codes.entry(rc.to_string()).or_default() += 1;
     }
 }
@@ -202,6 +226,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         } => latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => launches(&drv, count),
         Command::Steady { api, rate, seconds, size } => steady(&drv, &api, rate, seconds, size as usize),
+        Command::Nccl {
+            per_api,
+            bad_datatype,
+            nranks,
+            use_comm,
+        } => nccl_counts(&drv, per_api, bad_datatype, nranks, use_comm),
         Command::ProcAddress {
             symbol,
             cuda_version,
@@ -285,6 +315,63 @@ fn counts(
         }
     }
     print(json!({"pid": std::process::id(), "calls": rec.calls, "missing": rec.missing}));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn nccl_counts(
+    lib: &Driver,
+    per_api: u64,
+    bad_datatype: bool,
+    nranks: usize,
+    use_comm: bool,
+) -> Result<ExitCode, String> {
+    let (version_result, version) = nccl::version(lib);
+    let (unique_id_result, id) = nccl::unique_id(lib);
+    let mut rec = Recorder::default();
+    let mut created = Vec::new();
+    for (j, name) in nccl::traced().enumerate() {
+        if !lib.has(name) {
+            rec.missing.insert(name.to_string());
+            continue;
+        }
+        for i in 0..per_api {
+            let args = nccl::Args::nth(j, i);
+            let comm = match created.first() {
+                Some(&c) if use_comm => c,
+                _ => std::ptr::null_mut(),
+            };
+            let o = nccl::call_default(lib, name, id, args, nranks, comm)?;
+            rec.record_bytes(name, o.result, if o.data { args.bytes() } else { 0 });
+            created.extend(o.created);
+        }
+    }
+    if bad_datatype {
+        let args = nccl::Args {
+            count: 4096,
+            datatype: 99,
+        };
+        let o = nccl::call_default(lib, "ncclAllReduce", id, args, nranks, std::ptr::null_mut())?;
+        rec.record_bytes("ncclAllReduce", o.result, args.bytes());
+    }
+    let communicators: Vec<String> = created.iter().map(|&c| format!("{c:p}")).collect();
+    let used = match created.first() {
+        Some(&c) if use_comm => Some(format!("{c:p}")),
+        _ => None,
+    };
+    for c in created {
+        rec.record_bytes("ncclCommDestroy", nccl::destroy(lib, c), 0);
+    }
+    print(json!({
+        "pid": std::process::id(),
+        "version": version,
+        "version_result": version_result,
+        "unique_id_result": unique_id_result,
+        "communicators_created": communicators.len(),
+        "communicators": communicators,
+        "collectives_comm": used,
+        "calls": rec.calls,
+        "missing": rec.missing,
+    }));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -259,7 +259,7 @@ fn every_traced_api_is_exported_at_its_own_address() {
             by_name.insert(s.name().unwrap().to_string(), s.address());
         }
     }
-    for a in APIS {
+    for a in APIS.iter().filter(|a| !a.kind.is_nccl()) {
         assert!(by_name.contains_key(a.name), "{} is not exported", a.name);
     }
     for extra in [

@@ -1159,7 +1159,8 @@ mod tests {
 
     #[test]
     fn every_traced_api_is_exported() {
-        for a in APIS {
+        // NCCL entry points live in libnccl, not in the driver.
+        for a in APIS.iter().filter(|a| !a.kind.is_nccl()) {
             assert!(EXPORTED.contains(&a.name), "{} is not exported", a.name);
         }
     }

@@ -1,0 +1,219 @@
+//! The NCCL probes against the real libnccl.so.2 (2.28.3 from the nvidia-nccl-cu12 wheel, unpacked
+//! by `cargo xtask setup`) in the real kernel (root). The library is found through the workload's
+//! /proc/<pid>/maps, as PyTorch's own copy would be. Without a GPU communicator creation fails and
+//! collectives on a NULL communicator fail with ncclInvalidArgument: the calls are still counted,
+//! and their bytes (count x datatype size) are known exactly.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn real_libnccl() -> Option<std::path::PathBuf> {
+    let p = std::path::PathBuf::from(std::env::var_os("VGPU_TEST_LIBNCCL")?);
+    p.exists().then_some(p)
+}
+
+#[test]
+fn real_libnccl_every_call_is_counted_with_its_bytes() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let Some(lib) = real_libnccl() else {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_PRIVILEGED").is_none(),
+            "VGPU_TEST_LIBNCCL must point at libnccl.so.2 (cargo xtask setup unpacks it)"
+        );
+        eprintln!("skipping: VGPU_TEST_LIBNCCL is not set");
+        return;
+    };
+    let dir = tempdir();
+    let mut cmd = exercise(&lib);
+    cmd.args(["nccl", "--per-api", "3", "--bad-datatype"]);
+    let workload = Workload::start(cmd, dir.path());
+    let mut stat = Stat::start(&["--no-calibrate"]);
+    stat.wait_for("libnccl.so.2 [", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    let pid = workload.pid();
+    workload.go();
+    let made = workload.finish();
+    let report = stat.finish();
+
+    let row = process(&report, pid);
+    let calls = made["calls"].as_object().unwrap();
+    assert_eq!(calls.len(), 18, "{made}");
+    let mut total = (0, 0, 0);
+    for (name, c) in calls {
+        let want = (
+            c["calls"].as_u64().unwrap(),
+            c["errors"].as_u64().unwrap(),
+            c["bytes"].as_u64().unwrap(),
+        );
+        assert_eq!(
+            api(row, name),
+            want,
+            "{name}: (calls, errors, bytes) reported vs made"
+        );
+        total = (total.0 + want.0, total.1 + want.1, total.2 + want.2);
+        let a = row["apis"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["api"] == name.as_str())
+            .unwrap();
+        assert_eq!(a["kind"], "nccl", "{a}");
+        assert_eq!(a["latency"], "host_enqueue", "{a}");
+    }
+    // 18 APIs x 3 calls + the call with an unknown datatype.
+    assert_eq!(total.0, 55);
+    // Only group calls and destroy/abort of NULL succeed without a GPU.
+    assert_eq!(total.1, 55 - 4 * 3);
+    assert!(total.2 > 1_000_000, "{total:?}");
+    // No communicator was created, and calls on a NULL communicator are not listed as one.
+    assert_eq!(row["communicators"].as_array().unwrap().len(), 0, "{row}");
+    assert!(
+        report["health"]["nccl_unknown_datatype"].as_u64().unwrap() >= 1,
+        "{}",
+        report["health"]
+    );
+    assert_eq!(report["health"]["return_without_entry"], 0);
+
+    // The library was attached with the NCCL kind only, every traced symbol found.
+    let libs = report["probes"]["libraries"].as_array().unwrap();
+    let nccl = libs
+        .iter()
+        .find(|l| l["path"].as_str().unwrap().ends_with("libnccl.so.2"))
+        .expect("libnccl.so.2 attached");
+    assert_eq!(
+        nccl["kinds_attached"],
+        serde_json::json!(["nccl"]),
+        "{nccl}"
+    );
+    assert_eq!(nccl["symbols_attached"], 18, "{nccl}");
+    assert_eq!(nccl["found_by"]["by"], "process", "{nccl}");
+}
+
+/// Builds testing/fake-nccl (always-succeeding NCCL entry points that hand out fake
+/// communicators) as `dir/libnccl.so.2`.
+fn fake_libnccl(dir: &std::path::Path) -> std::path::PathBuf {
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testing/fake-nccl/fake_nccl.c");
+    std::fs::create_dir_all(dir).unwrap();
+    let out = dir.join("libnccl.so.2");
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O0", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("cc runs (gcc is installed by cargo xtask setup)");
+    assert!(status.success(), "building the fake NCCL failed");
+    out
+}
+
+#[test]
+fn communicators_are_tracked_with_rank_size_and_their_calls() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = fake_libnccl(&dir.path().join("lib"));
+    let mut cmd = exercise(&lib);
+    // 3 ranks (this process is rank 2; ncclCommInitAll makes ranks 0..3); collectives on the first
+    // communicator made, so ncclReduce's comm comes from the stack slot [rsp+8].
+    cmd.args(["nccl", "--per-api", "2", "--nranks", "3", "--use-comm"]);
+    let workload = Workload::start(cmd, dir.path());
+    let mut stat = Stat::start(&["--no-calibrate"]);
+    stat.wait_for("libnccl.so.2 [", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    let pid = workload.pid();
+    workload.go();
+    let made = workload.finish();
+    let report = stat.finish();
+    let row = process(&report, pid);
+
+    let calls = made["calls"].as_object().unwrap();
+    let mut data_calls = 0;
+    let mut data_bytes = 0;
+    for (name, c) in calls {
+        let want = (
+            c["calls"].as_u64().unwrap(),
+            c["errors"].as_u64().unwrap(),
+            c["bytes"].as_u64().unwrap(),
+        );
+        assert_eq!(want.1, 0, "the fake NCCL always succeeds: {name}");
+        assert_eq!(api(row, name), want, "{name}: (calls, errors, bytes)");
+        if want.2 > 0 {
+            data_calls += want.0;
+            data_bytes += want.2;
+        }
+    }
+    // 10 data APIs x 2 calls.
+    assert_eq!(data_calls, 20);
+    // ncclReduce named the communicator on the stack: its bytes are in the row with the comm.
+    let reduce_bytes = calls["ncclReduce"]["bytes"].as_u64().unwrap();
+    assert!(reduce_bytes > 0);
+
+    let made_comms: Vec<&str> = made["communicators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    // 2 calls each of InitRank, InitRankConfig, InitRankScalable (1 communicator) and InitAll (3).
+    assert_eq!(made_comms.len(), 12);
+    let comms = row["communicators"].as_array().unwrap();
+    assert_eq!(comms.len(), 12, "{comms:#?}");
+    let by_comm = |c: &str| {
+        comms
+            .iter()
+            .find(|r| r["comm"] == c)
+            .unwrap_or_else(|| panic!("communicator {c} not reported: {comms:#?}"))
+    };
+    let used = made["collectives_comm"].as_str().unwrap();
+    assert_eq!(used, made_comms[0]);
+    let expect = [
+        ("ncclCommInitRank", 2),
+        ("ncclCommInitRank", 2),
+        ("ncclCommInitRankConfig", 2),
+        ("ncclCommInitRankConfig", 2),
+        ("ncclCommInitAll", 0),
+        ("ncclCommInitAll", 1),
+        ("ncclCommInitAll", 2),
+        ("ncclCommInitAll", 0),
+        ("ncclCommInitAll", 1),
+        ("ncclCommInitAll", 2),
+        ("ncclCommInitRankScalable", 2),
+        ("ncclCommInitRankScalable", 2),
+    ];
+    for (c, (created_by, rank)) in made_comms.iter().zip(expect) {
+        let r = by_comm(c);
+        assert_eq!(r["created_by"], created_by, "{r}");
+        assert_eq!(
+            (r["rank"].as_u64(), r["nranks"].as_u64()),
+            (Some(rank), Some(3)),
+            "{r}"
+        );
+        assert_eq!(r["destroyed"], true, "destroyed at the end: {r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        if *c == used {
+            // Its creation, every data call, its destruction.
+            assert_eq!(r["calls"].as_u64(), Some(1 + data_calls + 1), "{r}");
+            assert_eq!(r["bytes"].as_u64(), Some(data_bytes), "{r}");
+        } else {
+            // ncclCommInitAll's communicators are not the call's key (it made 3): only the
+            // destruction names them. The others: creation and destruction.
+            let want = if created_by == "ncclCommInitAll" {
+                1
+            } else {
+                2
+            };
+            assert_eq!(r["calls"].as_u64(), Some(want), "{r}");
+            assert_eq!(r["bytes"], 0, "{r}");
+        }
+    }
+}

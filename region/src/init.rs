@@ -278,6 +278,7 @@ fn write_header(map: &Mapping, config: &RegionConfig, pid: u32, pid_ns: u64, may
     if maybe_dirty {
         header.init_takeovers.fetch_add(1, r);
     }
+    header.last_sweep_ms.store(0, r);
     header
         .spare
         .iter()

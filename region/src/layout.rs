@@ -95,8 +95,10 @@ pub struct RegionHeader {
     pub init_owner_pid_ns: AtomicU64,
     /// Times a dead or stalled initialiser was taken over.
     pub init_takeovers: AtomicU64,
+    /// `CLOCK_BOOTTIME` ms of the last dead-slot sweep triggered by a denial (rate limit).
+    pub last_sweep_ms: AtomicU64,
     /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 5],
+    pub spare: [AtomicU64; 4],
     /// Per-device state; entries at and after `device_count` are zero.
     pub devices: [DeviceState; MAX_DEVICES],
     /// Pads the header to [`HEADER_SIZE`].
@@ -256,6 +258,7 @@ field_offsets!(
     RegionHeader.created_at_unix_ns,
     RegionHeader.init_owner_pid_ns,
     RegionHeader.init_takeovers,
+    RegionHeader.last_sweep_ms,
     RegionHeader.spare,
     RegionHeader.devices,
     RegionHeader.tail,

@@ -31,7 +31,7 @@ mod loom_tests;
 pub use error::{RegionError, ReserveError};
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT};
 pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS};
-pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig};
+pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, SWEEP_INTERVAL_MS};
 pub use reserve::Denied;
 pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};
 pub use stats::ShardWriter;

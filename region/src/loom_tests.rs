@@ -68,8 +68,8 @@ fn loom_overflow_writers_never_interleave() {
     });
 }
 
-/// Three processes reserve and release against one limit; the counter never passes the limit and
-/// ends equal to what the slots hold.
+/// Two processes reserve (one also releases) against one limit while the main thread reserves
+/// too; the counter never passes the limit and ends equal to what the slots hold.
 #[test]
 fn loom_reserve_never_exceeds_limit() {
     const LIMIT: u64 = 100;
@@ -77,25 +77,24 @@ fn loom_reserve_never_exceeds_limit() {
         let reserved = Arc::new(AtomicU64::new(0));
         let held: Arc<[AtomicU64; 3]> =
             Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
-        let handles: Vec<_> = (0..3)
-            .map(|i| {
-                let (reserved, held) = (reserved.clone(), held.clone());
-                thread::spawn(move || {
-                    let bytes = 40 + i as u64 * 10;
-                    if reserve::reserve(&*reserved, LIMIT, bytes).is_ok() {
-                        reserve::add_held(&held[i], bytes);
-                        assert!(reserved.load(Ordering::Relaxed) <= LIMIT);
-                        if i == 0 {
-                            let taken = reserve::release_saturating(&held[i], bytes);
-                            reserve::release_saturating(&*reserved, taken);
-                        }
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
+        let process = |i: usize, reserved: &AtomicU64, held: &[AtomicU64; 3]| {
+            let bytes = 40 + i as u64 * 10;
+            if reserve::reserve(reserved, LIMIT, bytes).is_ok() {
+                reserve::add_held(&held[i], bytes);
+                assert!(reserved.load(Ordering::Relaxed) <= LIMIT);
+                if i == 0 {
+                    let taken = reserve::release_saturating(&held[i], bytes);
+                    reserve::release_saturating(reserved, taken);
+                }
+            }
+        };
+        let handle = {
+            let (reserved, held) = (reserved.clone(), held.clone());
+            thread::spawn(move || process(0, &reserved, &held))
+        };
+        process(1, &reserved, &held);
+        process(2, &reserved, &held);
+        handle.join().unwrap();
         let total: u64 = held.iter().map(|h| h.load(Ordering::Relaxed)).sum();
         assert_eq!(reserved.load(Ordering::Relaxed), total);
         assert!(total <= LIMIT);

@@ -12,6 +12,9 @@ use crate::mapping::Mapping;
 use crate::reserve;
 use crate::slots::Slot;
 
+/// Least time between two denial-triggered dead-slot sweeps of one container.
+pub const SWEEP_INTERVAL_MS: u64 = 50;
+
 /// What the first initialiser writes into a region. Later processes whose configuration differs
 /// get [`InitOutcome::ConfigMismatch`]: the first initialiser wins (as in HAMi-core).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,7 +198,7 @@ impl Region {
         // Relaxed: written once before READY (acquired at open).
         let limit = dev.memory_limit.load(Ordering::Relaxed);
         let result = match reserve::reserve(&dev.reserved, limit, bytes) {
-            Err(_) if self.reclaim_dead_slots().slots_reclaimed > 0 => {
+            Err(_) if self.sweep_due() && self.reclaim_dead_slots().slots_reclaimed > 0 => {
                 reserve::reserve(&dev.reserved, limit, bytes)
             }
             other => other,
@@ -225,6 +228,19 @@ impl Region {
         // The slot first, then container-wide: see `reserve` for why this order.
         let taken = reserve::release_saturating(held, bytes);
         reserve::release_saturating(&dev.reserved, taken);
+    }
+
+    /// Whether a denial may trigger a dead-slot sweep now: at most one per
+    /// [`SWEEP_INTERVAL_MS`] per container, taken by CAS so concurrent deniers do not all sweep.
+    fn sweep_due(&self) -> bool {
+        let last_sweep = &self.header().last_sweep_ms;
+        let now = crate::procfs::boottime_ms();
+        // Relaxed: a rate limit; the CAS makes one process the sweeper for this interval.
+        let last = last_sweep.load(Ordering::Relaxed);
+        (now < last || now - last >= SWEEP_INTERVAL_MS)
+            && last_sweep
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Bytes the process owning `slot` holds on `device`.

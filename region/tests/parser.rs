@@ -1,0 +1,160 @@
+//! Property tests of the readers on arbitrary and mutated files: every input gives `Ok` or a typed
+//! error, never a panic or a hang.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use region::hami::{HAMI_MAGIC, HAMI_V1_SIZE, HamiReader};
+use region::reader::RegionReader;
+use region::{Region, RegionConfig};
+
+/// A valid, populated region image (2 slots) to mutate.
+fn valid_image() -> &'static [u8] {
+    static IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r");
+        let mut config = RegionConfig::unlimited(2);
+        config.slots = 2;
+        config.memory_limit[0] = 1 << 30;
+        let (region, _) = Region::open_or_create(&path, &config).unwrap();
+        let slot = region.claim_slot().unwrap();
+        region.try_reserve(&slot, 0, 4096).unwrap();
+        let w = region.shard_writer(&slot);
+        w.record_call(agent_common::api::ApiId(40), 1234, true);
+        std::mem::forget(w);
+        std::fs::read(&path).unwrap()
+    })
+}
+
+fn read_region(bytes: &[u8]) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    std::fs::write(&path, bytes).unwrap();
+    if let Ok(reader) = RegionReader::open(&path) {
+        let snap = reader.snapshot().expect("a file that opened reads");
+        assert!(snap.slots.len() <= snap.geometry.slot_count as usize);
+        for slot in &snap.slots {
+            assert_eq!(slot.held.len(), snap.geometry.device_count as usize);
+        }
+    }
+}
+
+fn read_hami(path: &Path) {
+    if let Ok(reader) = HamiReader::open(path) {
+        let snap = reader.snapshot().expect("a file that opened reads");
+        assert!(snap.device_count <= 16);
+        assert!(snap.processes.len() <= 1024);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_bytes_never_crash_the_reader(bytes in proptest::collection::vec(any::<u8>(), 0..8192)) {
+        read_region(&bytes);
+    }
+
+    #[test]
+    fn mutated_regions_never_crash_the_reader(
+        edits in proptest::collection::vec((0usize..1 << 20, any::<u64>()), 1..32),
+        truncate_to in proptest::option::of(0usize..1 << 20),
+    ) {
+        let mut bytes = valid_image().to_vec();
+        for (offset, value) in edits {
+            // Bias edits to the header and the first slot's header, where the parser looks.
+            let offset = if offset % 2 == 0 { offset % 4096 } else { 4096 + offset % 4096 } & !7;
+            bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        if let Some(len) = truncate_to {
+            bytes.truncate(len.min(bytes.len()));
+        }
+        read_region(&bytes);
+    }
+
+    #[test]
+    fn mutated_hami_files_never_crash_the_reader(
+        edits in proptest::collection::vec((0usize..HAMI_V1_SIZE as usize, any::<u64>()), 0..32),
+    ) {
+        let mut bytes = vec![0u8; HAMI_V1_SIZE as usize];
+        bytes[0..4].copy_from_slice(&HAMI_MAGIC.to_le_bytes());
+        bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
+        for (offset, value) in edits {
+            let offset = offset.min(HAMI_V1_SIZE as usize - 8) & !7;
+            bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        std::fs::write(&path, &bytes).unwrap();
+        read_hami(&path);
+    }
+}
+
+/// A HAMi-core v1 file built field by field at the documented offsets reads back.
+#[test]
+fn hami_v1_fields_are_read_at_their_offsets() {
+    let mut b = vec![0u8; HAMI_V1_SIZE as usize];
+    let put32 =
+        |b: &mut Vec<u8>, off: usize, v: i32| b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 =
+        |b: &mut Vec<u8>, off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    put32(&mut b, 0, HAMI_MAGIC);
+    put32(&mut b, 4, 1);
+    put32(&mut b, 8, 2);
+    put64(&mut b, 56, 2);
+    b[64..64 + 8].copy_from_slice(b"GPU-abcd");
+    put64(&mut b, 1600 + 8, 8 << 30);
+    put64(&mut b, 1728, 50);
+    // Slot 3 (not below proc_num: HAMi-core's compaction can leave live slots there).
+    let slot = 1856 + 3 * 1960;
+    put32(&mut b, slot, 42);
+    put32(&mut b, slot + 4, 4242);
+    put64(&mut b, slot + 8 + 64, 512 << 20); // used[1].context_size
+    put64(&mut b, slot + 8 + 64 + 32, 3 << 30); // used[1].total
+    put64(&mut b, slot + 1032 + 8, 1 << 30); // monitorused[1]
+    put64(&mut b, slot + 1160 + 48 + 16, 77); // device_util[1].sm_util
+    put32(&mut b, slot + 1928, 1);
+    put64(&mut b, slot + 1936, 6); // seqlock, even
+    put32(&mut b, 2_008_896, 1); // proc_num
+    put32(&mut b, 2_008_904, 2); // recent_kernel
+    put64(&mut b, 2_008_912, 1_700_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cudevshr.cache");
+    std::fs::write(&path, &b).unwrap();
+    let snap = HamiReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!((snap.major, snap.minor, snap.device_count), (1, 2, 2));
+    assert_eq!(snap.uuids[0], "GPU-abcd");
+    assert_eq!(snap.limit, vec![0, 8 << 30]);
+    assert_eq!(snap.sm_limit, vec![50, 0]);
+    assert_eq!(
+        (snap.recent_kernel, snap.last_kernel_time),
+        (2, 1_700_000_000)
+    );
+    assert_eq!(snap.processes.len(), 1);
+    let p = &snap.processes[0];
+    assert_eq!((p.slot, p.pid, p.hostpid, p.status), (3, 42, 4242, 1));
+    assert_eq!(p.used_total, vec![0, 3 << 30]);
+    assert_eq!(p.context_size, vec![0, 512 << 20]);
+    assert_eq!(p.monitor_used, vec![0, 1 << 30]);
+    assert_eq!(p.sm_util, vec![0, 77]);
+    assert!(p.consistent);
+    // A writer killed mid-update leaves the seqlock odd: flagged, not waited on.
+    put64(&mut b, slot + 1936, 7);
+    std::fs::write(&path, &b).unwrap();
+    let snap = HamiReader::open(&path).unwrap().snapshot().unwrap();
+    assert!(!snap.processes[0].consistent);
+    // Wrong magic, wrong major, short file: typed errors.
+    for (off, v) in [(0usize, 1i32), (4, 2)] {
+        let mut bad = b.clone();
+        put32(&mut bad, off, v);
+        std::fs::write(&path, &bad).unwrap();
+        assert!(HamiReader::open(&path).is_err());
+    }
+    std::fs::write(&path, &b[..1000]).unwrap();
+    assert!(matches!(
+        HamiReader::open(&path),
+        Err(region::hami::HamiError::Truncated { .. })
+    ));
+}

@@ -208,7 +208,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Run { socket, interval, exited_retention, collect } => {
+        Command::Run {
+            socket,
+            interval,
+            exited_retention,
+            collect,
+        } => {
             let opts = daemon::DaemonOptions {
                 socket,
                 interval,

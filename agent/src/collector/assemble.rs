@@ -17,8 +17,8 @@ use crate::{
         runtime_names::RuntimeNames,
     },
     model::{
-        ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews, NvmlProcess, Process,
-        ProcessKey, RegionDevice, RegionInfo, Snapshot, Source,
+        ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews, NvmlProcess,
+        Process, ProcessKey, RegionDevice, RegionInfo, Snapshot, Source,
     },
     nvml::GpuSnapshot,
     trace::{RawReading, Tracer},
@@ -281,7 +281,11 @@ pub fn build(
         bytes: 0,
     };
     for (k, s) in &inp.reading.nccl_stats {
-        let row = probe_apis.entry(k.tgid).or_default().entry(k.api).or_insert(agent_common::maps::ApiStats::ZERO);
+        let row = probe_apis
+            .entry(k.tgid)
+            .or_default()
+            .entry(k.api)
+            .or_insert(agent_common::maps::ApiStats::ZERO);
         row.calls += s.calls;
         row.errors += s.errors;
         row.bytes += s.bytes;
@@ -290,14 +294,22 @@ pub fn build(
             *a += b;
         }
         if k.comm != 0 {
-            let c = communicators.entry(k.tgid).or_default().entry(k.comm).or_insert_with(|| new_comm(k.comm));
+            let c = communicators
+                .entry(k.tgid)
+                .or_default()
+                .entry(k.comm)
+                .or_insert_with(|| new_comm(k.comm));
             c.calls += s.calls;
             c.errors += s.errors;
             c.bytes += s.bytes;
         }
     }
     for (k, info) in &inp.reading.nccl_comms {
-        let c = communicators.entry(k.tgid).or_default().entry(k.comm).or_insert_with(|| new_comm(k.comm));
+        let c = communicators
+            .entry(k.tgid)
+            .or_default()
+            .entry(k.comm)
+            .or_insert_with(|| new_comm(k.comm));
         c.rank = Some(info.rank);
         c.nranks = Some(info.nranks);
         c.created_by = Some(ApiId(info.init_api).name().to_owned());
@@ -440,7 +452,10 @@ pub fn build(
             apis,
             limiter,
             nvml,
-            communicators: communicators.remove(&pid).map(|m| m.into_values().collect()).unwrap_or_default(),
+            communicators: communicators
+                .remove(&pid)
+                .map(|m| m.into_values().collect())
+                .unwrap_or_default(),
             rates: None,
         });
         identities.insert(key, identity);

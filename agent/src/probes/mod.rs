@@ -16,7 +16,10 @@ use std::{
 
 use agent_common::{
     ApiId, ApiKind, ProbeCookie,
-    maps::{AllocKey, AllocVal, ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey, StatsKey},
+    maps::{
+        AllocKey, AllocVal, ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey,
+        StatsKey,
+    },
 };
 use aya::{
     Ebpf, EbpfLoader,

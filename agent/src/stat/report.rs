@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::{ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, Snapshot, Source};
+use crate::model::{
+    ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, Snapshot, Source,
+};
 
 pub const SCHEMA: &str = "vgpu-agent.stat/v1";
 
@@ -174,7 +176,8 @@ pub fn build(
             .communicators
             .iter()
             .map(|c| {
-                let earlier = before.and_then(|b| b.communicators.iter().find(|e| e.comm == c.comm));
+                let earlier =
+                    before.and_then(|b| b.communicators.iter().find(|e| e.comm == c.comm));
                 Communicator {
                     calls: c.calls - earlier.map(|e| e.calls).unwrap_or(0).min(c.calls),
                     errors: c.errors - earlier.map(|e| e.errors).unwrap_or(0).min(c.errors),
@@ -183,7 +186,12 @@ pub fn build(
                 }
             })
             .collect();
-        if apis.is_empty() && live_bytes == 0 && p.limiter.is_none() && p.nvml.is_empty() && communicators.is_empty() {
+        if apis.is_empty()
+            && live_bytes == 0
+            && p.limiter.is_none()
+            && p.nvml.is_empty()
+            && communicators.is_empty()
+        {
             continue;
         }
         let path = p.cgroup_path.clone();

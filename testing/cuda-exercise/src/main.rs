@@ -225,7 +225,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             size,
         } => latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => launches(&drv, count),
-        Command::Steady { api, rate, seconds, size } => steady(&drv, &api, rate, seconds, size as usize),
+        Command::Steady {
+            api,
+            rate,
+            seconds,
+            size,
+        } => steady(&drv, &api, rate, seconds, size as usize),
         Command::Nccl {
             per_api,
             bad_datatype,
@@ -611,7 +616,13 @@ fn hold(drv: &Driver, bytes: usize) -> Result<ExitCode, String> {
 }
 
 /// Paces calls in 1 ms batches so that the rate holds even when calls are much faster.
-fn steady(drv: &Driver, api: &str, rate: u64, seconds: f64, size: usize) -> Result<ExitCode, String> {
+fn steady(
+    drv: &Driver,
+    api: &str,
+    rate: u64,
+    seconds: f64,
+    size: usize,
+) -> Result<ExitCode, String> {
     if !drv.has(api) {
         return Err(format!("{api} is not exported by the library"));
     }

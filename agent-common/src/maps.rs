@@ -203,11 +203,33 @@ pub const STATS_MAX_ENTRIES: u32 = 16_384;
 pub const INFLIGHT_MAX_ENTRIES: u32 = 16_384;
 pub const ALLOCS_MAX_ENTRIES: u32 = 262_144;
 pub const LIVE_MAX_ENTRIES: u32 = 16_384;
+pub const ALLOC_SIZES_MAX_ENTRIES: u32 = 16_384;
+
+/// Successful allocations of one process and API by size class: `log2` is the floor of log2 of
+/// the size in bytes (so class 20 holds [1 MiB, 2 MiB)). Shows how much memory goes through
+/// small and large allocations, and through pools (async APIs) or directly.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AllocSizeKey {
+    pub tgid: u32,
+    pub api: u16,
+    pub log2: u8,
+    pub _pad: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocSizeVal {
+    pub count: u64,
+    pub bytes: u64,
+}
 pub const NCCL_STATS_MAX_ENTRIES: u32 = 16_384;
 pub const NCCL_INFLIGHT_MAX_ENTRIES: u32 = 16_384;
 pub const NCCL_COMMS_MAX_ENTRIES: u32 = 4_096;
 
 const _: () = {
+    assert!(core::mem::size_of::<AllocSizeKey>() == 8);
+    assert!(core::mem::size_of::<AllocSizeVal>() == 16);
     assert!(core::mem::size_of::<StatsKey>() == 16);
     assert!(core::mem::size_of::<ApiStats>() == 32 + 8 * HIST_BUCKETS);
     assert!(core::mem::size_of::<InflightKey>() == 16);
@@ -239,6 +261,10 @@ mod pod {
     unsafe impl aya::Pod for AllocVal {}
     // SAFETY: as above.
     unsafe impl aya::Pod for LiveMem {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for AllocSizeKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for AllocSizeVal {}
     // SAFETY: as above.
     unsafe impl aya::Pod for NcclStatsKey {}
     // SAFETY: as above.

@@ -21,10 +21,11 @@ use agent_common::{
     api::{ALLOC_SPACE_HANDLE, ALLOC_SPACE_PTR, ArgLoc, NcclOp, nccl_datatype_size},
     hist::{HIST_BUCKETS, bucket_of},
     maps::{
-        ALLOCS_MAX_ENTRIES, AllocKey, AllocVal, ApiStats, Health, INFLIGHT_MAX_ENTRIES, Inflight,
-        InflightKey, LIVE_MAX_ENTRIES, LiveMem, NCCL_COMMS_MAX_ENTRIES, NCCL_INFLIGHT_MAX_ENTRIES,
-        NCCL_INIT_ALL_MAX, NCCL_STATS_MAX_ENTRIES, NcclCommInfo, NcclCommKey, NcclInflight,
-        NcclStatsKey, STATS_MAX_ENTRIES, StatsKey,
+        ALLOC_SIZES_MAX_ENTRIES, ALLOCS_MAX_ENTRIES, AllocKey, AllocSizeKey, AllocSizeVal,
+        AllocVal, ApiStats, Health, INFLIGHT_MAX_ENTRIES, Inflight, InflightKey, LIVE_MAX_ENTRIES,
+        LiveMem, NCCL_COMMS_MAX_ENTRIES, NCCL_INFLIGHT_MAX_ENTRIES, NCCL_INIT_ALL_MAX,
+        NCCL_STATS_MAX_ENTRIES, NcclCommInfo, NcclCommKey, NcclInflight, NcclStatsKey,
+        STATS_MAX_ENTRIES, StatsKey,
     },
 };
 use aya_ebpf::{
@@ -58,6 +59,11 @@ static ALLOCS: HashMap<AllocKey, AllocVal> = HashMap::with_max_entries(ALLOCS_MA
 #[map]
 static LIVE: HashMap<u32, LiveMem> = HashMap::with_max_entries(LIVE_MAX_ENTRIES, 0);
 
+/// Successful allocations by process, API and log2 size class.
+#[map]
+static ALLOC_SIZES: LruHashMap<AllocSizeKey, AllocSizeVal> =
+    LruHashMap::with_max_entries(ALLOC_SIZES_MAX_ENTRIES, 0);
+
 /// Per-CPU counters of everything lost or inconsistent, indexed by [`Health`].
 #[map]
 static HEALTH: PerCpuArray<u64> = PerCpuArray::with_max_entries(Health::COUNT, 0);
@@ -80,6 +86,7 @@ static NCCL_COMMS: LruHashMap<NcclCommKey, NcclCommInfo> =
 
 /// A zeroed row to insert from: a 344-byte value does not fit the eBPF stack budget comfortably.
 static ZERO_STATS: ApiStats = ApiStats::ZERO;
+static ZERO_SIZES: AllocSizeVal = AllocSizeVal { count: 0, bytes: 0 };
 static ZERO_LIVE: LiveMem = LiveMem {
     bytes: 0,
     allocations: 0,
@@ -212,6 +219,35 @@ fn live_add(tgid: u32, bytes: u64, allocations: u64) {
     }
 }
 
+/// Counts a successful allocation in its size class.
+#[inline(always)]
+fn size_class(tgid: u32, api: u16, bytes: u64) {
+    let log2 = if bytes == 0 {
+        0
+    } else {
+        (63 - bytes.leading_zeros()) as u8
+    };
+    let key = AllocSizeKey {
+        tgid,
+        api,
+        log2,
+        _pad: 0,
+    };
+    let mut row = ALLOC_SIZES.get_ptr_mut(&key);
+    if row.is_none() {
+        // NOEXIST: if another CPU created the row first, ours fails and we use theirs.
+        let _ = ALLOC_SIZES.insert(&key, &ZERO_SIZES, BPF_NOEXIST as u64);
+        row = ALLOC_SIZES.get_ptr_mut(&key);
+    }
+    if let Some(row) = row {
+        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
+        unsafe {
+            add(&raw mut (*row).count, 1);
+            add(&raw mut (*row).bytes, bytes);
+        }
+    }
+}
+
 /// Records a new live allocation. Bytes reach `LIVE` only once the `ALLOCS` entry exists.
 #[inline(always)]
 fn track(tgid: u32, space: u32, addr: u64, bytes: u64, api: u16) {
@@ -289,11 +325,13 @@ fn on_return(ctx: &RetProbeContext) {
     let api = cookie.api();
     match cookie.effect() {
         MemEffect::AllocPtr if ok => {
+            size_class(tgid, api, rec.arg);
             if let Some(addr) = read_user_u64(rec.out_ptr) {
                 track(tgid, ALLOC_SPACE_PTR, addr, rec.arg, api);
             }
         }
         MemEffect::AllocHandle if ok => {
+            size_class(tgid, api, rec.arg);
             if let Some(handle) = read_user_u64(rec.out_ptr) {
                 track(tgid, ALLOC_SPACE_HANDLE, handle, rec.arg, api);
             }
@@ -303,6 +341,7 @@ fn on_return(ctx: &RetProbeContext) {
                 (read_user_u64(rec.out_ptr), read_user_u64(rec.pitch_ptr))
             {
                 bytes = pitch.wrapping_mul(rec.height);
+                size_class(tgid, api, bytes);
                 track(tgid, ALLOC_SPACE_PTR, addr, bytes, api);
             }
         }

@@ -1,5 +1,6 @@
 //! `vgpu-agent`: observability and enforcement for shared NVIDIA GPUs.
 
+mod attribute;
 mod collector;
 mod daemon;
 mod discovery;
@@ -42,11 +43,13 @@ enum LaunchMode {
 struct CollectArgs {
     /// Probe kernel launches too: `on`, `sampled` (in windows) or `off`. They cost about
     /// 1.7 us per launch while attached.
-    #[arg(long, value_enum, num_args = 0..=1, default_value = "off", default_missing_value = "on")]
-    probe_launches: LaunchMode,
-    /// With `--probe-launches sampled`: how long each window lasts.
-    #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
-    launch_window: Duration,
+    /// (Default: off; `attribute` samples 200 ms every 10 s.)
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on")]
+    probe_launches: Option<LaunchMode>,
+    /// With `--probe-launches sampled`: how long each window lasts (default 1s; 200ms for
+    /// `attribute`).
+    #[arg(long, value_parser = units::parse_duration)]
+    launch_window: Option<Duration>,
     /// With `--probe-launches sampled`: how often a window starts.
     #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
     launch_period: Duration,
@@ -70,19 +73,24 @@ struct CollectArgs {
 }
 
 impl CollectArgs {
-    fn trace_options(&self) -> anyhow::Result<trace::TraceOptions> {
-        let launches = match self.probe_launches {
+    /// Probe options, with this command's defaults for the launch probes.
+    fn trace_options(
+        &self,
+        default_launches: LaunchMode,
+        default_window: Duration,
+    ) -> anyhow::Result<trace::TraceOptions> {
+        let window = self.launch_window.unwrap_or(default_window);
+        let launches = match self.probe_launches.unwrap_or(default_launches) {
             LaunchMode::Off => LaunchProbes::Off,
             LaunchMode::On => LaunchProbes::On,
             LaunchMode::Sampled => {
                 anyhow::ensure!(
-                    self.launch_window < self.launch_period,
-                    "--launch-window ({:?}) must be shorter than --launch-period ({:?})",
-                    self.launch_window,
+                    window < self.launch_period,
+                    "--launch-window ({window:?}) must be shorter than --launch-period ({:?})",
                     self.launch_period
                 );
                 LaunchProbes::Sampled {
-                    window: self.launch_window,
+                    window,
                     period: self.launch_period,
                 }
             }
@@ -122,6 +130,37 @@ enum Command {
         poll_interval: Duration,
         /// Read from the agent daemon on this socket when one answers (then no probes are
         /// loaded by this command).
+        #[arg(long, default_value = daemon::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Never read from a daemon: load the probes in this process.
+        #[arg(long)]
+        no_daemon: bool,
+        #[command(flatten)]
+        collect: CollectArgs,
+    },
+    /// Record a window and show where the time inside CUDA and NCCL calls went.
+    Attribute {
+        /// How long to record.
+        #[arg(long, default_value = "30s", value_parser = units::parse_duration)]
+        duration: Duration,
+        /// Only this container (id, id prefix or name).
+        #[arg(long)]
+        container: Option<String>,
+        /// Only this process.
+        #[arg(long)]
+        pid: Option<u32>,
+        /// A previous recording (report.json from --out) to compare with.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Write report.json (docs/attribute.md) and report.html here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "500ms", value_parser = units::parse_duration)]
+        poll_interval: Duration,
+        /// Read from the agent daemon on this socket when one answers.
         #[arg(long, default_value = daemon::DEFAULT_SOCKET)]
         socket: PathBuf,
         /// Never read from a daemon: load the probes in this process.
@@ -186,7 +225,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = stat::StatOptions {
                 duration,
                 poll_interval,
-                trace: collect.trace_options()?,
+                trace: collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?,
                 region_dirs: collect.region_dirs(),
                 socket: (!no_daemon).then_some(socket),
                 nvml: !collect.no_nvml,
@@ -208,6 +247,52 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Attribute {
+            duration,
+            container,
+            pid,
+            baseline,
+            out,
+            json,
+            poll_interval,
+            socket,
+            no_daemon,
+            collect,
+        } => {
+            let opts = attribute::AttributeOptions {
+                duration,
+                poll_interval,
+                trace: collect.trace_options(LaunchMode::Sampled, Duration::from_millis(200))?,
+                region_dirs: collect.region_dirs(),
+                socket: (!no_daemon).then_some(socket),
+                nvml: !collect.no_nvml,
+                filter: attribute::report::Filter { container, pid },
+                baseline,
+            };
+            let report = match attribute::run(opts) {
+                Ok(r) => r,
+                Err(attribute::AttributeError::Probes(ProbeError::NotPrivileged(msg))) => {
+                    anyhow::bail!("{msg}")
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(dir) = &out {
+                attribute::write(&report, dir)?;
+                log::info!(
+                    "wrote {} and {}",
+                    dir.join("report.json").display(),
+                    dir.join("report.html").display()
+                );
+            }
+            let mut stdout = std::io::stdout().lock();
+            if json {
+                serde_json::to_writer_pretty(&mut stdout, &report)?;
+                writeln!(stdout)?;
+            } else {
+                write!(stdout, "{}", attribute::table(&report))?;
+            }
+            Ok(())
+        }
         Command::Run {
             socket,
             interval,
@@ -218,7 +303,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 socket,
                 interval,
                 collector: collector::CollectorOptions {
-                    trace: Some(collect.trace_options()?),
+                    trace: Some(collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?),
                     region_dirs: collect.region_dirs(),
                     host: host::HostPaths::system().with_root(collect.host_root.clone()),
                     nvml: !collect.no_nvml,

@@ -8,7 +8,8 @@ use std::{
 };
 
 use agent_common::maps::{
-    ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey, StatsKey,
+    AllocSizeKey, AllocSizeVal, ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey,
+    StatsKey,
 };
 
 use crate::{
@@ -51,6 +52,7 @@ pub struct RawReading {
     pub live: Vec<(u32, LiveMem)>,
     pub nccl_stats: Vec<(NcclStatsKey, ApiStats)>,
     pub nccl_comms: Vec<(NcclCommKey, NcclCommInfo)>,
+    pub alloc_sizes: Vec<(AllocSizeKey, AllocSizeVal)>,
     pub health: [u64; Health::COUNT as usize],
 }
 
@@ -297,6 +299,7 @@ impl Tracer {
             live: self.probes.read_live()?,
             nccl_stats: self.probes.read_nccl_stats()?,
             nccl_comms: self.probes.read_nccl_comms()?,
+            alloc_sizes: self.probes.read_alloc_sizes()?,
             health: self.probes.read_health()?,
         })
     }

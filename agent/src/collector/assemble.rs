@@ -17,8 +17,8 @@ use crate::{
         runtime_names::RuntimeNames,
     },
     model::{
-        ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews, NvmlProcess,
-        Process, ProcessKey, RegionDevice, RegionInfo, Snapshot, Source,
+        AllocSizes, ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews,
+        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, Snapshot, Source,
     },
     nvml::GpuSnapshot,
     trace::{RawReading, Tracer},
@@ -456,6 +456,23 @@ pub fn build(
                 .remove(&pid)
                 .map(|m| m.into_values().collect())
                 .unwrap_or_default(),
+            alloc_sizes: inp
+                .reading
+                .alloc_sizes
+                .iter()
+                .filter(|(k, _)| k.tgid == pid)
+                .filter_map(|(k, v)| {
+                    let name = ApiId(k.api).spec()?.name;
+                    Some(AllocSizes {
+                        api: name.to_owned(),
+                        pool: name.starts_with("cuMemAllocAsync")
+                            || name.starts_with("cuMemAllocFromPoolAsync"),
+                        log2: k.log2,
+                        count: v.count,
+                        bytes: v.bytes,
+                    })
+                })
+                .collect(),
             rates: None,
         });
         identities.insert(key, identity);

@@ -106,6 +106,19 @@ pub struct LimiterProcess {
     pub shard_problems: Vec<String>,
 }
 
+/// Successful allocations of one API in one size class (cumulative, from the probes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllocSizes {
+    pub api: String,
+    /// Allocated from a stream-ordered pool (cuMemAllocAsync, cuMemAllocFromPoolAsync) rather
+    /// than directly.
+    pub pool: bool,
+    /// Sizes in [2^log2, 2^(log2+1)) bytes.
+    pub log2: u8,
+    pub count: u64,
+    pub bytes: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NvmlProcess {
     pub device: u32,
@@ -147,6 +160,9 @@ pub struct Process {
     pub limiter: Option<LimiterProcess>,
     pub nvml: Vec<NvmlProcess>,
     pub communicators: Vec<Communicator>,
+    /// Allocations by size class (probes).
+    #[serde(default)]
+    pub alloc_sizes: Vec<AllocSizes>,
     /// Per-second rates over the last interval (absent in the first snapshot).
     pub rates: Option<Rates>,
 }

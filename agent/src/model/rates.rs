@@ -89,6 +89,7 @@ mod tests {
             limiter: None,
             nvml: vec![],
             communicators: vec![],
+            alloc_sizes: vec![],
             rates: None,
         }
     }

@@ -32,6 +32,11 @@ pub struct ProbeCost {
     pub unprobed_ns: f64,
     /// Median added cost of one entry + return probe hit, ns.
     pub per_hit_ns: f64,
+    /// The part of that cost that falls inside the latency the probes measure (their mean
+    /// in-kernel latency of a function that takes a few ns): subtracted when attributing time to
+    /// the driver.
+    #[serde(default)]
+    pub inband_ns: f64,
 }
 
 type DriverGetVersion = unsafe extern "C" fn(*mut i32) -> i32;
@@ -137,12 +142,24 @@ pub fn measure(
         .clamp(20, 5_000);
     let probed = time_calls(target.func, batch, 9);
     probes.detach_links(links);
-    probes.remove_stats_rows(std::process::id(), ProbeCookie::CALIBRATION_API)?;
+    let me = std::process::id();
+    let (calls, total_ns) = probes
+        .read_stats()?
+        .iter()
+        .filter(|(k, _)| k.tgid == me && k.api == ProbeCookie::CALIBRATION_API)
+        .fold((0u64, 0u64), |(c, t), (_, s)| (c + s.calls, t + s.total_ns));
+    let inband_ns = if calls > 0 {
+        (total_ns as f64 / calls as f64 - unprobed).max(0.0)
+    } else {
+        0.0
+    };
+    probes.remove_stats_rows(me, ProbeCookie::CALIBRATION_API)?;
     Ok(ProbeCost {
         target: target.name,
         prologue: target.prologue,
         calls: u64::from(batch) * 9 + 20,
         unprobed_ns: unprobed,
         per_hit_ns: (probed - unprobed).max(0.0),
+        inband_ns,
     })
 }

@@ -17,8 +17,8 @@ use std::{
 use agent_common::{
     ApiId, ApiKind, ProbeCookie,
     maps::{
-        AllocKey, AllocVal, ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey,
-        StatsKey,
+        AllocKey, AllocSizeKey, AllocSizeVal, AllocVal, ApiStats, Health, LiveMem, NcclCommInfo,
+        NcclCommKey, NcclStatsKey, StatsKey,
     },
 };
 use aya::{
@@ -315,6 +315,16 @@ impl Probes {
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 
+    /// Successful allocations by process, API and log2 size class.
+    pub fn read_alloc_sizes(&self) -> Result<Vec<(AllocSizeKey, AllocSizeVal)>, ProbeError> {
+        let map: BpfHashMap<_, AllocSizeKey, AllocSizeVal> =
+            BpfHashMap::try_from(self.map("ALLOC_SIZES")?).map_err(|e| ProbeError::Map {
+                name: "ALLOC_SIZES",
+                source: Box::new(e),
+            })?;
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
     /// Live device memory per process.
     pub fn read_live(&self) -> Result<Vec<(u32, LiveMem)>, ProbeError> {
         let map: BpfHashMap<_, u32, LiveMem> =
@@ -394,6 +404,23 @@ impl Probes {
                     source: Box::new(e),
                 })?;
             let keys: Vec<StatsKey> = m
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| gone(k.tgid))
+                .collect();
+            for k in keys {
+                let _ = m.remove(&k);
+            }
+        }
+        {
+            let mut m: BpfHashMap<_, AllocSizeKey, AllocSizeVal> =
+                BpfHashMap::try_from(self.map_mut("ALLOC_SIZES")?).map_err(|e| {
+                    ProbeError::Map {
+                        name: "ALLOC_SIZES",
+                        source: Box::new(e),
+                    }
+                })?;
+            let keys: Vec<AllocSizeKey> = m
                 .keys()
                 .filter_map(Result::ok)
                 .filter(|k| gone(k.tgid))

@@ -332,6 +332,7 @@ mod tests {
             limiter: None,
             nvml: vec![],
             communicators: vec![],
+            alloc_sizes: vec![],
             rates: None,
         }
     }

@@ -191,20 +191,24 @@ pub struct Stat {
 impl Stat {
     /// Starts `vgpu-agent stat --json --duration 120s ARGS` (ended with SIGINT by `finish`).
     pub fn start(args: &[&str]) -> Stat {
-        let mut child = Command::new(agent_bin())
-            .args([
-                "stat",
-                "--json",
-                "--duration",
-                "120s",
-                "--poll-interval",
-                "200ms",
-            ])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("vgpu-agent starts");
+        let mut cmd = Command::new(agent_bin());
+        cmd.args([
+            "stat",
+            "--json",
+            "--duration",
+            "120s",
+            "--poll-interval",
+            "200ms",
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        Stat::from_command(cmd)
+    }
+
+    /// Starts any agent command that prints JSON at the end and stops on SIGINT.
+    pub fn from_command(mut cmd: Command) -> Stat {
+        let mut child = cmd.spawn().expect("vgpu-agent starts");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {

@@ -1,0 +1,338 @@
+//! The attribution report: per container and process, wall time and the time inside CUDA/NCCL
+//! calls split into components, per-API times, allocation size classes, and (with a baseline)
+//! what changed. JSON schema: docs/attribute.md.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::components::{self, ApiTime, Components, Sampling};
+use crate::model::{Process, Snapshot};
+
+pub const SCHEMA: &str = "vgpu-agent.attribute/v1";
+
+/// Allocation size classes, by the lower bound's log2 (bytes).
+pub const SIZE_CLASSES: [(&str, u8); 4] = [
+    ("< 1 MiB", 0),
+    ("1-16 MiB", 20),
+    ("16-256 MiB", 24),
+    (">= 256 MiB", 28),
+];
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SizeClass {
+    pub class: String,
+    pub direct_count: u64,
+    pub direct_bytes: u64,
+    pub pool_count: u64,
+    pub pool_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessAttribution {
+    pub pid: u32,
+    pub comm: String,
+    pub cmdline: String,
+    pub container: String,
+    /// Seconds of the window the process was alive for.
+    pub wall_seconds: f64,
+    /// Seconds inside CUDA/NCCL calls (the sum of the components).
+    pub in_api_seconds: f64,
+    pub components: Components,
+    pub apis: Vec<ApiTime>,
+    pub allocation_classes: Vec<SizeClass>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContainerAttribution {
+    pub key: String,
+    pub name: String,
+    pub pids: Vec<u32>,
+    pub wall_seconds: f64,
+    pub in_api_seconds: f64,
+    pub components: Components,
+    pub allocation_classes: Vec<SizeClass>,
+}
+
+/// What the probes sampled and what that cost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplingInfo {
+    /// Launch probes: `off`, `on` or `sampled`.
+    pub launch_probes: String,
+    /// Seconds the launch probes were attached during the window.
+    pub launch_probe_seconds: f64,
+    /// Measured cost of one probed call (entry + return), ns.
+    pub probe_cost_per_call_ns: f64,
+    /// The part of it inside measured latencies, ns (removed from driver time).
+    pub probe_inband_ns: f64,
+    /// Probe cost over all processes as a share of their wall time.
+    pub probe_cost_share: f64,
+}
+
+/// One component's change against the baseline, per second of wall time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub component: String,
+    /// Seconds per wall second, baseline and now.
+    pub baseline: f64,
+    pub now: f64,
+    pub delta: f64,
+    /// Share of the total increase this component explains (0 for components that fell).
+    pub share_of_slowdown: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BaselineComparison {
+    pub baseline_file: String,
+    /// Time inside the API per wall second, baseline and now.
+    pub in_api_baseline: f64,
+    pub in_api_now: f64,
+    /// Components ranked by how much of the increase they explain.
+    pub changes: Vec<Change>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttributionReport {
+    pub schema: String,
+    pub hostname: String,
+    pub started_at_unix_ms: u64,
+    pub duration_seconds: f64,
+    pub source: String,
+    pub sampling: SamplingInfo,
+    pub totals: Components,
+    pub containers: Vec<ContainerAttribution>,
+    pub processes: Vec<ProcessAttribution>,
+    pub baseline: Option<BaselineComparison>,
+    pub notes: Vec<String>,
+}
+
+fn classes(now: &Process, before: Option<&Process>) -> Vec<SizeClass> {
+    let mut out: Vec<SizeClass> = SIZE_CLASSES
+        .iter()
+        .map(|(n, _)| SizeClass {
+            class: (*n).into(),
+            ..Default::default()
+        })
+        .collect();
+    for a in &now.alloc_sizes {
+        let earlier = before.and_then(|b| {
+            b.alloc_sizes
+                .iter()
+                .find(|e| e.api == a.api && e.log2 == a.log2)
+        });
+        let count = a
+            .count
+            .saturating_sub(earlier.map(|e| e.count).unwrap_or(0));
+        let bytes = a
+            .bytes
+            .saturating_sub(earlier.map(|e| e.bytes).unwrap_or(0));
+        let i = SIZE_CLASSES
+            .iter()
+            .rposition(|(_, lo)| a.log2 >= *lo)
+            .unwrap_or(0);
+        let c = &mut out[i];
+        if a.pool {
+            c.pool_count += count;
+            c.pool_bytes += bytes;
+        } else {
+            c.direct_count += count;
+            c.direct_bytes += bytes;
+        }
+    }
+    out
+}
+
+fn add_classes(into: &mut [SizeClass], from: &[SizeClass]) {
+    for (a, b) in into.iter_mut().zip(from) {
+        a.direct_count += b.direct_count;
+        a.direct_bytes += b.direct_bytes;
+        a.pool_count += b.pool_count;
+        a.pool_bytes += b.pool_bytes;
+    }
+}
+
+/// Which processes to report.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub container: Option<String>,
+    pub pid: Option<u32>,
+}
+
+impl Filter {
+    fn keeps(&self, p: &Process, container_name: &str) -> bool {
+        self.pid.is_none_or(|pid| p.key.pid == pid)
+            && self
+                .container
+                .as_ref()
+                .is_none_or(|c| p.container.starts_with(c.as_str()) || container_name == c)
+    }
+}
+
+/// Builds the report of the window `first..last`.
+pub fn build(
+    first: &Snapshot,
+    last: &Snapshot,
+    source: &str,
+    window_seconds: f64,
+    filter: &Filter,
+    process_age_seconds: impl Fn(&Process) -> Option<f64>,
+) -> AttributionReport {
+    let cost = last.agent.probe_cost.as_ref();
+    let sampling = Sampling {
+        window_seconds,
+        launch_seconds: match last.agent.launch_probes {
+            crate::trace::LaunchProbes::Off => 0.0,
+            crate::trace::LaunchProbes::On => window_seconds,
+            crate::trace::LaunchProbes::Sampled { .. } => {
+                (last.agent.launch_probe_seconds - first.agent.launch_probe_seconds).max(0.0)
+            }
+        },
+        per_hit_ns: cost.map(|c| c.per_hit_ns).unwrap_or(0.0),
+        inband_ns: cost.map(|c| c.inband_ns).unwrap_or(0.0),
+    };
+    let container_name = |key: &str| {
+        last.containers
+            .iter()
+            .find(|c| c.key == key)
+            .map(|c| c.name.clone())
+            .unwrap_or_else(|| key.to_owned())
+    };
+    let mut processes = Vec::new();
+    for p in &last.processes {
+        if !filter.keeps(p, &container_name(&p.container)) {
+            continue;
+        }
+        let before = first.process(p.key);
+        let (components, apis) = components::attribute(p, before, sampling);
+        if apis.is_empty() && components.throttled == 0.0 {
+            continue;
+        }
+        let wall_seconds = process_age_seconds(p)
+            .map(|age| age.min(window_seconds))
+            .unwrap_or(window_seconds);
+        processes.push(ProcessAttribution {
+            pid: p.key.pid,
+            comm: p.comm.clone(),
+            cmdline: p.cmdline.clone(),
+            container: p.container.clone(),
+            wall_seconds,
+            in_api_seconds: components.total(),
+            components,
+            apis,
+            allocation_classes: classes(p, before),
+        });
+    }
+    let mut containers: BTreeMap<String, ContainerAttribution> = BTreeMap::new();
+    let mut totals = Components::default();
+    let mut wall_total = 0.0;
+    for p in &processes {
+        let c = containers
+            .entry(p.container.clone())
+            .or_insert_with(|| ContainerAttribution {
+                key: p.container.clone(),
+                name: container_name(&p.container),
+                pids: vec![],
+                wall_seconds: 0.0,
+                in_api_seconds: 0.0,
+                components: Components::default(),
+                allocation_classes: SIZE_CLASSES
+                    .iter()
+                    .map(|(n, _)| SizeClass {
+                        class: (*n).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            });
+        c.pids.push(p.pid);
+        c.wall_seconds += p.wall_seconds;
+        c.in_api_seconds += p.in_api_seconds;
+        c.components.add(&p.components);
+        add_classes(&mut c.allocation_classes, &p.allocation_classes);
+        totals.add(&p.components);
+        wall_total += p.wall_seconds;
+    }
+    let mut notes = Vec::new();
+    if let Some(why) = &last.agent.probes_unavailable {
+        notes.push(format!("no probe figures: {why}"));
+    }
+    if sampling.launch_seconds < window_seconds && sampling.launch_seconds > 0.0 {
+        notes.push(format!(
+            "launch probes were attached {:.1}s of {:.1}s: probed launch times are scaled up by {:.1}x (the limiter's figures are used where it runs)",
+            sampling.launch_seconds,
+            window_seconds,
+            window_seconds / sampling.launch_seconds
+        ));
+    }
+    AttributionReport {
+        schema: SCHEMA.into(),
+        hostname: last.hostname.clone(),
+        started_at_unix_ms: first.taken_at_unix_ms,
+        duration_seconds: window_seconds,
+        source: source.into(),
+        sampling: SamplingInfo {
+            launch_probes: match last.agent.launch_probes {
+                crate::trace::LaunchProbes::Off => "off".into(),
+                crate::trace::LaunchProbes::On => "on".into(),
+                crate::trace::LaunchProbes::Sampled { .. } => "sampled".into(),
+            },
+            launch_probe_seconds: sampling.launch_seconds,
+            probe_cost_per_call_ns: sampling.per_hit_ns,
+            probe_inband_ns: sampling.inband_ns,
+            probe_cost_share: if wall_total > 0.0 {
+                totals.probe_cost / wall_total
+            } else {
+                0.0
+            },
+        },
+        totals,
+        containers: containers.into_values().collect(),
+        processes,
+        baseline: None,
+        notes,
+    }
+}
+
+/// Compares with a baseline recording: components per second of wall time, ranked by how much of
+/// the increase in time inside the API each explains.
+pub fn compare(
+    now: &AttributionReport,
+    baseline: &AttributionReport,
+    file: &str,
+) -> BaselineComparison {
+    let rate = |r: &AttributionReport, name: &str| {
+        let wall: f64 = r.processes.iter().map(|p| p.wall_seconds).sum();
+        if wall > 0.0 {
+            r.totals.get(name) / wall
+        } else {
+            0.0
+        }
+    };
+    let mut changes: Vec<Change> = components::NAMES
+        .iter()
+        .map(|n| {
+            let (b, a) = (rate(baseline, n), rate(now, n));
+            Change {
+                component: (*n).into(),
+                baseline: b,
+                now: a,
+                delta: a - b,
+                share_of_slowdown: 0.0,
+            }
+        })
+        .collect();
+    let increase: f64 = changes.iter().map(|c| c.delta.max(0.0)).sum();
+    for c in &mut changes {
+        c.share_of_slowdown = if increase > 0.0 {
+            c.delta.max(0.0) / increase
+        } else {
+            0.0
+        };
+    }
+    changes.sort_by(|a, b| b.delta.total_cmp(&a.delta));
+    BaselineComparison {
+        baseline_file: file.into(),
+        in_api_baseline: components::NAMES.iter().map(|n| rate(baseline, n)).sum(),
+        in_api_now: components::NAMES.iter().map(|n| rate(now, n)).sum(),
+        changes,
+    }
+}

@@ -2,22 +2,24 @@
 //! measures the time from the start signal to a usable region (`open_or_create` + `claim_slot`).
 //! Prints one JSON object with p50/p99/max in microseconds.
 //!
-//! `cargo run -p region --release --example startup_bench [-- --processes N --rounds R]`
+//! `cargo run -p region --release --example startup_bench [-- --processes N --rounds R --dir D]`
+//! (default directory `/dev/shm`).
 //!
 //! The start signal is one pipe shared by all children: each blocks in `read` of one byte, and
 //! the parent writes N bytes in one call.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use region::{Region, RegionConfig};
 
 fn child(path: &str) {
-    let mut byte = [0u8; 1];
-    std::io::stdin()
-        .read_exact(&mut byte)
-        .expect("start signal");
+    // One unbuffered byte: `std::io::stdin()` is buffered and would take other children's bytes.
+    let mut byte = 0u8;
+    // SAFETY: reads at most one byte into a valid, writable local.
+    let n = unsafe { libc::read(0, (&mut byte as *mut u8).cast(), 1) };
+    assert_eq!(n, 1, "start signal");
     let start = Instant::now();
     let (region, _) =
         Region::open_or_create(path.as_ref(), &RegionConfig::unlimited(8)).expect("open_or_create");
@@ -39,9 +41,22 @@ fn main() {
     };
     let processes = arg("--processes", 64);
     let rounds = arg("--rounds", 5);
+    // The region directory: tmpfs by default (where regions should live: first writes to a
+    // disk-backed shared mapping page-fault into the filesystem's block allocation and journal,
+    // milliseconds each on ext4). `--dir PATH` measures another filesystem.
+    let base = args
+        .iter()
+        .position(|a| a == "--dir")
+        .and_then(|i| args.get(i + 1))
+        .map_or_else(
+            || std::path::PathBuf::from("/dev/shm"),
+            std::path::PathBuf::from,
+        );
     let mut all_us: Vec<f64> = Vec::new();
     for _ in 0..rounds {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = tempfile::Builder::new()
+            .tempdir_in(&base)
+            .expect("temp dir");
         let path = dir.path().join("region");
         let (read_end, mut write_end) = pipe();
         let children: Vec<_> = (0..processes)
@@ -72,8 +87,9 @@ fn main() {
     all_us.sort_by(f64::total_cmp);
     let q = |p: f64| all_us[((p * all_us.len() as f64).ceil() as usize).clamp(1, all_us.len()) - 1];
     println!(
-        "{{\"bench\":\"region_startup\",\"processes\":{processes},\"rounds\":{rounds},\
+        "{{\"bench\":\"region_startup\",\"dir\":{:?},\"processes\":{processes},\"rounds\":{rounds},\
          \"samples\":{},\"p50_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1}}}",
+        base.display().to_string(),
         all_us.len(),
         q(0.50),
         q(0.99),

@@ -202,7 +202,7 @@ const _: () = assert!(size_of::<ApiCounters>() == 64);
 const _: () = assert!(size_of::<Shard>() == 36_160);
 const _: () = assert!(size_of::<SlotHeader>() == 384);
 const _: () = assert!(size_of::<SlotRecord>() == 325_824);
-const _: () = assert!(SLOT_SIZE % 64 == 0 && SHARD_SIZE % 64 == 0);
+const _: () = assert!(SLOT_SIZE.is_multiple_of(64) && SHARD_SIZE.is_multiple_of(64));
 const _: () = assert!(offset_of!(RegionHeader, init_state) == 0);
 const _: () = assert!(offset_of!(RegionHeader, magic) == 8);
 const _: () = assert!(offset_of!(RegionHeader, layout_version) == 16);
@@ -312,16 +312,17 @@ mod tests {
         for line in doc.lines() {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
             // ["", "`Struct`", "`field`", "offset", "size", "meaning", ""]
-            if cells.len() >= 6 && cells[1].starts_with('`') && cells[2].starts_with('`') {
-                if let (Ok(off), Ok(size)) = (cells[3].parse::<usize>(), cells[4].parse::<usize>())
-                {
-                    rows.push((
-                        cells[1].trim_matches('`').to_string(),
-                        cells[2].trim_matches('`').to_string(),
-                        off,
-                        size,
-                    ));
-                }
+            if cells.len() >= 6
+                && cells[1].starts_with('`')
+                && cells[2].starts_with('`')
+                && let (Ok(off), Ok(size)) = (cells[3].parse::<usize>(), cells[4].parse::<usize>())
+            {
+                rows.push((
+                    cells[1].trim_matches('`').to_string(),
+                    cells[2].trim_matches('`').to_string(),
+                    off,
+                    size,
+                ));
             }
         }
         let expected: Vec<(String, String, usize, usize)> = FIELD_OFFSETS

@@ -54,7 +54,7 @@ impl Mapping {
     /// `T` must be a layout type (all atomics, valid for any bit pattern).
     pub(crate) fn get<T: crate::layout_types::RegionPod>(&self, offset: usize) -> Option<&T> {
         let end = offset.checked_add(size_of::<T>())?;
-        if end > self.len || offset % align_of::<T>() != 0 {
+        if end > self.len || !offset.is_multiple_of(align_of::<T>()) {
             return None;
         }
         // SAFETY: `offset..end` lies inside the mapping (checked above) and is aligned for `T`

@@ -653,7 +653,7 @@ fn merge(merged: &mut [Option<ApiStats>], copy: &ShardCopy) {
         if fields.iter().all(|&v| v == 0) && hist.iter().all(|&v| v == 0) {
             continue;
         }
-        let stats = merged[index].get_or_insert_with(|| ApiStats {
+        let stats = merged[index].get_or_insert(ApiStats {
             api: ApiId(index as u16),
             calls: 0,
             errors: 0,

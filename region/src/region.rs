@@ -252,11 +252,11 @@ impl Region {
 
     /// Records the context (and module) memory of the process on `device`, for display.
     pub fn set_context_bytes(&self, slot: &Slot, device: u32, bytes: u64) {
-        if let (Some(record), true) = (self.slot_record(slot.index()), device < self.device_count) {
-            if self.owns(slot, record) {
-                // Relaxed: a display value, read by the agent without ordering needs.
-                record.header.context_bytes[device as usize].store(bytes, Ordering::Relaxed);
-            }
+        if let (Some(record), true) = (self.slot_record(slot.index()), device < self.device_count)
+            && self.owns(slot, record)
+        {
+            // Relaxed: a display value, read by the agent without ordering needs.
+            record.header.context_bytes[device as usize].store(bytes, Ordering::Relaxed);
         }
     }
 

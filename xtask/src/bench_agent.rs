@@ -28,7 +28,7 @@ const LOAD_SECONDS: f64 = 20.0;
 const SHORT_LIVED: usize = 1_000;
 
 fn ticks_per_second() -> f64 {
-    util::output(&mut Command::new("getconf").arg("CLK_TCK"))
+    util::output(Command::new("getconf").arg("CLK_TCK"))
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(100.0)
 }

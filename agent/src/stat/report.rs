@@ -115,6 +115,9 @@ pub struct StatReport {
     pub containers: Vec<ContainerRow>,
 }
 
+/// Per cgroup path: pids, live bytes, and calls merged per (API, source).
+type CgroupAccumulator = (Vec<u32>, u64, BTreeMap<(String, Source), ApiUsage>);
+
 /// The process's calls during the window (APIs without calls in it are left out).
 fn window_apis(p: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
     p.apis
@@ -166,8 +169,7 @@ pub fn build(
     mut cgroup_id: impl FnMut(&str) -> Option<u64>,
 ) -> StatReport {
     let mut processes = Vec::new();
-    let mut cgroups: BTreeMap<String, (Vec<u32>, u64, BTreeMap<(String, Source), ApiUsage>)> =
-        BTreeMap::new();
+    let mut cgroups: BTreeMap<String, CgroupAccumulator> = BTreeMap::new();
     for p in &last.processes {
         let apis = window_apis(p, first.process(p.key));
         let live_bytes = p.memory.probes.unwrap_or(0);

@@ -92,7 +92,7 @@ fn driver_copy_and_sync_time_are_attributed_within_ten_percent() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut stat = Stat::from_command(agent);
-    stat.wait_for("attached to", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), Duration::from_secs(20));
     stat.wait_for("recording for", Duration::from_secs(20));
     let pids: Vec<u32> = workloads.iter().map(|w| w.pid()).collect();
     for w in &workloads {
@@ -201,7 +201,7 @@ fn probe_cost_is_attributed_within_ten_percent_of_the_slowdown_it_causes() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut stat = Stat::from_command(agent);
-    stat.wait_for("attached to", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), Duration::from_secs(20));
     stat.wait_for("recording for", Duration::from_secs(20));
     let pid = workload.pid();
     workload.go();

@@ -61,7 +61,7 @@ fn real_libcuda_every_traced_call_is_counted_exactly_and_as_an_error() {
     cmd.args(["counts", "--per-api", "3", "--init"]);
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::start(&["--no-calibrate"]);
-    stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for(&attached(lib.parent().unwrap()), ATTACH_TIMEOUT);
     stat.wait_for("tracing for", ATTACH_TIMEOUT);
     // Debian's 535 driver predates cuCtxCreate_v4: skipped with a warning, the rest attach.
     stat.wait_for("cuCtxCreate_v4", ATTACH_TIMEOUT);
@@ -118,7 +118,7 @@ fn sim_latency_of_200us_lands_in_its_bucket() {
         ]);
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::start(&["--no-calibrate"]);
-    stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
     stat.wait_for("tracing for", ATTACH_TIMEOUT);
     let pid = workload.pid();
     workload.go();
@@ -167,7 +167,7 @@ fn sim_random_allocations_and_frees_leave_live_bytes_exact() {
     ]);
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::start(&["--no-calibrate"]);
-    stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
     stat.wait_for("tracing for", ATTACH_TIMEOUT);
     let pid = workload.pid();
     workload.go();
@@ -225,7 +225,7 @@ fn sim_process_moved_into_its_own_cgroup_is_reported_under_it() {
     std::fs::write(cg.join("cgroup.procs"), pid.to_string())
         .expect("move the workload into its cgroup");
     let mut stat = Stat::start(&["--no-calibrate"]);
-    stat.wait_for("attached to", ATTACH_TIMEOUT);
+    stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
     stat.wait_for("tracing for", ATTACH_TIMEOUT);
     workload.go();
     let made = workload.finish();
@@ -276,8 +276,7 @@ fn sim_process_in_its_own_mount_namespace_with_its_own_library_copy_is_attached_
         "the copy is invisible from the host namespace"
     );
     let mut stat = Stat::start(&["--no-calibrate"]);
-    let line = stat.wait_for("attached to", ATTACH_TIMEOUT);
-    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    let line = stat.wait_for(&attached(&private), ATTACH_TIMEOUT);
     stat.wait_for("tracing for", ATTACH_TIMEOUT);
     assert!(
         line.contains("/root/") && line.contains("private/libcuda.so.1"),
@@ -312,7 +311,7 @@ fn a_library_that_appears_later_is_attached_within_two_seconds() {
     ]);
     let workload = Workload::start(cmd, dir.path());
     let loaded = std::time::Instant::now();
-    stat.wait_for("attached to", Duration::from_secs(5));
+    stat.wait_for(&attached(&lib), Duration::from_secs(5));
     let took = loaded.elapsed();
     assert!(
         took < Duration::from_secs(2),
@@ -340,7 +339,7 @@ fn launch_probes_are_off_by_default_and_count_exactly_when_on() {
         let mut args = vec!["--no-calibrate"];
         args.extend_from_slice(flags);
         let mut stat = Stat::start(&args);
-        stat.wait_for("attached to", ATTACH_TIMEOUT);
+        stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
         stat.wait_for("tracing for", ATTACH_TIMEOUT);
         let pid = workload.pid();
         workload.go();

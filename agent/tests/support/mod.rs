@@ -96,6 +96,12 @@ pub fn sim_lib(dir: &Path) -> PathBuf {
     dst
 }
 
+/// The agent's log line for attaching to a library at (or under) `path`: other GPU processes on
+/// the machine have libraries of their own, so tests wait for theirs.
+pub fn attached(path: &Path) -> String {
+    format!("as {}", path.display())
+}
+
 /// The real driver library unpacked by `cargo xtask setup`, if present.
 pub fn real_libcuda() -> Option<PathBuf> {
     let p = PathBuf::from(std::env::var_os("VGPU_TEST_LIBCUDA")?);

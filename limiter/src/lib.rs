@@ -6,7 +6,8 @@
 //! Module map:
 //! - [`real_driver`]: finds glibc's `dlsym` and the real libcuda; holds the real function pointers.
 //! - [`dlsym`]: the `dlsym` override that hands out hooks for lookups through libcuda's handle.
-//! - [`hooks`]: the exported hooks (memory, launch, information, `cuGetProcAddress`, `cuInit`).
+//! - [`hooks`]: the exported hooks (memory, launch, information, `cuGetProcAddress`, `cuInit`);
+//!   [`nvml`]: NVML's memory information under the limit.
 //! - [`guard`]: re-entrancy and panic guards; [`state`]: lazy process-wide state;
 //!   [`config`]: environment parsing; [`log`]: stderr diagnostics without allocation; [`cuda`]:
 //!   the `cuda.h` subset; [`clock`]: the launch path's clock.
@@ -25,6 +26,7 @@ pub mod dlsym;
 pub mod guard;
 pub mod hooks;
 pub mod log;
+pub mod nvml;
 pub mod pools;
 pub mod process;
 pub mod real_driver;

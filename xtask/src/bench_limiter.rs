@@ -127,7 +127,8 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Interleaves native and limited runs of `f`; returns the JSON summary and prints a row.
+/// Interleaves native and limited runs of `f`; returns the JSON summary and prints a row
+/// (seconds are shown as milliseconds).
 fn compare(name: &str, unit: &str, mut f: impl FnMut(bool, usize) -> Result<f64>) -> Result<Value> {
     let (mut native, mut limited) = (Vec::new(), Vec::new());
     for run in 0..RUNS {
@@ -135,15 +136,19 @@ fn compare(name: &str, unit: &str, mut f: impl FnMut(bool, usize) -> Result<f64>
         limited.push(f(true, run)?);
     }
     let (n, l) = (median(&mut native), median(&mut limited));
-    let spread = |v: &[f64]| format!("{:.0}..{:.0}", v[0], v[v.len() - 1]);
-    let scale = if unit == "s" { 1000.0 } else { 1.0 };
+    let (scale, shown) = if unit == "s" {
+        (1000.0, "ms")
+    } else {
+        (1.0, unit)
+    };
+    let spread = |v: &[f64]| format!("{:.0}..{:.0}", v[0] * scale, v[v.len() - 1] * scale);
     println!(
-        "{name:<24} native {:>9.1} {unit} ({})   limiter {:>9.1} {unit} ({})   +{:.1} {unit}   x{:.3}",
-        n,
-        spread(&native.iter().map(|x| x * scale).collect::<Vec<_>>()),
-        l,
-        spread(&limited.iter().map(|x| x * scale).collect::<Vec<_>>()),
-        l - n,
+        "{name:<26} native {:>8.0} {shown} ({})   limiter {:>8.0} {shown} ({})   {:+.0} {shown}   x{:.3}",
+        n * scale,
+        spread(&native),
+        l * scale,
+        spread(&limited),
+        (l - n) * scale,
         l / n,
     );
     Ok(

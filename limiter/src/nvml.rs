@@ -88,8 +88,8 @@ fn bind() -> Option<&'static Nvml> {
             let p = unsafe { dlsym(handle, name.as_ptr()) };
             (!p.is_null()).then_some(p as usize)
         };
-        // SAFETY (all four): each name is resolved in libnvidia-ml, whose nvml.h signature is the
-        // target type; `usize` and function pointers have the same size.
+        // SAFETY: each name is resolved in libnvidia-ml, whose nvml.h signature is the target type
+        // of its transmute (all four); `usize` and function pointers have the same size.
         unsafe {
             Some(Nvml {
                 memory_info: get(c"nvmlDeviceGetMemoryInfo")

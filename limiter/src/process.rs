@@ -30,7 +30,7 @@ use crate::{
 #[derive(Debug)]
 pub enum Ledger {
     /// No region configured (or it could not be used): exact within this process only.
-    Local(InProcess),
+    Local(Box<InProcess>),
     /// The container's region.
     Region(&'static RegionLedger),
 }
@@ -147,10 +147,10 @@ impl Process {
                             "{e}; this process's limit is enforced within the process only"
                         ),
                     );
-                    Ledger::Local(InProcess::new(config))
+                    Ledger::Local(Box::new(InProcess::new(config)))
                 }
             },
-            None => Ledger::Local(InProcess::new(config)),
+            None => Ledger::Local(Box::new(InProcess::new(config))),
         };
         Process {
             ledger,

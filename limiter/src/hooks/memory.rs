@@ -306,11 +306,11 @@ macro_rules! alloc_from_pool_async {
             pool: CUmemoryPool,
             stream: CUstream,
         ) -> CUresult {
-            // SAFETY: forwards the caller's arguments unchanged to the same variant.
             allocate::<$sym>(
                 dptr,
                 Space::Ptr,
                 from_pool(bytesize, Some(pool)),
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
                 |real| unsafe { real(dptr, bytesize, pool, stream) },
             )
         }

@@ -65,7 +65,9 @@ def run_case(case, limiter, agent, out_dir):
     c = res["checks"]
     c["failed_cleanly_at_the_limit"] = holding.get("error") is not None and got > 0
     c["got_within_limit"] = got <= LIMIT
-    c["got_close_to_limit"] = got >= LIMIT - (context or 0) - 512 * MIB
+    room = LIMIT - (context or 0)
+    # JAX preallocates 75 % of the total it is shown (the limit) and allocates inside that.
+    c["got_close_to_limit"] = got >= (0.7 * room if case == "jax" else room - 512 * MIB)
     c["region_within_limit"] = held is not None and held <= LIMIT
     c["nvml_within_limit"] = used is not None and used <= LIMIT
     c["nvml_agrees_with_region"] = (used is not None and held is not None

@@ -311,3 +311,27 @@ fn a_panic_in_the_hook_falls_through_to_the_driver_and_is_counted() {
     drop(c.stdin.take());
     assert!(c.wait().unwrap().success());
 }
+
+#[test]
+fn the_first_initialiser_wins_and_a_mismatch_is_logged_once() {
+    let region = fresh_region("mismatch");
+    let mut first = spawn(&["hold", &(64 * MIB).to_string()], &region, "1g", &[]);
+    assert_eq!(first_line(&mut first).trim(), "held 0");
+    let out = preloaded(caller())
+        .args(["hold", &(1536 * MIB).to_string()])
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &region)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "2g")
+        .env("LIBCUDA_LOG_LEVEL", "2")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (so, se) = (support::text(&out.stdout), support::text(&out.stderr));
+    assert_eq!(
+        so.trim(),
+        "held 2",
+        "the region's 1 GiB applies, not this process's 2 GiB"
+    );
+    assert_eq!(se.matches("created with other limits").count(), 1, "{se}");
+    drop(first.stdin.take());
+    assert!(first.wait().unwrap().success());
+}

@@ -1,9 +1,9 @@
 //! The accounting boundary: what the hooks reserve, release and record.
 //!
-//! Hooks only call the [`Accounting`] trait; [`Backend`] names the implementation. Today it is
-//! [`InProcess`]: per-device atomic counters with compare-and-swap reservation, so a limit is exact
-//! within one process. The shared `region` crate (one region per container, reservations across
-//! processes) replaces it behind the same trait.
+//! Hooks only call the [`Accounting`] trait. Two implementations: [`InProcess`] (per-device atomic
+//! counters with compare-and-swap reservation, exact within one process; used when no region is
+//! configured or it cannot be opened) and `shared::RegionLedger` (the container's region: exact
+//! across processes, statistics in per-thread shards). `process::Ledger` picks one per process.
 //!
 //! [`AllocTable`] remembers what each live allocation charged (address or handle to device and
 //! bytes) so frees release exactly that.
@@ -41,17 +41,14 @@ pub trait Accounting: Sync {
     fn used(&self, device: usize) -> u64;
     /// The limit of `device`, if any.
     fn limit(&self, device: usize) -> Option<u64>;
-    /// One call of `api` that took `latency_ns` in the driver.
-    fn record_call(&self, api: ApiId, latency_ns: u64, ok: bool);
+    /// One call of `api` that took `latency_ns` in the driver and `hook_ns` in the limiter.
+    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool);
     fn record_alloc(&self, api: ApiId, bytes: u64);
     fn record_free(&self, api: ApiId, bytes: u64);
     fn record_denied(&self, api: ApiId, bytes: u64);
     /// Time spent in the limiter's own logic around a call.
     fn add_hook_ns(&self, api: ApiId, ns: u64);
 }
-
-/// The backend in use.
-pub type Backend = InProcess;
 
 /// Counters of one API. Every field is an independent statistic: Relaxed throughout.
 #[derive(Debug, Default)]
@@ -151,10 +148,13 @@ impl Accounting for InProcess {
     }
 
     #[inline]
-    fn record_call(&self, api: ApiId, latency_ns: u64, ok: bool) {
+    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool) {
         if let Some(s) = self.apis.get(api.0 as usize) {
             s.calls.fetch_add(1, Ordering::Relaxed);
             s.latency_ns.fetch_add(latency_ns, Ordering::Relaxed);
+            if hook_ns != 0 {
+                s.hook_ns.fetch_add(hook_ns, Ordering::Relaxed);
+            }
             if !ok {
                 s.errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -192,6 +192,10 @@ impl Accounting for InProcess {
 pub struct Charge {
     pub device: usize,
     pub bytes: u64,
+    /// The stream-ordered pool the allocation came from (0: none). Pool allocations are charged
+    /// through their pool's reserved size (`pools.rs`), not per allocation: `bytes` is then only
+    /// recorded as a statistic.
+    pub pool: u64,
 }
 
 /// Fibonacci hashing of a 64-bit key: addresses are aligned, so the multiply spreads the high
@@ -352,14 +356,15 @@ mod tests {
     fn records_per_api() {
         let a = limited(10);
         let id = ApiId(0);
-        a.record_call(id, 5, true);
-        a.record_call(id, 7, false);
+        a.record_call(id, 5, 0, true);
+        a.record_call(id, 7, 3, false);
         a.record_denied(id, 11);
         let s = a.stats(id).unwrap();
         assert_eq!(s.calls.load(Ordering::Relaxed), 2);
         assert_eq!(s.errors.load(Ordering::Relaxed), 1);
         assert_eq!(s.latency_ns.load(Ordering::Relaxed), 12);
         assert_eq!(s.denied_bytes.load(Ordering::Relaxed), 11);
+        assert_eq!(s.hook_ns.load(Ordering::Relaxed), 3);
     }
 
     #[test]
@@ -368,6 +373,7 @@ mod tests {
         let c = Charge {
             device: 1,
             bytes: 4096,
+            pool: 0,
         };
         assert_eq!(t.insert(0x7f00_0000_0000, c), None);
         assert_eq!(
@@ -375,7 +381,8 @@ mod tests {
                 0x7f00_0000_0200,
                 Charge {
                     device: 0,
-                    bytes: 1
+                    bytes: 1,
+                    pool: 0,
                 }
             ),
             None
@@ -404,6 +411,7 @@ mod tests {
                             Charge {
                                 device: 0,
                                 bytes: 512,
+                                pool: 0,
                             },
                         );
                         t.remove(key);

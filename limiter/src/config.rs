@@ -18,6 +18,17 @@ pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 pub const REAL_LIBCUDA: &str = "VGPU_REAL_LIBCUDA";
+pub const REAL_LIBNVML: &str = "VGPU_REAL_LIBNVML";
+pub const CONTEXT_BYTES: &str = "VGPU_CONTEXT_BYTES";
+pub const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
+
+/// HAMi-core's region path when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset; used when a memory
+/// limit is set, so that the limit holds across all processes of the container.
+pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
+
+/// Context (and module) memory charged per process and device when `VGPU_CONTEXT_BYTES` is unset:
+/// what HAMi-core observed for a CUDA 12 context on H100/H200-class devices.
+pub const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
 
 /// Why a byte count does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +82,27 @@ pub struct Config {
     pub log_level: Level,
     /// Where the real driver is (`VGPU_REAL_LIBCUDA`); `None` means `libcuda.so.1`.
     pub real_libcuda: Option<PathBuf>,
+    /// Where the real NVML is (`VGPU_REAL_LIBNVML`); `None` means `libnvidia-ml.so.1`.
+    pub real_libnvml: Option<PathBuf>,
+    /// Context memory charged per process and device at its first allocation there
+    /// (`VGPU_CONTEXT_BYTES`, default [`DEFAULT_CONTEXT_BYTES`]; `0` charges none).
+    pub context_bytes: u64,
+    /// Test knob (`VGPU_DEBUG_PANIC_IN=<hooked symbol>`): the limiter's logic of that hook panics,
+    /// to show that the panic is caught, counted and the call still reaches the driver.
+    pub debug_panic_in: Option<String>,
+}
+
+impl Config {
+    /// The region path: `CUDA_DEVICE_MEMORY_SHARED_CACHE` when set, else HAMi-core's default
+    /// path when some device has a memory limit, else none (accounting stays in the process).
+    pub fn region_path(&self) -> Option<PathBuf> {
+        self.shared_cache.clone().or_else(|| {
+            self.memory_limit
+                .iter()
+                .any(Option::is_some)
+                .then(|| PathBuf::from(DEFAULT_SHARED_CACHE))
+        })
+    }
 }
 
 impl Default for Config {
@@ -81,6 +113,9 @@ impl Default for Config {
             shared_cache: None,
             log_level: Level::DEFAULT,
             real_libcuda: None,
+            real_libnvml: None,
+            context_bytes: DEFAULT_CONTEXT_BYTES,
+            debug_panic_in: None,
         }
     }
 }
@@ -112,6 +147,9 @@ enum Var {
     SharedCache,
     LogLevel,
     RealLibcuda,
+    RealLibnvml,
+    ContextBytes,
+    DebugPanicIn,
 }
 
 fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
@@ -147,8 +185,12 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
     if name == LOG_LEVEL {
         return Ok(Some(Var::LogLevel));
     }
-    if name == REAL_LIBCUDA {
-        return Ok(Some(Var::RealLibcuda));
+    match name {
+        REAL_LIBCUDA => return Ok(Some(Var::RealLibcuda)),
+        REAL_LIBNVML => return Ok(Some(Var::RealLibnvml)),
+        CONTEXT_BYTES => return Ok(Some(Var::ContextBytes)),
+        DEBUG_PANIC_IN => return Ok(Some(Var::DebugPanicIn)),
+        _ => {}
     }
     if let Some(i) = indexed(name, MEMORY_LIMIT)? {
         return Ok(Some(Var::Memory(i)));
@@ -227,6 +269,23 @@ impl Config {
                     }
                     cfg.real_libcuda = Some(PathBuf::from(value));
                 }
+                Var::RealLibnvml => {
+                    if value.is_empty() {
+                        return Err(ConfigError::EmptyPath {
+                            var: name.to_owned(),
+                        });
+                    }
+                    cfg.real_libnvml = Some(PathBuf::from(value));
+                }
+                Var::ContextBytes => {
+                    cfg.context_bytes =
+                        parse_bytes(&value).map_err(|reason| ConfigError::Bytes {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason,
+                        })?;
+                }
+                Var::DebugPanicIn => cfg.debug_panic_in = Some(value),
                 Var::LogLevel => {
                     cfg.log_level = value
                         .parse::<u8>()
@@ -401,6 +460,52 @@ mod tests {
         assert!(matches!(
             vars(&[("VGPU_REAL_LIBCUDA", "")]),
             Err(ConfigError::EmptyPath { .. })
+        ));
+    }
+
+    #[test]
+    fn region_path_rules() {
+        // No variable and no limit: accounting stays in the process.
+        assert_eq!(vars(&[]).unwrap().region_path(), None);
+        // A limit without a path: HAMi-core's default path, so the limit holds container-wide.
+        assert_eq!(
+            vars(&[("CUDA_DEVICE_MEMORY_LIMIT_3", "1g")])
+                .unwrap()
+                .region_path(),
+            Some(PathBuf::from(DEFAULT_SHARED_CACHE))
+        );
+        // An explicit path always wins, limited or not.
+        for limit in ["0", "2g"] {
+            let c = vars(&[
+                ("CUDA_DEVICE_MEMORY_LIMIT", limit),
+                ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/r/c.cache"),
+            ])
+            .unwrap();
+            assert_eq!(c.region_path(), Some(PathBuf::from("/r/c.cache")));
+        }
+    }
+
+    #[test]
+    fn context_bytes_and_debug_knobs() {
+        let c = vars(&[]).unwrap();
+        assert_eq!(c.context_bytes, DEFAULT_CONTEXT_BYTES);
+        assert_eq!(c.debug_panic_in, None);
+        let c = vars(&[
+            ("VGPU_CONTEXT_BYTES", "300m"),
+            ("VGPU_DEBUG_PANIC_IN", "cuMemAlloc_v2"),
+            ("VGPU_REAL_LIBNVML", "/x/libnvidia-ml.so.1"),
+        ])
+        .unwrap();
+        assert_eq!(c.context_bytes, 300 << 20);
+        assert_eq!(c.debug_panic_in.as_deref(), Some("cuMemAlloc_v2"));
+        assert_eq!(c.real_libnvml, Some(PathBuf::from("/x/libnvidia-ml.so.1")));
+        assert_eq!(
+            vars(&[("VGPU_CONTEXT_BYTES", "0")]).unwrap().context_bytes,
+            0
+        );
+        assert!(matches!(
+            vars(&[("VGPU_CONTEXT_BYTES", "big")]),
+            Err(ConfigError::Bytes { .. })
         ));
     }
 }

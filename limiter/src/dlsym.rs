@@ -52,6 +52,9 @@ fn decide_hook(handle: *mut c_void, symbol: *const c_char) -> Option<*mut c_void
     }
     // SAFETY: dlsym's contract: `symbol` is a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if name.starts_with(b"nvml") {
+        return decide_nvml(handle, symbol, name);
+    }
     if !name.starts_with(b"cu") {
         return None;
     }
@@ -74,6 +77,44 @@ fn decide_hook(handle: *mut c_void, symbol: *const c_char) -> Option<*mut c_void
     }
     let driver = real_driver::bind(&guard).ok()?;
     (driver.addr(sym) == found as usize).then_some(hook)
+}
+
+/// NVML names: the hook when glibc's answer is the function of that name in a `libnvidia-ml`
+/// library (the real NVML, or a stand-in installed under that name).
+fn decide_nvml(handle: *mut c_void, symbol: *const c_char, name: &[u8]) -> Option<*mut c_void> {
+    let hook = crate::nvml::hook_for(name)?;
+    let _guard = Reentry::enter()?;
+    if handle == libc::RTLD_DEFAULT || handle == libc::RTLD_NEXT {
+        return Some(hook);
+    }
+    let real = real_driver::real_dlsym()?;
+    // SAFETY: the caller's handle and NUL-terminated name, passed to glibc's dlsym.
+    let found = unsafe { real(handle, symbol) };
+    if found.is_null() || found == hook {
+        return (!found.is_null()).then_some(hook);
+    }
+    let mut info: libc::Dl_info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: `found` is an address glibc returned; `info` is a valid out-pointer.
+    if unsafe { libc::dladdr(found, &mut info) } == 0
+        || info.dli_fname.is_null()
+        || info.dli_sname.is_null()
+    {
+        return None;
+    }
+    // SAFETY: dladdr filled both with NUL-terminated strings owned by the loader.
+    let (file, sname) = unsafe {
+        (
+            CStr::from_ptr(info.dli_fname).to_bytes(),
+            CStr::from_ptr(info.dli_sname).to_bytes(),
+        )
+    };
+    let base = file.rsplit(|&b| b == b'/').next().unwrap_or(file);
+    (base.starts_with(b"libnvidia-ml") && sname == name).then_some(hook)
 }
 
 /// The exported `dlsym` (x86_64): see the module documentation.

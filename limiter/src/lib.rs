@@ -6,20 +6,29 @@
 //! Module map:
 //! - [`real_driver`]: finds glibc's `dlsym` and the real libcuda; holds the real function pointers.
 //! - [`dlsym`]: the `dlsym` override that hands out hooks for lookups through libcuda's handle.
-//! - [`hooks`]: the exported hooks (memory, launch, information, `cuGetProcAddress`, `cuInit`).
+//! - [`hooks`]: the exported hooks (memory, launch, information, `cuGetProcAddress`, `cuInit`);
+//!   [`nvml`]: NVML's memory information under the limit.
 //! - [`guard`]: re-entrancy and panic guards; [`state`]: lazy process-wide state;
-//!   [`config`]: environment parsing; [`accounting`]: the accounting boundary; [`log`]: stderr
-//!   diagnostics without allocation; [`cuda`]: the `cuda.h` subset.
+//!   [`config`]: environment parsing; [`log`]: stderr diagnostics without allocation; [`cuda`]:
+//!   the `cuda.h` subset; [`clock`]: the launch path's clock.
+//! - [`accounting`]: the accounting boundary and the in-process backend; [`shared`]: the region
+//!   backend with per-thread shards; [`process`]: per-process accounting, fork and exit;
+//!   [`pools`]: stream-ordered pool charges.
 //!
 //! Nothing runs at load time: no constructor, no thread, no file. The first intercepted CUDA call
 //! initialises everything.
 
 pub mod accounting;
+pub mod clock;
 pub mod config;
 pub mod cuda;
 pub mod dlsym;
 pub mod guard;
 pub mod hooks;
 pub mod log;
+pub mod nvml;
+pub mod pools;
+pub mod process;
 pub mod real_driver;
+pub mod shared;
 pub mod state;

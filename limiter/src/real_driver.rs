@@ -91,6 +91,11 @@ pub type PfnLaunchCooperativeKernel = unsafe extern "C" fn(
 ) -> CUresult;
 pub type PfnGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
 pub type PfnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub type PfnMemPoolGetAttribute =
+    unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+pub type PfnDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+pub type PfnDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
+pub type PfnDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 /// A driver symbol with its function-pointer type, so that the slot and the signature of a symbol
 /// are named together once, in [`driver_symbols!`].
@@ -170,6 +175,14 @@ driver_symbols! {
     GraphLaunchPtsz = c"cuGraphLaunch_ptsz": PfnGraphLaunch, hooked: true;
     /// Used by the hooks to find the current device; not hooked.
     CtxGetDevice = c"cuCtxGetDevice": PfnCtxGetDevice, hooked: false;
+    /// Used to charge pools their reserved size; not hooked.
+    MemPoolGetAttribute = c"cuMemPoolGetAttribute": PfnMemPoolGetAttribute, hooked: false;
+    /// Used to find the pool of `cuMemAllocAsync`; not hooked.
+    DeviceGetMemPool = c"cuDeviceGetMemPool": PfnDeviceGetMemPool, hooked: false;
+    /// Used to map NVML devices to CUDA ordinals by UUID; not hooked.
+    DeviceGetUuidV2 = c"cuDeviceGetUuid_v2": PfnDeviceGetUuid, hooked: false;
+    /// Used to map NVML devices to CUDA ordinals by UUID; not hooked.
+    DeviceGetCount = c"cuDeviceGetCount": PfnDeviceGetCount, hooked: false;
 }
 
 impl Sym {

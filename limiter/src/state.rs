@@ -1,7 +1,8 @@
 //! The limiter's process-wide state, created by the first intercepted CUDA call and never before.
 //!
-//! Initialisation reads the configuration, binds the real driver and sets up accounting. If either
-//! fails, one message goes to stderr and every intercepted call from then on returns
+//! Initialisation reads the configuration, binds the real driver, calibrates the clock, opens the
+//! container's region (see `Config::region_path`) and registers the fork and exit handlers. If the
+//! configuration or the driver fails, one message goes to stderr and every intercepted call from then on returns
 //! `CUDA_ERROR_NOT_INITIALIZED` without reaching the driver: a malformed limit must not run
 //! unlimited. `CUDA_ERROR_NOT_INITIALIZED` was chosen over `CUDA_ERROR_INVALID_VALUE` because it
 //! is what the driver itself answers before a successful `cuInit`: runtimes and frameworks report
@@ -10,10 +11,11 @@
 use std::sync::OnceLock;
 
 use agent_common::api::ApiId;
+use region::{InitOutcome, Region, RegionConfig};
 
 use crate::{
-    accounting::{AllocTable, Backend},
-    config::Config,
+    clock::Clock,
+    config::{Config, MAX_DEVICES},
     cuda::{CUDA_ERROR_NOT_INITIALIZED, CUresult},
     guard::Reentry,
     log,
@@ -27,11 +29,12 @@ const NO_API: ApiId = ApiId(u16::MAX);
 pub struct State {
     pub config: Config,
     pub driver: &'static Driver,
-    pub ledger: Backend,
-    /// Live allocations by device address.
-    pub ptrs: AllocTable,
-    /// Live `cuMemCreate` allocations by handle.
-    pub handles: AllocTable,
+    /// The container's region (leaked: it stays mapped for the life of the process, and a forked
+    /// child keeps the shared mapping). `None`: accounting stays in each process.
+    pub region: Option<&'static Region>,
+    pub clock: Clock,
+    /// `VGPU_DEBUG_PANIC_IN`: the hook whose logic panics on purpose (tests).
+    pub panic_in: Option<Sym>,
     apis: [ApiId; Sym::COUNT],
 }
 
@@ -40,6 +43,57 @@ impl State {
     #[inline]
     pub fn api(&self, sym: Sym) -> ApiId {
         self.apis[sym as usize]
+    }
+
+    /// Panics if `VGPU_DEBUG_PANIC_IN` names `sym` (called inside the hooks' shielded logic).
+    #[inline]
+    pub fn debug_panic(&self, sym: Sym) {
+        if self.panic_in == Some(sym) {
+            panic!("VGPU_DEBUG_PANIC_IN={}", sym.name().to_string_lossy());
+        }
+    }
+}
+
+/// The region configuration this process asks for: its limits on all [`MAX_DEVICES`] devices.
+/// The device count is fixed rather than the driver's, so every process of a container asks for
+/// the same geometry whatever `CUDA_VISIBLE_DEVICES` says (the region is created before `cuInit`
+/// has run); indices are CUDA ordinals.
+pub fn region_config(config: &Config) -> RegionConfig {
+    let mut rc = RegionConfig::unlimited(MAX_DEVICES as u32);
+    for d in 0..MAX_DEVICES {
+        rc.memory_limit[d] = config.memory_limit[d].unwrap_or(0);
+        rc.sm_limit[d] = config.sm_limit[d].unwrap_or(0);
+    }
+    rc
+}
+
+/// Opens (or creates) the region; `None` (logged) if there is none or it cannot be used, in which
+/// case each process enforces its limit alone.
+fn open_region(config: &Config) -> Option<&'static Region> {
+    let path = config.region_path()?;
+    match Region::open_or_create(&path, &region_config(config)) {
+        Ok((region, outcome)) => {
+            if let InitOutcome::ConfigMismatch(m) = &outcome {
+                log::write(
+                    log::Level::Warn,
+                    format_args!(
+                        "region {} was created with other limits (memory {:?}); the region's apply, not ours ({:?})",
+                        path.display(),
+                        &m.effective.memory_limit[..m.effective.devices as usize],
+                        &m.requested.memory_limit[..m.requested.devices as usize],
+                    ),
+                );
+            }
+            log::debug!("region {}: {outcome:?}", path.display());
+            Some(Box::leak(Box::new(region)))
+        }
+        Err(e) => {
+            log::write(
+                log::Level::Error,
+                format_args!("{e}; limits are enforced per process, not across the container"),
+            );
+            None
+        }
     }
 }
 
@@ -88,13 +142,19 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
         let name = Sym::ALL[i].name().to_str().unwrap_or_default();
         ApiId::from_name(name).unwrap_or(NO_API)
     });
+    let panic_in = config
+        .debug_panic_in
+        .as_deref()
+        .and_then(|n| Sym::hooked_by_name(n.as_bytes()));
+    let region = open_region(&config);
+    crate::process::register_handlers();
     log::debug!("initialised: memory limits {:?}", config.memory_limit);
     Ok(State {
-        ledger: Backend::new(&config),
+        clock: Clock::calibrate(),
+        region,
+        panic_in,
         config,
         driver,
-        ptrs: AllocTable::default(),
-        handles: AllocTable::default(),
         apis,
     })
 }

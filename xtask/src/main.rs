@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_agent;
+mod bench_limiter;
 mod setup;
 mod util;
 
@@ -24,7 +25,7 @@ commands:
   test             setup, then formatting, lints and every test (privileged ones when root)
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: stat --duration 10s)
   bundle           build release binaries into .carry/ for the GPU machine
-  bench <name>     run a benchmark: region, agent (see docs/benchmarks.md)";
+  bench <name>     run a benchmark: region, agent, limiter (see docs/benchmarks.md)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -134,7 +135,12 @@ fn bundle() -> Result<()> {
     ))?;
     let out = repo_root().join(".carry/bin");
     std::fs::create_dir_all(&out)?;
-    for name in ["vgpu-agent", "cuda-exercise", "libsimcuda.so"] {
+    for name in [
+        "vgpu-agent",
+        "cuda-exercise",
+        "libsimcuda.so",
+        "libvgpu_limiter.so",
+    ] {
         let src = repo_root().join("target/release").join(name);
         if src.exists() {
             let dst = out.join(name);

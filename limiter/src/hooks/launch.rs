@@ -1,17 +1,18 @@
 //! Kernel and graph launches, the hot path: counted and timed, nothing else (the SM limiter will
-//! hook in here). No lock, allocation or environment access: once initialised, one acquire load of
-//! the state, two clock reads and relaxed counter increments.
+//! hook in here). No lock, allocation, system call or environment access: once initialised, two
+//! acquire loads (the state and this process's accounting), two clock reads (`rdtsc` where the TSC
+//! is invariant), one thread-local access for the cached shard writer and one seqlock section of
+//! plain stores. No hook self-time is recorded for launches (it would take a third clock read);
+//! `cargo xtask bench limiter` measures it instead.
 
-use std::{
-    ffi::{c_uint, c_void},
-    time::Instant,
-};
+use std::ffi::{c_uint, c_void};
 
-use super::{passthrough, since};
+use super::passthrough;
 use crate::{
     accounting::Accounting as _,
     cuda::*,
     guard::shield,
+    process,
     real_driver::{
         PfnGraphLaunch, PfnLaunchCooperativeKernel, PfnLaunchKernel, PfnLaunchKernelEx, Symbol, sym,
     },
@@ -21,19 +22,27 @@ use crate::{
 /// A launch hook. Once the state exists, launches skip the re-entrancy guard (two thread-local
 /// accesses through `__tls_get_addr` in a shared library): a launch hook calls nothing but the real
 /// function and the counters, so a launch the driver might make from inside another hook is simply
-/// counted as well. Before initialisation, and after a configuration error, the guarded path runs.
-#[inline]
+/// counted as well. Before initialisation, after a configuration error, and in a forked child
+/// before its first other CUDA call, the guarded path runs.
+#[inline(always)]
 fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
-    let Some((state, real)) = state::ready().and_then(|s| Some((s, s.driver.get::<S>()?))) else {
+    let (Some(state), Some(process)) = (state::ready(), process::ready()) else {
         return passthrough::<S>(call);
     };
-    let t0 = Instant::now();
+    let Some(real) = state.driver.get::<S>() else {
+        return passthrough::<S>(call);
+    };
+    let clock = state.clock;
+    let t0 = clock.now();
     let r = call(real);
-    let dt = since(t0);
+    let t1 = clock.now();
     shield(|| {
-        state
-            .ledger
-            .record_call(state.api(S::SYM), dt, r == CUDA_SUCCESS)
+        process.ledger.record_call(
+            state.api(S::SYM),
+            clock.ns_between(t0, t1),
+            0,
+            r == CUDA_SUCCESS,
+        )
     });
     r
 }

@@ -1,33 +1,56 @@
 //! Allocation and free hooks: exact enforcement.
 //!
-//! An allocation reserves its bytes with the accounting backend *before* calling the driver, so
-//! concurrent allocations can never pass the limit together; a driver failure returns the
-//! reservation, a denial returns `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver. A free
-//! always reaches the driver, tracked or not; its charge is taken out of the table before the call
-//! (the driver cannot hand the address out again before it is freed) and put back if the free fails.
+//! An allocation reserves its charge with the ledger *before* calling the driver, so concurrent
+//! allocations (of any number of processes sharing the region) can never pass the limit together;
+//! a driver failure returns the reservation, a denial returns `CUDA_ERROR_OUT_OF_MEMORY` without
+//! calling the driver. A free always reaches the driver, tracked or not; its charge is taken out of
+//! the table before the call (the driver cannot hand the address out again before it is freed) and
+//! put back if the free fails.
+//!
+//! What is charged (design principle 6, "a limit means what nvidia-smi shows"):
+//! - each allocation's size rounded up to the driver's granularity, [`charged_size`]: 2 MiB
+//!   multiples from 2 MiB on, 512-byte multiples below (the driver packs small allocations into
+//!   shared 2 MiB pages, so rounding those to 2 MiB would over-charge many small buffers);
+//! - once per process and device, before its first allocation there, the context's memory
+//!   (`VGPU_CONTEXT_BYTES`, default 512 MiB), held until the process exits (see `process.rs`);
+//! - stream-ordered pools: their reserved size, not their live allocations (see `pools.rs`).
 //!
 //! Devices: `cuMemCreate` charges `prop->location.id` for device locations and nothing for host
 //! locations; every other allocation charges the current context's device (`cuCtxGetDevice`; 0
 //! when the thread has no context, in which case the driver fails the call and the reservation is
-//! returned). Stream-ordered allocations charge the requested bytes until `cuMemFreeAsync`;
-//! memory a pool keeps cached after the free is not charged (pool growth accounting comes with the
-//! region).
+//! returned).
 
-use std::{ffi::c_uint, time::Instant};
+use std::ffi::c_uint;
 
-use super::{Gate, Hooked, enter, passthrough, since};
+use super::{Gate, Hooked, enter, passthrough};
 use crate::{
-    accounting::{Accounting as _, AllocTable, Charge},
+    accounting::{Accounting as _, AllocTable, Charge, Denied},
     cuda::*,
     guard::shield,
-    log,
-    real_driver::{self, Symbol, sym},
+    log, pools,
+    process::{self, Process},
+    real_driver::{self, Sym, Symbol, sym},
     state::State,
 };
 
 /// Pitch alignment assumed when reserving for `cuMemAllocPitch_v2` before the driver chooses the
 /// pitch: the reservation is then corrected to `pitch * height`.
 const PITCH_ALIGN: u64 = 512;
+
+/// The driver's allocation granularity for sizes from 2 MiB on.
+pub const GRANULE: u64 = 2 << 20;
+/// Alignment of smaller allocations.
+pub const SMALL_ALIGN: u64 = 512;
+
+/// What an allocation of `bytes` is charged: see the module documentation.
+pub fn charged_size(bytes: u64) -> u64 {
+    let align = if bytes >= GRANULE {
+        GRANULE
+    } else {
+        SMALL_ALIGN
+    };
+    bytes.div_ceil(align).saturating_mul(align)
+}
 
 /// The current context's device, 0 without one.
 pub fn current_device(state: &State) -> usize {
@@ -51,10 +74,26 @@ enum Space {
     Handle,
 }
 
-fn table(state: &State, space: Space) -> &AllocTable {
+fn table(process: &Process, space: Space) -> &AllocTable {
     match space {
-        Space::Ptr => &state.ptrs,
-        Space::Handle => &state.handles,
+        Space::Ptr => &process.ptrs,
+        Space::Handle => &process.handles,
+    }
+}
+
+/// Reserves `charge` (and, the first time on its device, the context) in the process's ledger.
+/// A denial first settles the process's pools (memory they returned at a synchronisation) and
+/// retries once.
+fn reserve(state: &State, process: &Process, charge: Charge) -> Result<(), Denied> {
+    process.ensure_context(charge.device)?;
+    match process.ledger.try_reserve(charge.device, charge.bytes) {
+        Err(_)
+            if process.pools.any_charged()
+                && process.pools.settle_all(state, &process.ledger) > 0 =>
+        {
+            process.ledger.try_reserve(charge.device, charge.bytes)
+        }
+        other => other,
     }
 }
 
@@ -71,50 +110,80 @@ fn allocate<S: Symbol>(
         Gate::Fail(code) => return code,
         Gate::Hook(h) => h,
     };
-    let state = h.state;
+    let (state, process) = (h.state, h.process);
     let api = state.api(S::SYM);
+    let clock = state.clock;
     let reserved = shield(|| {
+        state.debug_panic(S::SYM);
         let charge = plan(state)?;
-        Some(
-            state
-                .ledger
-                .try_reserve(charge.device, charge.bytes)
-                .map(|()| charge),
-        )
+        Some(reserve(state, process, charge).map(|()| charge))
     });
     let charge = match reserved {
-        // A panic before the driver call: the call goes through unaccounted (counted by `shield`).
-        None => return call(h.real),
+        // A panic before the driver call: the call goes through unaccounted, and is counted as
+        // an error of the API (the limiter failed it) besides the process-wide panic counter.
+        None => {
+            let t0 = clock.now();
+            let r = call(h.real);
+            let t1 = clock.now();
+            shield(|| h.record(S::SYM, t0, t1, false));
+            return r;
+        }
         Some(None) => None,
         Some(Some(Ok(c))) => Some(c),
         Some(Some(Err(denied))) => {
             shield(|| {
-                state.ledger.record_denied(api, denied.requested);
-                state.ledger.record_call(api, 0, false);
+                process.ledger.record_denied(api, denied.requested);
+                let now = clock.now();
+                h.record(S::SYM, now, now, false);
                 log::debug!("{}: denied: {denied}", S::SYM.name().to_string_lossy());
             });
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     };
-    let t0 = Instant::now();
+    let t0 = clock.now();
     let r = call(h.real);
-    let dt = since(t0);
+    let t1 = clock.now();
     shield(|| {
-        state.ledger.record_call(api, dt, r == CUDA_SUCCESS);
-        let Some(c) = charge else { return };
-        if r != CUDA_SUCCESS || out.is_null() {
-            state.ledger.release(c.device, c.bytes);
-            return;
+        let ok = r == CUDA_SUCCESS;
+        if let Some(c) = charge {
+            settle_allocation(state, process, space, c, ok, out);
+            if ok {
+                process.ledger.record_alloc(api, c.bytes);
+            }
         }
-        // SAFETY: the driver succeeded, so it wrote the new address/handle to the caller's `out`.
-        let key = unsafe { out.read() };
-        if let Some(stale) = table(state, space).insert(key, c) {
-            // The driver reused a key we still held: the earlier free was not seen. Its bytes are gone.
-            state.ledger.release(stale.device, stale.bytes);
-        }
-        state.ledger.record_alloc(api, c.bytes);
+        h.record(S::SYM, t0, t1, ok);
     });
     r
+}
+
+/// After the driver call: keeps, corrects or returns an allocation's reservation.
+fn settle_allocation(
+    state: &State,
+    process: &Process,
+    space: Space,
+    c: Charge,
+    ok: bool,
+    out: *const u64,
+) {
+    if c.pool != 0 {
+        process
+            .pools
+            .settle(state, &process.ledger, c.pool, c.device, c.bytes, ok);
+    } else if !ok || out.is_null() {
+        process.ledger.release(c.device, c.bytes);
+        return;
+    }
+    if !ok || out.is_null() {
+        return;
+    }
+    // SAFETY: the driver succeeded, so it wrote the new address/handle to the caller's `out`.
+    let key = unsafe { out.read() };
+    if let Some(stale) = table(process, space).insert(key, c)
+        && stale.pool == 0
+    {
+        // The driver reused a key we still held: the earlier free was not seen. Its bytes are gone.
+        process.ledger.release(stale.device, stale.bytes);
+    }
 }
 
 /// Calls the driver's free for `key`, releasing the key's charge if it succeeds.
@@ -124,24 +193,33 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
         Gate::Fail(code) => return code,
         Gate::Hook(h) => h,
     };
-    let state = h.state;
-    let charge = shield(|| table(state, space).remove(key)).flatten();
-    let t0 = Instant::now();
+    let (state, process) = (h.state, h.process);
+    let taken = shield(|| {
+        state.debug_panic(S::SYM);
+        table(process, space).remove(key)
+    });
+    let t0 = state.clock.now();
     let r = call(h.real);
-    let dt = since(t0);
+    let t1 = state.clock.now();
     shield(|| {
         let api = state.api(S::SYM);
-        state.ledger.record_call(api, dt, r == CUDA_SUCCESS);
-        match charge {
+        match taken.flatten() {
             Some(c) if r == CUDA_SUCCESS => {
-                state.ledger.release(c.device, c.bytes);
-                state.ledger.record_free(api, c.bytes);
+                if c.pool != 0 {
+                    process
+                        .pools
+                        .settle(state, &process.ledger, c.pool, c.device, 0, true);
+                } else {
+                    process.ledger.release(c.device, c.bytes);
+                }
+                process.ledger.record_free(api, c.bytes);
             }
             Some(c) => {
-                table(state, space).insert(key, c);
+                table(process, space).insert(key, c);
             }
             None => {}
         }
+        h.record(S::SYM, t0, t1, r == CUDA_SUCCESS && taken.is_some());
     });
     r
 }
@@ -150,7 +228,24 @@ fn on_current(bytes: usize) -> impl FnOnce(&State) -> Option<Charge> {
     move |state| {
         Some(Charge {
             device: current_device(state),
-            bytes: bytes as u64,
+            bytes: charged_size(bytes as u64),
+            pool: 0,
+        })
+    }
+}
+
+/// A stream-ordered allocation from `pool`, or from the current device's pool when `None`.
+fn from_pool(bytes: usize, pool: Option<CUmemoryPool>) -> impl FnOnce(&State) -> Option<Charge> {
+    move |state| {
+        let device = current_device(state);
+        let pool = match pool {
+            Some(p) => p as u64,
+            None => pools::device_pool(state, device).unwrap_or(0),
+        };
+        Some(Charge {
+            device,
+            bytes: charged_size(bytes as u64),
+            pool,
         })
     }
 }
@@ -190,7 +285,7 @@ macro_rules! alloc_async {
             stream: CUstream,
         ) -> CUresult {
             // SAFETY: forwards the caller's arguments unchanged to the same variant.
-            allocate::<$sym>(dptr, Space::Ptr, on_current(bytesize), |real| unsafe {
+            allocate::<$sym>(dptr, Space::Ptr, from_pool(bytesize, None), |real| unsafe {
                 real(dptr, bytesize, stream)
             })
         }
@@ -211,10 +306,13 @@ macro_rules! alloc_from_pool_async {
             pool: CUmemoryPool,
             stream: CUstream,
         ) -> CUresult {
-            // SAFETY: forwards the caller's arguments unchanged to the same variant.
-            allocate::<$sym>(dptr, Space::Ptr, on_current(bytesize), |real| unsafe {
-                real(dptr, bytesize, pool, stream)
-            })
+            allocate::<$sym>(
+                dptr,
+                Space::Ptr,
+                from_pool(bytesize, Some(pool)),
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                |real| unsafe { real(dptr, bytesize, pool, stream) },
+            )
         }
     };
 }
@@ -232,10 +330,12 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     element_size_bytes: c_uint,
 ) -> CUresult {
-    let estimate = (width_in_bytes as u64)
-        .div_ceil(PITCH_ALIGN)
-        .saturating_mul(PITCH_ALIGN)
-        .saturating_mul(height as u64);
+    let estimate = charged_size(
+        (width_in_bytes as u64)
+            .div_ceil(PITCH_ALIGN)
+            .saturating_mul(PITCH_ALIGN)
+            .saturating_mul(height as u64),
+    );
     let mut device = 0;
     let r = allocate::<sym::MemAllocPitchV2>(
         dptr,
@@ -245,6 +345,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             Some(Charge {
                 device,
                 bytes: estimate,
+                pool: 0,
             })
         },
         // SAFETY: forwards the caller's arguments unchanged.
@@ -253,7 +354,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     if r == CUDA_SUCCESS && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded, so both out-pointers hold its answer.
         let (actual_pitch, addr) = unsafe { (pitch.read() as u64, dptr.read()) };
-        let actual = actual_pitch.saturating_mul(height as u64);
+        let actual = charged_size(actual_pitch.saturating_mul(height as u64));
         return shield(|| correct_pitch_charge(addr, actual, estimate, device)).unwrap_or(r);
     }
     r
@@ -262,36 +363,40 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 /// Replaces the estimated charge of a pitched allocation by its real size; if the real size does not
 /// fit, the allocation is freed and the caller gets `CUDA_ERROR_OUT_OF_MEMORY`.
 fn correct_pitch_charge(addr: CUdeviceptr, actual: u64, estimate: u64, device: usize) -> CUresult {
-    let Some(state) = crate::state::ready() else {
+    let (Some(state), Some(process)) = (crate::state::ready(), process::ready()) else {
         return CUDA_SUCCESS;
     };
-    if actual == estimate || state.ptrs.remove(addr).is_none() {
+    if actual == estimate || process.ptrs.remove(addr).is_none() {
         return CUDA_SUCCESS;
     }
     let fits = if actual > estimate {
-        state.ledger.try_reserve(device, actual - estimate).is_ok()
+        process
+            .ledger
+            .try_reserve(device, actual - estimate)
+            .is_ok()
     } else {
-        state.ledger.release(device, estimate - actual);
+        process.ledger.release(device, estimate - actual);
         true
     };
     if fits {
-        state.ptrs.insert(
+        process.ptrs.insert(
             addr,
             Charge {
                 device,
                 bytes: actual,
+                pool: 0,
             },
         );
         return CUDA_SUCCESS;
     }
-    state.ledger.release(device, estimate);
+    process.ledger.release(device, estimate);
     if let Some(free) = state.driver.get::<sym::MemFreeV2>() {
         // SAFETY: `addr` was just allocated by the driver and is not known to the caller yet.
         unsafe { free(addr) };
     }
-    state
+    process
         .ledger
-        .record_denied(state.api(real_driver::Sym::MemAllocPitchV2), actual);
+        .record_denied(state.api(Sym::MemAllocPitchV2), actual);
     CUDA_ERROR_OUT_OF_MEMORY
 }
 
@@ -312,7 +417,8 @@ pub unsafe extern "C" fn cuMemCreate(
         let location = unsafe { (*prop).location };
         (location.kind == CU_MEM_LOCATION_TYPE_DEVICE).then(|| Charge {
             device: usize::try_from(location.id).unwrap_or_else(|_| current_device(state)),
-            bytes: size as u64,
+            bytes: charged_size(size as u64),
+            pool: 0,
         })
     };
     // SAFETY: forwards the caller's arguments unchanged.
@@ -379,18 +485,56 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     passthrough::<sym::MemPoolCreate>(|real| unsafe { real(pool, props) })
 }
 
+/// Calls a pool operation, then lets `after` adjust the pool's charge if it succeeded.
+fn pool_op<S: Symbol>(
+    call: impl FnOnce(S::Fn) -> CUresult,
+    after: impl FnOnce(&State, &Process),
+) -> CUresult {
+    let h: Hooked<S::Fn> = match enter::<S>() {
+        Gate::Direct(f) => return call(f),
+        Gate::Fail(code) => return code,
+        Gate::Hook(h) => h,
+    };
+    let t0 = h.state.clock.now();
+    let r = call(h.real);
+    let t1 = h.state.clock.now();
+    shield(|| {
+        if r == CUDA_SUCCESS {
+            after(h.state, h.process);
+        }
+        h.record(S::SYM, t0, t1, r == CUDA_SUCCESS);
+    });
+    r
+}
+
+/// A destroyed pool's charge is released.
+///
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemPoolDestroy`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    // SAFETY: forwards the caller's argument unchanged.
-    passthrough::<sym::MemPoolDestroy>(|real| unsafe { real(pool) })
+    pool_op::<sym::MemPoolDestroy>(
+        // SAFETY: forwards the caller's argument unchanged.
+        |real| unsafe { real(pool) },
+        |_, process| process.pools.destroyed(&process.ledger, pool as u64),
+    )
 }
 
+/// A trimmed pool is charged what it still holds.
+///
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemPoolTrimTo`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged.
-    passthrough::<sym::MemPoolTrimTo>(|real| unsafe { real(pool, min_bytes_to_keep) })
+    pool_op::<sym::MemPoolTrimTo>(
+        // SAFETY: forwards the caller's arguments unchanged.
+        |real| unsafe { real(pool, min_bytes_to_keep) },
+        |state, process| {
+            if let Some(device) = process.pools.device_of(pool as u64) {
+                process
+                    .pools
+                    .settle(state, &process.ledger, pool as u64, device, 0, true);
+            }
+        },
+    )
 }

@@ -16,11 +16,13 @@ pub mod launch;
 pub mod memory;
 pub mod procaddress;
 
-use std::{ffi::c_void, time::Instant};
+use std::ffi::c_void;
 
 use crate::{
+    accounting::Accounting as _,
     cuda::{CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED, CUresult},
     guard::{self, Reentry},
+    process::{self, Process},
     real_driver::{self, Sym, Symbol},
     state::{self, State},
 };
@@ -37,7 +39,22 @@ pub enum Gate<F> {
 pub struct Hooked<F> {
     pub real: F,
     pub state: &'static State,
+    /// This process's accounting (created at its first hooked call).
+    pub process: &'static Process,
+    /// Clock reading at entry, for the hook's self-time.
+    pub entered: u64,
     _guard: Reentry,
+}
+
+impl<F> Hooked<F> {
+    /// Records a call that spent `t0..t1` in the driver, and the rest since entry in the limiter.
+    pub fn record(&self, sym: Sym, t0: u64, t1: u64, ok: bool) {
+        let clock = self.state.clock;
+        let hook = clock.ns_between(self.entered, t0) + clock.ns_between(t1, clock.now());
+        self.process
+            .ledger
+            .record_call(self.state.api(sym), clock.ns_between(t0, t1), hook, ok);
+    }
 }
 
 #[inline]
@@ -48,7 +65,7 @@ pub fn enter<S: Symbol>() -> Gate<S::Fn> {
             None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
         };
     };
-    let state = match guard::shield(|| state::get(&guard)) {
+    let state = match guard::shield(|| state::get(&guard).map(|s| (s, process::current(s)))) {
         Some(Ok(s)) => s,
         Some(Err(code)) => return Gate::Fail(code),
         // A panic while initialising: fall through to the driver if it is bound.
@@ -59,20 +76,17 @@ pub fn enter<S: Symbol>() -> Gate<S::Fn> {
             };
         }
     };
+    let (state, process) = state;
     match state.driver.get::<S>() {
         Some(real) => Gate::Hook(Hooked {
             real,
             state,
+            process,
+            entered: state.clock.now(),
             _guard: guard,
         }),
         None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
     }
-}
-
-/// Nanoseconds elapsed since `t0`, saturating.
-#[inline]
-pub fn since(t0: Instant) -> u64 {
-    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A pass-through hook: the call is counted and timed, nothing else.
@@ -82,13 +96,10 @@ pub fn passthrough<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult 
         Gate::Direct(f) => call(f),
         Gate::Fail(code) => code,
         Gate::Hook(h) => {
-            let t0 = Instant::now();
+            let t0 = h.state.clock.now();
             let r = call(h.real);
-            let dt = since(t0);
-            guard::shield(|| {
-                use crate::accounting::Accounting as _;
-                h.state.ledger.record_call(h.state.api(S::SYM), dt, r == 0);
-            });
+            let t1 = h.state.clock.now();
+            guard::shield(|| h.record(S::SYM, t0, t1, r == 0));
             r
         }
     }
@@ -127,7 +138,11 @@ pub fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         Sym::LaunchCooperativeKernelPtsz => cuLaunchCooperativeKernel_ptsz as *const (),
         Sym::GraphLaunch => cuGraphLaunch as *const (),
         Sym::GraphLaunchPtsz => cuGraphLaunch_ptsz as *const (),
-        Sym::CtxGetDevice => return None,
+        Sym::CtxGetDevice
+        | Sym::MemPoolGetAttribute
+        | Sym::DeviceGetMemPool
+        | Sym::DeviceGetUuidV2
+        | Sym::DeviceGetCount => return None,
     };
     Some(f.cast_mut().cast())
 }

@@ -12,14 +12,10 @@
 //! is matched by the exported symbol at that address (`dladdr`); an answer that matches neither is
 //! left alone and logged at debug level.
 
-use std::{
-    ffi::{CStr, c_char, c_int, c_void},
-    time::Instant,
-};
+use std::ffi::{CStr, c_char, c_int, c_void};
 
-use super::{Gate, enter, hook_addr, since};
+use super::{Gate, enter, hook_addr};
 use crate::{
-    accounting::Accounting as _,
     cuda::*,
     guard::shield,
     log,
@@ -75,9 +71,9 @@ fn lookup<S: Symbol>(
         Gate::Fail(code) => return code,
         Gate::Hook(h) => h,
     };
-    let t0 = Instant::now();
+    let t0 = h.state.clock.now();
     let r = call(h.real);
-    let dt = since(t0);
+    let t1 = h.state.clock.now();
     shield(|| {
         if r == CUDA_SUCCESS && !pfn.is_null() {
             // SAFETY: the driver succeeded and wrote the answer to the caller's `pfn`.
@@ -103,9 +99,7 @@ fn lookup<S: Symbol>(
                 None => {}
             }
         }
-        h.state
-            .ledger
-            .record_call(h.state.api(S::SYM), dt, r == CUDA_SUCCESS);
+        h.record(S::SYM, t0, t1, r == CUDA_SUCCESS);
     });
     r
 }

@@ -102,8 +102,24 @@ pub fn cc(src: &str, out: &str, extra: &[&str]) -> PathBuf {
     exe
 }
 
+/// A fresh region path in the test directory (no file yet).
+pub fn fresh_region(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = paths().tmp.join(format!("regions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!(
+        "{tag}-{}.region",
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
 /// A command with the limiter preloaded, the simulated driver on the library path and a clean
-/// configuration (no inherited limiter or simulator variables).
+/// configuration (no inherited limiter or simulator variables), a private region
+/// (`CUDA_DEVICE_MEMORY_SHARED_CACHE`, so tests never share HAMi's default path) and no context
+/// charge (`VGPU_CONTEXT_BYTES=0`: the sim's contexts hold no memory). Tests override either.
 pub fn preloaded(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let p = paths();
     let mut c = Command::new(program);
@@ -118,7 +134,9 @@ pub fn preloaded(program: impl AsRef<std::ffi::OsStr>) -> Command {
         }
     }
     c.env("LD_PRELOAD", &p.limiter)
-        .env("LD_LIBRARY_PATH", &p.libdir);
+        .env("LD_LIBRARY_PATH", &p.libdir)
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", fresh_region("cmd"))
+        .env("VGPU_CONTEXT_BYTES", "0");
     c
 }
 

@@ -2,6 +2,7 @@
 //! one in `testing/sim-cuda`) a known number of times and prints what it did as JSON, so tests
 //! can compare what vgpu-agent and the limiter report with the truth. See `testing/README.md`.
 
+mod bench;
 mod driver;
 mod nccl;
 
@@ -101,6 +102,24 @@ enum Command {
     Launches {
         #[arg(long, default_value_t = 1)]
         count: u64,
+    },
+    /// cuInit, context, module + function, then N cuLaunchKernel through a pointer resolved once
+    /// (no lookup per call), each timed; prints the median and mean launch time (`launch_ns`).
+    LaunchLoop {
+        #[arg(long, default_value_t = 200_000)]
+        count: u64,
+    },
+    /// cuInit, primary context, then (after `--barrier` appears, if given) N cuMemAlloc_v2 +
+    /// cuMemFree_v2 pairs of `--size` bytes, each timed; prints the median and mean pair time and
+    /// the seconds from process start to the first allocation (start-up).
+    Pairs {
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        #[arg(long, default_value = "1m", value_parser = parse_bytes)]
+        size: u64,
+        /// A file to wait for between start-up and the timed pairs (a barrier across processes).
+        #[arg(long)]
+        barrier: Option<PathBuf>,
     },
     /// Call each traced NCCL API (agent_common's `nccl` kind) N times with harmless arguments
     /// (NULL buffers, communicators and streams; one rank; counts and datatypes varied per call)
@@ -225,6 +244,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             size,
         } => latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => launches(&drv, count),
+        Command::LaunchLoop { count } => bench::launch_loop(&drv, count),
+        Command::Pairs {
+            count,
+            size,
+            barrier,
+        } => bench::pairs(&drv, count, size as usize, barrier.as_deref()),
         Command::Steady {
             api,
             rate,

@@ -1,0 +1,135 @@
+//! The region backend: reservations in the container's shared region (exact across processes) and
+//! statistics in this thread's shard of the process's slot.
+//!
+//! Each thread caches one [`ShardWriter`] in a thread-local, claimed at the thread's first recorded
+//! call (threads created before and after initialisation alike) and released by the thread-local's
+//! destructor when the thread exits. A record is then a thread-local access and a seqlock section
+//! of plain loads and stores: no lock, no allocation, no read-modify-write instruction. The cached
+//! writer remembers which ledger it belongs to; after `fork()` the child has a new ledger (its own
+//! slot), so the inherited writer is replaced at the child's first record.
+
+use std::cell::RefCell;
+
+use agent_common::api::ApiId;
+use region::{Region, ReserveError, ShardWriter, Slot};
+
+use crate::accounting::{Accounting, Denied};
+
+/// Accounting of one process in the container's region.
+#[derive(Debug)]
+pub struct RegionLedger {
+    pub region: &'static Region,
+    pub slot: Slot,
+}
+
+struct Cached {
+    writer: ShardWriter<'static>,
+    ledger: *const RegionLedger,
+}
+
+thread_local! {
+    /// This thread's statistics writer. `const`-initialised: no lazy-init branch beyond the
+    /// destructor registration at the first access.
+    static WRITER: RefCell<Option<Cached>> = const { RefCell::new(None) };
+}
+
+impl RegionLedger {
+    /// Runs `f` with this thread's writer for this ledger, claiming one the first time. Does
+    /// nothing while the thread is being torn down (its thread-locals are gone).
+    #[inline(always)]
+    fn with_writer(&'static self, f: impl FnOnce(&ShardWriter<'static>)) {
+        let me: *const RegionLedger = self;
+        let _ = WRITER.try_with(|cell| {
+            // A record never calls back into another record: the borrow cannot be taken already.
+            let Ok(mut cached) = cell.try_borrow_mut() else {
+                return;
+            };
+            match &*cached {
+                Some(c) if std::ptr::eq(c.ledger, me) => {}
+                _ => {
+                    // A writer of another ledger is the parent's (this is a forked child): its
+                    // `Drop` leaves the parent's shard alone.
+                    *cached = Some(Cached {
+                        writer: self.region.shard_writer(&self.slot),
+                        ledger: me,
+                    });
+                }
+            }
+            if let Some(c) = &*cached {
+                f(&c.writer);
+            }
+        });
+    }
+}
+
+/// The region's denial as the hooks' [`Denied`].
+fn denied(device: usize, e: ReserveError, bytes: u64) -> Denied {
+    match e {
+        ReserveError::Denied { denied, .. } => Denied {
+            device,
+            requested: denied.requested,
+            used: denied.reserved,
+            limit: denied.limit,
+        },
+        // The slot was retired (the process is exiting) or judged dead: refuse rather than
+        // allocate without a charge.
+        _ => Denied {
+            device,
+            requested: bytes,
+            used: 0,
+            limit: 0,
+        },
+    }
+}
+
+/// `Accounting` for a ledger that lives as long as the process (it is leaked: slots and writers
+/// refer to it until exit).
+impl Accounting for &'static RegionLedger {
+    fn try_reserve(&self, device: usize, bytes: u64) -> Result<(), Denied> {
+        let Ok(d) = u32::try_from(device) else {
+            return Ok(());
+        };
+        match self.region.try_reserve(&self.slot, d, bytes) {
+            Ok(()) => Ok(()),
+            // Devices beyond the region's table are not limited (no configuration names them).
+            Err(ReserveError::NoSuchDevice { .. }) => Ok(()),
+            Err(e) => Err(denied(device, e, bytes)),
+        }
+    }
+
+    fn release(&self, device: usize, bytes: u64) {
+        if let Ok(d) = u32::try_from(device) {
+            self.region.release(&self.slot, d, bytes);
+        }
+    }
+
+    fn used(&self, device: usize) -> u64 {
+        u32::try_from(device).map_or(0, |d| self.region.reserved(d))
+    }
+
+    fn limit(&self, device: usize) -> Option<u64> {
+        let l = u32::try_from(device).map_or(0, |d| self.region.limit(d));
+        (l != 0).then_some(l)
+    }
+
+    #[inline(always)]
+    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool) {
+        self.with_writer(|w| w.record_call_timed(api, latency_ns, hook_ns, ok));
+    }
+
+    fn record_alloc(&self, api: ApiId, bytes: u64) {
+        self.with_writer(|w| w.record_alloc(api, bytes));
+    }
+
+    fn record_free(&self, api: ApiId, bytes: u64) {
+        self.with_writer(|w| w.record_free(api, bytes));
+    }
+
+    fn record_denied(&self, api: ApiId, bytes: u64) {
+        self.with_writer(|w| w.record_denied(api, bytes));
+    }
+
+    fn add_hook_ns(&self, api: ApiId, ns: u64) {
+        self.with_writer(|w| w.add_hook_ns(api, ns));
+    }
+}

@@ -1,0 +1,139 @@
+//! Benchmark commands (`launch-loop`, `pairs`): driver pointers resolved once, so a run measures
+//! the calls (and whatever is interposed on them), not the lookups.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::driver::{CUresult, Driver};
+use crate::{print, wait_for_file};
+
+pub fn pairs(
+    drv: &Driver,
+    count: u64,
+    size: usize,
+    barrier: Option<&std::path::Path>,
+) -> Result<ExitCode, String> {
+    let r = drv.init();
+    if r != Some(0) {
+        return Err(format!("cuInit returned {r:?}"));
+    }
+    let mut ignore = |_: &str, _: Option<CUresult>, _: u64| {};
+    drv.primary_context(&mut ignore)
+        .map_err(|e| format!("setting up a context: {e}"))?;
+    let (r, ptr) = drv.mem_alloc(size);
+    if r != Some(0) {
+        return Err(format!("cuMemAlloc_v2 returned {r:?}"));
+    }
+    let startup_s = process_age_seconds();
+    drv.mem_free(ptr);
+    if let Some(b) = barrier {
+        wait_for_file(b, Duration::from_secs(120))?;
+    }
+    type Alloc = unsafe extern "C" fn(*mut u64, usize) -> CUresult;
+    type Free = unsafe extern "C" fn(u64) -> CUresult;
+    let (Some(a), Some(f)) = (drv.symbol("cuMemAlloc_v2"), drv.symbol("cuMemFree_v2")) else {
+        return Err("cuMemAlloc_v2/cuMemFree_v2 missing".into());
+    };
+    // SAFETY: the driver's cuMemAlloc_v2 and cuMemFree_v2 have these cuda.h signatures.
+    let (alloc, free) = unsafe {
+        (
+            std::mem::transmute::<*mut std::ffi::c_void, Alloc>(a),
+            std::mem::transmute::<*mut std::ffi::c_void, Free>(f),
+        )
+    };
+    let mut ns: Vec<u64> = Vec::with_capacity(count as usize);
+    let mut errors = 0u64;
+    let t_all = Instant::now();
+    for _ in 0..count {
+        let mut p = 0u64;
+        let t = Instant::now();
+        // SAFETY: a valid out-pointer; the pointer freed is the one just allocated.
+        let (r, f) = unsafe { (alloc(&mut p, size), free(p)) };
+        ns.push(t.elapsed().as_nanos() as u64);
+        errors += u64::from(r != 0 || f != 0);
+    }
+    let total = t_all.elapsed().as_nanos() as u64;
+    ns.sort_unstable();
+    print(json!({
+        "pid": std::process::id(),
+        "pairs": count,
+        "size": size,
+        "errors": errors,
+        "pair_median_ns": ns.get(ns.len() / 2).copied().unwrap_or(0),
+        "pair_mean_ns": total.checked_div(count).unwrap_or(0),
+        "startup_s": startup_s,
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn launch_loop(drv: &Driver, count: u64) -> Result<ExitCode, String> {
+    if drv.init() != Some(0) {
+        return Err("cuInit failed".into());
+    }
+    let mut ignore = |_: &str, _: Option<CUresult>, _: u64| {};
+    drv.primary_context(&mut ignore)
+        .map_err(|e| format!("setting up a context: {e}"))?;
+    let (r, func) = drv.function_from_image(b"simcuda\0", "kernel");
+    if r != Some(0) {
+        return Err(format!("loading a function returned {r:?}"));
+    }
+    type Launch = unsafe extern "C" fn(
+        *mut std::ffi::c_void,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        *mut std::ffi::c_void,
+        *mut *mut std::ffi::c_void,
+        *mut *mut std::ffi::c_void,
+    ) -> CUresult;
+    let p = drv
+        .symbol("cuLaunchKernel")
+        .ok_or("cuLaunchKernel missing")?;
+    // SAFETY: the driver's cuLaunchKernel has this cuda.h signature.
+    let launch = unsafe { std::mem::transmute::<*mut std::ffi::c_void, Launch>(p) };
+    let null = std::ptr::null_mut();
+    let mut ns: Vec<u64> = Vec::with_capacity(count as usize);
+    let mut errors = 0u64;
+    let t_all = Instant::now();
+    for _ in 0..count {
+        let t = Instant::now();
+        // SAFETY: a function from the driver, non-zero dimensions, no parameters.
+        let r = unsafe { launch(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast()) };
+        ns.push(t.elapsed().as_nanos() as u64);
+        errors += u64::from(r != 0);
+    }
+    let total = t_all.elapsed().as_nanos() as u64;
+    drv.ctx_synchronize();
+    ns.sort_unstable();
+    print(json!({
+        "pid": std::process::id(),
+        "launches": count,
+        "errors": errors,
+        "launch_ns": ns.get(ns.len() / 2).copied().unwrap_or(0),
+        "launch_mean_ns": total.checked_div(count).unwrap_or(0),
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Seconds since this process started (`/proc/self/stat` field 22 against the uptime).
+fn process_age_seconds() -> f64 {
+    let ticks = 100.0; // USER_HZ on Linux
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let start = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(19))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let uptime = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (uptime - start / ticks).max(0.0)
+}

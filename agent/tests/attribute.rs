@@ -223,3 +223,65 @@ fn probe_cost_is_attributed_within_ten_percent_of_the_slowdown_it_causes() {
         / 1e9;
     within(attributed, truth, "probe cost");
 }
+
+#[test]
+fn a_known_limiter_hook_delay_is_attributed_to_the_limiter() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let regions = dir.path().join("regions");
+    std::fs::create_dir_all(&regions).unwrap();
+    const LAUNCHES: u64 = 20_000;
+    const DELAY_NS: u64 = 20_000;
+    let mut cmd = exercise(&lib);
+    cmd.env("LD_PRELOAD", limiter_lib())
+        .env("VGPU_REAL_LIBCUDA", &lib)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
+        .env("VGPU_DEBUG_HOOK_DELAY_NS", DELAY_NS.to_string())
+        .args(["launch-loop", "--count", &LAUNCHES.to_string()]);
+    let workload = Workload::start(cmd, dir.path());
+    let mut agent = std::process::Command::new(agent_bin());
+    agent
+        .args([
+            "attribute",
+            "--json",
+            "--no-daemon",
+            "--no-nvml",
+            "--duration",
+            "120s",
+            "--poll-interval",
+            "100ms",
+            "--region-dir",
+        ])
+        .arg(&regions)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut stat = Stat::from_command(agent);
+    stat.wait_for(&attached(&lib), Duration::from_secs(20));
+    stat.wait_for("recording for", Duration::from_secs(20));
+    let pid = workload.pid();
+    workload.go();
+    let _ = workload.finish();
+    let report = stat.finish();
+    let p = process_of(&report, pid);
+    within(
+        p["components"]["limiter_hook"].as_f64().unwrap(),
+        (LAUNCHES * DELAY_NS) as f64 / 1e9,
+        "limiter hook self-time",
+    );
+    let launch = p["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["api"] == "cuLaunchKernel")
+        .expect("launches in the report");
+    assert_eq!(
+        (launch["calls"].as_u64(), launch["measured_by"].as_str()),
+        (Some(LAUNCHES), Some("limiter")),
+        "{launch}"
+    );
+}

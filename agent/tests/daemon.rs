@@ -107,7 +107,9 @@ fn two_processes_in_two_containers_a_corrupt_region_and_no_nvml() {
     let lib = sim_lib(&dir.path().join("lib"));
     let regions = dir.path().join("regions/poduid_ctr");
     std::fs::create_dir_all(&regions).unwrap();
-    let mut corrupt = region::layout::REGION_MAGIC.to_le_bytes().to_vec();
+    // The magic where a region has it (after the state word), then garbage.
+    let mut corrupt = vec![0u8; std::mem::offset_of!(region::layout::RegionHeader, magic)];
+    corrupt.extend(region::layout::REGION_MAGIC.to_le_bytes());
     corrupt.extend([0xa5u8; 4096]);
     std::fs::write(regions.join("corrupt.cache"), &corrupt).unwrap();
 

@@ -21,6 +21,7 @@ pub const REAL_LIBCUDA: &str = "VGPU_REAL_LIBCUDA";
 pub const REAL_LIBNVML: &str = "VGPU_REAL_LIBNVML";
 pub const CONTEXT_BYTES: &str = "VGPU_CONTEXT_BYTES";
 pub const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
+pub const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
 
 /// HAMi-core's region path when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset; used when a memory
 /// limit is set, so that the limit holds across all processes of the container.
@@ -67,6 +68,13 @@ pub enum ConfigError {
     /// A variable of ours whose name or value is not UTF-8.
     #[error("{var}: value is not valid UTF-8")]
     NotUnicode { var: String },
+    /// Any other malformed value, with what was expected.
+    #[error("{var}={value:?}: {reason}")]
+    Invalid {
+        var: String,
+        value: String,
+        reason: String,
+    },
 }
 
 /// The limiter's configuration.
@@ -90,6 +98,9 @@ pub struct Config {
     /// Test knob (`VGPU_DEBUG_PANIC_IN=<hooked symbol>`): the limiter's logic of that hook panics,
     /// to show that the panic is caught, counted and the call still reaches the driver.
     pub debug_panic_in: Option<String>,
+    /// Test knob (`VGPU_DEBUG_HOOK_DELAY_NS`): every launch hook busy-waits this long and records
+    /// it as hook self-time, so that attribution can be checked against a known limiter cost.
+    pub debug_hook_delay_ns: u64,
 }
 
 impl Config {
@@ -116,6 +127,7 @@ impl Default for Config {
             real_libnvml: None,
             context_bytes: DEFAULT_CONTEXT_BYTES,
             debug_panic_in: None,
+            debug_hook_delay_ns: 0,
         }
     }
 }
@@ -150,6 +162,7 @@ enum Var {
     RealLibnvml,
     ContextBytes,
     DebugPanicIn,
+    DebugHookDelayNs,
 }
 
 fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
@@ -190,6 +203,7 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         REAL_LIBNVML => return Ok(Some(Var::RealLibnvml)),
         CONTEXT_BYTES => return Ok(Some(Var::ContextBytes)),
         DEBUG_PANIC_IN => return Ok(Some(Var::DebugPanicIn)),
+        DEBUG_HOOK_DELAY_NS => return Ok(Some(Var::DebugHookDelayNs)),
         _ => {}
     }
     if let Some(i) = indexed(name, MEMORY_LIMIT)? {
@@ -286,6 +300,17 @@ impl Config {
                         })?;
                 }
                 Var::DebugPanicIn => cfg.debug_panic_in = Some(value),
+                Var::DebugHookDelayNs => {
+                    cfg.debug_hook_delay_ns = value
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|ns| *ns <= 1_000_000_000)
+                        .ok_or_else(|| ConfigError::Invalid {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason: "expected nanoseconds, 0 to 1000000000".into(),
+                        })?;
+                }
                 Var::LogLevel => {
                     cfg.log_level = value
                         .parse::<u8>()

@@ -35,6 +35,8 @@ pub struct State {
     pub clock: Clock,
     /// `VGPU_DEBUG_PANIC_IN`: the hook whose logic panics on purpose (tests).
     pub panic_in: Option<Sym>,
+    /// `VGPU_DEBUG_HOOK_DELAY_NS`: a known self-time added to every launch hook (tests).
+    pub hook_delay_ns: u64,
     apis: [ApiId; Sym::COUNT],
 }
 
@@ -153,6 +155,7 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
         clock: Clock::calibrate(),
         region,
         panic_in,
+        hook_delay_ns: config.debug_hook_delay_ns,
         config,
         driver,
         apis,

@@ -126,11 +126,9 @@ fn record(
             opts.poll_interval
                 .min(deadline.saturating_duration_since(Instant::now())),
         );
-        if let Some(t) = collector.tracer_mut()
-            && let Err(e) = t.poll()
-        {
-            log::warn!("{e}");
-        }
+        // A full snapshot (it also polls for new libraries): short-lived processes' limiter
+        // figures are read while their region slot still exists.
+        collector.collect();
     }
     let last = collector.collect();
     Ok((first, last, "in_process", started.elapsed().as_secs_f64()))

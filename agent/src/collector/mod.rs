@@ -64,6 +64,9 @@ pub struct Collector {
     exited_retention: Duration,
     /// Allocation entries in the kernel map, as counted at the last removal pass.
     allocs_entries: Option<usize>,
+    /// The last snapshot of every process that had limiter figures: a process retires its region
+    /// slot when it exits, so its final figures are kept here for the retention period.
+    last_limited: HashMap<ProcessKey, crate::model::Process>,
 }
 
 impl Collector {
@@ -107,6 +110,7 @@ impl Collector {
             launch_mode,
             exited_retention: opts.exited_retention,
             allocs_entries: None,
+            last_limited: HashMap::new(),
         }
     }
 
@@ -124,10 +128,6 @@ impl Collector {
         c.tracer = Some(tracer);
         c.probes_unavailable = None;
         Ok(c)
-    }
-
-    pub fn tracer_mut(&mut self) -> Option<&mut Tracer> {
-        self.tracer.as_mut()
     }
 
     /// Takes a snapshot.
@@ -207,6 +207,7 @@ impl Collector {
             }
         }
 
+        self.carry_limiter_figures(&mut snap);
         // Rates against the previous snapshot, per process.
         if let Some((_, prev)) = &self.previous {
             for p in &mut snap.processes {
@@ -218,6 +219,36 @@ impl Collector {
         self.forget_exited(&mut snap, now);
         self.previous = Some((now, snap.clone()));
         snap
+    }
+
+    /// Keeps the limiter's figures of processes whose slot went away (they exited).
+    fn carry_limiter_figures(&mut self, snap: &mut Snapshot) {
+        for p in &mut snap.processes {
+            if p.limiter.is_some() {
+                self.last_limited.insert(p.key, p.clone());
+            } else if let Some(last) = self.last_limited.get(&p.key) {
+                p.limiter.clone_from(&last.limiter);
+                p.apis.extend(
+                    last.apis
+                        .iter()
+                        .filter(|a| a.source == crate::model::Source::Limiter)
+                        .cloned(),
+                );
+                p.memory.limiter = last.memory.limiter;
+                p.memory.limiter_allocations = last.memory.limiter_allocations;
+            }
+        }
+        for (key, last) in &self.last_limited {
+            if snap.process(*key).is_none() {
+                let mut gone = last.clone();
+                gone.alive = false;
+                gone.rates = None;
+                if let Some(c) = snap.containers.iter_mut().find(|c| c.key == gone.container) {
+                    c.processes.push(gone.key);
+                }
+                snap.processes.push(gone);
+            }
+        }
     }
 
     /// Drops processes gone for longer than [`EXITED_RETENTION`], from the model and from the
@@ -245,6 +276,7 @@ impl Collector {
             .retain(|c| !c.processes.is_empty() || !c.regions.is_empty());
         for k in &forget {
             self.exited_since.remove(k);
+            self.last_limited.remove(k);
         }
         if let Some(t) = &mut self.tracer {
             let pids: Vec<u32> = forget.iter().map(|k| k.pid).collect();

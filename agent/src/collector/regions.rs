@@ -13,7 +13,7 @@ use std::{
 
 use region::{
     hami::{HAMI_MAGIC, HamiReader, HamiSnapshot},
-    layout::REGION_MAGIC,
+    layout::{REGION_MAGIC, RegionHeader},
     reader::{RegionReader, RegionSnapshot},
 };
 
@@ -45,17 +45,29 @@ enum Reader {
     Hami(HamiReader),
 }
 
+/// Where this project's magic sits in a region file (after the initialisation state word).
+pub const MAGIC_OFFSET: usize = std::mem::offset_of!(RegionHeader, magic);
+
 /// What kind of region a file is, from its first bytes; `None` for anything else.
 pub fn sniff(path: &Path) -> Option<Format> {
-    let mut head = [0u8; 8];
+    let mut head = [0u8; MAGIC_OFFSET + 8];
     fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
-    if u64::from_le_bytes(head) == REGION_MAGIC {
+    let magic = u64::from_le_bytes(head[MAGIC_OFFSET..].try_into().expect("8 bytes"));
+    if magic == REGION_MAGIC {
         Some(Format::Vgpu)
     } else if i32::from_le_bytes(head[..4].try_into().expect("4 bytes")) == HAMI_MAGIC {
         Some(Format::Hami)
     } else {
         None
     }
+}
+
+/// The first bytes of a region file of this project's format, for tests.
+#[cfg(test)]
+pub fn magic_prefix() -> Vec<u8> {
+    let mut v = vec![0u8; MAGIC_OFFSET];
+    v.extend(REGION_MAGIC.to_le_bytes());
+    v
 }
 
 fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
@@ -182,10 +194,10 @@ mod tests {
     fn sniffs_both_formats_and_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
         let v = dir.path().join("v");
-        fs::write(&v, REGION_MAGIC.to_le_bytes()).unwrap();
+        fs::write(&v, magic_prefix()).unwrap();
         let h = dir.path().join("h");
         let mut bytes = HAMI_MAGIC.to_le_bytes().to_vec();
-        bytes.extend([0u8; 4]);
+        bytes.extend([0u8; 12]);
         fs::write(&h, bytes).unwrap();
         let other = dir.path().join("o");
         fs::write(&other, b"#!/bin/sh\n").unwrap();
@@ -204,7 +216,7 @@ mod tests {
         let sub = dir.path().join("pod_ctr");
         fs::create_dir_all(&sub).unwrap();
         // The right magic, then garbage: a region that cannot be read.
-        let mut bytes = REGION_MAGIC.to_le_bytes().to_vec();
+        let mut bytes = magic_prefix();
         bytes.extend([0xffu8; 200]);
         fs::write(sub.join("r.cache"), &bytes).unwrap();
         fs::write(sub.join("not-a-region"), b"hello").unwrap();

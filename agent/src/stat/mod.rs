@@ -79,11 +79,9 @@ pub fn run(opts: StatOptions) -> Result<StatReport, StatError> {
             opts.poll_interval
                 .min(deadline.saturating_duration_since(Instant::now())),
         );
-        if let Some(t) = collector.tracer_mut()
-            && let Err(e) = t.poll()
-        {
-            log::warn!("{e}");
-        }
+        // A full snapshot (it also polls for new libraries): short-lived processes' limiter
+        // figures are read while their region slot still exists.
+        collector.collect();
     }
     let last = collector.collect();
     Ok(finish(

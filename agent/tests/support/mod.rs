@@ -68,6 +68,8 @@ fn build_fixtures() {
             "sim-cuda",
             "-p",
             "cuda-exercise",
+            "-p",
+            "limiter",
             "--target-dir",
         ])
         .arg(target_dir);
@@ -84,6 +86,12 @@ fn build_fixtures() {
 pub fn exercise_bin() -> PathBuf {
     build_fixtures();
     profile_dir().join("cuda-exercise")
+}
+
+/// The limiter library (`libvgpu_limiter.so`) of this build.
+pub fn limiter_lib() -> PathBuf {
+    build_fixtures();
+    profile_dir().join("libvgpu_limiter.so")
 }
 
 /// A fresh copy of the simulated driver, named `libcuda.so.1`, in its own directory (its own

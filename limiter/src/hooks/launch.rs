@@ -33,6 +33,12 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
         return passthrough::<S>(call);
     };
     let clock = state.clock;
+    // Off (0) in production: one predictable branch on a field already loaded.
+    let hook_ns = if state.hook_delay_ns != 0 {
+        debug_hook_delay(clock, state.hook_delay_ns)
+    } else {
+        0
+    };
     let t0 = clock.now();
     let r = call(real);
     let t1 = clock.now();
@@ -40,11 +46,26 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
         process.ledger.record_call(
             state.api(S::SYM),
             clock.ns_between(t0, t1),
-            0,
+            hook_ns,
             r == CUDA_SUCCESS,
         )
     });
     r
+}
+
+/// `VGPU_DEBUG_HOOK_DELAY_NS`: busy-waits `ns` and returns the time actually spent, which is
+/// recorded as the hook's self-time.
+#[cold]
+#[inline(never)]
+fn debug_hook_delay(clock: crate::clock::Clock, ns: u64) -> u64 {
+    let start = clock.now();
+    loop {
+        let spent = clock.ns_between(start, clock.now());
+        if spent >= ns {
+            return spent;
+        }
+        std::hint::spin_loop();
+    }
 }
 
 macro_rules! launch_kernel {

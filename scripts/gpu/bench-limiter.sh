@@ -15,6 +15,9 @@ mkdir -p "$OUT"
 BIN=$PWD/.carry/bin
 LIM=$BIN/libvgpu_limiter.so
 T=$(mktemp -d)
+# Regions live on tmpfs, as they should in production (docs/region.md: first writes to a
+# disk-backed shared mapping cost milliseconds).
+TS=$(mktemp -d -p /dev/shm)
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -25,7 +28,7 @@ nvcc -O2 -o "$T/launch_micro" scripts/gpu/launch_micro.cu || { echo "nvcc failed
 
 limited() { # limited TAG CMD...: runs CMD under the limiter with a fresh region
   local tag=$1; shift
-  LD_PRELOAD=$LIM CUDA_DEVICE_MEMORY_LIMIT=64g CUDA_DEVICE_MEMORY_SHARED_CACHE="$T/$tag.region" "$@"
+  LD_PRELOAD=$LIM CUDA_DEVICE_MEMORY_LIMIT=64g CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/$tag.region" "$@"
 }
 native() { shift; "$@"; }
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The seed slowdown test (scripts/gpu/hami_slowdown.py, a copy of the project's seed 001 test)
+# natively and under the limiter, interleaved (native, limiter, native, ...), RUNS each: the
+# single-GPU `balanced` and `combined` patterns (launch-heavy training-step stand-ins). Then the
+# attribution check of issue 8: the same test under the limiter with a known hook delay
+# (VGPU_DEBUG_HOOK_DELAY_NS) while `vgpu-agent attribute` records; the limiter hook time it
+# reports must be within 10% of launches x delay.
+# Run from the repo root on the GPU machine after `cargo xtask bundle`. Results under $OUT.
+set -u
+OUT=${OUT:-/tmp/out-seed}
+RUNS=${RUNS:-3}
+export K=${K:-2048} MEASURE_SECS=${MEASURE_SECS:-15} PYTHONUNBUFFERED=1
+DELAY_NS=${DELAY_NS:-2000}
+mkdir -p "$OUT"
+BIN=$PWD/.carry/bin
+TS=$(mktemp -d -p /dev/shm)
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  echo "K=$K MEASURE_SECS=$MEASURE_SECS RUNS=$RUNS DELAY_NS=$DELAY_NS"
+} | tee "$OUT/env.txt"
+
+for run in $(seq "$RUNS"); do
+  PATTERNS=balanced,combined LABEL="native-$run" python3 scripts/gpu/hami_slowdown.py 2>&1 | grep RESULT | tee -a "$OUT/results.txt"
+  LD_PRELOAD=$BIN/libvgpu_limiter.so CUDA_DEVICE_MEMORY_LIMIT=64g CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/run-$run.region" \
+    PATTERNS=balanced,combined LABEL="limiter-$run" python3 scripts/gpu/hami_slowdown.py 2>&1 | grep RESULT | tee -a "$OUT/results.txt"
+done
+python3 - "$OUT/results.txt" <<'PY' | tee "$OUT/slowdown.txt"
+import re, statistics, sys
+rows = [re.match(r"RESULT (\w+)-(\d+) (\w+) ([\d.]+) ms/step \((\d+) steps\)", l) for l in open(sys.argv[1])]
+data = {}
+for m in filter(None, rows):
+    data.setdefault((m.group(3), m.group(1)), []).append(float(m.group(4)))
+for pattern in ["balanced", "combined"]:
+    n, l = data.get((pattern, "native"), []), data.get((pattern, "limiter"), [])
+    if n and l:
+        mn, ml = statistics.median(n), statistics.median(l)
+        print(f"{pattern}: native {mn:.2f} ms/step {n}, limiter {ml:.2f} ms/step {l}, ratio {ml / mn:.4f} ({(ml / mn - 1) * 100:+.2f}%)")
+PY
+
+# Attribution of a known limiter hook delay.
+mkdir -p "$TS/attr"
+LD_PRELOAD=$BIN/libvgpu_limiter.so CUDA_DEVICE_MEMORY_LIMIT=64g CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/attr/ctr.cache" \
+  VGPU_DEBUG_HOOK_DELAY_NS=$DELAY_NS MEASURE_SECS=25 PATTERNS=balanced LABEL=attr python3 scripts/gpu/hami_slowdown.py > "$OUT/attr-workload.txt" 2>&1 &
+W=$!
+sleep 12
+"$BIN/vgpu-agent" attribute --duration 8s --no-daemon --json --out "$OUT/attribute" --region-dir "$TS/attr" > "$OUT/attribute.json" 2> "$OUT/attribute.err"
+wait $W
+python3 - "$OUT/attribute.json" "$DELAY_NS" <<'PY' | tee "$OUT/attribution-check.txt"
+import json, sys
+r = json.load(open(sys.argv[1])); delay = float(sys.argv[2]) / 1e9
+ok = False
+for p in r["processes"]:
+    launches = sum(a["calls"] for a in p["apis"] if a["kind"] == "launch" and a["measured_by"] == "limiter")
+    if not launches:
+        continue
+    truth = launches * delay
+    got = p["components"]["limiter_hook"]
+    err = abs(got - truth) / truth
+    ok = err <= 0.10
+    print(f"pid {p['pid']} {p['comm']}: {launches} launches x {delay*1e9:.0f} ns = {truth:.4f} s; attributed limiter hook {got:.4f} s ({err*100:.1f}% off) -> {'PASS' if ok else 'FAIL'}")
+    print("components:", json.dumps(p["components"]))
+print("PASS" if ok else "FAIL")
+PY
+rm -rf "$TS"

@@ -27,9 +27,12 @@ pub const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
 /// limit is set, so that the limit holds across all processes of the container.
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
 
-/// Context (and module) memory charged per process and device when `VGPU_CONTEXT_BYTES` is unset:
-/// what HAMi-core observed for a CUDA 12 context on H100/H200-class devices.
-pub const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
+/// Context memory charged per process and device by default. Measured on the GPU machine
+/// (NVIDIA H200, driver 580.159.04, 2026-11-22): nvidia-smi showed 518 MiB per process beyond
+/// its allocations (scripts/gpu/validate-limiter.sh, docs/gpu-validation.md); 544 MiB leaves 5%
+/// for other GPUs and drivers, so that what nvidia-smi shows stays under the limit. Set
+/// `VGPU_CONTEXT_BYTES` to what your GPU shows.
+pub const DEFAULT_CONTEXT_BYTES: u64 = 544 << 20;
 
 /// Why a byte count does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

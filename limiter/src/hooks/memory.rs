@@ -12,7 +12,7 @@
 //!   multiples from 2 MiB on, 512-byte multiples below (the driver packs small allocations into
 //!   shared 2 MiB pages, so rounding those to 2 MiB would over-charge many small buffers);
 //! - once per process and device, before its first allocation there, the context's memory
-//!   (`VGPU_CONTEXT_BYTES`, default 512 MiB), held until the process exits (see `process.rs`);
+//!   (`VGPU_CONTEXT_BYTES`, default 544 MiB), held until the process exits (see `process.rs`);
 //! - stream-ordered pools: their reserved size, not their live allocations (see `pools.rs`).
 //!
 //! Devices: `cuMemCreate` charges `prop->location.id` for device locations and nothing for host

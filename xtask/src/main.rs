@@ -142,7 +142,12 @@ fn bundle() -> Result<()> {
     ))?;
     let out = repo_root().join(".carry/bin");
     std::fs::create_dir_all(&out)?;
-    for name in ["vgpu-agent", "cuda-exercise", "libsimcuda.so"] {
+    for name in [
+        "vgpu-agent",
+        "cuda-exercise",
+        "libsimcuda.so",
+        "libvgpu_limiter.so",
+    ] {
         let src = repo_root().join("target/release").join(name);
         if src.exists() {
             let dst = out.join(name);

@@ -32,21 +32,22 @@ enum Col {
     Drift,
 }
 
-/// In display order: (column, title, width, importance: 0 is kept longest).
+/// In display order: (column, title, width, importance: 0 is kept longest). Each width leaves
+/// room for the sort mark after the title.
 const COLUMNS: [(Col, &str, u16, u8); 10] = [
-    (Col::Procs, "PROC", 4, 9),
+    (Col::Procs, "PROC", 5, 9),
     (Col::Memory, "GPU MEM / LIMIT", 20, 0),
-    (Col::Allocs, "ALLOC/s", 7, 2),
-    (Col::Launches, "LAUNCH/s", 8, 6),
+    (Col::Allocs, "ALLOC/s", 8, 2),
+    (Col::Launches, "LAUNCH/s", 9, 6),
     (Col::P99, "API P99", 8, 1),
     (Col::Sync, "SYNC", 5, 5),
     (Col::Nccl, "NCCL/s", 7, 8),
-    (Col::Throttled, "THROTL", 6, 7),
-    (Col::Denied, "DENIED", 6, 3),
+    (Col::Throttled, "THROTL", 7, 7),
+    (Col::Denied, "DENIED", 7, 3),
     (Col::Drift, "DRIFT", 5, 4),
 ];
 
-const NAME_MIN: u16 = 28;
+const NAME_MIN: u16 = 27;
 
 fn sort_of(c: Col) -> SortKey {
     match c {
@@ -118,18 +119,19 @@ fn figure_cells(
 ) -> Vec<Cell<'static>> {
     let opt = |v: Option<f64>, fmt: fn(f64) -> String| v.map(fmt).unwrap_or_else(|| "-".into());
     cols.iter()
-        .map(|(c, _, w)| match c {
-            Col::Procs => Cell::from(format!("{:>4}", f.processes)),
-            Col::Memory => memory_cell(f, limit, *w as usize, t),
-            Col::Allocs => Cell::from(format!("{:>7}", opt(f.allocs_per_s, rate))),
-            Col::Launches => Cell::from(format!("{:>8}", opt(f.launches_per_s, rate))),
+        .map(|(c, _, w)| (c, *w as usize))
+        .map(|(c, w)| match c {
+            Col::Procs => Cell::from(format!("{:>w$}", f.processes)),
+            Col::Memory => memory_cell(f, limit, w, t),
+            Col::Allocs => Cell::from(format!("{:>w$}", opt(f.allocs_per_s, rate))),
+            Col::Launches => Cell::from(format!("{:>w$}", opt(f.launches_per_s, rate))),
             Col::P99 => Cell::from(format!(
-                "{:>8}",
+                "{:>w$}",
                 f.p99_ns.map(nanos).unwrap_or_else(|| "-".into())
             )),
-            Col::Sync => Cell::from(format!("{:>5}", opt(f.sync_share, percent))),
+            Col::Sync => Cell::from(format!("{:>w$}", opt(f.sync_share, percent))),
             Col::Nccl => Cell::from(format!(
-                "{:>7}",
+                "{:>w$}",
                 match f.nccl_bytes_per_s {
                     Some(b) if b > 0.0 => short_bytes(b as u64),
                     Some(_) => "0".into(),
@@ -143,10 +145,10 @@ fn figure_cells(
                 } else {
                     Style::new()
                 };
-                Cell::from(Span::styled(format!("{s:>6}"), style))
+                Cell::from(Span::styled(format!("{s:>w$}"), style))
             }
             Col::Denied => Cell::from(Span::styled(
-                format!("{:>6}", f.denied),
+                format!("{:>w$}", f.denied),
                 if f.denied > 0 { t.bad() } else { Style::new() },
             )),
             Col::Drift => match &f.drift {

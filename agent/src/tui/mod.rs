@@ -91,8 +91,11 @@ pub fn run(opts: TopOptions) -> anyhow::Result<()> {
         no_color: std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()),
         ..ViewState::default()
     };
-    let (mut terminal, _guard) = terminal::setup()?;
-    run_loop(
+    // Log lines on stderr would tear the screen; what matters is in the snapshots' status.
+    let level = log::max_level();
+    log::set_max_level(log::LevelFilter::Off);
+    let (mut terminal, guard) = terminal::setup()?;
+    let result = run_loop(
         &mut terminal,
         &mut model,
         &mut state,

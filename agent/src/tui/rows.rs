@@ -43,8 +43,11 @@ pub struct ContainerRow<'a> {
     pub limit: Limit,
 }
 
-/// One process's memory as the table shows it.
+/// One process's memory as the table shows it (an exited process holds none).
 pub fn process_memory(p: &Process) -> Option<u64> {
+    if !p.alive {
+        return None;
+    }
     let m = &p.memory;
     m.limiter.or(m.nvml).or(m.probes)
 }
@@ -504,6 +507,24 @@ mod tests {
             rows(&snap, &tree).len(),
             snap.containers.len() + snap.processes.len()
         );
+    }
+
+    #[test]
+    fn exited_processes_hold_no_memory() {
+        let mut snap = fixture::snapshot();
+        let host = snap
+            .containers
+            .iter()
+            .find(|c| c.key == "host")
+            .unwrap()
+            .clone();
+        snap.processes
+            .iter_mut()
+            .find(|p| p.key.pid == 777)
+            .unwrap()
+            .alive = false;
+        let row = container_row(&snap, &host);
+        assert_eq!((row.figures.memory, row.figures.processes), (None, 0));
     }
 
     #[test]

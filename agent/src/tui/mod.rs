@@ -107,7 +107,10 @@ pub fn run(opts: TopOptions) -> anyhow::Result<()> {
                 Ok(None)
             }
         },
-    )?;
+    );
+    drop(guard);
+    log::set_max_level(level);
+    result?;
     Ok(())
 }
 

@@ -156,9 +156,11 @@ pub fn run() -> Result<()> {
         "while :; do {exercise} alloc-free --ops 400 --max-size 256m --seed $$; {exercise} launches --count 3000; done"
     );
     demo.children.push(start_in(&plain_cg, &plain, &sim)?);
+    // A long-lived process that fills the simulated device (8 GiB) and frees half, again and
+    // again (`--seconds`: it must not watch its stdin, which is /dev/null).
     demo.children.push(start_in(
         &plain_cg,
-        &format!("exec {exercise} hold --bytes 1g"),
+        &format!("exec {exercise} pressure --chunk 256m --delay-ms 500 --seconds 86400"),
         &sim,
     )?);
     // "serve", under the limiter: allocates until refused, frees half, again, forever.
@@ -177,7 +179,7 @@ pub fn run() -> Result<()> {
     ]);
     demo.children.push(start_in(
         &limited_cg,
-        &format!("exec {exercise} pressure --chunk 48m --delay-ms 250"),
+        &format!("exec {exercise} pressure --chunk 48m --delay-ms 250 --seconds 86400"),
         &limited,
     )?);
     demo.children.push(start_in(
@@ -189,7 +191,7 @@ pub fn run() -> Result<()> {
     println!(
         "demo: two containers on a simulated GPU (testing/sim-cuda, 8 GiB):\n\
          - docker container {}: a training loop (allocations, launches, synchronisation) and a \
-         process holding 1 GiB, no limiter;\n\
+         process that fills the simulated device and frees half, again and again, no limiter;\n\
          - pod {POD_UID} container {}: under the limiter (libvgpu_limiter.so) with a {LIMIT} limit \
          that it keeps hitting: its allocations are denied every round.\n\
          The limiter's region is {}: when the limiter writes it, top shows the limit as a bar \

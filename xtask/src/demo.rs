@@ -151,11 +151,19 @@ pub fn run() -> Result<()> {
         ("SIMCUDA_LAUNCH_US", "200".to_string()),
         ("SIMCUDA_DELAY_US", "alloc=40,free=20".to_string()),
     ];
-    // "train": allocations that come and go, then launch bursts with a synchronisation each.
-    let plain = format!(
-        "while :; do {exercise} alloc-free --ops 400 --max-size 256m --seed $$; {exercise} launches --count 3000; done"
-    );
-    demo.children.push(start_in(&plain_cg, &plain, &sim)?);
+    // "train": kernel launches for hours (each call takes 500 us in the sim), long-lived so the
+    // table is not flooded with short-lived processes.
+    let mut launching = sim.clone();
+    launching.push((
+        "SIMCUDA_DELAY_US",
+        "launch=500,alloc=40,free=20".to_string(),
+    ));
+    launching.retain(|(k, v)| *k != "SIMCUDA_DELAY_US" || v.starts_with("launch"));
+    demo.children.push(start_in(
+        &plain_cg,
+        &format!("exec {exercise} launches --count 10000000"),
+        &launching,
+    )?);
     // A long-lived process that fills the simulated device (8 GiB) and frees half, again and
     // again (`--seconds`: it must not watch its stdin, which is /dev/null).
     demo.children.push(start_in(
@@ -182,15 +190,18 @@ pub fn run() -> Result<()> {
         &format!("exec {exercise} pressure --chunk 48m --delay-ms 250 --seconds 86400"),
         &limited,
     )?);
+    let mut limited_launching = limited.clone();
+    limited_launching.retain(|(k, _)| *k != "SIMCUDA_DELAY_US");
+    limited_launching.push(("SIMCUDA_DELAY_US", "launch=1000".to_string()));
     demo.children.push(start_in(
         &limited_cg,
-        &format!("while :; do {exercise} launches --count 2000; sleep 0.5; done"),
-        &limited,
+        &format!("exec {exercise} launches --count 10000000"),
+        &limited_launching,
     )?);
 
     println!(
         "demo: two containers on a simulated GPU (testing/sim-cuda, 8 GiB):\n\
-         - docker container {}: a training loop (allocations, launches, synchronisation) and a \
+         - docker container {}: a process launching kernels and a \
          process that fills the simulated device and frees half, again and again, no limiter;\n\
          - pod {POD_UID} container {}: under the limiter (libvgpu_limiter.so) with a {LIMIT} limit \
          that it keeps hitting: its allocations are denied every round.\n\

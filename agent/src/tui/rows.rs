@@ -83,7 +83,7 @@ pub fn process_figures(p: &Process) -> Figures {
     let apis = p.effective_apis();
     let r = p.rates.as_ref();
     Figures {
-        processes: 1,
+        processes: usize::from(p.alive),
         memory: process_memory(p),
         allocs_per_s: r.map(|r| r.allocations_per_s),
         launches_per_s: r.map(|r| r.launches_per_s),

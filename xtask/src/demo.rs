@@ -205,9 +205,10 @@ pub fn run() -> Result<()> {
          process that fills the simulated device and frees half, again and again, no limiter;\n\
          - pod {POD_UID} container {}: under the limiter (libvgpu_limiter.so) with a {LIMIT} limit \
          that it keeps hitting: its allocations are denied every round.\n\
-         The limiter's region is {}: when the limiter writes it, top shows the limit as a bar \
-         and the denials from the region; when it does not yet, the limiter still enforces in \
-         the process and top shows the refused allocations from the probes.\n\
+         The limiter's region is {}: when the limiter writes it, top shows the pod's limit as a \
+         bar, its denials and throttling. A limiter that does not write regions yet still \
+         enforces the limit inside the process (allocations past it fail), but top cannot see \
+         that: the pod's row then says `no limiter` and shows what the probes see.\n\
          There is no NVIDIA driver here, so top's header says so. Press ? for help, q to quit.",
         &PLAIN_ID[..12],
         &LIMITED_ID[..12],

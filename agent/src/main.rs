@@ -12,6 +12,7 @@ mod probes;
 mod signals;
 mod stat;
 mod trace;
+mod tui;
 mod units;
 
 use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
@@ -169,6 +170,20 @@ enum Command {
         #[command(flatten)]
         collect: CollectArgs,
     },
+    /// The live terminal view: GPUs, containers and their processes (htop-like).
+    Top {
+        /// How often to refresh.
+        #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
+        interval: Duration,
+        /// Read from the agent daemon on this socket when one answers.
+        #[arg(long, default_value = daemon::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Never read from a daemon: load the probes in this process.
+        #[arg(long)]
+        no_daemon: bool,
+        #[command(flatten)]
+        collect: CollectArgs,
+    },
     /// Run the agent daemon: collect at an interval and serve the model on a Unix socket.
     Run {
         /// Where to serve snapshots (JSON; docs/model.md).
@@ -292,6 +307,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 write!(stdout, "{}", attribute::table(&report))?;
             }
             Ok(())
+        }
+        Command::Top {
+            interval,
+            socket,
+            no_daemon,
+            collect,
+        } => {
+            anyhow::ensure!(!interval.is_zero(), "--interval must be longer than 0");
+            tui::run(tui::TopOptions {
+                interval,
+                socket: (!no_daemon).then_some(socket),
+                collector: collector::CollectorOptions {
+                    trace: Some(collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?),
+                    region_dirs: collect.region_dirs(),
+                    host: host::HostPaths::system().with_root(collect.host_root.clone()),
+                    nvml: !collect.no_nvml,
+                    exited_retention: collector::EXITED_RETENTION,
+                },
+            })
         }
         Command::Run {
             socket,

@@ -7,6 +7,7 @@
 mod bench;
 mod bench_agent;
 mod bench_limiter;
+mod demo;
 mod setup;
 mod util;
 
@@ -23,7 +24,8 @@ commands:
   setup            install the toolchains and packages the build and tests need (idempotent)
   build [--release]  build everything, the eBPF probes included
   test             setup, then formatting, lints and every test (privileged ones when root)
-  run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: stat --duration 10s)
+  run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: top)
+  demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
   bundle           build release binaries into .carry/ for the GPU machine
   bench <name>     run a benchmark: region, agent, limiter (see docs/benchmarks.md)";
 
@@ -42,6 +44,7 @@ fn main() -> Result<()> {
         }
         "test" => test(),
         "run" => run(rest),
+        "demo" => demo::run(),
         "bundle" => bundle(),
         "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
@@ -105,9 +108,16 @@ fn run(rest: &[String]) -> Result<()> {
     let bin = repo_root().join("target/release/vgpu-agent");
     let args: Vec<String> = match rest.iter().position(|a| a == "--") {
         Some(i) => rest[i + 1..].to_vec(),
-        None if rest.is_empty() => vec!["stat".into(), "--duration".into(), "10s".into()],
+        None if rest.is_empty() => vec!["top".into()],
         None => rest.to_vec(),
     };
+    if args.first().is_some_and(|a| a == "top") && !nvidia_driver_present() {
+        println!(
+            "No NVIDIA driver on this machine: top will show what the probes see, without GPUs. \
+             For a live view of simulated GPU workloads run `./x demo` (cargo xtask demo)."
+        );
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
     let mut c = if util::is_root() || which("sudo").is_none() {
         cmd(
             bin.to_str().context("utf-8 path")?,
@@ -119,6 +129,11 @@ fn run(rest: &[String]) -> Result<()> {
         c
     };
     util::run(&mut c)
+}
+
+/// Whether the NVIDIA kernel driver is loaded.
+fn nvidia_driver_present() -> bool {
+    std::path::Path::new("/proc/driver/nvidia/version").exists()
 }
 
 fn bundle() -> Result<()> {

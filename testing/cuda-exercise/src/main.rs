@@ -72,6 +72,18 @@ enum Command {
         #[arg(long, value_parser = parse_bytes)]
         bytes: u64,
     },
+    /// Keep hitting the memory limit: allocate `--chunk` bytes at a time until an allocation
+    /// fails (the device is full or a limiter denies it), free half of what is held, wait
+    /// `--delay-ms`, repeat; until `--seconds` pass (0: until SIGTERM or stdin closes). Prints
+    /// the allocations made and refused.
+    Pressure {
+        #[arg(long, default_value = "64m", value_parser = parse_bytes)]
+        chunk: u64,
+        #[arg(long, default_value_t = 200)]
+        delay_ms: u64,
+        #[arg(long, default_value_t = 0)]
+        seconds: u64,
+    },
     /// Call one API N times and print timing.
     Latency {
         #[arg(long)]
@@ -237,6 +249,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             api_mix,
         } => alloc_free(&drv, ops, seed, max_size, api_mix),
         Command::Hold { bytes } => hold(&drv, bytes as usize),
+        Command::Pressure {
+            chunk,
+            delay_ms,
+            seconds,
+        } => pressure(&drv, chunk as usize, delay_ms, seconds),
         Command::Latency {
             api,
             calls,
@@ -674,6 +691,62 @@ fn steady(
         "seconds": elapsed,
         "rate": made as f64 / elapsed,
     }));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pressure(drv: &Driver, chunk: usize, delay_ms: u64, seconds: u64) -> Result<ExitCode, String> {
+    let r = drv.init();
+    if r != Some(0) {
+        return Err(format!("cuInit returned {r:?}"));
+    }
+    let mut ignore = |_: &str, _: Option<CUresult>, _: u64| {};
+    drv.primary_context(&mut ignore)
+        .map_err(|e| format!("setting up a context: {e}"))?;
+    // SAFETY: installs an async-signal-safe handler (one atomic store) for SIGTERM.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigterm as *const () as libc::sighandler_t;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+    }
+    if seconds == 0 {
+        std::thread::spawn(|| {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            TERMINATED.store(true, Ordering::SeqCst);
+        });
+    }
+    let end = (seconds > 0).then(|| Instant::now() + Duration::from_secs(seconds));
+    let (mut made, mut refused, mut rounds) = (0u64, 0u64, 0u64);
+    let mut live: Vec<u64> = Vec::new();
+    let done = || TERMINATED.load(Ordering::SeqCst) || end.is_some_and(|e| Instant::now() >= e);
+    while !done() {
+        loop {
+            let (r, ptr) = drv.mem_alloc(chunk);
+            if r != Some(0) {
+                refused += 1;
+                break;
+            }
+            made += 1;
+            live.push(ptr);
+            if done() {
+                break;
+            }
+        }
+        rounds += 1;
+        for ptr in live.split_off(live.len() / 2) {
+            drv.mem_free(ptr);
+        }
+        let wake = Instant::now() + Duration::from_millis(delay_ms);
+        while Instant::now() < wake && !done() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    for ptr in live {
+        drv.mem_free(ptr);
+    }
+    print(
+        json!({"pid": std::process::id(), "rounds": rounds, "allocations": made, "refused": refused}),
+    );
     Ok(ExitCode::SUCCESS)
 }
 

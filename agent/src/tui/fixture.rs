@@ -1,0 +1,374 @@
+//! A synthetic model for the view tests: a pod with two training processes (one drifting, one
+//! doing NCCL), a docker container squeezed by its limit (allocations denied, throttled), one with
+//! an unlimited region, and a host process without a limiter.
+
+use std::collections::BTreeMap;
+
+use agent_common::hist::{HIST_BUCKETS, bucket_of};
+
+use crate::{
+    discovery::FoundBy,
+    model::{
+        AgentStatus, ApiUsage, Container, GpuDevice, LibraryStatus, LimiterProcess, MemoryViews,
+        Process, ProcessKey, Rates, RegionDevice, RegionInfo, Snapshot, Source,
+    },
+    probes::{AttachMode, calibrate::ProbeCost, symbols::Prologue},
+    trace::LaunchProbes,
+};
+
+pub const TRAIN_ID: &str = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";
+pub const SQUEEZED_ID: &str = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+pub const UNLIMITED_ID: &str = "c0ffee549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn hist(samples: &[(u64, u64)]) -> Vec<u64> {
+    let mut h = vec![0; HIST_BUCKETS];
+    for (ns, n) in samples {
+        h[bucket_of(*ns)] += n;
+    }
+    h
+}
+
+fn api(name: &str, kind: &str, source: Source, samples: &[(u64, u64)]) -> ApiUsage {
+    let calls = samples.iter().map(|s| s.1).sum();
+    ApiUsage {
+        api: name.into(),
+        kind: kind.into(),
+        source,
+        calls,
+        errors: 0,
+        bytes: 0,
+        total_ns: samples.iter().map(|(ns, n)| ns * n).sum(),
+        hook_ns: if source == Source::Limiter {
+            calls * 45
+        } else {
+            0
+        },
+        denied: 0,
+        hist: hist(samples),
+        latency: None,
+    }
+}
+
+fn process(pid: u32, comm: &str, cmdline: &str, container: &str) -> Process {
+    Process {
+        key: ProcessKey {
+            pid,
+            start_ticks: 1000 + pid as u64,
+        },
+        alive: true,
+        comm: comm.into(),
+        cmdline: cmdline.into(),
+        container: container.into(),
+        cgroup_path: None,
+        memory: MemoryViews::default(),
+        apis: vec![],
+        limiter: None,
+        nvml: vec![],
+        communicators: vec![],
+        alloc_sizes: vec![],
+        rates: Some(Rates::default()),
+    }
+}
+
+fn limiter(held: u64, throttled_ns: u64) -> LimiterProcess {
+    LimiterProcess {
+        region: "/run/vgpu/regions/x.cache".into(),
+        slot: 0,
+        held: vec![held],
+        context_bytes: vec![500 * MIB],
+        throttled_ns,
+        dropped_records: 0,
+        shard_problems: vec![],
+    }
+}
+
+fn region(limit: u64, reserved: u64, denied: u64) -> RegionInfo {
+    RegionInfo {
+        path: "/run/vgpu/regions/x.cache".into(),
+        format: "vgpu".into(),
+        devices: vec![RegionDevice {
+            index: 0,
+            memory_limit: limit,
+            sm_limit_pct: 0,
+            reserved,
+            denied,
+        }],
+        problems: vec![],
+        read_retries: 0,
+    }
+}
+
+fn container(key: &str, name: &str, procs: &[&Process], regions: Vec<RegionInfo>) -> Container {
+    Container {
+        key: key.into(),
+        name: name.into(),
+        containerised: key != "host",
+        runtime: (key != "host").then(|| "docker".into()),
+        container_id: (key != "host").then(|| key.into()),
+        pod_uid: None,
+        pod_name: None,
+        namespace: None,
+        qos: None,
+        processes: procs.iter().map(|p| p.key).collect(),
+        regions,
+    }
+}
+
+/// Processes 4101 and 4102 (pod ml-team/trainer-0), 5200 (llm-serve, squeezed), 6300 (notebook,
+/// unlimited), 777 (a host process).
+pub fn snapshot() -> Snapshot {
+    let mut rank0 = process(
+        4101,
+        "python3",
+        "python3 train.py --model llama-8b --rank 0",
+        TRAIN_ID,
+    );
+    rank0.apis = vec![
+        api(
+            "cuLaunchKernel",
+            "launch",
+            Source::Limiter,
+            &[(3_000, 90_000), (6_000, 9_000), (40_000, 1_000)],
+        ),
+        api(
+            "cuMemAlloc_v2",
+            "alloc",
+            Source::Probes,
+            &[(20_000, 300), (900_000, 4)],
+        ),
+        api(
+            "cuStreamSynchronize",
+            "sync",
+            Source::Probes,
+            &[(2_000_000, 500), (9_000_000, 20)],
+        ),
+    ];
+    rank0.limiter = Some(limiter(4 * GIB, 0));
+    rank0.memory = MemoryViews {
+        limiter: Some(4 * GIB),
+        limiter_allocations: Some(3 * GIB + 512 * MIB),
+        nvml: Some(5 * GIB),
+        ..MemoryViews::default()
+    }
+    .reconcile();
+    rank0.rates = Some(Rates {
+        allocations_per_s: 12.0,
+        launches_per_s: 9_400.0,
+        calls_per_s: 9_800.0,
+        nccl_bytes_per_s: 0.0,
+        sync_share: 0.31,
+        throttled_share: 0.0,
+        denied_per_s: 0.0,
+    });
+    let mut rank1 = process(
+        4102,
+        "python3",
+        "python3 -m nccl_bench.all_reduce --size 256M",
+        TRAIN_ID,
+    );
+    rank1.apis = vec![
+        api(
+            "ncclAllReduce",
+            "nccl",
+            Source::Probes,
+            &[(150_000, 800), (1_500_000, 10)],
+        ),
+        api(
+            "cuLaunchKernel",
+            "launch",
+            Source::Limiter,
+            &[(3_000, 20_000)],
+        ),
+    ];
+    rank1.apis[0].bytes = 810 * 256 * MIB;
+    rank1.limiter = Some(limiter(2 * GIB, 0));
+    rank1.memory = MemoryViews {
+        limiter: Some(2 * GIB),
+        nvml: Some(2 * GIB + 10 * MIB),
+        ..MemoryViews::default()
+    }
+    .reconcile();
+    rank1.rates = Some(Rates {
+        allocations_per_s: 0.5,
+        launches_per_s: 2_000.0,
+        calls_per_s: 2_100.0,
+        nccl_bytes_per_s: 21.5 * GIB as f64,
+        sync_share: 0.05,
+        throttled_share: 0.0,
+        denied_per_s: 0.0,
+    });
+
+    let mut serve = process(
+        5200,
+        "vllm",
+        "vllm serve meta-llama/Llama-3-8B --port 8000",
+        SQUEEZED_ID,
+    );
+    let mut alloc = api(
+        "cuMemAlloc_v2",
+        "alloc",
+        Source::Limiter,
+        &[(8_000, 2_000), (120_000, 40)],
+    );
+    alloc.denied = 40;
+    alloc.errors = 40;
+    serve.apis = vec![
+        alloc,
+        api("cuMemFree_v2", "free", Source::Limiter, &[(5_000, 1_950)]),
+    ];
+    serve.limiter = Some(limiter(2 * GIB - 64 * MIB, 2_500_000_000));
+    serve.memory = MemoryViews {
+        limiter: Some(2 * GIB - 64 * MIB),
+        nvml: Some(2 * GIB - 60 * MIB),
+        ..MemoryViews::default()
+    }
+    .reconcile();
+    serve.rates = Some(Rates {
+        allocations_per_s: 85.0,
+        launches_per_s: 0.0,
+        calls_per_s: 170.0,
+        nccl_bytes_per_s: 0.0,
+        sync_share: 0.0,
+        throttled_share: 0.12,
+        denied_per_s: 4.0,
+    });
+
+    let mut notebook = process(
+        6300,
+        "jupyter",
+        "/opt/conda/bin/python -m ipykernel_launcher",
+        UNLIMITED_ID,
+    );
+    notebook.apis = vec![api(
+        "cuMemAlloc_v2",
+        "alloc",
+        Source::Limiter,
+        &[(15_000, 12)],
+    )];
+    notebook.memory = MemoryViews {
+        limiter: Some(700 * MIB),
+        ..MemoryViews::default()
+    };
+    notebook.rates = None;
+
+    let mut blender = process(777, "blender", "/usr/bin/blender -b scene.blend -a", "host");
+    blender.apis = vec![api(
+        "cuMemAlloc_v2",
+        "alloc",
+        Source::Probes,
+        &[(30_000, 64)],
+    )];
+    blender.memory = MemoryViews {
+        probes: Some(2 * GIB + 512 * MIB),
+        nvml: Some(3 * GIB),
+        ..MemoryViews::default()
+    }
+    .reconcile();
+    blender.rates = Some(Rates {
+        allocations_per_s: 2.0,
+        ..Rates::default()
+    });
+
+    let mut train = container(
+        TRAIN_ID,
+        "pytorch",
+        &[&rank0, &rank1],
+        vec![region(8 * GIB, 6 * GIB, 0)],
+    );
+    train.runtime = Some("containerd".into());
+    train.pod_name = Some("trainer-0".into());
+    train.namespace = Some("ml-team".into());
+    train.pod_uid = Some("ac04f3f2-1f2c-11e9-b015-1ebee232acfa".into());
+    train.qos = Some("guaranteed".into());
+    let squeezed = container(
+        SQUEEZED_ID,
+        "llm-serve",
+        &[&serve],
+        vec![region(2 * GIB, 2 * GIB - 64 * MIB, 42)],
+    );
+    let unlimited = container(
+        UNLIMITED_ID,
+        "notebook",
+        &[&notebook],
+        vec![region(0, 700 * MIB, 0)],
+    );
+    let host = container("host", "host", &[&blender], vec![]);
+
+    let gpu = |index: u32, util: u32, used: u64| GpuDevice {
+        index,
+        uuid: Some(format!("GPU-{index}a2b3c4d-0000-1111-2222-333344445555")),
+        name: Some("NVIDIA H100 80GB HBM3".into()),
+        utilization_pct: Some(util),
+        memory_used: Some(used),
+        memory_total: Some(80 * GIB),
+        power_mw: Some(310_000 + util * 2_000),
+        temperature_c: Some(54),
+    };
+    Snapshot {
+        schema: crate::model::SCHEMA.into(),
+        hostname: "gpu-node-7".into(),
+        taken_at_unix_ms: 1_780_000_000_000,
+        interval_seconds: 1.0,
+        driver_version: Some("580.65.06".into()),
+        cuda_driver_version: Some("13.0".into()),
+        agent: AgentStatus {
+            probes_unavailable: None,
+            attach_mode: Some(AttachMode::Multi),
+            libraries: vec![LibraryStatus {
+                path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06".into(),
+                attach_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06".into(),
+                dev: 2049,
+                inode: 1234,
+                found_by: FoundBy::Host,
+                symbols_attached: 61,
+                symbols_missing: vec![],
+                prologues: BTreeMap::new(),
+                kinds_attached: vec!["alloc".into(), "free".into(), "sync".into()],
+            }],
+            launch_probes: LaunchProbes::Sampled {
+                window: std::time::Duration::from_secs(1),
+                period: std::time::Duration::from_secs(10),
+            },
+            launch_probe_seconds: 12.0,
+            probe_cost: Some(ProbeCost {
+                target: "libcuda:cuDriverGetVersion".into(),
+                prologue: Prologue::Push,
+                calls: 20_000,
+                unprobed_ns: 40.0,
+                per_hit_ns: 1_700.0,
+                inband_ns: 800.0,
+            }),
+            events_lost: [("ringbuf_full".to_string(), 3u64)].into(),
+            regions_read: 3,
+            region_errors: 0,
+            map_entries: BTreeMap::new(),
+            nvml_problems: vec![],
+            warnings: vec![],
+        },
+        gpus: vec![gpu(0, 87, 11 * GIB), gpu(1, 12, 3 * GIB)],
+        containers: vec![train, squeezed, unlimited, host],
+        processes: vec![rank0, rank1, serve, notebook, blender],
+    }
+}
+
+/// The same node with no NVIDIA driver: NVML not found, no GPUs, what probes and regions see.
+pub fn no_driver() -> Snapshot {
+    let mut s = snapshot();
+    s.gpus.clear();
+    s.driver_version = None;
+    s.cuda_driver_version = None;
+    s.agent.nvml_problems =
+        vec!["NVML not found: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?)".into()];
+    s
+}
+
+/// A node where nothing has used a GPU yet.
+pub fn empty() -> Snapshot {
+    let mut s = snapshot();
+    s.containers.clear();
+    s.processes.clear();
+    s.agent.regions_read = 0;
+    s
+}

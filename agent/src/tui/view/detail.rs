@@ -1,0 +1,388 @@
+//! The detail view of a container or a process: identity and memory, memory over time, per-API
+//! counts and latency histograms with the limiter's self-time per call, and the probe mode and
+//! what it costs.
+
+use std::collections::BTreeMap;
+
+use agent_common::hist::{bucket_lower_ns, bucket_upper_ns};
+use ratatui::{
+    Frame,
+    layout::{Constraint, Layout, Rect},
+    text::{Line, Span},
+    widgets::{Block, Cell, Paragraph, Row, Table},
+};
+
+use super::{Theme, fit, short_bytes, spark};
+use crate::{
+    model::{ApiUsage, Process, Snapshot, Source},
+    trace::LaunchProbes,
+    tui::{
+        app::Model,
+        rows::{Limit, RowId, container_label, container_row, short_key},
+    },
+    units::{bytes, nanos},
+};
+
+/// APIs of several processes added up per (API, source).
+fn merge(procs: &[&Process]) -> Vec<ApiUsage> {
+    let mut by: BTreeMap<(String, Source), ApiUsage> = BTreeMap::new();
+    for p in procs {
+        for a in p.effective_apis() {
+            let e = by
+                .entry((a.api.clone(), a.source))
+                .or_insert_with(|| ApiUsage {
+                    calls: 0,
+                    errors: 0,
+                    bytes: 0,
+                    total_ns: 0,
+                    hook_ns: 0,
+                    denied: 0,
+                    hist: vec![0; agent_common::hist::HIST_BUCKETS],
+                    latency: None,
+                    ..a.clone()
+                });
+            e.calls += a.calls;
+            e.errors += a.errors;
+            e.bytes += a.bytes;
+            e.total_ns += a.total_ns;
+            e.hook_ns += a.hook_ns;
+            e.denied += a.denied;
+            for (d, s) in e.hist.iter_mut().zip(&a.hist) {
+                *d += s;
+            }
+        }
+    }
+    let mut v: Vec<ApiUsage> = by.into_values().collect();
+    v.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.api.cmp(&b.api)));
+    v
+}
+
+/// The histogram between its first and last non-empty buckets, with the range it covers.
+fn histogram(a: &ApiUsage, width: usize) -> String {
+    let first = a.hist.iter().position(|n| *n > 0);
+    let last = a.hist.iter().rposition(|n| *n > 0);
+    let (Some(f), Some(l)) = (first, last) else {
+        return String::new();
+    };
+    let range = format!(
+        " {}–{}",
+        nanos(bucket_lower_ns(f)),
+        nanos(bucket_upper_ns(l))
+    );
+    let bars = spark(
+        &a.hist[f..=l],
+        width.saturating_sub(range.chars().count()),
+        None,
+    );
+    format!("{bars}{range}")
+}
+
+/// The per-API table; narrow terminals leave out errors and denials (the facts above say them).
+fn api_table<'a>(apis: &[ApiUsage], width: u16, t: &Theme) -> Table<'a> {
+    let wide = width >= 120;
+    let mut cols: Vec<(&str, u16)> = vec![("API", 16), ("SOURCE", 7), ("CALLS", 9)];
+    if wide {
+        cols.extend([("ERR", 5), ("DENIED", 6)]);
+    }
+    cols.extend([("P50", 8), ("P99", 8), ("HOOK/CALL", 9)]);
+    let fixed: u16 = cols.iter().map(|c| c.1 + 1).sum();
+    let hist_width = width.saturating_sub(fixed).max(8);
+    cols.push(("HISTOGRAM", hist_width));
+    let header = Row::new(cols.iter().map(|c| Cell::from(c.0))).style(t.heading());
+    let rows: Vec<Row> = apis
+        .iter()
+        .map(|a| {
+            let q = |p| a.quantile_ns(p).map(nanos).unwrap_or_else(|| "-".into());
+            let hook = if a.source == Source::Limiter && a.calls > 0 {
+                nanos(a.hook_ns / a.calls)
+            } else {
+                "-".into()
+            };
+            let mut cells = vec![
+                Cell::from(a.api.clone()),
+                Cell::from(match a.source {
+                    Source::Probes => "probes",
+                    Source::Limiter => "limiter",
+                }),
+                Cell::from(format!("{:>9}", a.calls)),
+            ];
+            if wide {
+                cells.push(Cell::from(format!("{:>5}", a.errors)));
+                cells.push(Cell::from(Span::styled(
+                    format!("{:>6}", a.denied),
+                    if a.denied > 0 { t.bad() } else { t.dim() },
+                )));
+            }
+            cells.extend([
+                Cell::from(format!("{:>8}", q(0.5))),
+                Cell::from(format!("{:>8}", q(0.99))),
+                Cell::from(format!("{hook:>9}")),
+                Cell::from(Span::styled(histogram(a, hist_width as usize), t.good())),
+            ]);
+            Row::new(cells)
+        })
+        .collect();
+    let widths: Vec<Constraint> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if i == 0 {
+                Constraint::Min(c.1)
+            } else {
+                Constraint::Length(c.1)
+            }
+        })
+        .collect();
+    Table::new(rows, widths).header(header).column_spacing(1)
+}
+
+/// The probe mode and what it cost the processes shown.
+fn probe_lines(s: &Snapshot, apis: &[ApiUsage], t: &Theme) -> Vec<Line<'static>> {
+    let a = &s.agent;
+    let mode = match (&a.probes_unavailable, a.launch_probes) {
+        (Some(why), _) => {
+            return vec![Line::from(Span::styled(
+                format!("probes off: {why}"),
+                t.warn(),
+            ))];
+        }
+        (None, LaunchProbes::On) => "full (launches probed)".to_string(),
+        (None, LaunchProbes::Sampled { window, period }) => format!(
+            "sampled (launches probed {} of every {}, {:.0}s so far)",
+            crate::tui::format_interval(window),
+            crate::tui::format_interval(period),
+            a.launch_probe_seconds
+        ),
+        (None, LaunchProbes::Off) => "launches off (the limiter counts them)".to_string(),
+    };
+    let probed: u64 = apis
+        .iter()
+        .filter(|u| u.source == Source::Probes)
+        .map(|u| u.calls)
+        .sum();
+    let cost = match &a.probe_cost {
+        Some(c) => format!(
+            "{} per probed call; {} probed calls here cost about {}",
+            nanos(c.per_hit_ns as u64),
+            probed,
+            nanos((c.per_hit_ns * probed as f64) as u64)
+        ),
+        None => format!("{probed} probed calls here (cost not measured: --no-calibrate)"),
+    };
+    vec![Line::from(vec![
+        Span::styled("probes ", t.key()),
+        Span::raw(format!("{mode}; {cost}")),
+    ])]
+}
+
+fn memory_line(
+    series: Option<&crate::tui::history::Series>,
+    width: usize,
+    t: &Theme,
+) -> Line<'static> {
+    let Some(s) = series.filter(|s| !s.is_empty()) else {
+        return Line::from(Span::styled("memory over time: no samples yet", t.dim()));
+    };
+    let w = width.saturating_sub(30).max(8);
+    Line::from(vec![
+        Span::styled("memory over time ", t.key()),
+        Span::styled(spark(&s.last(w), w, None), t.good()),
+        Span::raw(format!(" max {}", short_bytes(s.max()))),
+    ])
+}
+
+fn process_facts(p: &Process, s: &Snapshot, t: &Theme) -> Vec<Line<'static>> {
+    let mut out = vec![
+        Line::from(vec![
+            Span::styled(format!("process {} ", p.key.pid), t.title()),
+            Span::raw(format!(
+                "{}{}",
+                p.comm,
+                if p.alive { "" } else { " (exited)" }
+            )),
+        ]),
+        Line::from(format!("command  {}", p.cmdline)),
+    ];
+    let container = s
+        .containers
+        .iter()
+        .find(|c| c.key == p.container)
+        .map(container_label)
+        .unwrap_or_else(|| short_key(&p.container));
+    out.push(Line::from(format!("container  {container}")));
+    let m = &p.memory;
+    let view = |name: &str, v: Option<u64>| v.map(|b| format!("{name} {}", bytes(b)));
+    let views: Vec<String> = [
+        view("limiter", m.limiter),
+        view("probes", m.probes),
+        view("nvml", m.nvml),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let mut mem = vec![Span::raw(format!("memory  {}", views.join(", ")))];
+    if let Some(d) = &m.drift {
+        mem.push(Span::styled(
+            format!("  DRIFT {} between {}", bytes(d.bytes), d.between),
+            t.bad(),
+        ));
+    }
+    out.push(Line::from(mem));
+    if let Some(l) = &p.limiter {
+        out.push(Line::from(format!(
+            "limiter  slot {} held {} (context {}), throttled {}, dropped records {}{}",
+            l.slot,
+            bytes(l.held.iter().sum()),
+            bytes(l.context_bytes.iter().sum()),
+            nanos(l.throttled_ns),
+            l.dropped_records,
+            if l.shard_problems.is_empty() {
+                String::new()
+            } else {
+                format!(", problems: {}", l.shard_problems.join("; "))
+            }
+        )));
+    } else {
+        out.push(Line::from(Span::styled(
+            "limiter  not loaded in this process",
+            t.dim(),
+        )));
+    }
+    for c in &p.communicators {
+        out.push(Line::from(format!(
+            "nccl  comm {} rank {}/{}: {} calls, {}",
+            c.comm,
+            c.rank.map(|r| r.to_string()).unwrap_or("?".into()),
+            c.nranks.map(|r| r.to_string()).unwrap_or("?".into()),
+            c.calls,
+            bytes(c.bytes)
+        )));
+    }
+    out
+}
+
+fn container_facts<'s>(
+    s: &'s Snapshot,
+    key: &str,
+    t: &Theme,
+) -> Option<(Vec<Line<'static>>, Vec<&'s Process>)> {
+    let c = s.containers.iter().find(|c| c.key == key)?;
+    let row = container_row(s, c);
+    let procs: Vec<&Process> = c.processes.iter().filter_map(|k| s.process(*k)).collect();
+    let mut out = vec![Line::from(vec![
+        Span::styled("container ", t.title()),
+        Span::raw(container_label(c)),
+    ])];
+    let mut ids = vec![format!("id {}", c.key)];
+    if let Some(r) = &c.runtime {
+        ids.push(format!("runtime {r}"));
+    }
+    if let Some(u) = &c.pod_uid {
+        ids.push(format!("pod uid {u}"));
+    }
+    if let Some(q) = &c.qos {
+        ids.push(format!("qos {q}"));
+    }
+    out.push(Line::from(ids.join("  ")));
+    let pids: Vec<String> = procs.iter().map(|p| p.key.pid.to_string()).collect();
+    let used = row.figures.memory.map(bytes).unwrap_or("-".into());
+    let limit = match row.limit {
+        Limit::None => "no limiter region".to_string(),
+        Limit::Unlimited => "unlimited".to_string(),
+        Limit::Bytes(b) => format!("limit {}", bytes(b)),
+    };
+    out.push(Line::from(format!(
+        "processes {}  memory {used} ({limit}), denied {}",
+        if pids.is_empty() {
+            "none".into()
+        } else {
+            pids.join(" ")
+        },
+        row.figures.denied
+    )));
+    for r in &c.regions {
+        let devs: Vec<String> = r
+            .devices
+            .iter()
+            .map(|d| {
+                format!(
+                    "GPU{} {} of {}",
+                    d.index,
+                    bytes(d.reserved),
+                    if d.memory_limit == 0 {
+                        "unlimited".into()
+                    } else {
+                        bytes(d.memory_limit)
+                    }
+                )
+            })
+            .collect();
+        out.push(Line::from(format!(
+            "region {} ({}): {}; read retries {}",
+            r.path,
+            r.format,
+            devs.join(", "),
+            r.read_retries
+        )));
+        for p in &r.problems {
+            out.push(Line::from(Span::styled(format!("  problem: {p}"), t.bad())));
+        }
+    }
+    Some((out, procs))
+}
+
+pub fn render(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Theme) {
+    let Some(s) = &model.snapshot else {
+        return;
+    };
+    let found = match id {
+        RowId::Container(k) => container_facts(s, k, t)
+            .map(|(lines, procs)| (lines, procs, model.history.containers.get(k))),
+        RowId::Process(k) => s.process(*k).map(|p| {
+            (
+                process_facts(p, s, t),
+                vec![p],
+                model.history.processes.get(k),
+            )
+        }),
+    };
+    let Some((mut lines, procs, series)) = found else {
+        frame.render_widget(
+            Paragraph::new("this row has left the model (Esc goes back)").style(t.dim()),
+            area,
+        );
+        return;
+    };
+    let apis = merge(&procs);
+    lines.push(memory_line(series, area.width as usize, t));
+    lines.extend(probe_lines(s, &apis, t));
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .map(|l| {
+            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
+            if text.chars().count() > area.width as usize {
+                Line::from(fit(&text, area.width as usize)).style(l.style)
+            } else {
+                l
+            }
+        })
+        .collect();
+    let [facts, table] = Layout::vertical([
+        Constraint::Length(lines.len() as u16 + 1),
+        Constraint::Min(0),
+    ])
+    .areas(area);
+    frame.render_widget(
+        Paragraph::new(lines)
+            .block(Block::new().title_bottom(Line::from(Span::styled("Esc back", t.dim())))),
+        facts,
+    );
+    if apis.is_empty() {
+        frame.render_widget(
+            Paragraph::new("no CUDA API calls seen").style(t.dim()),
+            table,
+        );
+        return;
+    }
+    frame.render_widget(api_table(&apis, area.width, t), table);
+}

@@ -1,0 +1,224 @@
+//! Every screen recorded at 80x24 and 160x48 from the synthetic model (`tui::fixture`). The
+//! `.snap` files under `snapshots/` are what users see: review them when they change
+//! (`cargo insta review`, or `INSTA_UPDATE=always` and `git diff`). The model is synthetic, so no
+//! pid, time or id needs filtering.
+
+use ratatui::{Terminal, backend::TestBackend, style::Color};
+
+use crate::tui::{
+    app::{Action, Model, ViewState},
+    fixture,
+    rows::RowId,
+};
+
+/// The fixture applied a few times with changing GPU load, so the sparklines have a history.
+fn model() -> Model {
+    let mut m = Model::default();
+    m.source.name = "daemon /run/vgpu-agent/agent.sock".into();
+    for i in 0..12u32 {
+        let mut s = fixture::snapshot();
+        for g in &mut s.gpus {
+            g.utilization_pct = Some((g.index * 30 + i * 9) % 100);
+            g.memory_used = Some((10 + i as u64) << 30);
+        }
+        m.apply(s);
+    }
+    m.apply(fixture::snapshot());
+    m
+}
+
+fn draw(model: &Model, state: &ViewState, w: u16, h: u16) -> Terminal<TestBackend> {
+    let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+    t.draw(|f| super::render(f, model, state)).unwrap();
+    t
+}
+
+fn both(name: &str, model: &Model, state: &ViewState) {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let t = draw(model, state, w, h);
+        insta::assert_snapshot!(format!("{name}_{w}x{h}"), t.backend());
+    }
+}
+
+fn with(model: &Model, actions: &[Action]) -> ViewState {
+    let mut s = ViewState::default();
+    for a in actions {
+        s.update(a.clone(), model);
+    }
+    s
+}
+
+#[test]
+fn main_table() {
+    let m = model();
+    both("table", &m, &ViewState::default());
+}
+
+#[test]
+fn tree_expanded() {
+    let m = model();
+    both(
+        "tree",
+        &m,
+        &with(&m, &[Action::ToggleTree, Action::Down, Action::Down]),
+    );
+}
+
+#[test]
+fn sorted_by_name_ascending() {
+    let m = model();
+    let mut s = ViewState::default();
+    while s.sort != crate::tui::rows::SortKey::Name {
+        s.update(Action::NextSort, &m);
+    }
+    s.update(Action::ReverseSort, &m);
+    let t = draw(&m, &s, 160, 48);
+    insta::assert_snapshot!("sorted_by_name_160x48", t.backend());
+}
+
+#[test]
+fn detail_of_a_container() {
+    let m = model();
+    let s = with(&m, &[Action::Enter, Action::Enter]);
+    assert_eq!(
+        s.screen,
+        crate::tui::app::Screen::Detail(RowId::Container(fixture::TRAIN_ID.into()))
+    );
+    both("detail_container", &m, &s);
+}
+
+#[test]
+fn detail_of_a_process() {
+    let m = model();
+    let s = with(&m, &[Action::Enter, Action::Down, Action::Enter]);
+    assert!(matches!(
+        s.screen,
+        crate::tui::app::Screen::Detail(RowId::Process(_))
+    ));
+    both("detail_process", &m, &s);
+}
+
+#[test]
+fn help() {
+    let m = model();
+    both("help", &m, &with(&m, &[Action::ToggleHelp]));
+}
+
+#[test]
+fn filter_prompt() {
+    let m = model();
+    let mut actions = vec![Action::OpenFilter];
+    actions.extend("serve".chars().map(Action::FilterInput));
+    both("filter", &m, &with(&m, &actions));
+}
+
+#[test]
+fn kill_confirmation() {
+    let m = model();
+    both(
+        "kill_confirm",
+        &m,
+        &with(&m, &[Action::Enter, Action::Down, Action::AskSignal]),
+    );
+}
+
+#[test]
+fn paused_with_a_status_line() {
+    let m = model();
+    let mut s = with(&m, &[Action::TogglePause]);
+    s.status = Some("sent SIGTERM to 5200".into());
+    let t = draw(&m, &s, 80, 24);
+    insta::assert_snapshot!("paused_status_80x24", t.backend());
+}
+
+#[test]
+fn no_gpu_no_driver() {
+    let mut m = Model::default();
+    m.source.name = "in-process".into();
+    m.apply(fixture::no_driver());
+    both("no_driver", &m, &ViewState::default());
+}
+
+#[test]
+fn nothing_seen_yet() {
+    let mut m = Model::default();
+    m.source.name = "in-process".into();
+    m.apply(fixture::empty());
+    both("empty", &m, &ViewState::default());
+    let waiting = Model {
+        source: crate::tui::app::SourceStatus {
+            name: "in-process".into(),
+            error: None,
+        },
+        ..Model::default()
+    };
+    let t = draw(&waiting, &ViewState::default(), 80, 24);
+    insta::assert_snapshot!("waiting_80x24", t.backend());
+}
+
+#[test]
+fn a_source_error_is_shown() {
+    let mut m = model();
+    m.source.error =
+        Some("no agent answers on /run/vgpu-agent/agent.sock: Connection refused".into());
+    let t = draw(&m, &ViewState::default(), 80, 24);
+    insta::assert_snapshot!("source_error_80x24", t.backend());
+}
+
+#[test]
+fn no_color_uses_no_colours_anywhere() {
+    let m = model();
+    let screens = [
+        vec![],
+        vec![Action::ToggleTree],
+        vec![Action::Enter, Action::Enter],
+        vec![Action::ToggleHelp],
+        vec![Action::Enter, Action::Down, Action::AskSignal],
+    ];
+    for actions in screens {
+        let mut s = with(&m, &actions);
+        s.no_color = true;
+        let t = draw(&m, &s, 160, 48);
+        for cell in t.backend().buffer().content() {
+            assert_eq!(
+                (cell.fg, cell.bg),
+                (Color::Reset, Color::Reset),
+                "{actions:?}: {cell:?}"
+            );
+        }
+        let mut colored = s.clone();
+        colored.no_color = false;
+        let c = draw(&m, &colored, 160, 48);
+        assert_eq!(
+            format!("{}", t.backend()),
+            format!("{}", c.backend()),
+            "the same text with and without colour"
+        );
+    }
+    let t = draw(
+        &m,
+        &ViewState {
+            no_color: true,
+            ..ViewState::default()
+        },
+        80,
+        24,
+    );
+    insta::assert_snapshot!("no_color_80x24", t.backend());
+}
+
+#[test]
+fn tiny_and_zero_sized_terminals_do_not_panic() {
+    let m = model();
+    for (w, h) in [(1, 1), (10, 3), (0, 0), (40, 10)] {
+        for actions in [
+            vec![],
+            vec![Action::Enter, Action::Enter],
+            vec![Action::ToggleHelp],
+        ] {
+            let s = with(&m, &actions);
+            let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+            t.draw(|f| super::render(f, &m, &s)).unwrap();
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! `vgpu-agent top` end to end (root): the real binary in a detached tmux session of fixed size
+//! beside simulated-driver workloads in two cgroups shaped like a docker container and a
+//! Kubernetes pod, driven with keys; the captured screen is checked after each.
+
+mod support;
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use support::*;
+
+fn cgroup2_root() -> PathBuf {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mountinfo
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// A cgroup made for the test and removed after it.
+struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    fn new(relative: &str) -> TestCgroup {
+        let p = cgroup2_root().join(relative);
+        std::fs::create_dir_all(&p).unwrap();
+        TestCgroup(p)
+    }
+    fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let mut p = self.0.clone();
+        while p != cgroup2_root() && std::fs::remove_dir(&p).is_ok() {
+            p.pop();
+        }
+    }
+}
+
+/// A tmux server of its own (`-L`), killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.socket]);
+        c
+    }
+
+    fn start(socket: String, command: &str) -> Tmux {
+        let t = Tmux { socket };
+        let st = t
+            .cmd()
+            .args([
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                "top",
+                "-x",
+                "160",
+                "-y",
+                "48",
+            ])
+            .arg(command)
+            .env("TERM", "xterm-256color")
+            .status()
+            .expect("tmux runs");
+        assert!(st.success(), "tmux new-session failed");
+        t
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let st = self
+            .cmd()
+            .args(["send-keys", "-t", "top"])
+            .args(keys)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
+    fn literal(&self, text: &str) {
+        let st = self
+            .cmd()
+            .args(["send-keys", "-t", "top", "-l", text])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
+    fn screen(&self) -> String {
+        let out = self
+            .cmd()
+            .args(["capture-pane", "-p", "-t", "top"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until the screen satisfies `cond`; returns it.
+    fn wait(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = self.screen();
+            if cond(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; screen:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd().arg("kill-server").stderr(Stdio::null()).status();
+    }
+}
+
+fn line_of(screen: &str, needle: &str) -> Option<usize> {
+    screen.lines().position(|l| l.contains(needle))
+}
+
+fn tmux_present() -> bool {
+    let ok = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_PRIVILEGED").is_none_or(|v| v != "1"),
+            "tmux is missing: run `cargo xtask setup`"
+        );
+        eprintln!("skipping: tmux is missing (cargo xtask setup installs it)");
+    }
+    ok
+}
+
+#[test]
+fn top_in_tmux_expand_sort_filter_detail_quit() {
+    let _serial = serial();
+    if !privileged() || !tmux_present() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let regions = dir.path().join("regions");
+    std::fs::create_dir_all(&regions).unwrap();
+
+    let docker_id = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+    let k8s_id = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";
+    let pod_uid = "ac04f3f2-1f2c-11e9-b015-1ebee232acfa";
+    let tag = std::process::id();
+    let cg_docker = TestCgroup::new(&format!("vgpu-top-{tag}/docker/{docker_id}"));
+    let cg_k8s = TestCgroup::new(&format!(
+        "vgpu-top-{tag}/kubepods/besteffort/pod{pod_uid}/{k8s_id}"
+    ));
+    let mut holders = Vec::new();
+    for (i, (cg, bytes)) in [(&cg_docker, 64u64 << 20), (&cg_k8s, 96 << 20)]
+        .into_iter()
+        .enumerate()
+    {
+        let wdir = dir.path().join(format!("w{i}"));
+        std::fs::create_dir_all(&wdir).unwrap();
+        let mut cmd = exercise(&lib);
+        cmd.args(["hold", "--bytes", &bytes.to_string()])
+            .stdin(Stdio::piped());
+        let w = Workload::start(cmd, &wdir);
+        cg.add(w.pid());
+        holders.push(w);
+    }
+    let (docker_short, k8s_short) = (&docker_id[..12], &k8s_id[..12]);
+
+    let command = format!(
+        "{} top --no-calibrate --no-nvml --no-daemon --interval 300ms --region-dir {} 2>{}; echo TOP-EXITED $?; sleep 60",
+        agent_bin().display(),
+        regions.display(),
+        dir.path().join("top.stderr").display(),
+    );
+    let tmux = Tmux::start(format!("vgpu-top-test-{tag}"), &command);
+    tmux.wait("both containers", |s| {
+        s.contains(docker_short) && s.contains(k8s_short)
+    });
+    for w in &holders {
+        w.go();
+    }
+    // The probes see the allocations: 96M in the pod, 64M in the docker container; largest first.
+    let s = tmux.wait("the held memory", |s| {
+        s.contains("96M") && s.contains("64M")
+    });
+    assert!(s.contains("vgpu-agent top"), "{s}");
+    assert!(s.contains("NVML disabled"), "no NVML, said so: {s}");
+    assert!(
+        line_of(&s, k8s_short) < line_of(&s, docker_short),
+        "sorted by memory, largest first:\n{s}"
+    );
+
+    // r reverses the order; s moves the sort to the next column.
+    tmux.keys(&["r"]);
+    tmux.wait("the order reversed", |s| {
+        line_of(s, docker_short) < line_of(s, k8s_short) && s.contains("GPU MEM / LIMIT▲")
+    });
+    tmux.keys(&["s"]);
+    tmux.wait("sorting by allocations", |s| s.contains("ALLOC/s▲"));
+    tmux.keys(&["r", "s", "s", "s", "s", "s", "s", "s", "s", "s"]);
+    tmux.wait("back to memory", |s| s.contains("GPU MEM / LIMIT▼"));
+
+    // Enter expands the selected (first) container: the pod's process appears under it.
+    let k8s_pid = holders[1].pid().to_string();
+    tmux.keys(&["g", "Enter"]);
+    let s = tmux.wait("the pod expanded", |s| s.contains(&format!("└ {k8s_pid} ")));
+    assert!(s.contains("▾"), "{s}");
+
+    // / filters: only the docker container is left.
+    tmux.keys(&["/"]);
+    tmux.literal(&docker_id[..8]);
+    tmux.keys(&["Enter"]);
+    tmux.wait("the filter applied", |s| {
+        s.contains(docker_short) && !s.contains(k8s_short) && s.contains("filter")
+    });
+    tmux.keys(&["Escape"]);
+    tmux.wait("the filter cleared", |s| {
+        s.contains(docker_short) && s.contains(k8s_short)
+    });
+
+    // Enter on the process opens its detail: the API table with a latency histogram.
+    tmux.keys(&["g", "j", "Enter"]);
+    let s = tmux.wait("the process detail", |s| {
+        s.contains(&format!("process {k8s_pid}")) && s.contains("HISTOGRAM")
+    });
+    assert!(s.contains("cuMemAlloc_v2"), "{s}");
+    assert!(s.contains("probes"), "{s}");
+    tmux.keys(&["Escape"]);
+    tmux.wait("the table again", |s| s.contains("CONTAINER / PROCESS"));
+
+    // q quits: the alternate screen is gone and top exited 0.
+    tmux.keys(&["q"]);
+    let s = tmux.wait("top to exit", |s| s.contains("TOP-EXITED"));
+    assert!(s.contains("TOP-EXITED 0"), "{s}");
+    assert!(
+        !s.contains("CONTAINER / PROCESS"),
+        "the alternate screen is left:\n{s}"
+    );
+    drop(tmux);
+
+    for w in holders {
+        let mut child = w.child;
+        drop(child.stdin.take());
+        let _ = child.wait();
+    }
+}
+
+#[test]
+fn top_without_root_or_daemon_names_sudo() {
+    // As root this is covered by the interactive test; without root, top must refuse clearly.
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return;
+    }
+    let out = Command::new(agent_bin())
+        .args(["top", "--socket", "/nonexistent/agent.sock"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sudo"), "{err}");
+}

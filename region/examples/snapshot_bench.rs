@@ -49,10 +49,15 @@ fn vgpu_case(dir: &std::path::Path, iterations: usize, shards: usize) {
     let mut config = RegionConfig::unlimited(8);
     config.memory_limit[0] = 1 << 40;
     let (region, _) = Region::open_or_create(&path, &config).expect("open_or_create");
-    let apis: Vec<ApiId> = ["cuLaunchKernel", "cuMemAlloc_v2", "cuMemFree_v2", "cuCtxSynchronize"]
-        .iter()
-        .map(|n| ApiId::from_name(n).expect("known API"))
-        .collect();
+    let apis: Vec<ApiId> = [
+        "cuLaunchKernel",
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuCtxSynchronize",
+    ]
+    .iter()
+    .map(|n| ApiId::from_name(n).expect("known API"))
+    .collect();
     let slots: Vec<_> = (0..8).map(|_| region.claim_slot().expect("slot")).collect();
     for slot in &slots {
         region.try_reserve(slot, 0, 1 << 30).expect("reserve");

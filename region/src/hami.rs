@@ -270,7 +270,7 @@ impl HamiReader {
         let mut slot_copy = vec![0u8; PROC_SIZE];
         for first in (0..HAMI_MAX_PROCS).step_by(SCAN_SLOTS) {
             self.read_bytes(OFF_PROCS + first * PROC_SIZE, &mut chunk)?;
-            for (k, bytes) in chunk.chunks_exact(PROC_SIZE).enumerate() {
+            for (k, bytes) in chunk.as_chunks::<PROC_SIZE>().0.iter().enumerate() {
                 if i32_at(bytes, SLOT_PID) == 0 || i32_at(bytes, SLOT_STATUS) == 0 {
                     continue;
                 }

@@ -48,7 +48,7 @@ fn mutate(path: &Path, image: &[u8], header_len: usize, stop: &AtomicBool, cycle
         // Re-extend (zeroes past the cut) and restore what the cut removed.
         file.set_len(full).unwrap();
         file.write_at(&image[cut as usize..], cut).unwrap();
-        if next(&mut rng) % 2 == 0 {
+        if next(&mut rng).is_multiple_of(2) {
             let at = ((next(&mut rng) % header_len as u64) & !7) as usize;
             file.write_at(&next(&mut rng).to_le_bytes(), at as u64)
                 .unwrap();

@@ -65,6 +65,17 @@ pub(crate) fn read_pod<T: RegionPod>(
     read_bytes(file, offset, bytes)
 }
 
+/// Fills `words` with the file's bytes at `offset`, in native byte order (as the layout's atomics
+/// hold them).
+pub(crate) fn read_words(file: &File, offset: u64, words: &mut [u64]) -> Result<(), PreadError> {
+    // SAFETY: the byte view covers exactly `words`, which it borrows uniquely; `u64` has no
+    // padding and every byte pattern is a valid `u64`.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size_of_val(words))
+    };
+    read_bytes(file, offset, bytes)
+}
+
 /// A zero-filled private `T` on the heap (the layout types are up to 36 KiB).
 pub(crate) fn boxed_zeroed<T: RegionPod>() -> Box<T> {
     // SAFETY: `RegionPod` types are valid for every bit pattern, all zeroes included.

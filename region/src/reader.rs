@@ -498,7 +498,10 @@ impl RegionReader {
         let mut slots = Vec::new();
         let mut scratch = Scratch {
             header: pread::boxed_zeroed(),
-            shard: pread::boxed_zeroed(),
+            shard: vec![0u64; SHARD_WORDS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("SHARD_WORDS words"),
         };
         for index in 0..geometry.slot_count {
             let offset = HEADER_SIZE as u64 + u64::from(index) * SLOT_SIZE as u64;
@@ -579,18 +582,19 @@ impl RegionReader {
             let mut shard_problems = Vec::new();
             for shard_index in (0..SHARDS_PER_SLOT).filter(|i| used_shards & (1 << i) != 0) {
                 let at = shards_at + (shard_index * SHARD_SIZE) as u64;
-                let shard = &mut *scratch.shard;
+                let shard = &mut scratch.shard[..];
                 let outcome = seqlock::read_copied(
                     || self.read_u64(at),
                     || {
-                        self.read_pod(at, &mut *shard)?;
-                        Ok(shard.seq.load(r))
+                        pread::read_words(&self.file, at, shard)
+                            .map_err(|e| self.pread_error(e))?;
+                        Ok(shard[SHARD_SEQ])
                     },
                 )?;
                 match outcome {
                     SeqRead::Consistent { retries } => {
                         counters.seqlock_retries += u64::from(retries);
-                        throttled_ns = throttled_ns.wrapping_add(shard.throttled_ns.load(r));
+                        throttled_ns = throttled_ns.wrapping_add(shard[SHARD_THROTTLED]);
                         merge(&mut merged, shard);
                     }
                     SeqRead::Stuck { seq } | SeqRead::Busy { seq } => {
@@ -643,34 +647,39 @@ impl RegionReader {
     }
 }
 
-/// Private buffers for one snapshot's copies.
+/// Private buffers for one snapshot's copies. A shard is copied as plain words (it is private,
+/// so the merge can use plain, vectorisable loads); the indices below come from the layout.
 struct Scratch {
     header: Box<SlotHeader>,
-    shard: Box<Shard>,
+    shard: Box<[u64; SHARD_WORDS]>,
 }
+
+const SHARD_WORDS: usize = SHARD_SIZE / 8;
+const SHARD_SEQ: usize = offset_of!(Shard, seq) / 8;
+const SHARD_THROTTLED: usize = offset_of!(Shard, throttled_ns) / 8;
+const SHARD_APIS: usize = offset_of!(Shard, apis) / 8;
+const SHARD_HIST: usize = offset_of!(Shard, hist) / 8;
+/// Words of one `ApiCounters`, in field order (calls, errors, latency, hook, allocated, freed,
+/// denied, denied bytes).
+const API_WORDS: usize = size_of::<crate::layout::ApiCounters>() / 8;
+const _: () = assert!(SHARD_SIZE.is_multiple_of(8) && API_WORDS == 8);
+const _: () = assert!(SHARD_APIS + API_SLOTS * API_WORDS <= SHARD_HIST);
+const _: () = assert!(SHARD_HIST + API_SLOTS * HIST_BUCKETS == SHARD_WORDS);
 
 const SLOT_READ_ATTEMPTS: u32 = 3;
 
 /// Adds a consistent private copy of a shard to the per-API totals.
-fn merge(merged: &mut [Option<ApiStats>], shard: &Shard) {
-    // Relaxed: a private copy.
-    let r = Ordering::Relaxed;
-    for (index, (counters, hist)) in shard.apis.iter().zip(&shard.hist).enumerate() {
-        let fields = [
-            counters.calls.load(r),
-            counters.errors.load(r),
-            counters.latency_ns.load(r),
-            counters.hook_ns.load(r),
-            counters.bytes_allocated.load(r),
-            counters.bytes_freed.load(r),
-            counters.denied.load(r),
-            counters.denied_bytes.load(r),
-        ];
-        let mut buckets = [0u64; HIST_BUCKETS];
-        for (b, h) in buckets.iter_mut().zip(hist) {
-            *b = h.load(r);
-        }
-        if fields.iter().all(|&v| v == 0) && buckets.iter().all(|&v| v == 0) {
+fn merge(merged: &mut [Option<ApiStats>], shard: &[u64]) {
+    let apis = shard[SHARD_APIS..SHARD_APIS + API_SLOTS * API_WORDS]
+        .as_chunks::<API_WORDS>()
+        .0
+        .iter();
+    let hists = shard[SHARD_HIST..SHARD_HIST + API_SLOTS * HIST_BUCKETS]
+        .as_chunks::<HIST_BUCKETS>()
+        .0
+        .iter();
+    for (index, (fields, hist)) in apis.zip(hists).enumerate() {
+        if fields.iter().all(|&v| v == 0) && hist.iter().all(|&v| v == 0) {
             continue;
         }
         let stats = merged[index].get_or_insert(ApiStats {
@@ -695,10 +704,10 @@ fn merge(merged: &mut [Option<ApiStats>], shard: &Shard) {
             &mut stats.denied,
             &mut stats.denied_bytes,
         ];
-        for (t, v) in targets.into_iter().zip(fields) {
+        for (t, &v) in targets.into_iter().zip(fields) {
             *t = t.wrapping_add(v);
         }
-        for (t, v) in stats.histogram.iter_mut().zip(buckets) {
+        for (t, &v) in stats.histogram.iter_mut().zip(hist) {
             *t = t.wrapping_add(v);
         }
     }

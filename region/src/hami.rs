@@ -2,15 +2,16 @@
 //! 19920718), so the agent can show containers that still run HAMi-core's `libvgpu.so`.
 //!
 //! Offsets are those of HAMi-core `8f3a89c` on x86_64 (`sizeof(shared_region_t) == 2008952`,
-//! see `shared/research/hami-core.md` §2.2). The same rules as [`crate::reader`] apply: read-only
-//! mapping, atomic loads only, every count from the file clamped, typed errors.
+//! see `shared/research/hami-core.md` §2.2). The same rules as [`crate::reader`] apply: the file
+//! is opened read-only and read with `pread(2)` into private buffers (never mapped, so a file
+//! truncated meanwhile is a typed [`HamiError::Truncated`], never a `SIGBUS`), every count from
+//! the file is clamped, and every failure is a typed error.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use crate::layout::MAX_DEVICES;
-use crate::mapping::Mapping;
+use crate::pread::{self, PreadError};
 
 /// `MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`.
 pub const HAMI_MAGIC: i32 = 19_920_718;
@@ -143,9 +144,8 @@ pub struct HamiSnapshot {
     pub last_kernel_time: u64,
 }
 
-/// A read-only reader for a HAMi-core v1 cache file.
+/// A read-only reader for a HAMi-core v1 cache file (read with `pread`, never mapped).
 pub struct HamiReader {
-    map: Mapping,
     file: std::fs::File,
     path: PathBuf,
 }
@@ -156,6 +156,34 @@ impl std::fmt::Debug for HamiReader {
             .field("path", &self.path)
             .finish()
     }
+}
+
+/// Process slots copied per `pread` while scanning for occupied ones (about 61 KiB).
+const SCAN_SLOTS: usize = 32;
+/// The bytes before `procs[]`: flag, versions, device count, UUIDs, limits.
+const HEAD_LEN: usize = OFF_PROCS;
+/// The bytes after `procs[]`: `proc_num` to the end of the struct.
+const TAIL_LEN: usize = HAMI_V1_SIZE as usize - OFF_PROC_NUM;
+
+/// The `i32` at `offset` of a private copy (0 past its end).
+fn i32_at(bytes: &[u8], offset: usize) -> i32 {
+    bytes
+        .get(offset..offset.saturating_add(4))
+        .map_or(0, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
+/// The `u64` at `offset` of a private copy (0 past its end).
+fn u64_at(bytes: &[u8], offset: usize) -> u64 {
+    bytes
+        .get(offset..offset.saturating_add(8))
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+/// `count` values at `base`, `base + stride`, ... of a private copy.
+fn per_device(bytes: &[u8], count: usize, base: usize, stride: usize) -> Vec<u64> {
+    (0..count)
+        .map(|d| u64_at(bytes, base + d * stride))
+        .collect()
 }
 
 impl HamiReader {
@@ -180,44 +208,25 @@ impl HamiReader {
                 needed: HAMI_V1_SIZE,
             });
         }
-        let map = Mapping::new(&file, HAMI_V1_SIZE as usize, false).map_err(io("mmap"))?;
         let reader = HamiReader {
-            map,
             file,
             path: path.to_path_buf(),
         };
-        reader.validate()?;
+        let mut head = [0u8; 12];
+        reader.read_bytes(0, &mut head)?;
+        validate(&head)?;
         Ok(reader)
     }
 
-    fn i32_at(&self, offset: usize) -> i32 {
-        // Relaxed: HAMi-core publishes with its own (weaker) protocol; values are momentary.
-        self.map
-            .get::<AtomicI32>(offset)
-            .map_or(0, |a| a.load(Ordering::Relaxed))
-    }
-
-    fn u64_at(&self, offset: usize) -> u64 {
-        // Relaxed: as above.
-        self.map
-            .get::<AtomicU64>(offset)
-            .map_or(0, |a| a.load(Ordering::Relaxed))
-    }
-
-    fn validate(&self) -> Result<(u32, u32), HamiError> {
-        // Acquire: HAMi-core stores the flag after a release fence once initialised.
-        let flag = self
-            .map
-            .get::<AtomicI32>(0)
-            .map_or(0, |a| a.load(Ordering::Acquire));
-        if flag != HAMI_MAGIC {
-            return Err(HamiError::NotInitialised { found: flag });
-        }
-        let (major, minor) = (self.i32_at(OFF_MAJOR) as u32, self.i32_at(OFF_MINOR) as u32);
-        if major != 1 {
-            return Err(HamiError::UnsupportedVersion { major, minor });
-        }
-        Ok((major, minor))
+    fn read_bytes(&self, offset: usize, buf: &mut [u8]) -> Result<(), HamiError> {
+        pread::read_bytes(&self.file, offset as u64, buf).map_err(|e| match e {
+            PreadError::Short { len, needed } => HamiError::Truncated { len, needed },
+            PreadError::Io(source) => HamiError::Io {
+                call: "pread",
+                path: self.path.clone(),
+                source,
+            },
+        })
     }
 
     /// Reads the region.
@@ -237,34 +246,37 @@ impl HamiReader {
                 needed: HAMI_V1_SIZE,
             });
         }
-        let (major, minor) = self.validate()?;
-        let device_count = (self.u64_at(OFF_DEVICE_NUM) as usize).min(MAX_DEVICES);
+        let mut head = vec![0u8; HEAD_LEN];
+        self.read_bytes(0, &mut head)?;
+        let (major, minor) = validate(&head)?;
+        let device_count = (u64_at(&head, OFF_DEVICE_NUM) as usize).min(MAX_DEVICES);
         let uuids = (0..device_count)
             .map(|d| {
-                let mut bytes = Vec::with_capacity(UUID_LEN);
-                for w in 0..UUID_LEN / 8 {
-                    bytes.extend_from_slice(
-                        &self.u64_at(OFF_UUIDS + d * UUID_LEN + w * 8).to_le_bytes(),
-                    );
-                }
+                let start = OFF_UUIDS + d * UUID_LEN;
+                let bytes = &head[start..start + UUID_LEN];
                 let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
                 String::from_utf8_lossy(&bytes[..end]).into_owned()
             })
             .collect();
-        let per_device = |base: usize, stride: usize| -> Vec<u64> {
-            (0..device_count)
-                .map(|d| self.u64_at(base + d * stride))
-                .collect()
-        };
-        let proc_num_raw = self.i32_at(OFF_PROC_NUM);
+        let mut tail = [0u8; TAIL_LEN];
+        self.read_bytes(OFF_PROC_NUM, &mut tail)?;
+        let at_tail = |offset: usize| offset - OFF_PROC_NUM;
         // Never index by proc_num: slots past it can be live after HAMi-core's compaction bugs
-        // (#191), and a corrupted value could be anything. Scan the whole fixed array instead;
-        // occupied slots have pid != 0 and status != 0.
+        // (#191), and a corrupted value could be anything. Scan the whole fixed array instead,
+        // a chunk of slots per pread; occupied slots have pid != 0 and status != 0 and are then
+        // read again, alone, under their seqlock.
         let mut processes = Vec::new();
-        for slot in 0..HAMI_MAX_PROCS {
-            let base = OFF_PROCS + slot * PROC_SIZE;
-            if let Some(p) = self.read_proc(slot, base, &per_device) {
-                processes.push(p);
+        let mut chunk = vec![0u8; SCAN_SLOTS * PROC_SIZE];
+        let mut slot_copy = vec![0u8; PROC_SIZE];
+        for first in (0..HAMI_MAX_PROCS).step_by(SCAN_SLOTS) {
+            self.read_bytes(OFF_PROCS + first * PROC_SIZE, &mut chunk)?;
+            for (k, bytes) in chunk.as_chunks::<PROC_SIZE>().0.iter().enumerate() {
+                if i32_at(bytes, SLOT_PID) == 0 || i32_at(bytes, SLOT_STATUS) == 0 {
+                    continue;
+                }
+                if let Some(p) = self.read_proc(first + k, device_count, &mut slot_copy)? {
+                    processes.push(p);
+                }
             }
         }
         Ok(HamiSnapshot {
@@ -272,49 +284,78 @@ impl HamiReader {
             minor,
             device_count,
             uuids,
-            limit: per_device(OFF_LIMIT, 8),
-            sm_limit: per_device(OFF_SM_LIMIT, 8),
-            proc_num_raw,
+            limit: per_device(&head, device_count, OFF_LIMIT, 8),
+            sm_limit: per_device(&head, device_count, OFF_SM_LIMIT, 8),
+            proc_num_raw: i32_at(&tail, at_tail(OFF_PROC_NUM)),
             processes,
-            utilization_switch: self.i32_at(OFF_UTIL_SWITCH),
-            recent_kernel: self.i32_at(OFF_RECENT_KERNEL),
-            priority: self.i32_at(OFF_PRIORITY),
-            last_kernel_time: self.u64_at(OFF_LAST_KERNEL_TIME),
+            utilization_switch: i32_at(&tail, at_tail(OFF_UTIL_SWITCH)),
+            recent_kernel: i32_at(&tail, at_tail(OFF_RECENT_KERNEL)),
+            priority: i32_at(&tail, at_tail(OFF_PRIORITY)),
+            last_kernel_time: u64_at(&tail, at_tail(OFF_LAST_KERNEL_TIME)),
         })
     }
 
+    /// Copies process slot `slot` under HAMi-core's seqlock, best-effort and bounded: its writers
+    /// race each other and a killed writer leaves it odd forever, so an inconsistent slot is
+    /// shown flagged, never waited on. `None` if the slot emptied meanwhile.
     fn read_proc(
         &self,
         slot: usize,
-        base: usize,
-        per_device: &dyn Fn(usize, usize) -> Vec<u64>,
-    ) -> Option<HamiProcess> {
-        if self.i32_at(base + SLOT_PID) == 0 || self.i32_at(base + SLOT_STATUS) == 0 {
-            return None;
+        device_count: usize,
+        copy: &mut [u8],
+    ) -> Result<Option<HamiProcess>, HamiError> {
+        let base = OFF_PROCS + slot * PROC_SIZE;
+        let mut copied = false;
+        let outcome = crate::seqlock::read_copied(
+            || {
+                let mut seq = [0u8; 8];
+                self.read_bytes(base + SLOT_SEQLOCK, &mut seq)?;
+                Ok(u64::from_le_bytes(seq))
+            },
+            || {
+                self.read_bytes(base, copy)?;
+                copied = true;
+                Ok(u64_at(copy, SLOT_SEQLOCK))
+            },
+        )?;
+        if !copied {
+            self.read_bytes(base, copy)?;
         }
-        let copy = || {
-            let used = base + SLOT_USED;
-            HamiProcess {
-                slot,
-                pid: self.i32_at(base + SLOT_PID),
-                hostpid: self.i32_at(base + SLOT_HOSTPID),
-                status: self.i32_at(base + SLOT_STATUS),
-                context_size: per_device(used, DEVICE_MEMORY_SIZE),
-                module_size: per_device(used + 8, DEVICE_MEMORY_SIZE),
-                data_size: per_device(used + 16, DEVICE_MEMORY_SIZE),
-                used_total: per_device(used + 32, DEVICE_MEMORY_SIZE),
-                monitor_used: per_device(base + SLOT_MONITORUSED, 8),
-                sm_util: per_device(base + SLOT_DEVICE_UTIL + 16, DEVICE_UTIL_SIZE),
-                consistent: false,
-            }
-        };
-        let seq = self.map.get::<AtomicU64>(base + SLOT_SEQLOCK)?;
-        let mut last = None;
-        // HAMi-core's seqlock, best-effort and bounded: its writers race each other and a killed
-        // writer leaves it odd forever, so an inconsistent slot is shown flagged, never waited on.
-        let outcome = crate::seqlock::read(seq, || last = Some(copy()));
-        let mut process = last.unwrap_or_else(copy);
-        process.consistent = matches!(outcome, crate::seqlock::SeqRead::Consistent { .. });
-        Some(process)
+        let bytes = &*copy;
+        let (pid, status) = (i32_at(bytes, SLOT_PID), i32_at(bytes, SLOT_STATUS));
+        if pid == 0 || status == 0 {
+            return Ok(None);
+        }
+        let used = SLOT_USED;
+        let dev = |base: usize, stride: usize| per_device(bytes, device_count, base, stride);
+        Ok(Some(HamiProcess {
+            slot,
+            pid,
+            hostpid: i32_at(bytes, SLOT_HOSTPID),
+            status,
+            context_size: dev(used, DEVICE_MEMORY_SIZE),
+            module_size: dev(used + 8, DEVICE_MEMORY_SIZE),
+            data_size: dev(used + 16, DEVICE_MEMORY_SIZE),
+            used_total: dev(used + 32, DEVICE_MEMORY_SIZE),
+            monitor_used: dev(SLOT_MONITORUSED, 8),
+            sm_util: dev(SLOT_DEVICE_UTIL + 16, DEVICE_UTIL_SIZE),
+            consistent: matches!(outcome, crate::seqlock::SeqRead::Consistent { .. }),
+        }))
     }
+}
+
+/// Checks the flag and the major version in a copy of the first 12 bytes (or more).
+fn validate(head: &[u8]) -> Result<(u32, u32), HamiError> {
+    let flag = i32_at(head, 0);
+    if flag != HAMI_MAGIC {
+        return Err(HamiError::NotInitialised { found: flag });
+    }
+    let (major, minor) = (
+        i32_at(head, OFF_MAJOR) as u32,
+        i32_at(head, OFF_MINOR) as u32,
+    );
+    if major != 1 {
+        return Err(HamiError::UnsupportedVersion { major, minor });
+    }
+    Ok((major, minor))
 }

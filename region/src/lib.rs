@@ -16,6 +16,7 @@ mod init;
 pub mod layout;
 mod layout_types;
 mod mapping;
+mod pread;
 pub mod procfs;
 pub mod reader;
 mod region;

@@ -1,15 +1,18 @@
 //! The agent's read-only view of a region.
 //!
-//! The file is opened `O_RDONLY` and mapped `PROT_READ`/`MAP_SHARED`, so the agent cannot write
-//! into it. A container can write anything into its own region, so nothing read from it is
-//! trusted: magic, version, sizes and every count are validated against this crate's constants and
-//! the file's size before use; every access is bounds-checked; arithmetic on values read from the
-//! file saturates or wraps instead of panicking. The reader never reclaims anything.
+//! The file is opened `O_RDONLY` and read with `pread(2)` into private copies: it is never
+//! mapped, so the agent cannot write into it, and a container that truncates its file while the
+//! agent reads it causes a short read (a typed [`ReadError::Truncated`]), never a `SIGBUS`. A
+//! container can write anything into its own region, so nothing read from it is trusted: magic,
+//! version, sizes and every count are validated against this crate's constants and the file's
+//! size before use; indices come from those constants; arithmetic on values read from the file
+//! saturates or wraps instead of panicking. The reader never reclaims anything.
 
 use std::fs::File;
+use std::mem::offset_of;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{Ordering, fence};
 
 use agent_common::api::{API_SLOTS, ApiId};
 use agent_common::hist::HIST_BUCKETS;
@@ -17,9 +20,9 @@ use agent_common::hist::HIST_BUCKETS;
 use crate::init::{PHASE_READY, init_phase, init_pid};
 use crate::layout::{
     HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, REGION_MAGIC, RegionHeader, SHARD_SIZE,
-    SHARDS_PER_SLOT, SLOT_SIZE, Shard, SlotRecord, region_size,
+    SHARDS_PER_SLOT, SLOT_SIZE, Shard, SlotHeader, SlotRecord, region_size,
 };
-use crate::mapping::Mapping;
+use crate::pread::{self, PreadError};
 use crate::procfs::{self, Liveness};
 use crate::seqlock::{self, SeqRead};
 use crate::slots::{
@@ -218,9 +221,8 @@ pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Ge
     })
 }
 
-/// A read-only view of a region file.
+/// A read-only view of a region file (read with `pread`, never mapped).
 pub struct RegionReader {
-    map: Mapping,
     file: File,
     path: PathBuf,
     geometry: Geometry,
@@ -410,28 +412,20 @@ impl RegionReader {
                 needed: HEADER_SIZE as u64,
             });
         }
-        let header_map = Mapping::new(&file, HEADER_SIZE, false).map_err(io("mmap"))?;
-        let header: &RegionHeader = header_map.get(0).expect("mapped one header");
-        let geometry = validate_header(header, len)?;
-        drop(header_map);
-        let map = Mapping::new(&file, geometry.total_size as usize, false).map_err(io("mmap"))?;
-        // The header may have changed between the two mappings (a hostile writer): re-validate
-        // against the mapping we keep.
-        let again = validate_header(map.get(0).expect("mapped one header"), len)?;
-        if again != geometry {
-            return Err(ReadError::BadField {
-                field: "total_size",
-                offset: 24,
-                found: again.total_size,
-                expected: geometry.total_size.to_string(),
-            });
-        }
-        Ok(RegionReader {
-            map,
+        let mut reader = RegionReader {
             file,
             path: path.to_path_buf(),
-            geometry,
-        })
+            geometry: Geometry {
+                slot_count: 0,
+                device_count: 0,
+                total_size: 0,
+                minor: 0,
+            },
+        };
+        let mut header = pread::boxed_zeroed::<RegionHeader>();
+        reader.read_pod(0, &mut *header)?;
+        reader.geometry = validate_header(&header, len)?;
+        Ok(reader)
     }
 
     /// The validated geometry.
@@ -439,12 +433,32 @@ impl RegionReader {
         self.geometry
     }
 
+    fn pread_error(&self, e: PreadError) -> ReadError {
+        match e {
+            PreadError::Short { len, needed } => ReadError::Truncated { len, needed },
+            PreadError::Io(source) => ReadError::Io {
+                call: "pread",
+                path: self.path.clone(),
+                source,
+            },
+        }
+    }
+
+    fn read_pod<T: crate::layout_types::RegionPod>(
+        &self,
+        offset: u64,
+        dst: &mut T,
+    ) -> Result<(), ReadError> {
+        pread::read_pod(&self.file, offset, dst).map_err(|e| self.pread_error(e))
+    }
+
+    fn read_u64(&self, offset: u64) -> Result<u64, ReadError> {
+        pread::read_u64(&self.file, offset).map_err(|e| self.pread_error(e))
+    }
+
     /// Reads the whole region. Each shard is read consistently or reported; a dead writer never
-    /// makes this spin.
+    /// makes this spin, and a file truncated or rewritten meanwhile gives a typed error.
     pub fn snapshot(&self) -> Result<RegionSnapshot, ReadError> {
-        // A container may truncate its own file: touching pages past the end would raise SIGBUS,
-        // so check the size (and the header) before reading (see docs/region.md for the residual
-        // race).
         let len = self
             .file
             .metadata()
@@ -454,8 +468,9 @@ impl RegionReader {
                 source,
             })?
             .len();
-        let header: &RegionHeader = self.map.get(0).expect("mapped one header");
-        let geometry = validate_header(header, len)?;
+        let mut header = pread::boxed_zeroed::<RegionHeader>();
+        self.read_pod(0, &mut *header)?;
+        let geometry = validate_header(&header, len)?;
         if geometry != self.geometry {
             return Err(ReadError::BadField {
                 field: "slot_count",
@@ -464,6 +479,7 @@ impl RegionReader {
                 expected: self.geometry.slot_count.to_string(),
             });
         }
+        // Relaxed loads from here on read private copies: nothing else touches them.
         let r = Ordering::Relaxed;
         let creator_pid_ns = header.creator_pid_ns.load(r);
         let my_ns = procfs::pid_namespace_inode().unwrap_or(0);
@@ -472,8 +488,7 @@ impl RegionReader {
             .map(|d| DeviceSnapshot {
                 memory_limit: d.memory_limit.load(r),
                 sm_limit: d.sm_limit.load(r).min(100) as u8,
-                // Acquire: pairs with the AcqRel reservation CAS.
-                reserved: d.reserved.load(Ordering::Acquire),
+                reserved: d.reserved.load(r),
                 peak_reserved: d.peak_reserved.load(r),
                 denied: d.denied.load(r),
                 reclaimed_bytes: d.reclaimed_bytes.load(r),
@@ -481,20 +496,23 @@ impl RegionReader {
             .collect();
         let mut counters = ReadCounters::default();
         let mut slots = Vec::new();
-        let mut scratch = Box::new(ShardCopy::zeroed());
+        let mut scratch = Scratch {
+            header: pread::boxed_zeroed(),
+            shard: vec![0u64; SHARD_WORDS]
+                .into_boxed_slice()
+                .try_into()
+                .expect("SHARD_WORDS words"),
+        };
         for index in 0..geometry.slot_count {
-            let offset = HEADER_SIZE + index as usize * SLOT_SIZE;
-            let Some(record) = self.map.get::<SlotRecord>(offset) else {
-                break;
-            };
-            if let Some(slot) = read_slot(
-                record,
+            let offset = HEADER_SIZE as u64 + u64::from(index) * SLOT_SIZE as u64;
+            if let Some(slot) = self.read_slot(
+                offset,
                 index,
                 geometry.device_count,
                 my_ns,
                 &mut scratch,
                 &mut counters,
-            ) {
+            )? {
                 slots.push(slot);
             }
         }
@@ -510,146 +528,157 @@ impl RegionReader {
             counters,
         })
     }
-}
 
-/// A private copy of one shard's counters.
-struct ShardCopy {
-    throttled_ns: u64,
-    apis: [[u64; 8]; API_SLOTS],
-    hist: [[u64; HIST_BUCKETS]; API_SLOTS],
-}
-
-impl ShardCopy {
-    fn zeroed() -> ShardCopy {
-        ShardCopy {
-            throttled_ns: 0,
-            apis: [[0; 8]; API_SLOTS],
-            hist: [[0; HIST_BUCKETS]; API_SLOTS],
-        }
-    }
-
-    fn copy_from(&mut self, shard: &Shard) {
+    /// Reads slot `index` (at `offset`): its state word, its header, each shard it has used
+    /// (`used_shards`) under the shard's seqlock, then the state word again; a slot whose word
+    /// changed meanwhile (recycled) is re-read, at most [`SLOT_READ_ATTEMPTS`] times.
+    fn read_slot(
+        &self,
+        offset: u64,
+        index: u32,
+        device_count: u32,
+        my_ns: u64,
+        scratch: &mut Scratch,
+        counters: &mut ReadCounters,
+    ) -> Result<Option<SlotSnapshot>, ReadError> {
         let r = Ordering::Relaxed;
-        self.throttled_ns = shard.throttled_ns.load(r);
-        for (dst, src) in self.apis.iter_mut().zip(&shard.apis) {
-            let fields: [&AtomicU64; 8] = [
-                &src.calls,
-                &src.errors,
-                &src.latency_ns,
-                &src.hook_ns,
-                &src.bytes_allocated,
-                &src.bytes_freed,
-                &src.denied,
-                &src.denied_bytes,
-            ];
-            for (d, s) in dst.iter_mut().zip(fields) {
-                *d = s.load(r);
+        let shards_at = offset + offset_of!(SlotRecord, shards) as u64;
+        for attempt in 0..SLOT_READ_ATTEMPTS {
+            let word = self.read_u64(offset)?;
+            // Keeps the header copy's loads after the state word's (the claimer publishes LIVE
+            // with Release after the identity): see `seqlock::read_copied`.
+            fence(Ordering::Acquire);
+            let phase = match slot_phase(word) {
+                PHASE_FREE => return Ok(None),
+                PHASE_CLAIMING => SlotPhase::Claiming,
+                PHASE_LIVE => SlotPhase::Live,
+                PHASE_RECLAIMING => SlotPhase::Reclaiming,
+                // Garbage phase in a hostile file: show nothing rather than guess.
+                _ => return Ok(None),
+            };
+            self.read_pod(offset, &mut *scratch.header)?;
+            let h = &*scratch.header;
+            let pid = slot_pid(word);
+            let start_time = h.start_time.load(r);
+            let pid_ns = h.pid_ns.load(r);
+            let mut name_bytes = [0u8; 16];
+            name_bytes[..8].copy_from_slice(&h.name[0].load(r).to_le_bytes());
+            name_bytes[8..].copy_from_slice(&h.name[1].load(r).to_le_bytes());
+            let name_len = name_bytes.iter().position(|&b| b == 0).unwrap_or(16);
+            let devices = device_count as usize;
+            let held = h.held[..devices].iter().map(|w| w.load(r)).collect();
+            let context_bytes = h.context_bytes[..devices]
+                .iter()
+                .map(|w| w.load(r))
+                .collect();
+            let dropped_records = h.dropped_records.load(r);
+            let header_word = h.state.load(r);
+            // Shards never written since the slot was claimed hold zeroes (the claimer reset
+            // them): skipping them saves most of the copying. A writer that clears bits only
+            // hides its own statistics.
+            let used_shards = h.used_shards.load(r);
+            let mut merged: Vec<Option<ApiStats>> = vec![None; API_SLOTS];
+            let mut throttled_ns = 0u64;
+            let mut shard_problems = Vec::new();
+            for shard_index in (0..SHARDS_PER_SLOT).filter(|i| used_shards & (1 << i) != 0) {
+                let at = shards_at + (shard_index * SHARD_SIZE) as u64;
+                let shard = &mut scratch.shard[..];
+                let outcome = seqlock::read_copied(
+                    || self.read_u64(at),
+                    || {
+                        pread::read_words(&self.file, at, shard)
+                            .map_err(|e| self.pread_error(e))?;
+                        Ok(shard[SHARD_SEQ])
+                    },
+                )?;
+                match outcome {
+                    SeqRead::Consistent { retries } => {
+                        counters.seqlock_retries += u64::from(retries);
+                        throttled_ns = throttled_ns.wrapping_add(shard[SHARD_THROTTLED]);
+                        merge(&mut merged, shard);
+                    }
+                    SeqRead::Stuck { seq } | SeqRead::Busy { seq } => {
+                        let stuck = seq & 1 == 1;
+                        counters.seqlock_retries += u64::from(seqlock::READ_RETRIES);
+                        counters.shards_skipped += 1;
+                        shard_problems.push(ShardProblem {
+                            shard: shard_index,
+                            kind: if stuck {
+                                ShardProblemKind::Stuck
+                            } else {
+                                ShardProblemKind::Busy
+                            },
+                            pid,
+                            tid: self.read_u64(at + offset_of!(Shard, owner_tid) as u64)?,
+                            seq,
+                        });
+                    }
+                }
             }
-        }
-        for (dst, src) in self.hist.iter_mut().zip(&shard.hist) {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = s.load(r);
+            fence(Ordering::Acquire);
+            // The owner may have changed while we copied (a new owner must first move the word
+            // through RECLAIMING and FREE): then the copies may mix two owners; read again.
+            if header_word != word || self.read_u64(offset)? != word {
+                counters.slot_rereads += 1;
+                if attempt + 1 == SLOT_READ_ATTEMPTS {
+                    counters.slots_skipped += 1;
+                }
+                continue;
             }
+            let alive = (my_ns != 0 && pid_ns == my_ns && phase == SlotPhase::Live)
+                .then(|| procfs::liveness(pid, start_time) == Liveness::Alive);
+            return Ok(Some(SlotSnapshot {
+                index,
+                phase,
+                pid,
+                start_time,
+                pid_ns,
+                alive,
+                name: String::from_utf8_lossy(&name_bytes[..name_len]).into_owned(),
+                held,
+                context_bytes,
+                dropped_records,
+                throttled_ns,
+                apis: merged.into_iter().flatten().collect(),
+                shard_problems,
+            }));
         }
+        Ok(None)
     }
 }
+
+/// Private buffers for one snapshot's copies. A shard is copied as plain words (it is private,
+/// so the merge can use plain, vectorisable loads); the indices below come from the layout.
+struct Scratch {
+    header: Box<SlotHeader>,
+    shard: Box<[u64; SHARD_WORDS]>,
+}
+
+const SHARD_WORDS: usize = SHARD_SIZE / 8;
+const SHARD_SEQ: usize = offset_of!(Shard, seq) / 8;
+const SHARD_THROTTLED: usize = offset_of!(Shard, throttled_ns) / 8;
+const SHARD_APIS: usize = offset_of!(Shard, apis) / 8;
+const SHARD_HIST: usize = offset_of!(Shard, hist) / 8;
+/// Words of one `ApiCounters`, in field order (calls, errors, latency, hook, allocated, freed,
+/// denied, denied bytes).
+const API_WORDS: usize = size_of::<crate::layout::ApiCounters>() / 8;
+const _: () = assert!(SHARD_SIZE.is_multiple_of(8) && API_WORDS == 8);
+const _: () = assert!(SHARD_APIS + API_SLOTS * API_WORDS <= SHARD_HIST);
+const _: () = assert!(SHARD_HIST + API_SLOTS * HIST_BUCKETS == SHARD_WORDS);
 
 const SLOT_READ_ATTEMPTS: u32 = 3;
 
-fn read_slot(
-    record: &SlotRecord,
-    index: u32,
-    device_count: u32,
-    my_ns: u64,
-    scratch: &mut ShardCopy,
-    counters: &mut ReadCounters,
-) -> Option<SlotSnapshot> {
-    let h = &record.header;
-    let r = Ordering::Relaxed;
-    for attempt in 0..SLOT_READ_ATTEMPTS {
-        // Acquire: pairs with the Release publication of LIVE (identity) by the claimer.
-        let word = h.state.load(Ordering::Acquire);
-        let phase = match slot_phase(word) {
-            PHASE_FREE => return None,
-            PHASE_CLAIMING => SlotPhase::Claiming,
-            PHASE_LIVE => SlotPhase::Live,
-            PHASE_RECLAIMING => SlotPhase::Reclaiming,
-            // Garbage phase in a hostile file: show nothing rather than guess.
-            _ => return None,
-        };
-        let pid = slot_pid(word);
-        let start_time = h.start_time.load(r);
-        let pid_ns = h.pid_ns.load(r);
-        let mut name_bytes = [0u8; 16];
-        name_bytes[..8].copy_from_slice(&h.name[0].load(r).to_le_bytes());
-        name_bytes[8..].copy_from_slice(&h.name[1].load(r).to_le_bytes());
-        let name_len = name_bytes.iter().position(|&b| b == 0).unwrap_or(16);
-        let devices = device_count as usize;
-        let held = h.held[..devices].iter().map(|w| w.load(r)).collect();
-        let context_bytes = h.context_bytes[..devices]
-            .iter()
-            .map(|w| w.load(r))
-            .collect();
-        let mut merged: Vec<Option<ApiStats>> = vec![None; API_SLOTS];
-        let mut throttled_ns = 0u64;
-        let mut shard_problems = Vec::new();
-        for (shard_index, shard) in record.shards.iter().enumerate() {
-            match seqlock::read(&shard.seq, || scratch.copy_from(shard)) {
-                SeqRead::Consistent { retries } => {
-                    counters.seqlock_retries += u64::from(retries);
-                    throttled_ns = throttled_ns.wrapping_add(scratch.throttled_ns);
-                    merge(&mut merged, scratch);
-                }
-                SeqRead::Stuck { seq } | SeqRead::Busy { seq } => {
-                    let stuck = seq & 1 == 1;
-                    counters.seqlock_retries += u64::from(seqlock::READ_RETRIES);
-                    counters.shards_skipped += 1;
-                    shard_problems.push(ShardProblem {
-                        shard: shard_index,
-                        kind: if stuck {
-                            ShardProblemKind::Stuck
-                        } else {
-                            ShardProblemKind::Busy
-                        },
-                        pid,
-                        tid: shard.owner_tid.load(r),
-                        seq,
-                    });
-                }
-            }
-        }
-        // Relaxed after the Acquire above is enough to detect a change of owner: a new owner must
-        // first move the word through RECLAIMING and FREE.
-        if h.state.load(Ordering::Acquire) != word {
-            counters.slot_rereads += 1;
-            if attempt + 1 == SLOT_READ_ATTEMPTS {
-                counters.slots_skipped += 1;
-            }
-            continue;
-        }
-        let alive = (my_ns != 0 && pid_ns == my_ns && phase == SlotPhase::Live)
-            .then(|| procfs::liveness(pid, start_time) == Liveness::Alive);
-        return Some(SlotSnapshot {
-            index,
-            phase,
-            pid,
-            start_time,
-            pid_ns,
-            alive,
-            name: String::from_utf8_lossy(&name_bytes[..name_len]).into_owned(),
-            held,
-            context_bytes,
-            dropped_records: h.dropped_records.load(r),
-            throttled_ns,
-            apis: merged.into_iter().flatten().collect(),
-            shard_problems,
-        });
-    }
-    None
-}
-
-fn merge(merged: &mut [Option<ApiStats>], copy: &ShardCopy) {
-    for (index, (fields, hist)) in copy.apis.iter().zip(&copy.hist).enumerate() {
+/// Adds a consistent private copy of a shard to the per-API totals.
+fn merge(merged: &mut [Option<ApiStats>], shard: &[u64]) {
+    let apis = shard[SHARD_APIS..SHARD_APIS + API_SLOTS * API_WORDS]
+        .as_chunks::<API_WORDS>()
+        .0
+        .iter();
+    let hists = shard[SHARD_HIST..SHARD_HIST + API_SLOTS * HIST_BUCKETS]
+        .as_chunks::<HIST_BUCKETS>()
+        .0
+        .iter();
+    for (index, (fields, hist)) in apis.zip(hists).enumerate() {
         if fields.iter().all(|&v| v == 0) && hist.iter().all(|&v| v == 0) {
             continue;
         }

@@ -11,7 +11,8 @@
 //! `fence(Acquire)`; `s2 = seq.load(Relaxed)`; the copy is consistent iff `s1 == s2`. After
 //! [`READ_RETRIES`] failed attempts the reader gives up and reports the shard as stuck (odd: a
 //! writer died or stalled mid-update) or busy (it kept changing), so a dead writer can never
-//! wedge a reader.
+//! wedge a reader. Readers of untrusted files run the same algorithm over `pread` copies
+//! ([`read_copied`]): they never map the file.
 //!
 //! Why it is correct: if the reader's copy observed any store of a write section that began
 //! after `s1`, the writer's `fence(Release)` (after its odd store) synchronises with the reader's
@@ -86,35 +87,83 @@ pub enum SeqRead {
 
 /// Copies a shard with `copy` until the copy is consistent, at most [`READ_RETRIES`] times.
 /// `copy` must only make `Relaxed` loads (it may run several times; only the last run counts
-/// when the result is `Consistent`).
+/// when the result is `Consistent`). The atomic form of [`read_copied`] (the same algorithm,
+/// [`read_with`]), model-checked by loom.
+#[cfg(any(test, loom))]
 pub(crate) fn read<A: Atomic64>(seq: &A, mut copy: impl FnMut()) -> SeqRead {
+    let outcome: Result<SeqRead, std::convert::Infallible> = read_with(
+        // Acquire: pairs with the writer's Release `end` store.
+        || Ok(seq.load(Ordering::Acquire)),
+        || {
+            copy();
+            Ok(None)
+        },
+        A::fence,
+    );
+    match outcome {
+        Ok(read) => read,
+        Err(never) => match never {},
+    }
+}
+
+/// The bounded read over copies made by system calls (`pread` of a file the reader does not
+/// map), for readers of untrusted files. `load_seq` reads the sequence word; `copy` copies the
+/// protected bytes and returns the sequence word found inside its copy. The copy is consistent iff
+/// the sequence was even and equal before, inside and after it. Errors of either closure end the
+/// read.
+///
+/// Ordering: each closure's loads are made by the kernel in this thread, before the closure
+/// returns; the `Acquire` fences after them keep the next closure's loads after them (a thread
+/// that migrates between CPUs passes a full barrier). So the argument in the module docs carries
+/// over: a copy that saw any store of a section begun after `s1` is followed by an `s2` that sees
+/// the odd value or later. The kernel's copy does not promise single-copy atomicity per word, so
+/// a torn sequence value is conceivable; it could only make one inconsistent copy of statistics
+/// count as consistent if three separately read copies of the sequence agreed, and values from
+/// the file are untrusted numbers anyway, never indices or sizes.
+pub(crate) fn read_copied<E>(
+    load_seq: impl FnMut() -> Result<u64, E>,
+    mut copy: impl FnMut() -> Result<u64, E>,
+) -> Result<SeqRead, E> {
+    read_with(load_seq, || copy().map(Some), std::sync::atomic::fence)
+}
+
+/// The algorithm of [`read`] and [`read_copied`]: `s1 = load_seq()`; `fence(Acquire)`; retry if
+/// odd; `copy()` (which may return the sequence found inside its copy); `fence(Acquire)` (pairs
+/// with the writer's Release fence after its odd store); `s2 = load_seq()`; consistent iff
+/// `s1 == s2` (and the inner sequence, if any, equals them too).
+fn read_with<E>(
+    mut load_seq: impl FnMut() -> Result<u64, E>,
+    mut copy: impl FnMut() -> Result<Option<u64>, E>,
+    fence: impl Fn(Ordering),
+) -> Result<SeqRead, E> {
     let mut last = 0;
     let mut odd_every_time = true;
     for attempt in 0..READ_RETRIES {
-        // Acquire: pairs with the writer's Release `end` store.
-        let s1 = seq.load(Ordering::Acquire);
+        let s1 = load_seq()?;
+        // Keeps the copy's loads after `s1` when `load_seq` is not itself an Acquire load.
+        fence(Ordering::Acquire);
         last = s1;
         if s1 & 1 == 1 {
             backoff(attempt);
             continue;
         }
         odd_every_time = false;
-        copy();
+        let inside = copy()?;
         // Acquire fence: pairs with the writer's Release fence after its odd store (see the
         // module docs); orders the copy's loads before the check below.
-        A::fence(Ordering::Acquire);
-        let s2 = seq.load(Ordering::Relaxed);
-        if s1 == s2 {
-            return SeqRead::Consistent { retries: attempt };
+        fence(Ordering::Acquire);
+        let s2 = load_seq()?;
+        if s1 == s2 && inside.is_none_or(|s| s == s1) {
+            return Ok(SeqRead::Consistent { retries: attempt });
         }
         last = s2;
         backoff(attempt);
     }
-    if odd_every_time {
+    Ok(if odd_every_time {
         SeqRead::Stuck { seq: last }
     } else {
         SeqRead::Busy { seq: last }
-    }
+    })
 }
 
 #[inline]
@@ -175,6 +224,32 @@ mod tests {
             SeqRead::Consistent { retries: 0 }
         );
         assert_eq!(copies, 1);
+    }
+
+    #[test]
+    fn copied_reads_check_the_sequence_before_inside_and_after() {
+        // Stuck: odd every time, never copied.
+        let mut copies = 0;
+        let out = read_copied::<()>(
+            || Ok(5),
+            || {
+                copies += 1;
+                Ok(5)
+            },
+        );
+        assert_eq!((out, copies), (Ok(SeqRead::Stuck { seq: 5 }), 0));
+        // A copy whose own sequence differs (a section ran during it) is retried.
+        let mut attempt = 0;
+        let out = read_copied::<()>(
+            || Ok(8),
+            || {
+                attempt += 1;
+                Ok(if attempt == 1 { 9 } else { 8 })
+            },
+        );
+        assert_eq!(out, Ok(SeqRead::Consistent { retries: 1 }));
+        // Errors end the read.
+        assert_eq!(read_copied(|| Err("short"), || Ok(0)), Err("short"));
     }
 
     #[test]

@@ -158,3 +158,25 @@ fn hami_v1_fields_are_read_at_their_offsets() {
         Err(region::hami::HamiError::Truncated { .. })
     ));
 }
+
+/// The fuzz target's seeds (`fuzz/seeds`) are valid files, so fuzzing starts from inputs that
+/// reach slot, shard and process parsing rather than only the header checks.
+#[test]
+fn fuzz_seeds_parse() {
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let mut bytes = std::fs::read(seeds.join("vgpu-1-slot")).unwrap();
+    bytes.resize(region::layout::region_size(1) as usize, 0);
+    std::fs::write(&path, &bytes).unwrap();
+    let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!(snap.slots.len(), 1);
+    assert_eq!(snap.slots[0].name, "seed");
+    assert_eq!(snap.slots[0].apis[0].calls, 5);
+    let mut bytes = std::fs::read(seeds.join("hami-1-proc")).unwrap();
+    bytes.resize(HAMI_V1_SIZE as usize, 0);
+    std::fs::write(&path, &bytes).unwrap();
+    let snap = HamiReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!(snap.processes.len(), 1);
+    assert_eq!(snap.processes[0].pid, 42);
+}

@@ -96,6 +96,16 @@ fn test() -> Result<()> {
     let mut t = cmd("cargo", ["test", "--no-fail-fast"]);
     t.envs(test_env());
     util::run(&mut t)?;
+    // The region's loom models, in their own target directory: `--cfg loom` changes RUSTFLAGS,
+    // which would otherwise invalidate the main build.
+    util::step("loom models (region)");
+    let mut loom = cmd(
+        "cargo",
+        ["test", "-p", "region", "--release", "--lib", "loom"],
+    );
+    loom.env("RUSTFLAGS", "--cfg loom")
+        .env("CARGO_TARGET_DIR", repo_root().join("target/loom"));
+    util::run(&mut loom)?;
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 mod collector;
 mod daemon;
 mod discovery;
+mod export;
 mod host;
 mod identity;
 mod model;
@@ -141,6 +142,12 @@ enum Command {
         /// How long an exited process stays in the model (and its rows in the probe maps).
         #[arg(long, default_value = "60s", value_parser = units::parse_duration)]
         exited_retention: Duration,
+        /// Serve Prometheus/OpenMetrics `/metrics` on this address (`off` disables).
+        #[arg(long, default_value = "127.0.0.1:9400", value_parser = export::parse_listen)]
+        metrics_listen: Option<std::net::SocketAddr>,
+        /// Also export per-process series (pid and comm labels: one series per process).
+        #[arg(long)]
+        metrics_pid_labels: bool,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -208,10 +215,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Run { socket, interval, exited_retention, collect } => {
+        Command::Run {
+            socket,
+            interval,
+            exited_retention,
+            metrics_listen,
+            metrics_pid_labels,
+            collect,
+        } => {
             let opts = daemon::DaemonOptions {
                 socket,
                 interval,
+                metrics: metrics_listen.map(|listen| daemon::MetricsConfig {
+                    listen,
+                    options: export::metrics::MetricsOptions {
+                        pid_labels: metrics_pid_labels,
+                    },
+                }),
                 collector: collector::CollectorOptions {
                     trace: Some(collect.trace_options()?),
                     region_dirs: collect.region_dirs(),

@@ -92,6 +92,12 @@ fn test() -> Result<()> {
     let mut t = cmd("cargo", ["test", "--no-fail-fast"]);
     t.envs(test_env());
     util::run(&mut t)?;
+    util::step("deploy/validate.py (Kubernetes manifests)");
+    let python = setup::kube_validate_python();
+    util::run(&mut cmd(
+        python.to_str().context("utf-8 path")?,
+        ["deploy/validate.py"],
+    ))?;
     Ok(())
 }
 

@@ -1,6 +1,10 @@
 //! The smallest HTTP server that serves `/metrics`: std's `TcpListener`, one thread, one
 //! connection at a time, bounded reads and writes. Scrapes come every few seconds from one or
 //! two Prometheus servers; nothing here needs more.
+//!
+//! Content negotiation: OpenMetrics text (what prometheus-client encodes) for clients that accept
+//! it (Prometheus does), else the Prometheus text format 0.0.4 (curl, `promtool check metrics`,
+//! older scrapers), derived from the same encoding by [`to_prometheus_text`].
 
 use std::{
     io::{Read, Write},
@@ -14,6 +18,7 @@ use prometheus_client::registry::Registry;
 use super::ExportError;
 
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const MAX_REQUEST: usize = 8 << 10;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -72,9 +77,18 @@ fn handle(mut conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
     let mut parts = head.lines().next().unwrap_or("").split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
+    let openmetrics = head.lines().any(|l| {
+        l.to_ascii_lowercase().starts_with("accept:") && l.contains("application/openmetrics-text")
+    });
     match (method, path) {
         ("GET", "/metrics") => match super::metrics::encode(registry) {
-            Ok(body) => respond(&mut conn, "200 OK", CONTENT_TYPE, body.as_bytes()),
+            Ok(body) if openmetrics => respond(&mut conn, "200 OK", CONTENT_TYPE, body.as_bytes()),
+            Ok(body) => respond(
+                &mut conn,
+                "200 OK",
+                TEXT_CONTENT_TYPE,
+                to_prometheus_text(&body).as_bytes(),
+            ),
             Err(_) => respond(
                 &mut conn,
                 "500 Internal Server Error",
@@ -89,5 +103,55 @@ fn handle(mut conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
             "text/plain",
             b"GET only\n",
         ),
+    }
+}
+
+/// OpenMetrics text to the Prometheus text format 0.0.4: counters' `# HELP`/`# TYPE` name the
+/// `_total` series, and `# UNIT` and `# EOF` (not part of 0.0.4) go.
+pub fn to_prometheus_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some(name) = rest.strip_suffix(" counter")
+        {
+            out.push_str(&format!("# TYPE {name}_total counter\n"));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            let name = if counters.contains(name) {
+                format!("{name}_total")
+            } else {
+                name.to_owned()
+            };
+            out.push_str(&format!("# HELP {name} {help}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_counters_become_text_format_counters() {
+        let om = "# HELP a_calls Calls.\n# TYPE a_calls counter\na_calls_total{x=\"1\"} 3\n\
+                  # HELP b_bytes Size.\n# TYPE b_bytes gauge\n# UNIT b_bytes bytes\nb_bytes 2\n# EOF\n";
+        assert_eq!(
+            to_prometheus_text(om),
+            "# HELP a_calls_total Calls.\n# TYPE a_calls_total counter\na_calls_total{x=\"1\"} 3\n\
+             # HELP b_bytes Size.\n# TYPE b_bytes gauge\nb_bytes 2\n"
+        );
     }
 }

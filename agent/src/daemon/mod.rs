@@ -49,6 +49,9 @@ pub struct DaemonOptions {
     pub interval: Duration,
     /// `/metrics`, if wanted.
     pub metrics: Option<MetricsConfig>,
+    /// OTLP spans of sampled calls, if wanted (the probes must have been loaded with
+    /// `TraceOptions::spans`).
+    pub otlp: Option<crate::export::otlp::OtlpConfig>,
     pub collector: CollectorOptions,
 }
 
@@ -139,6 +142,28 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     if let Some(m) = &mut metrics {
         m.refresh(&snap);
     }
+    let identities = Arc::new(crate::export::otlp::Identities::default());
+    identities.refresh(&snap);
+    let _spans = match (&opts.otlp, collector.tracer_mut()) {
+        (Some(cfg), Some(tracer)) => match tracer.take_span_ring() {
+            Some(ring) => Some(crate::export::otlp::start(
+                cfg.clone(),
+                ring,
+                Arc::clone(&identities),
+                Arc::clone(&spans),
+                snap.hostname.clone(),
+            )?),
+            None => {
+                log::warn!("no span ring buffer in the probes: no spans");
+                None
+            }
+        },
+        (Some(_), None) => {
+            log::warn!("no probes: no spans for OTLP");
+            None
+        }
+        (None, _) => None,
+    };
     let first = serde_json::to_vec(&snap).unwrap_or_default();
     *latest.lock().expect("not poisoned") = Arc::new(first);
     {
@@ -167,6 +192,9 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         let snap = collector.collect();
         if let Some(m) = &mut metrics {
             m.refresh(&snap);
+        }
+        if opts.otlp.is_some() {
+            identities.refresh(&snap);
         }
         match serde_json::to_vec(&snap) {
             Ok(body) => *latest.lock().expect("not poisoned") = Arc::new(body),

@@ -407,8 +407,8 @@ pub const AGENT_SPANS_DROPPED: Def = def(
     None,
     false,
     &["reason"],
-    "Sampled calls that did not become exported spans: reason=ring_full (kernel ring buffer), queue_full (the exporter's bounded queue).",
-    "the HEALTH map's ring_full counter and the span pipeline",
+    "Sampled calls that did not become exported spans: reason=ring_full (the kernel ring buffer was full), queue_full (the exporter's bounded queue was full), export_failed (the OTLP endpoint refused or did not answer).",
+    "agent.events_lost.ring_full and the span pipeline (agent/src/export/otlp.rs)",
 );
 pub const PROCESS_API_CALLS: Def = per_process(def(
     "vgpu_process_api_calls",

@@ -197,7 +197,7 @@ impl Exposition {
 pub struct SpanCounters {
     pub exported: std::sync::atomic::AtomicU64,
     pub queue_full: std::sync::atomic::AtomicU64,
-    pub ring_full: std::sync::atomic::AtomicU64,
+    pub export_failed: std::sync::atomic::AtomicU64,
 }
 
 /// The state kept between refreshes.
@@ -588,7 +588,11 @@ fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exposition) {
             ),
             (
                 vec!["ring_full".into()],
-                Value::Int(spans.ring_full.load(Relaxed)),
+                Value::Int(a.events_lost.get("ring_full").copied().unwrap_or(0)),
+            ),
+            (
+                vec!["export_failed".into()],
+                Value::Int(spans.export_failed.load(Relaxed)),
             ),
         ],
     );

@@ -4,6 +4,7 @@
 pub mod defs;
 pub mod http;
 pub mod metrics;
+pub mod otlp;
 
 use std::net::SocketAddr;
 
@@ -19,14 +20,34 @@ pub enum ExportError {
     },
     #[error("starting an exporter thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error("setting up the OTLP exporter: {0}")]
+    Otlp(String),
 }
 
-/// `--metrics-listen`: an address, or `off`.
-pub fn parse_listen(s: &str) -> Result<Option<SocketAddr>, String> {
+/// `--metrics-listen`: an address, or `off` (`None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listen(pub Option<SocketAddr>);
+
+pub fn parse_listen(s: &str) -> Result<Listen, String> {
     if s.eq_ignore_ascii_case("off") {
-        return Ok(None);
+        return Ok(Listen(None));
     }
     s.parse()
-        .map(Some)
+        .map(|a| Listen(Some(a)))
         .map_err(|e| format!("{s:?} is not ADDRESS:PORT or `off`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_is_an_address_or_off() {
+        assert_eq!(
+            parse_listen("127.0.0.1:9400").unwrap().0,
+            Some("127.0.0.1:9400".parse().unwrap())
+        );
+        assert_eq!(parse_listen("off").unwrap().0, None);
+        assert!(parse_listen("9400").unwrap_err().contains("ADDRESS:PORT"));
+    }
 }

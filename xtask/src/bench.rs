@@ -2,12 +2,13 @@
 
 use anyhow::{Result, bail};
 
-const BENCHES: &str = "region, agent";
+const BENCHES: &str = "region, agent, export";
 
 pub fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("region") => region(),
         Some("agent") => crate::bench_agent::run(),
+        Some("export") => crate::bench_export::run(),
         Some(other) => bail!("unknown benchmark {other:?}; available: {BENCHES}"),
         None => bail!("which benchmark? available: {BENCHES}"),
     }

@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_agent;
+mod bench_export;
 mod setup;
 mod util;
 
@@ -24,7 +25,7 @@ commands:
   test             setup, then formatting, lints and every test (privileged ones when root)
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: stat --duration 10s)
   bundle           build release binaries into .carry/ for the GPU machine
-  bench <name>     run a benchmark: region, agent (see docs/benchmarks.md)";
+  bench <name>     run a benchmark: region, agent, export (see docs/benchmarks.md)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = env::args().skip(1).collect();

@@ -134,10 +134,17 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     let mut collector = Collector::start(opts.collector);
     let latest: Latest = Arc::new(Mutex::new(Arc::new(Vec::new())));
     let spans = Arc::new(SpanCounters::default());
-    let mut metrics = match &opts.metrics {
-        Some(cfg) => Some(Metrics::start(cfg, Arc::clone(&spans))?),
-        None => None,
-    };
+    // A metrics address in use (another agent on the host) costs /metrics, not the daemon.
+    let mut metrics =
+        opts.metrics
+            .as_ref()
+            .and_then(|cfg| match Metrics::start(cfg, Arc::clone(&spans)) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    log::warn!("no /metrics: {e}");
+                    None
+                }
+            });
     let snap = collector.collect();
     if let Some(m) = &mut metrics {
         m.refresh(&snap);

@@ -410,3 +410,56 @@ fn docs_list_every_metric() {
         "docs/metrics.md is out of date: run with VGPU_BLESS=1"
     );
 }
+
+/// The scrape benchmark (docs/benchmarks.md): a model of 100 containers x 40 APIs; the time to
+/// fold a snapshot in (each refresh) and to encode and serve one scrape over HTTP, p50/p99.
+/// `cargo test --release -p vgpu-agent --bin vgpu-agent scrape_benchmark -- --ignored --nocapture`
+#[test]
+#[ignore = "a benchmark: run it in release mode"]
+fn scrape_benchmark() {
+    use std::{
+        io::{Read, Write},
+        time::Instant,
+    };
+    let snap = synthetic(100, 40);
+    let mut v = view();
+    let shared = Arc::new(SharedExposition::default());
+    let registry = Arc::new(registry(Arc::clone(&shared)));
+    let addr = crate::export::http::serve("127.0.0.1:0".parse().unwrap(), registry).unwrap();
+    let pct = |xs: &mut Vec<f64>, q: f64| {
+        xs.sort_by(f64::total_cmp);
+        xs[((xs.len() - 1) as f64 * q).round() as usize]
+    };
+    let (mut fold, mut scrape) = (vec![], vec![]);
+    let mut size = 0;
+    for _ in 0..200 {
+        let t = Instant::now();
+        let e = Arc::new(v.update(&snap));
+        fold.push(t.elapsed().as_secs_f64() * 1e3);
+        *shared.0.lock().unwrap() = e;
+        let t = Instant::now();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n"
+        )
+        .unwrap();
+        let mut body = Vec::new();
+        s.read_to_end(&mut body).unwrap();
+        scrape.push(t.elapsed().as_secs_f64() * 1e3);
+        size = body.len();
+    }
+    let series = snap.processes.len() * 40;
+    let (f50, f99) = (pct(&mut fold, 0.5), pct(&mut fold, 0.99));
+    let (s50, s99) = (pct(&mut scrape, 0.5), pct(&mut scrape, 0.99));
+    println!(
+        "scrape-bench: {{\"containers\": 100, \"apis\": 40, \"api_series\": {series}, \"bytes\": {size}, \
+         \"fold_p50_ms\": {f50:.2}, \"fold_p99_ms\": {f99:.2}, \"scrape_p50_ms\": {s50:.2}, \"scrape_p99_ms\": {s99:.2}}}"
+    );
+    if !cfg!(debug_assertions) {
+        assert!(
+            s99 < 50.0,
+            "a scrape of 100 containers x 40 APIs took {s99:.1} ms (p99)"
+        );
+    }
+}

@@ -113,7 +113,10 @@ fn one(bin: &Path, lib: &Path, work: &Path, exporting: bool, sink_port: u16) -> 
     let daemon = Guard(c.spawn()?);
     let t = Instant::now();
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        ensure!(t.elapsed() < Duration::from_secs(30), "the daemon did not start");
+        ensure!(
+            t.elapsed() < Duration::from_secs(30),
+            "the daemon did not start"
+        );
         sleep(Duration::from_millis(50));
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -149,12 +152,23 @@ fn one(bin: &Path, lib: &Path, work: &Path, exporting: bool, sink_port: u16) -> 
 
 pub fn run() -> Result<()> {
     if !util::is_root() {
-        bail!("the export benchmark loads eBPF probes: run it as root (sudo cargo xtask bench export)");
+        bail!(
+            "the export benchmark loads eBPF probes: run it as root (sudo cargo xtask bench export)"
+        );
     }
     crate::setup::run()?;
     util::run(&mut cmd(
         "cargo",
-        ["build", "--release", "-p", "vgpu-agent", "-p", "cuda-exercise", "-p", "sim-cuda"],
+        [
+            "build",
+            "--release",
+            "-p",
+            "vgpu-agent",
+            "-p",
+            "cuda-exercise",
+            "-p",
+            "sim-cuda",
+        ],
     ))?;
     let bin = repo_root().join("target/release");
     let work = std::env::temp_dir().join(format!("vgpu-bench-export-{}", std::process::id()));
@@ -173,7 +187,11 @@ pub fn run() -> Result<()> {
                 if exporting { "on" } else { "off" }
             ));
             let cpu = one(&bin, &lib, &work, exporting, sink_port)?;
-            if exporting { on.push(cpu) } else { off.push(cpu) }
+            if exporting {
+                on.push(cpu)
+            } else {
+                off.push(cpu)
+            }
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -181,14 +199,25 @@ pub fn run() -> Result<()> {
     println!("\nconfiguration         CPU (share of one core, mean of {ROUNDS})");
     println!("exporting off         {:.2}%  {:?}", off_m * 100.0, off);
     println!("exporting on          {:.2}%  {:?}", on_m * 100.0, on);
-    println!("difference            {:+.2}% of one core", (on_m - off_m) * 100.0);
+    println!(
+        "difference            {:+.2}% of one core",
+        (on_m - off_m) * 100.0
+    );
 
     util::step("export: scrape of 100 containers x 40 APIs");
     let out = util::output(&mut cmd(
         "cargo",
         [
-            "test", "--release", "-p", "vgpu-agent", "--bin", "vgpu-agent", "scrape_benchmark",
-            "--", "--ignored", "--nocapture",
+            "test",
+            "--release",
+            "-p",
+            "vgpu-agent",
+            "--bin",
+            "vgpu-agent",
+            "scrape_benchmark",
+            "--",
+            "--ignored",
+            "--nocapture",
         ],
     ))
     .unwrap_or_default();

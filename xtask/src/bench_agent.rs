@@ -28,9 +28,7 @@ const LOAD_SECONDS: f64 = 20.0;
 const SHORT_LIVED: usize = 1_000;
 
 fn ticks_per_second() -> f64 {
-    util::output(&mut Command::new("getconf").arg("CLK_TCK"))
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+    util::output(&mut Command::new("getconf").arg("CLK_TCK")).and_then(|s| s.trim().parse().ok()).unwrap_or(100.0)
 }
 
 /// utime + stime of a process, in seconds.
@@ -63,10 +61,7 @@ pub(crate) struct Guard(pub(crate) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.0.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
         let _ = self.0.wait();
     }
 }
@@ -85,24 +80,10 @@ pub(crate) fn measure(pid: u32, window: Duration) -> Result<(f64, u64)> {
 
 pub fn run() -> Result<()> {
     if !util::is_root() {
-        bail!(
-            "the agent benchmark loads eBPF probes: run it as root (sudo cargo xtask bench agent)"
-        );
+        bail!("the agent benchmark loads eBPF probes: run it as root (sudo cargo xtask bench agent)");
     }
     crate::setup::run()?;
-    util::run(&mut cmd(
-        "cargo",
-        [
-            "build",
-            "--release",
-            "-p",
-            "vgpu-agent",
-            "-p",
-            "cuda-exercise",
-            "-p",
-            "sim-cuda",
-        ],
-    ))?;
+    util::run(&mut cmd("cargo", ["build", "--release", "-p", "vgpu-agent", "-p", "cuda-exercise", "-p", "sim-cuda"]))?;
     let bin = repo_root().join("target/release");
     let work = std::env::temp_dir().join(format!("vgpu-bench-agent-{}", std::process::id()));
     fs::create_dir_all(&work)?;
@@ -112,15 +93,7 @@ pub fn run() -> Result<()> {
 
     let daemon = Guard(
         Command::new(bin.join("vgpu-agent"))
-            .args([
-                "run",
-                "--interval",
-                "1s",
-                "--no-nvml",
-                "--exited-retention",
-                "2s",
-                "--socket",
-            ])
+            .args(["run", "--interval", "1s", "--no-nvml", "--exited-retention", "2s", "--socket"])
             .arg(&socket)
             .arg("--libcuda")
             .arg(&lib)
@@ -130,10 +103,7 @@ pub fn run() -> Result<()> {
     let agent_pid = daemon.0.id();
     let t = Instant::now();
     while UnixStream::connect(&socket).is_err() {
-        ensure!(
-            t.elapsed() < Duration::from_secs(30),
-            "the daemon did not start"
-        );
+        ensure!(t.elapsed() < Duration::from_secs(30), "the daemon did not start");
         sleep(Duration::from_millis(50));
     }
     sleep(Duration::from_secs(2));
@@ -141,21 +111,12 @@ pub fn run() -> Result<()> {
     util::step("agent: idle");
     let (idle_cpu, idle_rss) = measure(agent_pid, Duration::from_secs(5))?;
 
-    util::step(&format!(
-        "agent: under {LOAD_RATE} probed calls/s for {LOAD_SECONDS} s"
-    ));
+    util::step(&format!("agent: under {LOAD_RATE} probed calls/s for {LOAD_SECONDS} s"));
     let load = Guard(
         Command::new(bin.join("cuda-exercise"))
             .arg("--lib")
             .arg(&lib)
-            .args([
-                "steady",
-                "--api",
-                "cuStreamSynchronize",
-                "--rate",
-                &LOAD_RATE.to_string(),
-                "--seconds",
-            ])
+            .args(["steady", "--api", "cuStreamSynchronize", "--rate", &LOAD_RATE.to_string(), "--seconds"])
             .arg(LOAD_SECONDS.to_string())
             .stdout(Stdio::null())
             .spawn()?,
@@ -178,14 +139,7 @@ pub fn run() -> Result<()> {
         let status = Command::new(bin.join("cuda-exercise"))
             .arg("--lib")
             .arg(&lib)
-            .args([
-                "counts",
-                "--per-api",
-                "1",
-                "--init",
-                "--apis",
-                "cuMemAlloc_v2,cuMemFree_v2,cuStreamSynchronize",
-            ])
+            .args(["counts", "--per-api", "1", "--init", "--apis", "cuMemAlloc_v2,cuMemFree_v2,cuStreamSynchronize"])
             .stdout(Stdio::null())
             .status()?;
         ensure!(status.success(), "short-lived process {i} failed");
@@ -207,11 +161,7 @@ pub fn run() -> Result<()> {
     let _ = fs::remove_dir_all(&work);
 
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let rss_growth = rss_samples
-        .last()
-        .copied()
-        .unwrap_or(0)
-        .saturating_sub(rss_samples.first().copied().unwrap_or(0));
+    let rss_growth = rss_samples.last().copied().unwrap_or(0).saturating_sub(rss_samples.first().copied().unwrap_or(0));
     let result = json!({
         "idle_cpu_share": idle_cpu,
         "idle_rss_mib": mib(idle_rss),
@@ -227,22 +177,10 @@ pub fn run() -> Result<()> {
         "events_lost": lost,
     });
     println!("\n| measure | value | goal |\n|---|---|---|");
-    println!(
-        "| agent CPU, idle | {:.2}% of one core | |",
-        idle_cpu * 100.0
-    );
-    println!(
-        "| agent CPU, {LOAD_RATE} probed calls/s (model saw {seen_rate:.0}/s) | {:.2}% of one core | < 2% |",
-        load_cpu * 100.0
-    );
-    println!(
-        "| agent RSS, under load | {:.1} MiB | < 64 MiB |",
-        mib(load_rss)
-    );
-    println!(
-        "| agent RSS growth from process 100 to 1000 | {:.2} MiB | flat |",
-        mib(rss_growth)
-    );
+    println!("| agent CPU, idle | {:.2}% of one core | |", idle_cpu * 100.0);
+    println!("| agent CPU, {LOAD_RATE} probed calls/s (model saw {seen_rate:.0}/s) | {:.2}% of one core | < 2% |", load_cpu * 100.0);
+    println!("| agent RSS, under load | {:.1} MiB | < 64 MiB |", mib(load_rss));
+    println!("| agent RSS growth from process 100 to 1000 | {:.2} MiB | flat |", mib(rss_growth));
     println!("| processes left in the model after they all exited | {processes_left} | 0 |");
     println!("| kernel map entries after | {maps} | stats 0, live 0, allocs 0 |");
     println!("bench-agent: {result}");

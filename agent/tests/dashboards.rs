@@ -201,8 +201,6 @@ fn parse_promql(expr: &str) -> (Vec<Selector>, Vec<String>) {
                 i = end + 1;
             } else if FUNCTIONS.contains(&word.as_str()) || KEYWORDS.contains(&word.as_str()) {
                 continue;
-            } else if word.chars().next().unwrap().is_ascii_digit() {
-                continue;
             } else {
                 // A metric name; `label_values(metric, label)` gives one too.
                 sels.push(Selector {

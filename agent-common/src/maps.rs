@@ -169,10 +169,12 @@ pub enum Health {
     NcclUnknownDatatype = 6,
     /// An NCCL aggregation row or communicator entry could not be created (map full).
     NcclDropped = 7,
+    /// A sampled call's span event found the `SPANS` ring buffer full: the span is lost.
+    RingFull = 8,
 }
 
 impl Health {
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
     pub const ALL: [Health; Health::COUNT as usize] = [
         Health::InflightDropped,
         Health::ReturnWithoutEntry,
@@ -182,6 +184,7 @@ impl Health {
         Health::UserReadFailed,
         Health::NcclUnknownDatatype,
         Health::NcclDropped,
+        Health::RingFull,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -194,9 +197,42 @@ impl Health {
             Health::UserReadFailed => "user_read_failed",
             Health::NcclUnknownDatatype => "nccl_unknown_datatype",
             Health::NcclDropped => "nccl_dropped",
+            Health::RingFull => "ring_full",
         }
     }
 }
+
+/// Why a call became a span event.
+pub const SPAN_NCCL: u8 = 1;
+pub const SPAN_SLOW: u8 = 2;
+pub const SPAN_SAMPLED: u8 = 3;
+
+/// One sampled call, written to the `SPANS` ring buffer by a return probe (NCCL collectives
+/// always, calls slower than `TRACE_SLOW_NS`, and one in `TRACE_SAMPLE_EVERY` of the others).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanEvent {
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at entry and return.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub cgroup_id: u64,
+    pub bytes: u64,
+    /// NCCL: the communicator (0 otherwise).
+    pub comm: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The call's result (CUresult or ncclResult_t).
+    pub result: u32,
+    pub api: u16,
+    /// [`SPAN_NCCL`], [`SPAN_SLOW`] or [`SPAN_SAMPLED`].
+    pub reason: u8,
+    pub _pad: u8,
+    /// The calling thread's name (`bpf_get_current_comm`).
+    pub task: [u8; 16],
+}
+
+/// The ring buffer's size (a power of two pages).
+pub const SPANS_RING_BYTES: u32 = 4 << 20;
 
 /// Map sizes, shared so that userspace can report how full each one is.
 pub const STATS_MAX_ENTRIES: u32 = 16_384;
@@ -241,6 +277,7 @@ const _: () = {
     assert!(core::mem::size_of::<NcclInflight>() == 40);
     assert!(core::mem::size_of::<NcclCommKey>() == 16);
     assert!(core::mem::size_of::<NcclCommInfo>() == 16);
+    assert!(core::mem::size_of::<SpanEvent>() == 72);
 };
 
 #[cfg(feature = "user")]
@@ -273,4 +310,6 @@ mod pod {
     unsafe impl aya::Pod for NcclCommKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for NcclCommInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for SpanEvent {}
 }

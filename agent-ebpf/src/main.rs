@@ -11,6 +11,10 @@
 //! count, datatype and communicator are (a register or a stack slot), and calls are aggregated
 //! per (cgroup, process, API, communicator) in `NCCL_STATS`; communicators created by a
 //! successful ncclCommInit* call are recorded with their rank and size in `NCCL_COMMS`.
+//!
+//! Span events: when userspace turns tracing on (`TRACE_ON`, a global set at load time), return
+//! probes also write a [`SpanEvent`] to the `SPANS` ring buffer for every NCCL call, every call
+//! slower than `TRACE_SLOW_NS`, and one in `TRACE_SAMPLE_EVERY` of the other calls (per CPU).
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -24,19 +28,19 @@ use agent_common::{
         ALLOC_SIZES_MAX_ENTRIES, ALLOCS_MAX_ENTRIES, AllocKey, AllocSizeKey, AllocSizeVal,
         AllocVal, ApiStats, Health, INFLIGHT_MAX_ENTRIES, Inflight, InflightKey, LIVE_MAX_ENTRIES,
         LiveMem, NCCL_COMMS_MAX_ENTRIES, NCCL_INFLIGHT_MAX_ENTRIES, NCCL_INIT_ALL_MAX,
-        NCCL_STATS_MAX_ENTRIES, NcclCommInfo, NcclCommKey, NcclInflight, NcclStatsKey,
-        STATS_MAX_ENTRIES, StatsKey,
+        NCCL_STATS_MAX_ENTRIES, NcclCommInfo, NcclCommKey, NcclInflight, NcclStatsKey, SPAN_NCCL,
+        SPAN_SAMPLED, SPAN_SLOW, SPANS_RING_BYTES, STATS_MAX_ENTRIES, SpanEvent, StatsKey,
     },
 };
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_current_comm,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
@@ -83,6 +87,91 @@ static NCCL_INFLIGHT: LruHashMap<InflightKey, NcclInflight> =
 #[map]
 static NCCL_COMMS: LruHashMap<NcclCommKey, NcclCommInfo> =
     LruHashMap::with_max_entries(NCCL_COMMS_MAX_ENTRIES, 0);
+
+/// Sampled calls for spans (see the module documentation).
+#[map]
+static SPANS: RingBuf = RingBuf::with_byte_size(SPANS_RING_BYTES, 0);
+
+/// Per-CPU call counter for the 1-in-N sampling.
+#[map]
+static SAMPLE_COUNTER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Set by userspace at load time (`EbpfLoader::override_global`): 1 writes span events.
+#[unsafe(no_mangle)]
+static TRACE_ON: u64 = 0;
+/// Calls at least this slow (ns) are always sampled (0: none by latency).
+#[unsafe(no_mangle)]
+static TRACE_SLOW_NS: u64 = 0;
+/// One in this many other calls is sampled (0: none).
+#[unsafe(no_mangle)]
+static TRACE_SAMPLE_EVERY: u64 = 0;
+
+/// A global as the loader set it (a volatile read: the compiler must not fold the default).
+#[inline(always)]
+fn global(g: &'static u64) -> u64 {
+    // SAFETY: a read of an initialised static in the program's .rodata/.data section.
+    unsafe { core::ptr::read_volatile(g) }
+}
+
+/// The fields of a span event that the return probes know.
+struct Call {
+    start_ns: u64,
+    end_ns: u64,
+    cgroup_id: u64,
+    bytes: u64,
+    comm: u64,
+    pid_tgid: u64,
+    result: u32,
+    api: u16,
+}
+
+/// Writes a span event if the call is sampled; a full ring buffer is counted.
+#[inline(always)]
+fn maybe_span(c: &Call, nccl: bool) {
+    if global(&TRACE_ON) == 0 {
+        return;
+    }
+    let slow = global(&TRACE_SLOW_NS);
+    let reason = if nccl {
+        SPAN_NCCL
+    } else if slow != 0 && c.end_ns.saturating_sub(c.start_ns) >= slow {
+        SPAN_SLOW
+    } else {
+        let every = global(&TRACE_SAMPLE_EVERY);
+        let Some(n) = SAMPLE_COUNTER.get_ptr_mut(0) else {
+            return;
+        };
+        // SAFETY: per-CPU slot, written only by this CPU while this program runs.
+        let v = unsafe {
+            *n += 1;
+            *n
+        };
+        if every == 0 || v % every != 0 {
+            return;
+        }
+        SPAN_SAMPLED
+    };
+    let Some(mut entry) = SPANS.reserve::<SpanEvent>(0) else {
+        count(Health::RingFull);
+        return;
+    };
+    let task = bpf_get_current_comm().unwrap_or([0; 16]);
+    entry.write(SpanEvent {
+        start_ns: c.start_ns,
+        end_ns: c.end_ns,
+        cgroup_id: c.cgroup_id,
+        bytes: c.bytes,
+        comm: c.comm,
+        tgid: (c.pid_tgid >> 32) as u32,
+        tid: c.pid_tgid as u32,
+        result: c.result,
+        api: c.api,
+        reason,
+        _pad: 0,
+        task,
+    });
+    entry.submit(0);
+}
 
 /// A zeroed row to insert from: a 344-byte value does not fit the eBPF stack budget comfortably.
 static ZERO_STATS: ApiStats = ApiStats::ZERO;
@@ -363,11 +452,22 @@ fn on_return(ctx: &RetProbeContext) {
         let _ = STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
         row = STATS.get_ptr_mut(&skey);
     }
-    let Some(row) = row else {
+    if let Some(row) = row {
+        account(row, ok, bytes, now.saturating_sub(rec.start_ns));
+    } else {
         count(Health::StatsDropped);
-        return;
+    }
+    let call = Call {
+        start_ns: rec.start_ns,
+        end_ns: now,
+        cgroup_id,
+        bytes,
+        comm: 0,
+        pid_tgid,
+        result,
+        api,
     };
-    account(row, ok, bytes, now.saturating_sub(rec.start_ns));
+    maybe_span(&call, false);
 }
 
 /// Adds one call to an aggregation row.
@@ -511,7 +611,8 @@ fn on_nccl_return(ctx: &RetProbeContext) {
 
     let tgid = (pid_tgid >> 32) as u32;
     // ncclResult_t is a C enum: only the low 32 bits of rax are defined; ncclSuccess is 0.
-    let ok = ctx.ret::<u64>() as u32 == 0;
+    let result = ctx.ret::<u64>() as u32;
+    let ok = result == 0;
     let api = cookie.api();
     let mut comm = rec.comm;
     match cookie.nccl_op() {
@@ -561,11 +662,22 @@ fn on_nccl_return(ctx: &RetProbeContext) {
         let _ = NCCL_STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
         row = NCCL_STATS.get_ptr_mut(&skey);
     }
-    let Some(row) = row else {
+    if let Some(row) = row {
+        account(row, ok, rec.bytes, now.saturating_sub(rec.start_ns));
+    } else {
         count(Health::NcclDropped);
-        return;
+    }
+    let call = Call {
+        start_ns: rec.start_ns,
+        end_ns: now,
+        cgroup_id,
+        bytes: rec.bytes,
+        comm,
+        pid_tgid,
+        result,
+        api,
     };
-    account(row, ok, rec.bytes, now.saturating_sub(rec.start_ns));
+    maybe_span(&call, true);
 }
 
 /// Declares the entry/return pair of one API kind in both attach flavours.

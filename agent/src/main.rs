@@ -4,6 +4,7 @@ mod attribute;
 mod collector;
 mod daemon;
 mod discovery;
+mod export;
 mod host;
 mod identity;
 mod model;
@@ -101,6 +102,7 @@ impl CollectArgs {
             launches,
             calibrate: !self.no_calibrate,
             host: host::HostPaths::system().with_root(self.host_root.clone()),
+            spans: None,
         })
     }
 
@@ -195,6 +197,28 @@ enum Command {
         /// How long an exited process stays in the model (and its rows in the probe maps).
         #[arg(long, default_value = "60s", value_parser = units::parse_duration)]
         exited_retention: Duration,
+        /// Serve Prometheus/OpenMetrics `/metrics` on this address (`off` disables).
+        #[arg(long, default_value = "127.0.0.1:9400", value_parser = export::parse_listen)]
+        metrics_listen: export::Listen,
+        /// Also export per-process series (pid and comm labels: one series per process).
+        #[arg(long)]
+        metrics_pid_labels: bool,
+        /// Send spans of sampled calls to this OTLP endpoint (e.g. http://127.0.0.1:4317 for
+        /// gRPC, http://127.0.0.1:4318 for HTTP); no spans without it.
+        #[arg(long, value_name = "URL")]
+        otlp_endpoint: Option<String>,
+        /// OTLP transport.
+        #[arg(long, value_enum, default_value = "grpc")]
+        otlp_protocol: export::otlp::OtlpProtocol,
+        /// Spans waiting for export at most; more are dropped and counted.
+        #[arg(long, default_value_t = 4096)]
+        otlp_queue: usize,
+        /// Calls at least this slow become spans (NCCL calls always do); 0 turns it off.
+        #[arg(long, default_value = "1ms", value_parser = units::parse_duration)]
+        trace_slow: Duration,
+        /// One in this many of the other probed calls becomes a span (per CPU); 0 turns it off.
+        #[arg(long, default_value_t = 1000)]
+        trace_sample_rate: u64,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -331,13 +355,38 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             socket,
             interval,
             exited_retention,
+            metrics_listen,
+            metrics_pid_labels,
+            otlp_endpoint,
+            otlp_protocol,
+            otlp_queue,
+            trace_slow,
+            trace_sample_rate,
             collect,
         } => {
+            let mut trace = collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?;
+            if otlp_endpoint.is_some() {
+                trace.spans = Some(probes::SpanSampling {
+                    slow_ns: trace_slow.as_nanos() as u64,
+                    sample_every: trace_sample_rate,
+                });
+            }
             let opts = daemon::DaemonOptions {
+                otlp: otlp_endpoint.map(|endpoint| export::otlp::OtlpConfig {
+                    endpoint,
+                    protocol: otlp_protocol,
+                    queue: otlp_queue,
+                }),
                 socket,
                 interval,
+                metrics: metrics_listen.0.map(|listen| daemon::MetricsConfig {
+                    listen,
+                    options: export::metrics::MetricsOptions {
+                        pid_labels: metrics_pid_labels,
+                    },
+                }),
                 collector: collector::CollectorOptions {
-                    trace: Some(collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?),
+                    trace: Some(trace),
                     region_dirs: collect.region_dirs(),
                     host: host::HostPaths::system().with_root(collect.host_root.clone()),
                     nvml: !collect.no_nvml,

@@ -43,6 +43,8 @@ pub struct TraceOptions {
     pub launches: LaunchProbes,
     pub calibrate: bool,
     pub host: HostPaths,
+    /// Span events for sampled calls (`None`: the probes write none).
+    pub spans: Option<crate::probes::SpanSampling>,
 }
 
 /// One reading of the kernel maps.
@@ -77,9 +79,14 @@ pub struct Tracer {
 }
 
 impl Tracer {
+    /// The span events' ring buffer, once (`None` when spans are off or it was taken).
+    pub fn take_span_ring(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+        self.probes.take_span_ring()
+    }
+
     /// Loads the probes, attaches the host's and the configured libraries, and calibrates.
     pub fn start(opts: TraceOptions) -> Result<Tracer, ProbeError> {
-        let probes = Probes::load()?;
+        let probes = Probes::load(opts.spans)?;
         let mut t = Tracer {
             probes,
             discovery: Discovery::new(),

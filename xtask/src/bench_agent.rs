@@ -34,7 +34,7 @@ fn ticks_per_second() -> f64 {
 }
 
 /// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> Result<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = &stat[stat.rfind(')').context("stat format")? + 2..];
     let f: Vec<&str> = rest.split(' ').collect();
@@ -59,7 +59,7 @@ fn snapshot(socket: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&body)?)
 }
 
-struct Guard(Child);
+pub(crate) struct Guard(pub(crate) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -72,7 +72,7 @@ impl Drop for Guard {
 }
 
 /// CPU share of one core and mean RSS of `pid` over `window`.
-fn measure(pid: u32, window: Duration) -> Result<(f64, u64)> {
+pub(crate) fn measure(pid: u32, window: Duration) -> Result<(f64, u64)> {
     let (c0, t0) = (cpu_seconds(pid)?, Instant::now());
     let mut rss = Vec::new();
     while t0.elapsed() < window {

@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_agent;
+mod bench_export;
 mod bench_limiter;
 mod demo;
 mod setup;
@@ -27,7 +28,7 @@ commands:
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: top)
   demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
   bundle           build release binaries into .carry/ for the GPU machine
-  bench <name>     run a benchmark: region, agent, limiter (see docs/benchmarks.md)";
+  bench <name>     run a benchmark: region, agent, limiter, export (see docs/benchmarks.md)";
 
 fn main() -> Result<()> {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -106,6 +107,12 @@ fn test() -> Result<()> {
     loom.env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", repo_root().join("target/loom"));
     util::run(&mut loom)?;
+    util::step("deploy/validate.py (Kubernetes manifests)");
+    let python = setup::kube_validate_python();
+    util::run(&mut cmd(
+        python.to_str().context("utf-8 path")?,
+        ["deploy/validate.py"],
+    ))?;
     Ok(())
 }
 

@@ -19,7 +19,9 @@ pub const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
 /// Debian packages: LLVM 22 for bpf-linker; tmux for the TUI end-to-end tests; iproute2 and
-/// util-linux (unshare) for namespace tests; binutils (nm) for the export allow-list test.
+/// util-linux (unshare) for namespace tests; binutils (nm) for the export allow-list test;
+/// prometheus (2.42, with promtool) for the exporter's end-to-end test, which runs its own
+/// instance on a free port; python3-venv and python3-yaml for the manifest validation.
 const DEB_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -30,8 +32,16 @@ const DEB_PACKAGES: &[&str] = &[
     "gcc",
     "python3",
     "python3-pip",
+    "python3-venv",
+    "python3-yaml",
     "ca-certificates",
+    "prometheus",
 ];
+
+/// `kubernetes-validate` (PyPI; the Kubernetes OpenAPI schemas bundled, so validation runs
+/// offline) in a virtual environment of its own, for `deploy/validate.py`.
+pub const KUBE_VALIDATE_VENV: &str = "/opt/vgpu-agent/kubernetes-validate";
+const KUBE_VALIDATE: &str = "kubernetes-validate==1.37.0";
 
 /// The real NVIDIA driver libraries from Debian non-free, unpacked (not installed: the package
 /// pulls in dkms and kernel headers) for tests that probe the real libcuda without a GPU.
@@ -76,6 +86,7 @@ pub fn run() -> Result<()> {
     bpf_linker()?;
     nvidia_test_driver(apt_updated)?;
     nccl_test_library()?;
+    kubernetes_validate()?;
     eprintln!(
         "setup: everything present ({:.1}s)",
         started.elapsed().as_secs_f64()
@@ -269,6 +280,41 @@ fn nvidia_test_driver(apt_updated: bool) -> Result<()> {
             NVIDIA_DEBS.join(" ")
         );
     }
+    Ok(())
+}
+
+/// The venv's python, which `cargo xtask test` runs `deploy/validate.py` with.
+pub fn kube_validate_python() -> PathBuf {
+    Path::new(KUBE_VALIDATE_VENV).join("bin/python3")
+}
+
+fn kubernetes_validate() -> Result<()> {
+    let marker = Path::new(KUBE_VALIDATE_VENV).join("VERSION");
+    if fs::read_to_string(&marker).is_ok_and(|v| v.trim() == KUBE_VALIDATE) {
+        return Ok(());
+    }
+    require_root(&format!(
+        "install {KUBE_VALIDATE} into {KUBE_VALIDATE_VENV}"
+    ))?;
+    eprintln!("setup: installing {KUBE_VALIDATE} into {KUBE_VALIDATE_VENV}");
+    util::run(&mut cmd(
+        "python3",
+        ["-m", "venv", "--system-site-packages", KUBE_VALIDATE_VENV],
+    ))?;
+    let python = kube_validate_python();
+    util::run(&mut cmd(
+        python.to_str().context("utf-8 path")?,
+        [
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            KUBE_VALIDATE,
+        ],
+    ))
+    .context("installing kubernetes-validate failed: is pypi.org reachable?")?;
+    fs::write(&marker, format!("{KUBE_VALIDATE}\n"))?;
     Ok(())
 }
 

@@ -130,6 +130,10 @@ impl Collector {
         Ok(c)
     }
 
+    pub fn tracer_mut(&mut self) -> Option<&mut Tracer> {
+        self.tracer.as_mut()
+    }
+
     /// Takes a snapshot.
     pub fn collect(&mut self) -> Snapshot {
         let mut warnings = Vec::new();

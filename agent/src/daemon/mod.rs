@@ -13,7 +13,14 @@ use std::{
 
 use thiserror::Error;
 
-use crate::collector::{Collector, CollectorOptions};
+use crate::{
+    collector::{Collector, CollectorOptions},
+    export::{
+        ExportError,
+        metrics::{MetricsOptions, MetricsView, SharedExposition, SpanCounters},
+    },
+    model::Snapshot,
+};
 
 pub const DEFAULT_SOCKET: &str = "/run/vgpu-agent/agent.sock";
 
@@ -28,11 +35,23 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Export(#[from] ExportError),
+}
+
+pub struct MetricsConfig {
+    pub listen: std::net::SocketAddr,
+    pub options: MetricsOptions,
 }
 
 pub struct DaemonOptions {
     pub socket: PathBuf,
     pub interval: Duration,
+    /// `/metrics`, if wanted.
+    pub metrics: Option<MetricsConfig>,
+    /// OTLP spans of sampled calls, if wanted (the probes must have been loaded with
+    /// `TraceOptions::spans`).
+    pub otlp: Option<crate::export::otlp::OtlpConfig>,
     pub collector: CollectorOptions,
 }
 
@@ -84,13 +103,75 @@ fn serve(listener: UnixListener, latest: Latest) {
     }
 }
 
+/// The `/metrics` view: folded at every refresh, encoded at every scrape.
+struct Metrics {
+    view: MetricsView,
+    shared: Arc<SharedExposition>,
+}
+
+impl Metrics {
+    fn start(cfg: &MetricsConfig, spans: Arc<SpanCounters>) -> Result<Metrics, DaemonError> {
+        let shared = Arc::new(SharedExposition::default());
+        let registry = Arc::new(crate::export::metrics::registry(Arc::clone(&shared)));
+        let bound = crate::export::http::serve(cfg.listen, registry)?;
+        log::info!("serving metrics on http://{bound}/metrics");
+        Ok(Metrics {
+            view: MetricsView::new(cfg.options, spans),
+            shared,
+        })
+    }
+
+    fn refresh(&mut self, snap: &Snapshot) {
+        let e = Arc::new(self.view.update(snap));
+        *self.shared.0.lock().expect("not poisoned") = e;
+    }
+}
+
 /// Runs until SIGINT or SIGTERM.
 pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     crate::signals::install();
     let listener = bind(&opts.socket)?;
     let mut collector = Collector::start(opts.collector);
     let latest: Latest = Arc::new(Mutex::new(Arc::new(Vec::new())));
-    let first = serde_json::to_vec(&collector.collect()).unwrap_or_default();
+    let spans = Arc::new(SpanCounters::default());
+    // A metrics address in use (another agent on the host) costs /metrics, not the daemon.
+    let mut metrics =
+        opts.metrics
+            .as_ref()
+            .and_then(|cfg| match Metrics::start(cfg, Arc::clone(&spans)) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    log::warn!("no /metrics: {e}");
+                    None
+                }
+            });
+    let snap = collector.collect();
+    if let Some(m) = &mut metrics {
+        m.refresh(&snap);
+    }
+    let identities = Arc::new(crate::export::otlp::Identities::default());
+    identities.refresh(&snap);
+    let _spans = match (&opts.otlp, collector.tracer_mut()) {
+        (Some(cfg), Some(tracer)) => match tracer.take_span_ring() {
+            Some(ring) => Some(crate::export::otlp::start(
+                cfg.clone(),
+                ring,
+                Arc::clone(&identities),
+                Arc::clone(&spans),
+                snap.hostname.clone(),
+            )?),
+            None => {
+                log::warn!("no span ring buffer in the probes: no spans");
+                None
+            }
+        },
+        (Some(_), None) => {
+            log::warn!("no probes: no spans for OTLP");
+            None
+        }
+        (None, _) => None,
+    };
+    let first = serde_json::to_vec(&snap).unwrap_or_default();
     *latest.lock().expect("not poisoned") = Arc::new(first);
     {
         let latest = Arc::clone(&latest);
@@ -116,6 +197,12 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         }
         next += opts.interval;
         let snap = collector.collect();
+        if let Some(m) = &mut metrics {
+            m.refresh(&snap);
+        }
+        if opts.otlp.is_some() {
+            identities.refresh(&snap);
+        }
         match serde_json::to_vec(&snap) {
             Ok(body) => *latest.lock().expect("not poisoned") = Arc::new(body),
             Err(e) => log::warn!("serialising a snapshot: {e}"),

@@ -116,6 +116,15 @@ impl AttachedLibrary {
     }
 }
 
+/// Which calls the probes write span events for (`SPANS` ring buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanSampling {
+    /// Calls at least this slow, ns (0: none by latency). NCCL calls are always written.
+    pub slow_ns: u64,
+    /// One in this many of the other calls, per CPU (0: none).
+    pub sample_every: u64,
+}
+
 /// The loaded programs and everything attached.
 pub struct Probes {
     ebpf: Ebpf,
@@ -126,7 +135,7 @@ pub struct Probes {
 
 impl Probes {
     /// Checks privileges, then loads every program of the attach mode the kernel supports.
-    pub fn load() -> Result<Probes, ProbeError> {
+    pub fn load(spans: Option<SpanSampling>) -> Result<Probes, ProbeError> {
         privileges::check_current_process().map_err(ProbeError::NotPrivileged)?;
         if EBPF_OBJECT.is_empty() {
             return Err(ProbeError::BuiltWithoutProbes);
@@ -135,7 +144,15 @@ impl Probes {
             Ok(true) => AttachMode::Multi,
             _ => AttachMode::PerSymbol,
         };
+        let s = spans.unwrap_or(SpanSampling {
+            slow_ns: 0,
+            sample_every: 0,
+        });
+        let on = u64::from(spans.is_some());
         let mut ebpf = EbpfLoader::new()
+            .override_global("TRACE_ON", &on, true)
+            .override_global("TRACE_SLOW_NS", &s.slow_ns, true)
+            .override_global("TRACE_SAMPLE_EVERY", &s.sample_every, true)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         let mut kinds: Vec<ApiKind> = ApiKind::PROBED.to_vec();
@@ -163,6 +180,14 @@ impl Probes {
             libraries: BTreeMap::new(),
             launches_on: false,
         })
+    }
+
+    /// The span ring buffer, once (`None` if already taken).
+    pub fn take_span_ring(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+        let map = self.ebpf.take_map("SPANS")?;
+        aya::maps::RingBuf::try_from(map)
+            .map_err(|e| log::warn!("the SPANS map is not a ring buffer: {e}"))
+            .ok()
     }
 
     pub fn mode(&self) -> AttachMode {

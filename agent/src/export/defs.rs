@@ -1,0 +1,499 @@
+//! Every metric the agent exports: name, type, unit, labels and help, in one table that the
+//! exporter, `docs/metrics.md` and the dashboard test all read.
+// The names, sources and the whole list are read by the docs and dashboard tests, not the binary.
+#![cfg_attr(not(test), allow(dead_code))]
+
+/// The labels every per-container series carries.
+pub const CONTAINER_LABELS: &[&str] = &["container", "pod", "namespace"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Type {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Seconds,
+    Bytes,
+    Ratio,
+}
+
+impl Unit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Seconds => "seconds",
+            Unit::Bytes => "bytes",
+            Unit::Ratio => "ratio",
+        }
+    }
+}
+
+/// One metric family.
+#[derive(Clone, Copy, Debug)]
+pub struct Def {
+    /// The family's name without the unit and `_total` suffixes.
+    pub base: &'static str,
+    pub kind: Type,
+    pub unit: Option<Unit>,
+    /// Labels besides [`CONTAINER_LABELS`] where `per_container`.
+    pub labels: &'static [&'static str],
+    pub per_container: bool,
+    pub help: &'static str,
+    /// Where the figure comes from in the model (for docs/metrics.md).
+    pub source: &'static str,
+    /// Only with `--metrics-pid-labels`.
+    pub per_process: bool,
+}
+
+impl Def {
+    /// The name of the family as exposed (`base` + `_unit`).
+    pub fn family(&self) -> String {
+        match self.unit {
+            Some(u) => format!("{}_{}", self.base, u.as_str()),
+            None => self.base.to_owned(),
+        }
+    }
+
+    /// The sample names Prometheus stores for this family.
+    pub fn series_names(&self) -> Vec<String> {
+        let f = self.family();
+        match self.kind {
+            Type::Counter => vec![format!("{f}_total")],
+            Type::Gauge => vec![f],
+            Type::Histogram => ["_bucket", "_sum", "_count"]
+                .iter()
+                .map(|s| format!("{f}{s}"))
+                .collect(),
+        }
+    }
+}
+
+const fn def(
+    base: &'static str,
+    kind: Type,
+    unit: Option<Unit>,
+    per_container: bool,
+    labels: &'static [&'static str],
+    help: &'static str,
+    source: &'static str,
+) -> Def {
+    Def {
+        base,
+        kind,
+        unit,
+        labels,
+        per_container,
+        help,
+        source,
+        per_process: false,
+    }
+}
+
+const fn per_process(d: Def) -> Def {
+    Def {
+        per_process: true,
+        ..d
+    }
+}
+
+use Type::{Counter, Gauge, Histogram};
+use Unit::{Bytes, Ratio, Seconds};
+
+const API: &[&str] = &["api", "kind", "source"];
+const PID: &[&str] = &["pid", "comm", "api", "kind", "source"];
+
+pub const CONTAINER_MEMORY_USED: Def = def(
+    "vgpu_container_memory_used",
+    Gauge,
+    Some(Bytes),
+    true,
+    &["device", "view"],
+    "GPU memory used by the container's processes, by view: limiter (held in the region, context included), nvml (the driver's per-process usage), probes (live allocations the probes saw; device empty: not known per device).",
+    "processes[].limiter.held[device], processes[].nvml[].used_memory, processes[].memory.probes (alive processes)",
+);
+pub const CONTAINER_MEMORY_LIMIT: Def = def(
+    "vgpu_container_memory_limit",
+    Gauge,
+    Some(Bytes),
+    true,
+    &["device"],
+    "The container's GPU memory limit from its region (absent when unlimited).",
+    "containers[].regions[].devices[].memory_limit (> 0)",
+);
+pub const CONTAINER_MEMORY_RESERVED: Def = def(
+    "vgpu_container_memory_reserved",
+    Gauge,
+    Some(Bytes),
+    true,
+    &["device"],
+    "GPU memory reserved against the container's limit in its region (context included).",
+    "containers[].regions[].devices[].reserved",
+);
+pub const CONTAINER_SM_LIMIT: Def = def(
+    "vgpu_container_sm_limit",
+    Gauge,
+    Some(Ratio),
+    true,
+    &["device"],
+    "The container's SM share limit (0..1; absent when unlimited).",
+    "containers[].regions[].devices[].sm_limit_pct / 100",
+);
+pub const CONTAINER_DENIED: Def = def(
+    "vgpu_container_allocations_denied",
+    Counter,
+    None,
+    true,
+    &["device"],
+    "Allocations the limiter denied to the container, as its region counts them.",
+    "containers[].regions[].devices[].denied",
+);
+pub const CONTAINER_ALLOCATIONS: Def = def(
+    "vgpu_container_allocations",
+    Gauge,
+    None,
+    true,
+    &[],
+    "Live device allocations of the container's processes that the probes track.",
+    "processes[].memory.probes_allocations (alive processes)",
+);
+pub const CONTAINER_PROCESSES: Def = def(
+    "vgpu_container_processes",
+    Gauge,
+    None,
+    true,
+    &[],
+    "GPU processes of the container that are alive.",
+    "processes[] with alive",
+);
+pub const CONTAINER_DRIFT: Def = def(
+    "vgpu_container_memory_drift",
+    Gauge,
+    Some(Bytes),
+    true,
+    &["between"],
+    "Largest disagreement over the drift threshold between two memory views of one process, per pair of views (0 when none).",
+    "processes[].memory.drift",
+);
+pub const API_CALLS: Def = def(
+    "vgpu_api_calls",
+    Counter,
+    None,
+    true,
+    API,
+    "CUDA driver and NCCL API calls (NCCL: kind=\"nccl\").",
+    "processes[].apis[].calls (one source per process and API)",
+);
+pub const API_ERRORS: Def = def(
+    "vgpu_api_errors",
+    Counter,
+    None,
+    true,
+    API,
+    "API calls that returned an error.",
+    "processes[].apis[].errors",
+);
+pub const API_BYTES: Def = def(
+    "vgpu_api",
+    Counter,
+    Some(Bytes),
+    true,
+    API,
+    "Bytes named by API calls: allocation and copy sizes, NCCL payloads (count x datatype size).",
+    "processes[].apis[].bytes",
+);
+pub const API_LATENCY: Def = def(
+    "vgpu_api_latency",
+    Histogram,
+    Some(Seconds),
+    true,
+    API,
+    "Latency of API calls (NCCL: the host-side call that enqueues the collective).",
+    "processes[].apis[].hist (log2 buckets; le = 2^k ns, k = 10..34), total_ns",
+);
+pub const API_HOOK: Def = def(
+    "vgpu_api_hook",
+    Counter,
+    Some(Seconds),
+    true,
+    API,
+    "Time the limiter spent inside its own hook on these calls.",
+    "processes[].apis[].hook_ns (limiter source)",
+);
+pub const API_DENIED: Def = def(
+    "vgpu_api_denied",
+    Counter,
+    None,
+    true,
+    API,
+    "Calls the limiter denied (allocations over the limit).",
+    "processes[].apis[].denied (limiter source)",
+);
+pub const SYNC: Def = def(
+    "vgpu_sync",
+    Counter,
+    Some(Seconds),
+    true,
+    &[],
+    "Time the container's threads spent blocked in synchronisation calls.",
+    "sum of processes[].apis[].total_ns of kind sync",
+);
+pub const THROTTLED: Def = def(
+    "vgpu_throttled",
+    Counter,
+    Some(Seconds),
+    true,
+    &[],
+    "Time the limiter throttled the container's processes (SM share).",
+    "processes[].limiter.throttled_ns",
+);
+pub const NCCL_COMMUNICATORS: Def = def(
+    "vgpu_nccl_communicators",
+    Gauge,
+    None,
+    true,
+    &[],
+    "NCCL communicators of the container's alive processes that are not destroyed.",
+    "processes[].communicators[] (not destroyed)",
+);
+pub const GPU_MEMORY_USED: Def = def(
+    "vgpu_gpu_memory_used",
+    Gauge,
+    Some(Bytes),
+    false,
+    &["device"],
+    "Device memory used (NVML).",
+    "gpus[].memory_used",
+);
+pub const GPU_MEMORY_TOTAL: Def = def(
+    "vgpu_gpu_memory_total",
+    Gauge,
+    Some(Bytes),
+    false,
+    &["device"],
+    "Device memory (NVML).",
+    "gpus[].memory_total",
+);
+pub const GPU_UTILIZATION: Def = def(
+    "vgpu_gpu_utilization",
+    Gauge,
+    Some(Ratio),
+    false,
+    &["device"],
+    "Device utilisation (NVML, 0..1).",
+    "gpus[].utilization_pct / 100",
+);
+pub const GPU_INFO: Def = def(
+    "vgpu_gpu_info",
+    Gauge,
+    None,
+    false,
+    &["device", "uuid", "name"],
+    "A device (value 1).",
+    "gpus[]",
+);
+pub const AGENT_UP: Def = def(
+    "vgpu_agent_probes_up",
+    Gauge,
+    None,
+    false,
+    &[],
+    "1 when the eBPF probes run, 0 when they cannot (see the daemon's log and the model's agent.probes_unavailable).",
+    "agent.probes_unavailable",
+);
+pub const AGENT_PROBES: Def = def(
+    "vgpu_agent_probes_attached",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Symbols the probes are attached to, over all probed libraries.",
+    "agent.libraries[].symbols_attached",
+);
+pub const AGENT_LIBRARIES: Def = def(
+    "vgpu_agent_probed_libraries",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Driver and NCCL library files the probes are attached to.",
+    "agent.libraries[]",
+);
+pub const AGENT_PROBE_COST: Def = def(
+    "vgpu_agent_probe_cost",
+    Gauge,
+    Some(Seconds),
+    false,
+    &[],
+    "Measured added cost of one probed call (entry and return probe), at start.",
+    "agent.probe_cost.per_hit_ns",
+);
+pub const AGENT_LAUNCH_PROBE: Def = def(
+    "vgpu_agent_launch_probes",
+    Counter,
+    Some(Seconds),
+    false,
+    &[],
+    "Time the kernel-launch probes were attached.",
+    "agent.launch_probe_seconds",
+);
+pub const AGENT_EVENTS_LOST: Def = def(
+    "vgpu_agent_events_lost",
+    Counter,
+    None,
+    false,
+    &["cause"],
+    "Lost or unmatched probe events, by cause.",
+    "agent.events_lost",
+);
+pub const AGENT_REGIONS: Def = def(
+    "vgpu_agent_regions",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Limiter regions read.",
+    "agent.regions_read",
+);
+pub const AGENT_REGION_ERRORS: Def = def(
+    "vgpu_agent_region_errors",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Regions with problems (corrupt, hostile, dead writers).",
+    "agent.region_errors",
+);
+pub const AGENT_MAP_ENTRIES: Def = def(
+    "vgpu_agent_map_entries",
+    Gauge,
+    None,
+    false,
+    &["map"],
+    "Entries in the probes' kernel maps.",
+    "agent.map_entries",
+);
+pub const AGENT_WARNINGS: Def = def(
+    "vgpu_agent_warnings",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Warnings in the latest snapshot (probe poll or map read failures, ...).",
+    "agent.warnings",
+);
+pub const AGENT_SNAPSHOT_TIME: Def = def(
+    "vgpu_agent_snapshot_timestamp",
+    Gauge,
+    Some(Seconds),
+    false,
+    &[],
+    "When the snapshot behind this exposition was taken (Unix time).",
+    "taken_at_unix_ms",
+);
+pub const AGENT_SPANS: Def = def(
+    "vgpu_agent_spans_exported",
+    Counter,
+    None,
+    false,
+    &[],
+    "Spans handed to the OTLP exporter.",
+    "the span pipeline (agent/src/export/otlp.rs)",
+);
+pub const AGENT_SPANS_DROPPED: Def = def(
+    "vgpu_agent_spans_dropped",
+    Counter,
+    None,
+    false,
+    &["reason"],
+    "Sampled calls that did not become exported spans: reason=ring_full (the kernel ring buffer was full), queue_full (the exporter's bounded queue was full), export_failed (the OTLP endpoint refused or did not answer).",
+    "agent.events_lost.ring_full and the span pipeline (agent/src/export/otlp.rs)",
+);
+pub const PROCESS_API_CALLS: Def = per_process(def(
+    "vgpu_process_api_calls",
+    Counter,
+    None,
+    true,
+    PID,
+    "API calls per process (only with --metrics-pid-labels).",
+    "processes[].apis[].calls",
+));
+pub const PROCESS_API_ERRORS: Def = per_process(def(
+    "vgpu_process_api_errors",
+    Counter,
+    None,
+    true,
+    PID,
+    "API errors per process (only with --metrics-pid-labels).",
+    "processes[].apis[].errors",
+));
+pub const PROCESS_MEMORY_USED: Def = per_process(def(
+    "vgpu_process_memory_used",
+    Gauge,
+    Some(Bytes),
+    true,
+    &["pid", "comm", "view"],
+    "GPU memory used per process and view, all devices (only with --metrics-pid-labels).",
+    "processes[].memory",
+));
+
+/// Every family, in exposition order.
+pub const ALL: &[Def] = &[
+    CONTAINER_MEMORY_USED,
+    CONTAINER_MEMORY_LIMIT,
+    CONTAINER_MEMORY_RESERVED,
+    CONTAINER_SM_LIMIT,
+    CONTAINER_DENIED,
+    CONTAINER_ALLOCATIONS,
+    CONTAINER_PROCESSES,
+    CONTAINER_DRIFT,
+    API_CALLS,
+    API_ERRORS,
+    API_BYTES,
+    API_LATENCY,
+    API_HOOK,
+    API_DENIED,
+    SYNC,
+    THROTTLED,
+    NCCL_COMMUNICATORS,
+    GPU_MEMORY_USED,
+    GPU_MEMORY_TOTAL,
+    GPU_UTILIZATION,
+    GPU_INFO,
+    AGENT_UP,
+    AGENT_PROBES,
+    AGENT_LIBRARIES,
+    AGENT_PROBE_COST,
+    AGENT_LAUNCH_PROBE,
+    AGENT_EVENTS_LOST,
+    AGENT_REGIONS,
+    AGENT_REGION_ERRORS,
+    AGENT_MAP_ENTRIES,
+    AGENT_WARNINGS,
+    AGENT_SNAPSHOT_TIME,
+    AGENT_SPANS,
+    AGENT_SPANS_DROPPED,
+    PROCESS_API_CALLS,
+    PROCESS_API_ERRORS,
+    PROCESS_MEMORY_USED,
+];
+
+/// Every series name the agent can expose (`_total`, `_bucket`, `_sum`, `_count` included).
+pub fn metric_names() -> Vec<String> {
+    ALL.iter().flat_map(Def::series_names).collect()
+}
+
+/// All label names of a family, container labels first.
+pub fn label_names(d: &Def) -> Vec<&'static str> {
+    let mut v: Vec<&str> = if d.per_container {
+        CONTAINER_LABELS.to_vec()
+    } else {
+        vec![]
+    };
+    v.extend(d.labels);
+    v
+}
+
+/// The latency histogram's bucket bounds: 2^k ns for k in this range (1.024 us .. 17.2 s).
+pub const LATENCY_BUCKET_EXPONENTS: std::ops::RangeInclusive<usize> = 10..=34;

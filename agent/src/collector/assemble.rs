@@ -124,6 +124,19 @@ pub fn build(
                         denied: d.denied,
                     })
                     .collect();
+                // The limiter's regions have room for 16 devices whatever the host has: show the
+                // devices that exist (NVML's count), else the ones in use, at least one.
+                let active = info
+                    .devices
+                    .iter()
+                    .rposition(|d| d.reserved > 0 || d.denied > 0)
+                    .map_or(1, |i| i + 1);
+                let keep = if inp.gpu.devices.is_empty() {
+                    active
+                } else {
+                    inp.gpu.devices.len().max(active)
+                };
+                info.devices.truncate(keep);
                 if s.counters.shards_skipped > 0 {
                     info.problems.push(format!(
                         "{} statistics shard(s) skipped (stuck or busy writer)",

@@ -45,7 +45,9 @@ impl Rates {
             launches_per_s: per_s(sum(a, b, "launch", |u| u.calls)),
             calls_per_s: per_s(sum(a, b, "", |u| u.calls)),
             nccl_bytes_per_s: per_s(sum(a, b, "nccl", |u| u.bytes)),
-            sync_share: sum(a, b, "sync", |u| u.total_ns) as f64 / (seconds * 1e9),
+            // Threads block concurrently, and a long wait is counted in the interval it ends in:
+            // the share is capped at the whole interval.
+            sync_share: (sum(a, b, "sync", |u| u.total_ns) as f64 / (seconds * 1e9)).min(1.0),
             throttled_share: throttled as f64 / (seconds * 1e9),
             denied_per_s: per_s(sum(a, b, "", |u| u.denied)),
         }

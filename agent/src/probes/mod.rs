@@ -129,6 +129,8 @@ pub struct SpanSampling {
 pub struct Probes {
     ebpf: Ebpf,
     mode: AttachMode,
+    /// How the calibration programs attach (see `load`).
+    calib_mode: AttachMode,
     libraries: BTreeMap<FileId, AttachedLibrary>,
     launches_on: bool,
 }
@@ -155,14 +157,22 @@ impl Probes {
             .override_global("TRACE_SAMPLE_EVERY", &s.sample_every, true)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
+        // Calibration measures the cost of the links the probes really use: uprobe_multi links
+        // when they can be scoped to this process, else per-symbol perf links.
+        let calib_mode = match (
+            mode,
+            is_uprobe_multi_supported(UProbeMultiFeature::ProcessScopedPidFilter),
+        ) {
+            (AttachMode::Multi, Ok(true)) => AttachMode::Multi,
+            _ => AttachMode::PerSymbol,
+        };
         let mut kinds: Vec<ApiKind> = ApiKind::PROBED.to_vec();
         kinds.extend(ApiKind::NCCL_PROBED);
         kinds.push(ApiKind::Info);
         for kind in kinds {
             for entry in [true, false] {
-                // Calibration always uses per-symbol links: they can be scoped to this thread.
                 let m = if kind == ApiKind::Info {
-                    AttachMode::PerSymbol
+                    calib_mode
                 } else {
                     mode
                 };
@@ -177,6 +187,7 @@ impl Probes {
         Ok(Probes {
             ebpf,
             mode,
+            calib_mode,
             libraries: BTreeMap::new(),
             launches_on: false,
         })
@@ -395,7 +406,7 @@ impl Probes {
         };
         let mut links = Vec::new();
         for entry in [true, false] {
-            let name = program_name(ApiKind::Info, entry, AttachMode::PerSymbol);
+            let name = program_name(ApiKind::Info, entry, self.calib_mode);
             let prog = program(&mut self.ebpf, &name)?;
             let id = prog
                 .attach([point], path, UProbeScope::CallingProcess)

@@ -30,6 +30,10 @@ struct Cli {
     /// Create this file once the library is loaded (before waiting for --wait-file).
     #[arg(long, global = true)]
     ready_file: Option<PathBuf>,
+    /// After the command, stay alive this long before exiting (so an observer sees the final
+    /// state of a short-lived process, e.g. its limiter region slot before it is retired).
+    #[arg(long, global = true, default_value_t = 0)]
+    linger_ms: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -217,7 +221,10 @@ impl Recorder {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    let linger = Duration::from_millis(cli.linger_ms);
+    let result = run(cli);
+    std::thread::sleep(linger);
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("cuda-exercise: {e}");

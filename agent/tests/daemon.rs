@@ -136,6 +136,13 @@ fn two_processes_in_two_containers_a_corrupt_region_and_no_nvml() {
         let mut cmd = exercise(&lib);
         cmd.args(["hold", "--bytes", &bytes.to_string()])
             .stdin(Stdio::piped());
+        if i == 1 {
+            // The pod's process runs under the limiter, with its region where the daemon looks.
+            cmd.env("LD_PRELOAD", limiter_lib())
+                .env("VGPU_REAL_LIBCUDA", &lib)
+                .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+                .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"));
+        }
         let w = Workload::start(cmd, &wdir);
         cg.add(w.pid());
         holders.push((w, bytes));
@@ -183,6 +190,37 @@ fn two_processes_in_two_containers_a_corrupt_region_and_no_nvml() {
     assert_eq!(k8s["pod_uid"], pod_uid);
     assert_eq!(k8s["qos"], "besteffort");
     assert_eq!(k8s["processes"][0]["pid"], pids[1]);
+
+    // Region data: the limited container's region, its limit and what its process holds (the
+    // allocation plus the context charge), matched to the process; the other has none.
+    let region = k8s["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["path"].as_str().unwrap().ends_with("ctr.cache"))
+        .expect("the limiter's region belongs to the pod's container");
+    assert_eq!(region["format"], "vgpu");
+    assert_eq!(region["devices"][0]["memory_limit"], 1u64 << 30);
+    let limited = process_of(&snap, pids[1]).unwrap();
+    let held = limited["limiter"]["held"][0].as_u64().unwrap();
+    let context = limited["limiter"]["context_bytes"][0].as_u64().unwrap();
+    assert_eq!(held, want[1] + context, "{limited}");
+    assert_eq!(region["devices"][0]["reserved"], held);
+    assert_eq!(limited["memory"]["limiter"], held);
+    let limiter_alloc = limited["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["api"] == "cuMemAlloc_v2" && a["source"] == "limiter");
+    assert_eq!(
+        limiter_alloc.map(|a| a["calls"].as_u64()),
+        Some(Some(1)),
+        "{limited}"
+    );
+    assert!(
+        process_of(&snap, pids[0]).unwrap()["limiter"].is_null(),
+        "the docker container runs without the limiter"
+    );
 
     // eBPF data per process: the hold's cuInit and cuMemAlloc_v2, exactly once each.
     for pid in &pids {

@@ -310,7 +310,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let report = match attribute::run(opts) {
                 Ok(r) => r,
-                Err(attribute::AttributeError::Probes(ProbeError::NotPrivileged(msg))) => {
+                Err(attribute::AttributeError::Window(collector::window::WindowError::Probes(
+                    ProbeError::NotPrivileged(msg),
+                ))) => {
                     anyhow::bail!("{msg}")
                 }
                 Err(e) => return Err(e.into()),

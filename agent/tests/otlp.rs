@@ -9,7 +9,7 @@ mod support;
 use std::{
     io::{Read, Write},
     net::TcpListener,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -139,35 +139,6 @@ fn string(attrs: &[KeyValue], key: &str) -> String {
     match attr(attrs, key) {
         Some(any_value::Value::StringValue(v)) => v.clone(),
         other => panic!("{key}: {other:?}"),
-    }
-}
-
-struct TestCgroup(PathBuf, PathBuf);
-
-impl TestCgroup {
-    fn new(relative: &str) -> TestCgroup {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let root = mountinfo
-            .lines()
-            .find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                right
-                    .starts_with("cgroup2 ")
-                    .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
-            })
-            .expect("a cgroup2 mount");
-        let p = root.join(relative);
-        std::fs::create_dir_all(&p).unwrap();
-        TestCgroup(p, root)
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let mut p = self.0.clone();
-        while p != self.1 && std::fs::remove_dir(&p).is_ok() {
-            p.pop();
-        }
     }
 }
 

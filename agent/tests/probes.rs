@@ -187,19 +187,6 @@ fn sim_random_allocations_and_frees_leave_live_bytes_exact() {
     }
 }
 
-/// The cgroup2 mount (pure v2 or the unified hierarchy of a hybrid host).
-fn cgroup2_root() -> std::path::PathBuf {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    mountinfo
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.starts_with("cgroup2 "))
-                .then(|| std::path::PathBuf::from(left.split(' ').nth(4).unwrap()))
-        })
-        .expect("a cgroup2 mount")
-}
-
 #[test]
 fn sim_process_moved_into_its_own_cgroup_is_reported_under_it() {
     let _serial = serial();

@@ -8,7 +8,7 @@ mod support;
 use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -74,34 +74,6 @@ impl Drop for Reaped {
 }
 
 /// The cgroup2 mount, and a docker-shaped cgroup below it removed after the test.
-struct TestCgroup(PathBuf, PathBuf);
-
-impl TestCgroup {
-    fn new(relative: &str) -> TestCgroup {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let root = mountinfo
-            .lines()
-            .find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                right
-                    .starts_with("cgroup2 ")
-                    .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
-            })
-            .expect("a cgroup2 mount");
-        let p = root.join(relative);
-        std::fs::create_dir_all(&p).unwrap();
-        TestCgroup(p, root)
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let mut p = self.0.clone();
-        while p != self.1 && std::fs::remove_dir(&p).is_ok() {
-            p.pop();
-        }
-    }
-}
 
 struct Prometheus {
     _child: Reaped,

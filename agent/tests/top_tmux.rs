@@ -5,48 +5,11 @@
 mod support;
 
 use std::{
-    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use support::*;
-
-fn cgroup2_root() -> PathBuf {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    mountinfo
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            right
-                .starts_with("cgroup2 ")
-                .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
-        })
-        .expect("a cgroup2 mount")
-}
-
-/// A cgroup made for the test and removed after it.
-struct TestCgroup(PathBuf);
-
-impl TestCgroup {
-    fn new(relative: &str) -> TestCgroup {
-        let p = cgroup2_root().join(relative);
-        std::fs::create_dir_all(&p).unwrap();
-        TestCgroup(p)
-    }
-    fn add(&self, pid: u32) {
-        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let mut p = self.0.clone();
-        while p != cgroup2_root() && std::fs::remove_dir(&p).is_ok() {
-            p.pop();
-        }
-    }
-}
 
 /// A tmux server of its own (`-L`), killed when dropped.
 struct Tmux {

@@ -11,16 +11,16 @@ pub mod report;
 
 use std::{
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use thiserror::Error;
 
 use crate::{
-    collector::{Collector, CollectorOptions},
-    daemon::client,
-    model::Snapshot,
-    probes::ProbeError,
+    collector::{
+        CollectorOptions,
+        window::{self, WindowError},
+    },
     trace::TraceOptions,
 };
 pub use report::AttributionReport;
@@ -28,9 +28,7 @@ pub use report::AttributionReport;
 #[derive(Debug, Error)]
 pub enum AttributeError {
     #[error(transparent)]
-    Probes(#[from] ProbeError),
-    #[error("the daemon stopped answering during the window: {0}")]
-    Daemon(#[from] client::ClientError),
+    Window(#[from] WindowError),
     #[error("reading the baseline {}: {source}", path.display())]
     BaselineRead {
         path: PathBuf,
@@ -86,52 +84,35 @@ pub fn run(opts: AttributeOptions) -> Result<AttributionReport, AttributeError> 
     crate::signals::install();
     // Read the baseline first: a bad file should fail before a 30 s recording.
     let baseline = opts.baseline.as_deref().map(read_baseline).transpose()?;
-    let (first, last, source, seconds) = record(&opts)?;
-    let mut r = report::build(&first, &last, source, seconds, &opts.filter, age_seconds);
+    let w = record(&opts)?;
+    let mut r = report::build(
+        &w.first,
+        &w.last,
+        w.source,
+        w.seconds,
+        &opts.filter,
+        age_seconds,
+    );
     if let (Some(b), Some(path)) = (baseline, &opts.baseline) {
         r.baseline = Some(report::compare(&r, &b, &path.display().to_string()));
     }
     Ok(r)
 }
 
-fn record(
-    opts: &AttributeOptions,
-) -> Result<(Snapshot, Snapshot, &'static str, f64), AttributeError> {
-    if let Some(socket) = &opts.socket
-        && let Ok(first) = client::fetch(socket, Duration::from_secs(5))
-    {
-        log::info!(
-            "reading from the agent on {}; recording {:.1}s",
-            socket.display(),
-            opts.duration.as_secs_f64()
-        );
-        let started = Instant::now();
-        crate::signals::sleep(opts.duration);
-        let last = client::fetch(socket, Duration::from_secs(5))?;
-        return Ok((first, last, "daemon", started.elapsed().as_secs_f64()));
-    }
-    let mut collector = Collector::start_with_probes(CollectorOptions {
-        trace: Some(opts.trace.clone()),
-        region_dirs: opts.region_dirs.clone(),
-        host: opts.trace.host.clone(),
-        nvml: opts.nvml,
-        exited_retention: crate::collector::EXITED_RETENTION,
-    })?;
-    let started = Instant::now();
-    let first = collector.collect();
-    log::info!("recording for {:.1}s", opts.duration.as_secs_f64());
-    let deadline = started + opts.duration;
-    while Instant::now() < deadline && !crate::signals::stop_requested() {
-        crate::signals::sleep(
-            opts.poll_interval
-                .min(deadline.saturating_duration_since(Instant::now())),
-        );
-        // A full snapshot (it also polls for new libraries): short-lived processes' limiter
-        // figures are read while their region slot still exists.
-        collector.collect();
-    }
-    let last = collector.collect();
-    Ok((first, last, "in_process", started.elapsed().as_secs_f64()))
+fn record(opts: &AttributeOptions) -> Result<window::Window, WindowError> {
+    window::record(window::WindowOptions {
+        duration: opts.duration,
+        poll_interval: opts.poll_interval,
+        socket: opts.socket.clone(),
+        collector: CollectorOptions {
+            trace: Some(opts.trace.clone()),
+            region_dirs: opts.region_dirs.clone(),
+            host: opts.trace.host.clone(),
+            nvml: opts.nvml,
+            exited_retention: crate::collector::EXITED_RETENTION,
+        },
+        verb: "recording",
+    })
 }
 
 /// Writes `report.json` and `report.html` into `dir`.

@@ -5,6 +5,7 @@
 mod assemble;
 pub mod processes;
 pub mod regions;
+pub mod window;
 
 use std::{
     collections::HashMap,

@@ -320,55 +320,43 @@ impl Probes {
         self.launches_on
     }
 
+    /// Every row of a hash map (plain or LRU). A row evicted during the iteration shows up as an
+    /// error for that key and is skipped.
+    fn read_hash<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &'static str,
+    ) -> Result<Vec<(K, V)>, ProbeError> {
+        let map: BpfHashMap<_, K, V> =
+            BpfHashMap::try_from(self.map(name)?).map_err(|e| ProbeError::Map {
+                name,
+                source: Box::new(e),
+            })?;
+        Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
     /// Every aggregation row.
     pub fn read_stats(&self) -> Result<Vec<(StatsKey, ApiStats)>, ProbeError> {
-        let map: BpfHashMap<_, StatsKey, ApiStats> = BpfHashMap::try_from(self.map("STATS")?)
-            .map_err(|e| ProbeError::Map {
-                name: "STATS",
-                source: Box::new(e),
-            })?;
-        // A row evicted during iteration shows up as an error for that key: skip it.
-        Ok(map.iter().filter_map(Result::ok).collect())
+        self.read_hash("STATS")
     }
 
-    /// Every NCCL aggregation row (per cgroup, process, API and communicator).
+    /// NCCL aggregation rows.
     pub fn read_nccl_stats(&self) -> Result<Vec<(NcclStatsKey, ApiStats)>, ProbeError> {
-        let map: BpfHashMap<_, NcclStatsKey, ApiStats> =
-            BpfHashMap::try_from(self.map("NCCL_STATS")?).map_err(|e| ProbeError::Map {
-                name: "NCCL_STATS",
-                source: Box::new(e),
-            })?;
-        Ok(map.iter().filter_map(Result::ok).collect())
+        self.read_hash("NCCL_STATS")
     }
 
-    /// NCCL communicators created by successful ncclCommInit* calls.
+    /// NCCL communicators seen created.
     pub fn read_nccl_comms(&self) -> Result<Vec<(NcclCommKey, NcclCommInfo)>, ProbeError> {
-        let map: BpfHashMap<_, NcclCommKey, NcclCommInfo> =
-            BpfHashMap::try_from(self.map("NCCL_COMMS")?).map_err(|e| ProbeError::Map {
-                name: "NCCL_COMMS",
-                source: Box::new(e),
-            })?;
-        Ok(map.iter().filter_map(Result::ok).collect())
+        self.read_hash("NCCL_COMMS")
     }
 
     /// Successful allocations by process, API and log2 size class.
     pub fn read_alloc_sizes(&self) -> Result<Vec<(AllocSizeKey, AllocSizeVal)>, ProbeError> {
-        let map: BpfHashMap<_, AllocSizeKey, AllocSizeVal> =
-            BpfHashMap::try_from(self.map("ALLOC_SIZES")?).map_err(|e| ProbeError::Map {
-                name: "ALLOC_SIZES",
-                source: Box::new(e),
-            })?;
-        Ok(map.iter().filter_map(Result::ok).collect())
+        self.read_hash("ALLOC_SIZES")
     }
 
     /// Live device memory per process.
     pub fn read_live(&self) -> Result<Vec<(u32, LiveMem)>, ProbeError> {
-        let map: BpfHashMap<_, u32, LiveMem> =
-            BpfHashMap::try_from(self.map("LIVE")?).map_err(|e| ProbeError::Map {
-                name: "LIVE",
-                source: Box::new(e),
-            })?;
-        Ok(map.iter().filter_map(Result::ok).collect())
+        self.read_hash("LIVE")
     }
 
     /// Health counters summed over CPUs, indexed by [`Health`].

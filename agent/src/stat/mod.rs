@@ -5,30 +5,17 @@
 pub mod render;
 pub mod report;
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
-
-use thiserror::Error;
+use std::{path::PathBuf, time::Duration};
 
 use crate::{
-    collector::{Collector, CollectorOptions},
-    daemon::client,
+    collector::{CollectorOptions, window},
     identity::CgroupIndex,
     model::Snapshot,
-    probes::ProbeError,
     trace::TraceOptions,
 };
 pub use report::StatReport;
 
-#[derive(Debug, Error)]
-pub enum StatError {
-    #[error(transparent)]
-    Probes(#[from] ProbeError),
-    #[error("the daemon stopped answering during the window: {0}")]
-    Daemon(#[from] client::ClientError),
-}
+pub use crate::collector::window::WindowError as StatError;
 
 #[derive(Clone, Debug)]
 pub struct StatOptions {
@@ -44,52 +31,20 @@ pub struct StatOptions {
 
 /// Collects for `duration` (or until SIGINT/SIGTERM) and returns the report.
 pub fn run(opts: StatOptions) -> Result<StatReport, StatError> {
-    crate::signals::install();
-    if let Some(socket) = &opts.socket
-        && let Ok(first) = client::fetch(socket, Duration::from_secs(5))
-    {
-        log::info!(
-            "reading from the agent on {}; window {:.1}s",
-            socket.display(),
-            opts.duration.as_secs_f64()
-        );
-        let started = Instant::now();
-        crate::signals::sleep(opts.duration);
-        let last = client::fetch(socket, Duration::from_secs(5))?;
-        return Ok(finish(
-            &first,
-            &last,
-            "daemon",
-            started.elapsed().as_secs_f64(),
-        ));
-    }
-    let mut collector = Collector::start_with_probes(CollectorOptions {
-        trace: Some(opts.trace.clone()),
-        region_dirs: opts.region_dirs.clone(),
-        host: opts.trace.host.clone(),
-        nvml: opts.nvml,
-        exited_retention: crate::collector::EXITED_RETENTION,
+    let w = window::record(window::WindowOptions {
+        duration: opts.duration,
+        poll_interval: opts.poll_interval,
+        socket: opts.socket,
+        collector: CollectorOptions {
+            trace: Some(opts.trace.clone()),
+            region_dirs: opts.region_dirs,
+            host: opts.trace.host.clone(),
+            nvml: opts.nvml,
+            exited_retention: crate::collector::EXITED_RETENTION,
+        },
+        verb: "tracing",
     })?;
-    let started = Instant::now();
-    let first = collector.collect();
-    log::info!("tracing for {:.1}s", opts.duration.as_secs_f64());
-    let deadline = started + opts.duration;
-    while Instant::now() < deadline && !crate::signals::stop_requested() {
-        crate::signals::sleep(
-            opts.poll_interval
-                .min(deadline.saturating_duration_since(Instant::now())),
-        );
-        // A full snapshot (it also polls for new libraries): short-lived processes' limiter
-        // figures are read while their region slot still exists.
-        collector.collect();
-    }
-    let last = collector.collect();
-    Ok(finish(
-        &first,
-        &last,
-        "in_process",
-        started.elapsed().as_secs_f64(),
-    ))
+    Ok(finish(&w.first, &w.last, w.source, w.seconds))
 }
 
 fn finish(first: &Snapshot, last: &Snapshot, source: &'static str, seconds: f64) -> StatReport {

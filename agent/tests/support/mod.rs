@@ -307,3 +307,44 @@ pub fn api(row: &Value, name: &str) -> (u64, u64, u64) {
         })
         .unwrap_or((0, 0, 0))
 }
+
+/// The cgroup2 mount (pure v2, or the unified hierarchy of a hybrid host).
+pub fn cgroup2_root() -> PathBuf {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mountinfo
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// A cgroup made for a test (with its parents) and removed after it.
+pub struct TestCgroup(pub PathBuf);
+
+impl TestCgroup {
+    pub fn new(relative: &str) -> TestCgroup {
+        let p = cgroup2_root().join(relative);
+        std::fs::create_dir_all(&p).unwrap();
+        TestCgroup(p)
+    }
+
+    /// Moves a process into the cgroup.
+    pub fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Remove the leaf and the empty parents the test created.
+        let root = cgroup2_root();
+        let mut p = self.0.clone();
+        while p != root && std::fs::remove_dir(&p).is_ok() {
+            p.pop();
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! A window of the model: two snapshots `duration` apart, read from the daemon when one answers
+//! (no second set of probes on the host), else collected here with a full snapshot at every poll
+//! (so that short-lived processes' limiter figures are read while their region slot exists).
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use thiserror::Error;
+
+use super::{Collector, CollectorOptions};
+use crate::{
+    daemon::client::{self, ClientError},
+    model::Snapshot,
+    probes::ProbeError,
+};
+
+#[derive(Debug, Error)]
+pub enum WindowError {
+    #[error(transparent)]
+    Probes(#[from] ProbeError),
+    #[error("the daemon stopped answering during the window: {0}")]
+    Daemon(#[from] ClientError),
+}
+
+pub struct WindowOptions {
+    pub duration: Duration,
+    pub poll_interval: Duration,
+    /// Read from the daemon on this socket when it answers.
+    pub socket: Option<PathBuf>,
+    pub collector: CollectorOptions,
+    /// What the command calls it in its log line once the window starts ("tracing",
+    /// "recording"): tests wait for that line.
+    pub verb: &'static str,
+}
+
+pub struct Window {
+    pub first: Snapshot,
+    pub last: Snapshot,
+    /// `daemon` or `in_process`.
+    pub source: &'static str,
+    pub seconds: f64,
+}
+
+/// Records a window (ends early on SIGINT/SIGTERM).
+pub fn record(opts: WindowOptions) -> Result<Window, WindowError> {
+    crate::signals::install();
+    if let Some(socket) = &opts.socket
+        && let Ok(first) = client::fetch(socket, Duration::from_secs(5))
+    {
+        log::info!(
+            "reading from the agent on {}; {} for {:.1}s",
+            socket.display(),
+            opts.verb,
+            opts.duration.as_secs_f64()
+        );
+        let started = Instant::now();
+        crate::signals::sleep(opts.duration);
+        let last = client::fetch(socket, Duration::from_secs(5))?;
+        return Ok(Window {
+            first,
+            last,
+            source: "daemon",
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    let mut collector = Collector::start_with_probes(opts.collector)?;
+    let started = Instant::now();
+    let first = collector.collect();
+    log::info!("{} for {:.1}s", opts.verb, opts.duration.as_secs_f64());
+    let deadline = started + opts.duration;
+    while Instant::now() < deadline && !crate::signals::stop_requested() {
+        crate::signals::sleep(
+            opts.poll_interval
+                .min(deadline.saturating_duration_since(Instant::now())),
+        );
+        collector.collect();
+    }
+    let last = collector.collect();
+    Ok(Window {
+        first,
+        last,
+        source: "in_process",
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}

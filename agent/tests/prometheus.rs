@@ -73,8 +73,6 @@ impl Drop for Reaped {
     }
 }
 
-/// The cgroup2 mount, and a docker-shaped cgroup below it removed after the test.
-
 struct Prometheus {
     _child: Reaped,
     port: u16,

@@ -140,9 +140,17 @@ fn sim_latency_of_200us_lands_in_its_bucket() {
         .iter()
         .map(|v| v.as_u64().unwrap())
         .collect();
+    // No call can take less than its 200 us delay: nothing below the bucket. Steal time on a
+    // shared vCPU can push a few calls past 262 us, so the bucket needs a clear majority, and the
+    // median must be in it.
+    assert_eq!(
+        hist[..want].iter().sum::<u64>(),
+        0,
+        "no 200 us call measured faster: {hist:?}"
+    );
     assert!(
-        hist[want] >= 180,
-        "at least 90% of 200 us calls in [131 us, 262 us): {hist:?}"
+        hist[want] >= 150,
+        "most 200 us calls in [131 us, 262 us): {hist:?}"
     );
     assert_eq!(bucket_of(sync["p50_ns"].as_u64().unwrap()), want);
 }

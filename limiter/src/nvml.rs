@@ -2,7 +2,9 @@
 //! `nvmlDeviceGetMemoryInfo_v2` report `total = min(limit, device total)`, `used` = what the
 //! container has reserved on that device (the region's counter; this process's with in-process
 //! accounting) and `free = total - used` (saturating), so monitoring inside the container and
-//! frameworks that size themselves with NVML see the limit.
+//! frameworks that size themselves with NVML see the limit. The per-process list
+//! (`nvmlDeviceGetComputeRunningProcesses*`, in [`procs`]) shows the container's own processes
+//! with what the limiter charges them.
 //!
 //! Reached by direct linking (this library is preloaded) and by `dlsym` through a libnvidia-ml
 //! handle (see `dlsym.rs`). The real functions come from `dlopen(VGPU_REAL_LIBNVML |
@@ -19,6 +21,8 @@ use std::{
     os::unix::ffi::OsStrExt,
     sync::OnceLock,
 };
+
+mod procs;
 
 use crate::{
     accounting::Accounting as _,
@@ -65,6 +69,9 @@ type PfnIndex = unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> NvmlReturn;
 struct Nvml {
     memory_info: Option<PfnMemoryInfo>,
     memory_info_v2: Option<PfnMemoryInfoV2>,
+    processes_v1: Option<procs::PfnProcessesV1>,
+    processes_v2: Option<procs::PfnProcesses>,
+    processes_v3: Option<procs::PfnProcesses>,
     uuid: Option<PfnUuid>,
     index: Option<PfnIndex>,
 }
@@ -89,13 +96,19 @@ fn bind() -> Option<&'static Nvml> {
             (!p.is_null()).then_some(p as usize)
         };
         // SAFETY: each name is resolved in libnvidia-ml, whose nvml.h signature is the target type
-        // of its transmute (all four); `usize` and function pointers have the same size.
+        // of its transmute (all of them); `usize` and function pointers have the same size.
         unsafe {
             Some(Nvml {
                 memory_info: get(c"nvmlDeviceGetMemoryInfo")
                     .map(|p| std::mem::transmute::<usize, PfnMemoryInfo>(p)),
                 memory_info_v2: get(c"nvmlDeviceGetMemoryInfo_v2")
                     .map(|p| std::mem::transmute::<usize, PfnMemoryInfoV2>(p)),
+                processes_v1: get(c"nvmlDeviceGetComputeRunningProcesses")
+                    .map(|p| std::mem::transmute::<usize, procs::PfnProcessesV1>(p)),
+                processes_v2: get(c"nvmlDeviceGetComputeRunningProcesses_v2")
+                    .map(|p| std::mem::transmute::<usize, procs::PfnProcesses>(p)),
+                processes_v3: get(c"nvmlDeviceGetComputeRunningProcesses_v3")
+                    .map(|p| std::mem::transmute::<usize, procs::PfnProcesses>(p)),
                 uuid: get(c"nvmlDeviceGetUUID").map(|p| std::mem::transmute::<usize, PfnUuid>(p)),
                 index: get(c"nvmlDeviceGetIndex")
                     .map(|p| std::mem::transmute::<usize, PfnIndex>(p)),
@@ -255,6 +268,15 @@ pub fn hook_for(name: &[u8]) -> Option<*mut c_void> {
     let f: *const () = match name {
         b"nvmlDeviceGetMemoryInfo" => nvmlDeviceGetMemoryInfo as *const (),
         b"nvmlDeviceGetMemoryInfo_v2" => nvmlDeviceGetMemoryInfo_v2 as *const (),
+        b"nvmlDeviceGetComputeRunningProcesses" => {
+            procs::nvmlDeviceGetComputeRunningProcesses as *const ()
+        }
+        b"nvmlDeviceGetComputeRunningProcesses_v2" => {
+            procs::nvmlDeviceGetComputeRunningProcesses_v2 as *const ()
+        }
+        b"nvmlDeviceGetComputeRunningProcesses_v3" => {
+            procs::nvmlDeviceGetComputeRunningProcesses_v3 as *const ()
+        }
         _ => return None,
     };
     Some(f.cast_mut().cast())

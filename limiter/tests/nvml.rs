@@ -80,3 +80,18 @@ fn real_nvml_without_a_gpu_does_not_crash() {
     let out = run("real", &real);
     assert!(out.contains("ok: real NVML without a GPU"), "{out}");
 }
+
+#[test]
+fn the_process_list_shows_the_containers_processes_with_their_charges() {
+    let out = run("mapped", fake_nvml());
+    for line in [
+        "ok: v1 with no room: INSUFFICIENT_SIZE and 2 needed",
+        "ok: v1 lists this process (64 MiB) and the child (32 MiB), no host pids",
+        "ok: v2 lists the two container processes",
+        "ok: v3 lists the two container processes",
+        "ok: a limited device the container does not use lists nobody",
+        "ok: after the child exited only this process is listed",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in\n{out}");
+    }
+}

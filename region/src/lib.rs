@@ -12,6 +12,7 @@
 
 mod error;
 pub mod hami;
+mod holdings;
 mod init;
 pub mod layout;
 mod layout_types;
@@ -30,6 +31,7 @@ mod sync;
 mod loom_tests;
 
 pub use error::{RegionError, ReserveError};
+pub use holdings::Holding;
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT};
 pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS};
 pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, SWEEP_INTERVAL_MS};

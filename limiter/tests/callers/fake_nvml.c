@@ -39,3 +39,42 @@ int nvmlDeviceGetMemoryInfo_v2(void *h, nvmlMemory_v2_t *m) {
     m->free = 70 * GIB - GIB / 2;
     return 0;
 }
+
+/* The driver's per-process list: two host processes of other tenants, 1 GiB each, no MIG. */
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+#define HOST_PROCS 2
+static int host_list(unsigned *count, void *infos, int v1) {
+    if (!count) return 2;
+    if (*count < HOST_PROCS) {
+        *count = HOST_PROCS;
+        return 7;
+    }
+    for (unsigned i = 0; i < HOST_PROCS; i++) {
+        if (v1) {
+            nvmlProcessInfo_v1_t *p = (nvmlProcessInfo_v1_t *)infos + i;
+            p->pid = 4000001 + i;
+            p->usedGpuMemory = GIB;
+        } else {
+            nvmlProcessInfo_t *p = (nvmlProcessInfo_t *)infos + i;
+            p->pid = 4000001 + i;
+            p->usedGpuMemory = GIB;
+            p->gpuInstanceId = 0xFFFFFFFFu;
+            p->computeInstanceId = 0xFFFFFFFFu;
+        }
+    }
+    *count = HOST_PROCS;
+    return 0;
+}
+int nvmlDeviceGetComputeRunningProcesses(void *h, unsigned *count, nvmlProcessInfo_v1_t *infos) {
+    (void)h;
+    return host_list(count, infos, 1);
+}
+int nvmlDeviceGetComputeRunningProcesses_v2(void *h, unsigned *count, nvmlProcessInfo_t *infos) {
+    (void)h;
+    return host_list(count, infos, 0);
+}
+int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *count, nvmlProcessInfo_t *infos) {
+    (void)h;
+    return host_list(count, infos, 0);
+}

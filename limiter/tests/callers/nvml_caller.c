@@ -2,6 +2,8 @@
  *   nvml_caller before NVML    no cuInit: the NVML index is the CUDA ordinal (limit of device 0: 1 GiB)
  *   nvml_caller mapped NVML    cuInit, fake NVML devices get the CUDA UUIDs in swapped order, 64 MiB
  *                              allocated on CUDA device 0: NVML device 1 shows it under 1 GiB
+ *                              a forked child holds 32 MiB more: the per-process lists (v1, v2,
+ *                              v3) show the two container processes, not the driver's host list
  *   nvml_caller real NVML      the real library without a GPU: calls fail, nothing crashes
  * Prints ok:/FAIL: per check; exits 1 on failure. */
 #define _GNU_SOURCE
@@ -9,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -24,6 +28,10 @@ typedef int (*init_t)(void);
 typedef int (*handle_t)(unsigned, void **);
 typedef int (*mem_t)(void *, nvmlMemory_t *);
 typedef int (*mem2_t)(void *, nvmlMemory_v2_t *);
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+typedef int (*procs1_t)(void *, unsigned *, nvmlProcessInfo_v1_t *);
+typedef int (*procs_t)(void *, unsigned *, nvmlProcessInfo_t *);
 
 static int failures;
 #define CHECK(cond, ...)                                                                             \
@@ -42,6 +50,71 @@ static void uuid_env(int cuda, const char *var) {
     snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
              u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
     setenv(var, s, 1);
+}
+
+/* A forked child of the container holds 32 MiB on CUDA device 0 while the lists are read. */
+static int process_lists(void *lib, void *h0, void *h1) {
+    procs1_t p1 = (procs1_t)dlsym(lib, "nvmlDeviceGetComputeRunningProcesses");
+    procs_t p2 = (procs_t)dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2");
+    procs_t p3 = (procs_t)dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+    CHECK(p1 && p2 && p3, "the three list functions resolve");
+    if (!p1 || !p2 || !p3) return 1;
+    alarm(60); /* a hang fails the test instead of stalling it */
+    int ready[2], hold[2];
+    if (pipe(ready) || pipe(hold)) return 1;
+    pid_t child = fork();
+    if (child == 0) {
+        close(hold[1]); /* else the child's own copy keeps the pipe open: no EOF, no exit */
+        CUdeviceptr q;
+        char c = cuMemAlloc_v2(&q, 32 * MIB) == 0 ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1) _exit(3);
+        while (read(hold[0], &c, 1) > 0) {
+        }
+        _exit(0);
+    }
+    close(hold[0]);
+    char c = 0;
+    CHECK(read(ready[0], &c, 1) == 1 && c == 'y', "the child allocated 32 MiB");
+    unsigned me = (unsigned)getpid(), kid = (unsigned)child;
+
+    unsigned n = 0;
+    int r = p1(h1, &n, NULL);
+    CHECK(r == 7 && n == 2, "v1 with no room: INSUFFICIENT_SIZE and 2 needed (got %d, %u)", r, n);
+    nvmlProcessInfo_v1_t l1[8];
+    n = 8;
+    r = p1(h1, &n, l1);
+    int seen = 0;
+    for (unsigned i = 0; r == 0 && i < n; i++) {
+        if (l1[i].pid == me && l1[i].usedGpuMemory == 64 * MIB) seen |= 1;
+        if (l1[i].pid == kid && l1[i].usedGpuMemory == 32 * MIB) seen |= 2;
+    }
+    CHECK(r == 0 && n == 2 && seen == 3, "v1 lists this process (64 MiB) and the child (32 MiB), no host pids (%d, %u)", r,
+          n);
+    procs_t v[2] = {p2, p3};
+    for (int k = 0; k < 2; k++) {
+        nvmlProcessInfo_t l[8];
+        n = 8;
+        r = v[k](h1, &n, l);
+        seen = 0;
+        for (unsigned i = 0; r == 0 && i < n; i++) {
+            int mig = l[i].gpuInstanceId == 0xFFFFFFFFu && l[i].computeInstanceId == 0xFFFFFFFFu;
+            if (l[i].pid == me && l[i].usedGpuMemory == 64 * MIB && mig) seen |= 1;
+            if (l[i].pid == kid && l[i].usedGpuMemory == 32 * MIB && mig) seen |= 2;
+        }
+        CHECK(r == 0 && n == 2 && seen == 3, "v%d lists the two container processes with the driver's instance ids", k + 2);
+    }
+    n = 8;
+    nvmlProcessInfo_t l[8];
+    r = p2(h0, &n, l);
+    CHECK(r == 0 && n == 0, "a limited device the container does not use lists nobody (%d, %u)", r, n);
+    close(hold[1]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exited");
+    n = 8;
+    r = p2(h1, &n, l);
+    CHECK(r == 0 && n == 1 && l[0].pid == me, "after the child exited only this process is listed (%d, %u)", r, n);
+    return failures;
 }
 
 int main(int argc, char **argv) {
@@ -85,5 +158,5 @@ int main(int argc, char **argv) {
           "v2 likewise, version and reserved kept: total %llu used %llu free %llu", m2.total, m2.used, m2.free);
     CHECK(mem(h0, &m) == 0 && m.total == 2 * GIB && m.used == 0, "NVML device 0 is CUDA device 1: total %llu used %llu",
           m.total, m.used);
-    return failures;
+    return failures + process_lists(lib, h0, h1);
 }

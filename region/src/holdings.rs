@@ -1,0 +1,81 @@
+//! What each live process of the container holds, read from the writer's own mapping: the
+//! limiter answers NVML's per-process list inside the container from it.
+
+use std::sync::atomic::Ordering;
+
+use crate::procfs::{self, Liveness};
+use crate::region::Region;
+use crate::slots::{PHASE_LIVE, slot_phase, slot_pid};
+
+/// A live slot's owner and what it holds on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// Pid of the owner, in its own pid namespace.
+    pub pid: u32,
+    /// Inode of the owner's pid namespace (0 if unknown).
+    pub pid_ns: u64,
+    /// Bytes the owner holds on the device (allocations and its context charge).
+    pub held: u64,
+}
+
+impl Region {
+    /// The live slots holding memory on `device`, in slot order. Owners in the caller's pid
+    /// namespace that died (and await reclaiming) are left out; owners in another namespace
+    /// cannot be checked and are listed. A momentary view: slots may be claimed, retired or
+    /// change their holdings while it is taken.
+    pub fn holdings(&self, device: u32) -> Vec<Holding> {
+        if device >= self.device_count() {
+            return Vec::new();
+        }
+        let own_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        (0..self.slot_count())
+            .filter_map(|i| self.slot_record(i))
+            .filter_map(|record| {
+                let h = &record.header;
+                // Acquire: pairs with the Release publication of LIVE after the owner's identity
+                // (pid namespace) was stored.
+                let state = h.state.load(Ordering::Acquire);
+                if slot_phase(state) != PHASE_LIVE {
+                    return None;
+                }
+                // Relaxed: a momentary value of another process's counter, for display.
+                let held = h.held[device as usize].load(Ordering::Relaxed);
+                // Relaxed: written before the Release publication of LIVE (acquired above).
+                let pid_ns = h.pid_ns.load(Ordering::Relaxed);
+                let start_time = h.start_time.load(Ordering::Relaxed);
+                let pid = slot_pid(state);
+                let dead = (pid_ns == own_ns || pid_ns == 0 || own_ns == 0)
+                    && procfs::liveness(pid, start_time) == Liveness::Dead;
+                (held > 0 && !dead).then_some(Holding { pid, pid_ns, held })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Region, RegionConfig};
+
+    #[test]
+    fn live_slots_with_holdings_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = RegionConfig::unlimited(2);
+        config.memory_limit[0] = 1 << 30;
+        let (region, _) = Region::open_or_create(&dir.path().join("r"), &config).unwrap();
+        assert!(region.holdings(0).is_empty());
+        let slot = region.claim_slot().unwrap();
+        assert!(region.holdings(0).is_empty(), "nothing held yet");
+        region.try_reserve(&slot, 0, 3 << 20).unwrap();
+        let list = region.holdings(0);
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].pid, std::process::id());
+        assert_eq!(list[0].held, 3 << 20);
+        assert!(region.holdings(1).is_empty(), "other device");
+        assert!(region.holdings(7).is_empty(), "no such device");
+        region.retire_slot(slot);
+        assert!(
+            region.holdings(0).is_empty(),
+            "retired slots are not listed"
+        );
+    }
+}

@@ -131,16 +131,21 @@ impl Process {
     fn new(state: &'static State) -> Process {
         let config = &state.config;
         let ledger = match state.region {
-            Some(region) => match region.claim_slot() {
-                Ok(slot) => {
-                    log::debug!(
-                        "claimed slot {} of {}",
-                        slot.index(),
-                        region.path().display()
+            Some(region) => match (std::time::Instant::now(), region.claim_slot()) {
+                (started, Ok(slot)) => {
+                    // Start-up cost figures (`scripts/gpu/bench-limiter.sh` reads them).
+                    log::write(
+                        log::Level::Info,
+                        format_args!(
+                            "claimed slot {} of {} in {} us",
+                            slot.index(),
+                            region.path().display(),
+                            started.elapsed().as_micros()
+                        ),
                     );
                     Ledger::Region(Box::leak(Box::new(RegionLedger { region, slot })))
                 }
-                Err(e) => {
+                (_, Err(e)) => {
                     log::write(
                         log::Level::Error,
                         format_args!(

@@ -117,6 +117,7 @@ pub fn ready() -> Option<&'static State> {
 }
 
 fn init(guard: &Reentry) -> Result<State, CUresult> {
+    let started = std::time::Instant::now();
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -150,9 +151,18 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
         .and_then(|n| Sym::hooked_by_name(n.as_bytes()));
     let region = open_region(&config);
     crate::process::register_handlers();
-    log::debug!("initialised: memory limits {:?}", config.memory_limit);
+    let clock = Clock::calibrate();
+    // Start-up cost figures (`scripts/gpu/bench-limiter.sh` reads them).
+    log::write(
+        log::Level::Info,
+        format_args!(
+            "initialised in {} us: memory limits {:?}",
+            started.elapsed().as_micros(),
+            config.memory_limit
+        ),
+    );
     Ok(State {
-        clock: Clock::calibrate(),
+        clock,
         region,
         panic_in,
         hook_delay_ns: config.debug_hook_delay_ns,

@@ -8,8 +8,11 @@
 # Run from the repo root on the GPU machine after `cargo xtask bundle`. Results under $OUT.
 set -u
 OUT=${OUT:-/tmp/out-seed}
-RUNS=${RUNS:-3}
-export K=${K:-2048} MEASURE_SECS=${MEASURE_SECS:-15} PYTHONUNBUFFERED=1
+RUNS=${RUNS:-7}
+export K=${K:-1024} MEASURE_SECS=${MEASURE_SECS:-8} PYTHONUNBUFFERED=1
+# One core for the workload: the pattern is CPU-bound on launches and synchronisations, and
+# migrations between cores were the largest source of run-to-run spread (15-20% unpinned).
+PIN=${PIN:-taskset -c 2}
 DELAY_NS=${DELAY_NS:-2000}
 mkdir -p "$OUT"
 BIN=$PWD/.carry/bin
@@ -21,9 +24,9 @@ TS=$(mktemp -d -p /dev/shm)
 } | tee "$OUT/env.txt"
 
 for run in $(seq "$RUNS"); do
-  PATTERNS=balanced,combined LABEL="native-$run" python3 scripts/gpu/hami_slowdown.py 2>&1 | grep RESULT | tee -a "$OUT/results.txt"
+  PATTERNS=balanced,combined LABEL="native-$run" $PIN python3 scripts/gpu/hami_slowdown.py 2>&1 | grep RESULT | tee -a "$OUT/results.txt"
   LD_PRELOAD=$BIN/libvgpu_limiter.so CUDA_DEVICE_MEMORY_LIMIT=64g CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/run-$run.region" \
-    PATTERNS=balanced,combined LABEL="limiter-$run" python3 scripts/gpu/hami_slowdown.py 2>&1 | grep RESULT | tee -a "$OUT/results.txt"
+    PATTERNS=balanced,combined LABEL="limiter-$run" $PIN python3 scripts/gpu/hami_slowdown.py 2>&1 | grep RESULT | tee -a "$OUT/results.txt"
 done
 python3 - "$OUT/results.txt" <<'PY' | tee "$OUT/slowdown.txt"
 import re, statistics, sys
@@ -35,13 +38,38 @@ for pattern in ["balanced", "combined"]:
     n, l = data.get((pattern, "native"), []), data.get((pattern, "limiter"), [])
     if n and l:
         mn, ml = statistics.median(n), statistics.median(l)
-        print(f"{pattern}: native {mn:.2f} ms/step {n}, limiter {ml:.2f} ms/step {l}, ratio {ml / mn:.4f} ({(ml / mn - 1) * 100:+.2f}%)")
+        # Runs are interleaved (native i, limiter i): the ratio of each pair cancels slow drift.
+        pairs = sorted(b / a for a, b in zip(n, l))
+        q = lambda f: pairs[min(len(pairs) - 1, int(f * len(pairs)))]
+        print(f"{pattern}: native {mn:.2f} ms/step {n}, limiter {ml:.2f} ms/step {l}, ratio of medians {ml / mn:.4f} "
+              f"({(ml / mn - 1) * 100:+.2f}%); paired ratios median {statistics.median(pairs):.4f}, "
+              f"quartiles {q(0.25):.4f}..{q(0.75):.4f}, range {pairs[0]:.4f}..{pairs[-1]:.4f}")
+PY
+
+# The limiter's own share of the wall time, from its records (no injected delay): what it adds
+# to this job, measured in-process below the run-to-run noise of the end-to-end timings.
+mkdir -p "$TS/share"
+LD_PRELOAD=$BIN/libvgpu_limiter.so CUDA_DEVICE_MEMORY_LIMIT=64g CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/share/ctr.cache" \
+  MEASURE_SECS=25 PATTERNS=balanced LABEL=share $PIN python3 scripts/gpu/hami_slowdown.py > "$OUT/share-workload.txt" 2>&1 &
+W=$!
+sleep 12
+"$BIN/vgpu-agent" attribute --duration 8s --no-daemon --json --region-dir "$TS/share" > "$OUT/share.json" 2> "$OUT/share.err"
+wait $W
+python3 - "$OUT/share.json" <<'PY' | tee "$OUT/limiter-share.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for p in r["processes"]:
+    launches = sum(a["calls"] for a in p["apis"] if a["kind"] == "launch" and a["measured_by"] == "limiter")
+    if launches:
+        hook = p["components"]["limiter_hook"]
+        print(f"pid {p['pid']} {p['comm']}: limiter hook self-time {hook:.4f} s over {p['wall_seconds']:.2f} s of wall "
+              f"({hook / p['wall_seconds'] * 100:.3f}% of wall); {launches} launches, {hook / launches * 1e9:.0f} ns per launch")
 PY
 
 # Attribution of a known limiter hook delay.
 mkdir -p "$TS/attr"
 LD_PRELOAD=$BIN/libvgpu_limiter.so CUDA_DEVICE_MEMORY_LIMIT=64g CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/attr/ctr.cache" \
-  VGPU_DEBUG_HOOK_DELAY_NS=$DELAY_NS MEASURE_SECS=25 PATTERNS=balanced LABEL=attr python3 scripts/gpu/hami_slowdown.py > "$OUT/attr-workload.txt" 2>&1 &
+  VGPU_DEBUG_HOOK_DELAY_NS=$DELAY_NS MEASURE_SECS=25 PATTERNS=balanced LABEL=attr $PIN python3 scripts/gpu/hami_slowdown.py > "$OUT/attr-workload.txt" 2>&1 &
 W=$!
 sleep 12
 "$BIN/vgpu-agent" attribute --duration 8s --no-daemon --json --out "$OUT/attribute" --region-dir "$TS/attr" > "$OUT/attribute.json" 2> "$OUT/attribute.err"

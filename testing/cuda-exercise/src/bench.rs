@@ -64,8 +64,43 @@ pub fn pairs(
         "pair_median_ns": ns.get(ns.len() / 2).copied().unwrap_or(0),
         "pair_mean_ns": total.checked_div(count).unwrap_or(0),
         "startup_s": startup_s,
+        "limiter": limiter_self_time(),
     }));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Under the limiter with a region (`CUDA_DEVICE_MEMORY_SHARED_CACHE`): the limiter's own time
+/// inside its hooks for this process, per API and in total, as the region records it. It is what
+/// the limiter adds to the calls, measured below the run-to-run noise of end-to-end timings.
+fn limiter_self_time() -> serde_json::Value {
+    let Some(path) = std::env::var_os("CUDA_DEVICE_MEMORY_SHARED_CACHE") else {
+        return serde_json::Value::Null;
+    };
+    let snapshot = match region::reader::RegionReader::open(std::path::Path::new(&path))
+        .and_then(|r| r.snapshot())
+    {
+        Ok(s) => s,
+        Err(e) => return json!({ "error": e.to_string() }),
+    };
+    let me = std::process::id();
+    let Some(slot) = snapshot.slots.iter().find(|s| s.pid == me) else {
+        return json!({ "error": "no slot of this process" });
+    };
+    let apis: serde_json::Map<String, serde_json::Value> = slot
+        .apis
+        .iter()
+        .filter(|a| a.calls > 0)
+        .map(|a| {
+            (
+                a.api.name().to_string(),
+                json!({ "calls": a.calls, "hook_ns": a.hook_ns }),
+            )
+        })
+        .collect();
+    json!({
+        "hook_ns_total": slot.apis.iter().map(|a| a.hook_ns).sum::<u64>(),
+        "apis": apis,
+    })
 }
 
 pub fn launch_loop(drv: &Driver, count: u64) -> Result<ExitCode, String> {

@@ -72,7 +72,10 @@ fn a_run_time_sm_share_takes_effect_within_a_second() {
     assert!(after < Duration::from_secs(1), "took {after:?}");
     // `show` reads it back.
     let out = limit(&["show", "--region", region.to_str().unwrap()]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("sm 40%"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("sm 40%"),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -99,7 +102,13 @@ fn a_lower_memory_limit_denies_the_next_allocation_over_it() {
     };
     let ok = pair(dir.path());
     assert!(ok.status.success(), "before the change: {ok:?}");
-    let out = limit(&["set", "--region", region.to_str().unwrap(), "--memory", "32m"]);
+    let out = limit(&[
+        "set",
+        "--region",
+        region.to_str().unwrap(),
+        "--memory",
+        "32m",
+    ]);
     assert!(out.status.success(), "{out:?}");
     let denied = pair(dir.path());
     assert!(
@@ -120,7 +129,10 @@ fn malformed_values_are_refused_by_name() {
         (vec!["set", "--region", r, "--memory", "4x"], "4x"),
         (vec!["set", "--region", r], "nothing to set"),
         (vec!["set", "--sm", "40"], "--container"),
-        (vec!["set", "--region", r, "--sm", "40"], "not a vgpu-agent limiter region"),
+        (
+            vec!["set", "--region", r, "--sm", "40"],
+            "not a vgpu-agent limiter region",
+        ),
         (
             vec!["set", "--container", "ffffffffffff0000", "--sm", "40"],
             "no running process",

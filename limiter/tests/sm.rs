@@ -57,7 +57,11 @@ struct Run {
     tasks: usize,
 }
 
+/// The tests time a saturating workload: one at a time on the shared CPUs.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run(mode: &str, threads: u32, limit: Option<&str>, measure_ms: u64) -> Run {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let region = fresh_region("sm");
     let mut c = preloaded(caller());
     c.args([

@@ -221,8 +221,10 @@ pub fn decode_bytes(bytes: &[u8]) -> Result<Option<ControlSnapshot>, ControlErro
         return Err(ControlError::TooShort { len: bytes.len() });
     }
     let words: Vec<u64> = bytes[..CONTROL_SIZE]
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .as_chunks::<8>()
+        .0
+        .iter()
+        .map(|c| u64::from_le_bytes(*c))
         .collect();
     decode(&words)
 }

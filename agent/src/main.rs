@@ -7,6 +7,7 @@ mod discovery;
 mod export;
 mod host;
 mod identity;
+mod limit;
 mod model;
 mod nvml;
 mod probes;
@@ -118,6 +119,51 @@ impl CollectArgs {
     }
 }
 
+/// Which regions a `limit` command applies to.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct LimitTarget {
+    /// The container (id or id prefix): every limiter region its processes map.
+    #[arg(long)]
+    container: Option<String>,
+    /// A region file (the limiter's CUDA_DEVICE_MEMORY_SHARED_CACHE).
+    #[arg(long)]
+    region: Option<PathBuf>,
+}
+
+impl LimitTarget {
+    fn target(&self) -> limit::Target {
+        match (&self.container, &self.region) {
+            (Some(c), _) => limit::Target::Container(c.clone()),
+            (None, Some(r)) => limit::Target::Region(r.clone()),
+            (None, None) => unreachable!("clap requires one of --container and --region"),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum LimitAction {
+    /// Set the SM share and/or the memory limit (of every device, or of --device).
+    Set {
+        #[command(flatten)]
+        target: LimitTarget,
+        /// Only this device (CUDA ordinal as the container sees it).
+        #[arg(long)]
+        device: Option<u32>,
+        /// SM share in percent (0 or 100: no SM limit).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+        sm: Option<u8>,
+        /// Memory limit: bytes with an optional k/m/g/t suffix (e.g. 4g), or none.
+        #[arg(long, value_parser = limit::parse_memory)]
+        memory: Option<u64>,
+    },
+    /// Show the run-time changes in effect.
+    Show {
+        #[command(flatten)]
+        target: LimitTarget,
+    },
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Trace CUDA driver calls for a while and print per-process and per-cgroup statistics.
@@ -185,6 +231,11 @@ enum Command {
         no_daemon: bool,
         #[command(flatten)]
         collect: CollectArgs,
+    },
+    /// Change a container's limits at run time (written beside its region; applied within 1 s).
+    Limit {
+        #[command(subcommand)]
+        action: LimitAction,
     },
     /// Run the agent daemon: collect at an interval and serve the model on a Unix socket.
     Run {
@@ -352,6 +403,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     exited_retention: collector::EXITED_RETENTION,
                 },
             })
+        }
+        Command::Limit { action } => {
+            let lines = match action {
+                LimitAction::Set {
+                    target,
+                    device,
+                    sm,
+                    memory,
+                } => limit::set(&target.target(), device, sm, memory)?,
+                LimitAction::Show { target } => limit::show(&target.target())?,
+            };
+            for l in lines {
+                println!("{l}");
+            }
+            Ok(())
         }
         Command::Run {
             socket,

@@ -48,6 +48,8 @@ pub trait Accounting: Sync {
     fn record_denied(&self, api: ApiId, bytes: u64);
     /// Time spent in the limiter's own logic around a call.
     fn add_hook_ns(&self, api: ApiId, ns: u64);
+    /// Time the SM controller held a launch back.
+    fn record_throttled(&self, ns: u64);
 }
 
 /// Counters of one API. Every field is an independent statistic: Relaxed throughout.
@@ -72,6 +74,8 @@ pub struct InProcess {
     apis: [ApiStats; API_SLOTS],
     /// Releases larger than what was reserved (a bookkeeping bug); clamped at zero, never wrapped.
     underflows: AtomicU64,
+    /// Time launches were held back by the SM controller, ns.
+    throttled_ns: AtomicU64,
 }
 
 impl InProcess {
@@ -81,6 +85,7 @@ impl InProcess {
             used: std::array::from_fn(|_| AtomicU64::new(0)),
             apis: std::array::from_fn(|_| ApiStats::default()),
             underflows: AtomicU64::new(0),
+            throttled_ns: AtomicU64::new(0),
         }
     }
 
@@ -90,6 +95,11 @@ impl InProcess {
 
     pub fn underflows(&self) -> u64 {
         self.underflows.load(Ordering::Relaxed)
+    }
+
+    pub fn throttled_ns(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.throttled_ns.load(Ordering::Relaxed)
     }
 }
 
@@ -184,6 +194,11 @@ impl Accounting for InProcess {
         if let Some(s) = self.apis.get(api.0 as usize) {
             s.hook_ns.fetch_add(ns, Ordering::Relaxed);
         }
+    }
+
+    fn record_throttled(&self, ns: u64) {
+        // Relaxed: a statistic.
+        self.throttled_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 

@@ -22,6 +22,12 @@ pub const REAL_LIBNVML: &str = "VGPU_REAL_LIBNVML";
 pub const CONTEXT_BYTES: &str = "VGPU_CONTEXT_BYTES";
 pub const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
 pub const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
+pub const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
+
+/// The SM controller's period when `VGPU_SM_PERIOD_MS` is unset (see `sm.rs`).
+pub const DEFAULT_SM_PERIOD_MS: u64 = 100;
+/// Accepted `VGPU_SM_PERIOD_MS` values.
+pub const SM_PERIOD_RANGE_MS: std::ops::RangeInclusive<u64> = 10..=1000;
 
 /// HAMi-core's region path when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset; used when a memory
 /// limit is set, so that the limit holds across all processes of the container.
@@ -85,9 +91,10 @@ pub enum ConfigError {
 pub struct Config {
     /// Memory limit per device in bytes; `None` (unset or `0`) means no limit.
     pub memory_limit: [Option<u64>; MAX_DEVICES],
-    /// SM share per device in percent; `None` (unset, `0` or `100`) means no SM limit. Stored for the
-    /// SM limiter; not enforced yet.
+    /// SM share per device in percent; `None` (unset, `0` or `100`) means no SM limit.
     pub sm_limit: [Option<u8>; MAX_DEVICES],
+    /// The SM controller's period in milliseconds (`VGPU_SM_PERIOD_MS`).
+    pub sm_period_ms: u64,
     /// Path of the shared accounting region (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
     pub shared_cache: Option<PathBuf>,
     pub log_level: Level,
@@ -124,6 +131,7 @@ impl Default for Config {
         Config {
             memory_limit: [None; MAX_DEVICES],
             sm_limit: [None; MAX_DEVICES],
+            sm_period_ms: DEFAULT_SM_PERIOD_MS,
             shared_cache: None,
             log_level: Level::DEFAULT,
             real_libcuda: None,
@@ -166,6 +174,7 @@ enum Var {
     ContextBytes,
     DebugPanicIn,
     DebugHookDelayNs,
+    SmPeriodMs,
 }
 
 fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
@@ -207,6 +216,7 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         CONTEXT_BYTES => return Ok(Some(Var::ContextBytes)),
         DEBUG_PANIC_IN => return Ok(Some(Var::DebugPanicIn)),
         DEBUG_HOOK_DELAY_NS => return Ok(Some(Var::DebugHookDelayNs)),
+        SM_PERIOD_MS => return Ok(Some(Var::SmPeriodMs)),
         _ => {}
     }
     if let Some(i) = indexed(name, MEMORY_LIMIT)? {
@@ -312,6 +322,21 @@ impl Config {
                             var: name.to_owned(),
                             value: value.clone(),
                             reason: "expected nanoseconds, 0 to 1000000000".into(),
+                        })?;
+                }
+                Var::SmPeriodMs => {
+                    cfg.sm_period_ms = value
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|ms| SM_PERIOD_RANGE_MS.contains(ms) && !value.starts_with('+'))
+                        .ok_or_else(|| ConfigError::Invalid {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason: format!(
+                                "expected milliseconds, {} to {}",
+                                SM_PERIOD_RANGE_MS.start(),
+                                SM_PERIOD_RANGE_MS.end()
+                            ),
                         })?;
                 }
                 Var::LogLevel => {
@@ -463,6 +488,16 @@ mod tests {
         for bad in ["101", "-1", "", "50%", "+5", "256"] {
             let e = vars(&[("CUDA_DEVICE_SM_LIMIT", bad)]).unwrap_err();
             assert!(matches!(e, ConfigError::SmLimit { .. }), "{bad}: {e}");
+        }
+        assert_eq!(c.sm_period_ms, DEFAULT_SM_PERIOD_MS);
+        let c = vars(&[("VGPU_SM_PERIOD_MS", "50")]).unwrap();
+        assert_eq!(c.sm_period_ms, 50);
+        for bad in ["9", "1001", "", "+50", "50ms", "-1"] {
+            let e = vars(&[("VGPU_SM_PERIOD_MS", bad)]).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { var, .. } if var == SM_PERIOD_MS),
+                "{bad}: {e}"
+            );
         }
     }
 

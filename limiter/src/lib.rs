@@ -14,6 +14,8 @@
 //! - [`accounting`]: the accounting boundary and the in-process backend; [`shared`]: the region
 //!   backend with per-thread shards; [`process`]: per-process accounting, fork and exit;
 //!   [`pools`]: stream-ordered pool charges.
+//! - [`sm`]: the SM share controller on the launch path; [`control`]: run-time limit changes from
+//!   the control block beside the region.
 //!
 //! Nothing runs at load time: no constructor, no thread, no file. The first intercepted CUDA call
 //! initialises everything.
@@ -21,6 +23,7 @@
 pub mod accounting;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod cuda;
 pub mod dlsym;
 pub mod guard;
@@ -31,4 +34,5 @@ pub mod pools;
 pub mod process;
 pub mod real_driver;
 pub mod shared;
+pub mod sm;
 pub mod state;

@@ -73,6 +73,9 @@ impl Accounting for Ledger {
     fn add_hook_ns(&self, api: ApiId, ns: u64) {
         dispatch!(self, l => l.add_hook_ns(api, ns))
     }
+    fn record_throttled(&self, ns: u64) {
+        dispatch!(self, l => l.record_throttled(ns))
+    }
 }
 
 /// Context charge states per device.

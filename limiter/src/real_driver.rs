@@ -91,6 +91,7 @@ pub type PfnLaunchCooperativeKernel = unsafe extern "C" fn(
 ) -> CUresult;
 pub type PfnGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
 pub type PfnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub type PfnCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 pub type PfnMemPoolGetAttribute =
     unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
 pub type PfnDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
@@ -175,6 +176,8 @@ driver_symbols! {
     GraphLaunchPtsz = c"cuGraphLaunch_ptsz": PfnGraphLaunch, hooked: true;
     /// Used by the hooks to find the current device; not hooked.
     CtxGetDevice = c"cuCtxGetDevice": PfnCtxGetDevice, hooked: false;
+    /// Used by the SM controller to drain the device at the end of a window; not hooked.
+    CtxSynchronize = c"cuCtxSynchronize": PfnCtxSynchronize, hooked: false;
     /// Used to charge pools their reserved size; not hooked.
     MemPoolGetAttribute = c"cuMemPoolGetAttribute": PfnMemPoolGetAttribute, hooked: false;
     /// Used to find the pool of `cuMemAllocAsync`; not hooked.

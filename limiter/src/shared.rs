@@ -132,4 +132,8 @@ impl Accounting for &'static RegionLedger {
     fn add_hook_ns(&self, api: ApiId, ns: u64) {
         self.with_writer(|w| w.add_hook_ns(api, ns));
     }
+
+    fn record_throttled(&self, ns: u64) {
+        self.with_writer(|w| w.add_throttled_ns(ns));
+    }
 }

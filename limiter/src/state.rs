@@ -32,6 +32,8 @@ pub struct State {
     /// The container's region (leaked: it stays mapped for the life of the process, and a forked
     /// child keeps the shared mapping). `None`: accounting stays in each process.
     pub region: Option<&'static Region>,
+    /// The control block beside the region (run-time limit changes).
+    pub control: Option<crate::control::Control>,
     pub clock: Clock,
     /// `VGPU_DEBUG_PANIC_IN`: the hook whose logic panics on purpose (tests).
     pub panic_in: Option<Sym>,
@@ -52,6 +54,14 @@ impl State {
     pub fn debug_panic(&self, sym: Sym) {
         if self.panic_in == Some(sym) {
             panic!("VGPU_DEBUG_PANIC_IN={}", sym.name().to_string_lossy());
+        }
+    }
+
+    /// Applies a run-time limit change if the control block has one (see `control.rs`).
+    #[inline(always)]
+    pub fn poll_control(&self) {
+        if let Some(c) = &self.control {
+            c.poll(&self.config, self.region);
         }
     }
 }
@@ -150,6 +160,8 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
         .as_deref()
         .and_then(|n| Sym::hooked_by_name(n.as_bytes()));
     let region = open_region(&config);
+    crate::sm::CONTROLLER.set_limits(&config.sm_limit, config.sm_period_ms);
+    let control = region.and_then(crate::control::Control::open);
     crate::process::register_handlers();
     let clock = Clock::calibrate();
     // Start-up cost figures (`scripts/gpu/bench-limiter.sh` reads them).
@@ -161,15 +173,19 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
             config.memory_limit
         ),
     );
-    Ok(State {
+    let state = State {
         clock,
         region,
+        control,
         panic_in,
         hook_delay_ns: config.debug_hook_delay_ns,
         config,
         driver,
         apis,
-    })
+    };
+    // A change written before this process started applies from its first call.
+    state.poll_control();
+    Ok(state)
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 //!
 //! Model checking: `RUSTFLAGS="--cfg loom" cargo test -p region --release --lib loom`.
 
+pub mod control;
+mod control_file;
 mod error;
 pub mod hami;
 mod holdings;
@@ -30,6 +32,8 @@ mod sync;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use control::{ControlError, ControlSettings, ControlSnapshot, control_path};
+pub use control_file::{ControlReader, ControlWriter};
 pub use error::{RegionError, ReserveError};
 pub use holdings::Holding;
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT};

@@ -1,9 +1,12 @@
-//! Kernel and graph launches, the hot path: counted and timed, nothing else (the SM limiter will
-//! hook in here). No lock, allocation, system call or environment access: once initialised, two
-//! acquire loads (the state and this process's accounting), two clock reads (`rdtsc` where the TSC
-//! is invariant), one thread-local access for the cached shard writer and one seqlock section of
-//! plain stores. No hook self-time is recorded for launches (it would take a third clock read);
-//! `cargo xtask bench limiter` measures it instead.
+//! Kernel and graph launches, the hot path: counted, timed and (under an SM limit) paced. No lock,
+//! allocation, system call or environment access when no SM limit is set: once initialised, two
+//! acquire loads (the state and this process's accounting), two relaxed loads for run-time limit
+//! changes (the control block's generation) and one for the SM controller's switch, two clock
+//! reads (`rdtsc` where the TSC is invariant), one thread-local access for the cached shard writer
+//! and one seqlock section of plain stores. No hook self-time is recorded for launches (it would
+//! take a third clock read); `cargo xtask bench limiter` measures it instead. Under an SM limit
+//! the controller (`sm.rs`) may hold the launch back before it reaches the driver; that time is
+//! recorded as throttled, not as launch latency.
 
 use std::ffi::{c_uint, c_void};
 
@@ -39,6 +42,13 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
     } else {
         0
     };
+    state.poll_control();
+    let throttled = crate::sm::CONTROLLER.admit(|| crate::sm::DriverEnv {
+        driver: state.driver,
+    });
+    if throttled != 0 {
+        shield(|| process.ledger.record_throttled(throttled));
+    }
     let t0 = clock.now();
     let r = call(real);
     let t1 = clock.now();

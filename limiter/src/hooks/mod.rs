@@ -77,6 +77,8 @@ pub fn enter<S: Symbol>() -> Gate<S::Fn> {
         }
     };
     let (state, process) = state;
+    // Allocations and other calls notice limit changes too (a process that does not launch).
+    guard::shield(|| state.poll_control());
     match state.driver.get::<S>() {
         Some(real) => Gate::Hook(Hooked {
             real,
@@ -139,6 +141,7 @@ pub fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         Sym::GraphLaunch => cuGraphLaunch as *const (),
         Sym::GraphLaunchPtsz => cuGraphLaunch_ptsz as *const (),
         Sym::CtxGetDevice
+        | Sym::CtxSynchronize
         | Sym::MemPoolGetAttribute
         | Sym::DeviceGetMemPool
         | Sym::DeviceGetUuidV2

@@ -156,6 +156,57 @@ pub fn launch_loop(drv: &Driver, count: u64) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+pub fn paced(
+    drv: &Driver,
+    seconds: f64,
+    sync_every: u64,
+    held_ms: u64,
+) -> Result<ExitCode, String> {
+    if drv.init() != Some(0) {
+        return Err("cuInit failed".into());
+    }
+    let mut ignore = |_: &str, _: Option<CUresult>, _: u64| {};
+    drv.primary_context(&mut ignore)
+        .map_err(|e| format!("setting up a context: {e}"))?;
+    let (r, func) = drv.function_from_image(b"simcuda\0", "kernel");
+    if r != Some(0) {
+        return Err(format!("loading a function returned {r:?}"));
+    }
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let (mut launches, mut errors, mut first_held) = (0u64, 0u64, None);
+    while Instant::now() < end {
+        let t = Instant::now();
+        let r = drv.launch_kernel(func);
+        if first_held.is_none() && t.elapsed() > Duration::from_millis(held_ms) {
+            first_held = Some(monotonic_ns());
+        }
+        errors += u64::from(r != Some(0));
+        launches += 1;
+        if launches.is_multiple_of(sync_every) {
+            drv.ctx_synchronize();
+        }
+    }
+    drv.ctx_synchronize();
+    print(json!({
+        "pid": std::process::id(),
+        "launches": launches,
+        "errors": errors,
+        "first_held_mono_ns": first_held,
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (comparable across processes).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Seconds since this process started (`/proc/self/stat` field 22 against the uptime).
 fn process_age_seconds() -> f64 {
     let ticks = 100.0; // USER_HZ on Linux

@@ -119,6 +119,17 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         count: u64,
     },
+    /// Launches for `--seconds`, synchronising every `--sync-every` launches (a training loop's
+    /// step); prints the launches made and the CLOCK_MONOTONIC time (ns) of the first launch call
+    /// that took longer than `--held-ms` (an SM limiter holding it back), or null.
+    Paced {
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 16)]
+        sync_every: u64,
+        #[arg(long, default_value_t = 20)]
+        held_ms: u64,
+    },
     /// cuInit, context, module + function, then N cuLaunchKernel through a pointer resolved once
     /// (no lookup per call), each timed; prints the median and mean launch time (`launch_ns`).
     LaunchLoop {
@@ -269,6 +280,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         } => latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => launches(&drv, count),
         Command::LaunchLoop { count } => bench::launch_loop(&drv, count),
+        Command::Paced {
+            seconds,
+            sync_every,
+            held_ms,
+        } => bench::paced(&drv, seconds, sync_every.max(1), held_ms),
         Command::Pairs {
             count,
             size,

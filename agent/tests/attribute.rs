@@ -461,3 +461,77 @@ fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
         Ok(())
     });
 }
+
+#[test]
+fn a_known_throttle_is_attributed_within_ten_percent() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    const LAUNCHES: u64 = 4_000;
+    // Each launch is 100 us of simulated device work: unthrottled, the loop only enqueues it
+    // (a few us a launch); held to a 50% SM share, the limiter blocks launches so that the
+    // device is busy half the time, and the loop takes about 2 x 0.4 s.
+    let limited = |regions: &std::path::Path, sm_limit: Option<&str>| {
+        let mut cmd = exercise(&lib);
+        cmd.env("LD_PRELOAD", limiter_lib())
+            .env("VGPU_REAL_LIBCUDA", &lib)
+            .env("SIMCUDA_LAUNCH_US", "100")
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"));
+        if let Some(l) = sm_limit {
+            cmd.env("CUDA_DEVICE_SM_LIMIT", l);
+        }
+        cmd
+    };
+    let loop_ns = |v: &Value| v["launch_mean_ns"].as_f64().unwrap() * LAUNCHES as f64;
+    measured(|| {
+        let run = dir.path().join(format!("run-{}", rand_suffix()));
+        // The truth: the throttled loop's time less the same loop's time unthrottled (under the
+        // limiter too), the median of three unthrottled runs.
+        let free: Vec<f64> = (0..3)
+            .map(|i| {
+                let regions = run.join(format!("free-{i}"));
+                std::fs::create_dir_all(&regions).unwrap();
+                let out = limited(&regions, None)
+                    .args(["launch-loop", "--count", &LAUNCHES.to_string()])
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                let text = String::from_utf8_lossy(&out.stdout);
+                loop_ns(&serde_json::from_str(text.lines().last().unwrap()).unwrap())
+            })
+            .collect();
+        let regions = run.join("throttled");
+        std::fs::create_dir_all(&regions).unwrap();
+        let mut cmd = limited(&regions, Some("50"));
+        // Linger past the next poll: the limiter retires its region slot at exit.
+        cmd.args([
+            "--linger-ms",
+            "1000",
+            "launch-loop",
+            "--count",
+            &LAUNCHES.to_string(),
+        ]);
+        let workload = Workload::start(cmd, &run);
+        let mut stat =
+            Stat::from_command(attribute_cmd(&["--region-dir", regions.to_str().unwrap()]));
+        stat.wait_for(&attached(&lib), Duration::from_secs(20));
+        stat.wait_for("recording for", Duration::from_secs(20));
+        let pid = workload.pid();
+        workload.go();
+        let made = workload.finish();
+        let report = stat.finish();
+        let truth = (loop_ns(&made) - median(free)) / 1e9;
+        assert!(truth > 0.2, "the SM limit slowed the loop: {truth} s");
+        let p = process_of(&report, pid);
+        within(
+            p["components"]["throttled"].as_f64().unwrap(),
+            truth,
+            0.10,
+            "throttled time",
+        )
+    });
+}

@@ -34,6 +34,25 @@ struct Cli {
     command: Command,
 }
 
+/// A probe cost budget: a share of wall time, or none (`off`).
+#[derive(Clone, Copy, Debug)]
+struct Budget(Option<f64>);
+
+fn parse_budget(s: &str) -> Result<Budget, String> {
+    if s == "off" {
+        return Ok(Budget(None));
+    }
+    let pct: f64 = s
+        .strip_suffix('%')
+        .unwrap_or(s)
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a percentage such as 1% or 0.5%, or off"))?;
+    if !(pct > 0.0 && pct < 100.0) {
+        return Err(format!("{s:?}: the budget must be above 0% and below 100%"));
+    }
+    Ok(Budget(Some(pct / 100.0)))
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LaunchMode {
     Off,
@@ -104,6 +123,7 @@ impl CollectArgs {
             calibrate: !self.no_calibrate,
             host: host::HostPaths::system().with_root(self.host_root.clone()),
             spans: None,
+            budget: None,
         })
     }
 
@@ -215,6 +235,15 @@ enum Command {
         /// Never read from a daemon: load the probes in this process.
         #[arg(long)]
         no_daemon: bool,
+        /// Keep the cost of the high-rate probes (launches, synchronisations, copies) under this
+        /// share of each process's time by probing them in windows sized from their rates
+        /// (e.g. 1%, 0.5%); `off` probes synchronisations and copies always and launches in
+        /// fixed windows (--launch-window, --launch-period).
+        #[arg(long, default_value = "1%", value_parser = parse_budget)]
+        probe_budget: Budget,
+        /// With a probe budget: how long each sampling window lasts.
+        #[arg(long, default_value = "50ms", value_parser = units::parse_duration)]
+        sample_window: Duration,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -347,12 +376,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             poll_interval,
             socket,
             no_daemon,
+            probe_budget,
+            sample_window,
             collect,
         } => {
+            let mut trace =
+                collect.trace_options(LaunchMode::Sampled, Duration::from_millis(200))?;
+            trace.budget = probe_budget.0.map(|share| probes::sampling::Budget {
+                share,
+                window: sample_window,
+            });
             let opts = attribute::AttributeOptions {
                 duration,
                 poll_interval,
-                trace: collect.trace_options(LaunchMode::Sampled, Duration::from_millis(200))?,
+                trace,
                 region_dirs: collect.region_dirs(),
                 socket: (!no_daemon).then_some(socket),
                 nvml: !collect.no_nvml,

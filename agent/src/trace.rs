@@ -16,7 +16,11 @@ use crate::{
     discovery::{self, Discovery, FileId, LibraryFile, LibraryKind},
     host::HostPaths,
     identity::ProcessFacts,
-    probes::{ProbeError, Probes, calibrate::ProbeCost},
+    probes::{
+        ProbeError, Probes,
+        calibrate::{Calibrator, ProbeCost},
+        sampling::{Budget, SAMPLED_KINDS, SamplingStatus, Schedule},
+    },
 };
 
 /// When the launch-family probes are attached. Off by default: an entry+return probe adds about
@@ -45,6 +49,9 @@ pub struct TraceOptions {
     pub host: HostPaths,
     /// Span events for sampled calls (`None`: the probes write none).
     pub spans: Option<crate::probes::SpanSampling>,
+    /// Sample launches (unless they are `Off` or `On`), synchronisations and copies in windows
+    /// under this cost budget (`crate::probes::sampling`).
+    pub budget: Option<Budget>,
 }
 
 /// One reading of the kernel maps.
@@ -65,7 +72,8 @@ pub struct Tracer {
     started: Instant,
     launch_on_since: Option<Instant>,
     launch_on_total: Duration,
-    pub probe_cost: Option<ProbeCost>,
+    calibrator: Option<Calibrator>,
+    schedule: Option<Schedule>,
     /// Facts about every process seen mapping a probed library, kept after it exits so that a
     /// short-lived process is still shown by name.
     seen_processes: HashMap<u32, ProcessFacts>,
@@ -94,7 +102,8 @@ impl Tracer {
             started: Instant::now(),
             launch_on_since: None,
             launch_on_total: Duration::ZERO,
-            probe_cost: None,
+            calibrator: None,
+            schedule: None,
             seen_processes: HashMap::new(),
             users: Vec::new(),
             attached_at: HashMap::new(),
@@ -102,6 +111,20 @@ impl Tracer {
         };
         if t.opts.launches == LaunchProbes::On {
             t.set_launches(true)?;
+        }
+        if let Some(budget) = t.opts.budget {
+            let kinds: Vec<_> = SAMPLED_KINDS
+                .into_iter()
+                .filter(|k| {
+                    *k != agent_common::ApiKind::Launch
+                        || matches!(t.opts.launches, LaunchProbes::Sampled { .. })
+                })
+                .collect();
+            let schedule = Schedule::new(budget, &kinds, Instant::now());
+            for k in schedule.initially_on() {
+                t.set_kind(k, true)?;
+            }
+            t.schedule = Some(schedule);
         }
         let host_lib = discovery::host_library(&t.opts.host, LibraryKind::Cuda);
         let mut initial: Vec<LibraryFile> = Vec::new();
@@ -128,8 +151,9 @@ impl Tracer {
             t.attach(lib);
         }
         if t.opts.calibrate {
-            match crate::probes::calibrate::measure(&mut t.probes, host_lib.as_ref()) {
-                Ok(cost) => {
+            match Calibrator::start(&mut t.probes, host_lib.as_ref()) {
+                Ok(c) => {
+                    let cost = &c.cost;
                     log::info!(
                         "probe cost on this host: {:.0} ns per probed call (entry+return, {} prologue, measured on {})",
                         cost.per_hit_ns,
@@ -139,7 +163,7 @@ impl Tracer {
                             .unwrap_or_default(),
                         cost.target
                     );
-                    t.probe_cost = Some(cost);
+                    t.calibrator = Some(c);
                 }
                 Err(e) => t.warn(format!("probe cost calibration failed: {e}")),
             }
@@ -209,12 +233,70 @@ impl Tracer {
                 self.seen_processes.insert(pid, f);
             }
         }
-        if let LaunchProbes::Sampled { window, period } = self.opts.launches {
+        if self.schedule.is_some() {
+            self.switch_due()?;
+            if let Some(s) = &mut self.schedule {
+                s.poll(Instant::now());
+            }
+        } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
             let period_ns = period.as_nanos().max(1);
             let within = self.started.elapsed().as_nanos() % period_ns;
             self.set_launches(within < window.as_nanos())?;
         }
         Ok(())
+    }
+
+    /// When the sampling schedule next attaches or detaches a kind (`None` without a budget).
+    pub fn next_switch(&self) -> Option<Instant> {
+        self.schedule.as_ref().and_then(Schedule::next_due)
+    }
+
+    /// Attaches and detaches what the sampling schedule says is due now.
+    pub fn switch_due(&mut self) -> Result<(), ProbeError> {
+        let Some(mut schedule) = self.schedule.take() else {
+            return Ok(());
+        };
+        let per_hit = self
+            .calibrator
+            .as_ref()
+            .map(|c| c.cost.last_per_hit_ns)
+            .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS);
+        let stats = self.probes.read_stats();
+        let calls = |kind: agent_common::ApiKind| {
+            let mut m = std::collections::BTreeMap::new();
+            for (k, s) in stats.iter().flatten() {
+                if agent_common::ApiId(k.api)
+                    .spec()
+                    .is_some_and(|spec| spec.kind == kind)
+                {
+                    *m.entry(k.tgid).or_default() += s.calls;
+                }
+            }
+            m
+        };
+        let switches = schedule.due(Instant::now(), per_hit, calls);
+        let mut result = Ok(());
+        for (kind, on) in switches {
+            result = result.and(self.set_kind(kind, on));
+            if on {
+                schedule.opened(kind, Instant::now());
+            }
+        }
+        self.schedule = Some(schedule);
+        result
+    }
+
+    /// What the sampling schedule did (with a budget).
+    pub fn sampling_status(&self) -> Option<&SamplingStatus> {
+        self.schedule.as_ref().map(|s| &s.status)
+    }
+
+    fn set_kind(&mut self, kind: agent_common::ApiKind, on: bool) -> Result<(), ProbeError> {
+        if kind == agent_common::ApiKind::Launch {
+            self.set_launches(on)
+        } else {
+            self.probes.set_kind(kind, on)
+        }
     }
 
     fn set_launches(&mut self, on: bool) -> Result<(), ProbeError> {
@@ -259,6 +341,12 @@ impl Tracer {
         for pid in pids {
             self.seen_processes.remove(pid);
         }
+        if let Some(c) = &mut self.calibrator {
+            c.forget(pids);
+        }
+        if let Some(s) = &mut self.schedule {
+            s.forget(pids);
+        }
         self.probes.forget_processes(pids)
     }
 
@@ -300,15 +388,36 @@ impl Tracer {
         &self.probes
     }
 
-    pub fn read(&self) -> Result<RawReading, ProbeError> {
-        Ok(RawReading {
+    /// Reads the kernel maps, then re-measures the probe cost and charges each process's probed
+    /// calls since the last reading at it.
+    pub fn read(&mut self) -> Result<RawReading, ProbeError> {
+        let r = RawReading {
             stats: self.probes.read_stats()?,
             live: self.probes.read_live()?,
             nccl_stats: self.probes.read_nccl_stats()?,
             nccl_comms: self.probes.read_nccl_comms()?,
             alloc_sizes: self.probes.read_alloc_sizes()?,
             health: self.probes.read_health()?,
-        })
+        };
+        if let Some(c) = &mut self.calibrator {
+            let mut calls: std::collections::BTreeMap<u32, u64> = Default::default();
+            let probed = r
+                .stats
+                .iter()
+                .filter(|(k, _)| k.api != agent_common::ProbeCookie::CALIBRATION_API)
+                .map(|(k, s)| (k.tgid, s.calls))
+                .chain(r.nccl_stats.iter().map(|(k, s)| (k.tgid, s.calls)));
+            for (tgid, n) in probed {
+                *calls.entry(tgid).or_default() += n;
+            }
+            c.remeasure(&calls);
+        }
+        Ok(r)
+    }
+
+    /// The measured probe cost, with what was charged to each process.
+    pub fn probe_cost(&self) -> Option<&ProbeCost> {
+        self.calibrator.as_ref().map(|c| &c.cost)
     }
 }
 

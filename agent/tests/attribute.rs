@@ -1,6 +1,7 @@
 //! `vgpu-agent attribute` against known truths (root, real probes, simulated driver): delays the
 //! simulated driver injects (busy-waits, so they are exact), device work that a synchronisation
-//! must wait for, a known limiter hook delay, and the slowdown the probes themselves cause.
+//! must wait for, a known limiter hook delay, and the slowdown the probes themselves cause
+//! (measured by the test: probed and unprobed runs interleaved, medians).
 //!
 //! The test machines' vCPUs are shared: one burst of steal time during a 50 ms measurement moves
 //! it by more than 10%. Each check is therefore measured up to three times and must be within
@@ -145,7 +146,13 @@ fn driver_copy_and_sync_time_are_attributed_within_ten_percent() {
             })
             .collect();
         let out = run.join("report");
-        let mut stat = Stat::from_command(attribute_cmd(&["--out", out.to_str().unwrap()]));
+        // Every call probed (no budget): these checks compare exact totals.
+        let mut stat = Stat::from_command(attribute_cmd(&[
+            "--out",
+            out.to_str().unwrap(),
+            "--probe-budget",
+            "off",
+        ]));
         stat.wait_for(&attached(&lib), Duration::from_secs(20));
         stat.wait_for("recording for", Duration::from_secs(20));
         let pids: Vec<u32> = workloads.iter().map(|w| w.pid()).collect();
@@ -191,14 +198,17 @@ fn driver_copy_and_sync_time_are_attributed_within_ten_percent() {
                 "sync wait (cuCtxSynchronize)",
             ),
         ];
-        // Probe cost: the measured per-call cost times the probed calls, exactly.
+        // Probe cost: the probed calls at the cost re-measured around them, close to the
+        // window's mean cost per call (its accuracy is the last test's).
         let per_call = report["sampling"]["probe_cost_per_call_ns"]
             .as_f64()
             .unwrap();
         let probe_cost = a["components"]["probe_cost"].as_f64().unwrap();
+        let expected = (CALLS + 1) as f64 * per_call / 1e9;
         assert!(
-            per_call > 0.0 && (probe_cost - (CALLS + 1) as f64 * per_call / 1e9).abs() < 1e-9,
-            "{probe_cost}"
+            per_call > 0.0 && probe_cost > expected / 2.0 && probe_cost < expected * 2.0,
+            "{probe_cost} for {} calls at {per_call} ns",
+            CALLS + 1
         );
         checks
             .into_iter()
@@ -272,6 +282,12 @@ fn a_known_limiter_hook_delay_is_attributed_to_the_limiter() {
     });
 }
 
+/// The median of `v` (odd lengths; the upper middle otherwise).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 #[test]
 fn probe_cost_is_attributed_close_to_the_slowdown_it_causes() {
     let _serial = serial();
@@ -280,7 +296,12 @@ fn probe_cost_is_attributed_close_to_the_slowdown_it_causes() {
     }
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
+    // The same simulated driver under a name the agent never probes (not `libcuda.so*`).
+    let unprobed = dir.path().join("native/libsimnative.so.1");
+    std::fs::create_dir_all(unprobed.parent().unwrap()).unwrap();
+    std::fs::copy(&lib, &unprobed).unwrap();
     const CALLS: u64 = 20_000;
+    const ROUNDS: usize = 5;
     let latency_args = [
         "latency",
         "--api",
@@ -289,50 +310,228 @@ fn probe_cost_is_attributed_close_to_the_slowdown_it_causes() {
         "20000",
         "--init",
     ];
-    let mean = |out: std::process::Output| -> f64 {
-        assert!(out.status.success());
-        let text = String::from_utf8_lossy(&out.stdout);
-        serde_json::from_str::<Value>(text.lines().last().unwrap()).unwrap()["mean_ns"]
-            .as_f64()
-            .unwrap()
-    };
+    let p50 = |v: &Value| v["p50_ns"].as_f64().unwrap();
     measured(|| {
-        // Unprobed: a copy of the library the agent does not probe, median of three runs.
-        let unprobed = sim_lib(&dir.path().join(format!("native-{}", rand_suffix())));
-        let mut native: Vec<f64> = (0..3)
-            .map(|_| mean(exercise(&unprobed).args(latency_args).output().unwrap()))
+        let run = dir.path().join(format!("run-{}", rand_suffix()));
+        let probed_run = |round: usize| {
+            let d = run.join(format!("probed-{round}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let mut cmd = exercise(&lib);
+            cmd.args(["--linger-ms", "300"]).args(latency_args);
+            Workload::start(cmd, &d)
+        };
+        // The first probed run is waiting when the agent starts: the agent finds the library in it.
+        let mut next = Some(probed_run(0));
+        let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
+        stat.wait_for(&attached(&lib), Duration::from_secs(20));
+        stat.wait_for("recording for", Duration::from_secs(20));
+        // Unprobed and probed runs interleaved, so that a burst of steal time or a frequency
+        // change hits both sides; each run's median call, and the median over the runs. (A
+        // mean would carry every preemption of the 2-vCPU VM into the figure.)
+        let (mut native, mut probed, mut pids) = (vec![], vec![], vec![]);
+        for round in 0..ROUNDS {
+            let out = exercise(&unprobed).args(latency_args).output().unwrap();
+            assert!(out.status.success());
+            let text = String::from_utf8_lossy(&out.stdout);
+            native.push(p50(
+                &serde_json::from_str(text.lines().last().unwrap()).unwrap()
+            ));
+            let w = next.take().unwrap_or_else(|| {
+                let w = probed_run(round);
+                // Seen by a poll (every 100 ms) before it runs.
+                std::thread::sleep(Duration::from_millis(300));
+                w
+            });
+            pids.push(w.pid());
+            w.go();
+            probed.push(p50(&w.finish()));
+        }
+        let report = stat.finish();
+        // Attributed per call: each run's probe cost over its probed calls (cuInit is one of
+        // them); the cost is re-measured at every poll, so runs differ as the machine does.
+        let attributed: Vec<f64> = pids
+            .iter()
+            .map(|pid| {
+                let p = process_of(&report, *pid);
+                let calls = p["apis"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|a| a["api"] == "cuStreamSynchronize")
+                    .unwrap()["calls"]
+                    .as_u64()
+                    .unwrap();
+                assert_eq!(calls, CALLS, "every call probed and counted");
+                p["components"]["probe_cost"].as_f64().unwrap() * 1e9 / (CALLS + 1) as f64
+            })
             .collect();
-        native.sort_by(f64::total_cmp);
+        eprintln!(
+            "unprobed p50s {native:?}, probed p50s {probed:?}, attributed ns/call {attributed:?}"
+        );
+        let truth = (median(probed) - median(native)) * CALLS as f64 / 1e9;
+        within(
+            median(attributed) * CALLS as f64 / 1e9,
+            truth,
+            0.10,
+            "probe cost",
+        )
+    });
+}
+
+#[test]
+fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    const LAUNCHES: u64 = 3_000_000;
+    // Probed always, these launches would cost the process about half its time (a hit costs
+    // 2-4 us on the test VM, a simulated launch ~1 us). 20 ms windows keep the count of windows
+    // in a few seconds of launching high enough for the scaled count to settle.
+    const BUDGET: f64 = 0.02;
+    measured(|| {
         let run = dir.path().join(format!("run-{}", rand_suffix()));
         std::fs::create_dir_all(&run).unwrap();
         let mut cmd = exercise(&lib);
-        cmd.args(latency_args);
+        cmd.args([
+            "--linger-ms",
+            "300",
+            "launch-loop",
+            "--count",
+            &LAUNCHES.to_string(),
+        ]);
         let workload = Workload::start(cmd, &run);
-        let mut stat = Stat::from_command(attribute_cmd(&[]));
+        let mut stat = Stat::from_command(attribute_cmd(&[
+            "--probe-budget",
+            "2%",
+            "--sample-window",
+            "20ms",
+        ]));
         stat.wait_for(&attached(&lib), Duration::from_secs(20));
         stat.wait_for("recording for", Duration::from_secs(20));
         let pid = workload.pid();
         workload.go();
-        let probed = workload.finish();
+        let _ = workload.finish();
         let report = stat.finish();
-        let truth = (probed["mean_ns"].as_f64().unwrap() - native[1]) * CALLS as f64 / 1e9;
         let p = process_of(&report, pid);
-        let probed_calls = p["apis"]
+        let launch = p["apis"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|a| a["api"] == "cuStreamSynchronize")
-            .unwrap()["calls"]
-            .as_u64()
-            .unwrap();
-        let attributed = probed_calls as f64
-            * report["sampling"]["probe_cost_per_call_ns"]
+            .find(|a| a["api"] == "cuLaunchKernel")
+            .expect("launches in the report");
+        assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
+        let sampled = report["sampling"]["sampled_kinds"].as_array().unwrap();
+        assert!(
+            sampled.iter().any(|k| k["kind"] == "launch"),
+            "{:#}",
+            report["sampling"]
+        );
+        assert_eq!(report["sampling"]["budget_share"].as_f64(), Some(BUDGET));
+        let share = report["sampling"]["probe_cost_share"].as_f64().unwrap();
+        eprintln!(
+            "probe cost share {:.2}% (budget {:.0}%), sampling {}",
+            share * 100.0,
+            BUDGET * 100.0,
+            report["sampling"]
+        );
+        assert!(share > 0.0);
+        if share > BUDGET {
+            return Err(format!(
+                "probe cost {:.2}% of the time over the {:.0}% budget",
+                share * 100.0,
+                BUDGET * 100.0
+            ));
+        }
+        // Scaled up from the windows. (Not yet to within 10% of the truth for a loop this
+        // tight: the probes slow it 3-4x while attached, more than the calibrated per-hit cost
+        // accounts for, and the count comes out 45-55% short: docs/attribute.md.)
+        let probed = p["components"]["probe_cost"].as_f64().unwrap() * 1e9
+            / report["sampling"]["probe_cost_per_call_ns"]
                 .as_f64()
-                .unwrap()
-            / 1e9;
-        // The issue asks for 10%. On the 2-vCPU test VM the per-call cost calibrated at start comes
-        // out 15-25% below what the workload sees; this bound guards the figure until that gap is
-        // closed (docs/attribute.md, "Accuracy").
-        within(attributed, truth, 0.30, "probe cost")
+                .unwrap();
+        let scaled = launch["calls"].as_f64().unwrap();
+        eprintln!(
+            "launches: {probed:.0} probed, {scaled:.0} scaled, {LAUNCHES} made ({:.1}% off)",
+            (scaled - LAUNCHES as f64).abs() / LAUNCHES as f64 * 100.0
+        );
+        assert!(scaled > 3.0 * probed && scaled <= 1.1 * LAUNCHES as f64);
+        Ok(())
+    });
+}
+
+#[test]
+fn a_known_throttle_is_attributed_within_ten_percent() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    const LAUNCHES: u64 = 4_000;
+    // Each launch is 100 us of simulated device work: unthrottled, the loop only enqueues it
+    // (a few us a launch); held to a 50% SM share, the limiter blocks launches so that the
+    // device is busy half the time, and the loop takes about 2 x 0.4 s.
+    let limited = |regions: &std::path::Path, sm_limit: Option<&str>| {
+        let mut cmd = exercise(&lib);
+        cmd.env("LD_PRELOAD", limiter_lib())
+            .env("VGPU_REAL_LIBCUDA", &lib)
+            .env("SIMCUDA_LAUNCH_US", "100")
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"));
+        if let Some(l) = sm_limit {
+            cmd.env("CUDA_DEVICE_SM_LIMIT", l);
+        }
+        cmd
+    };
+    let loop_ns = |v: &Value| v["launch_mean_ns"].as_f64().unwrap() * LAUNCHES as f64;
+    measured(|| {
+        let run = dir.path().join(format!("run-{}", rand_suffix()));
+        // The truth: the throttled loop's time less the same loop's time unthrottled (under the
+        // limiter too), the median of three unthrottled runs.
+        let free: Vec<f64> = (0..3)
+            .map(|i| {
+                let regions = run.join(format!("free-{i}"));
+                std::fs::create_dir_all(&regions).unwrap();
+                let out = limited(&regions, None)
+                    .args(["launch-loop", "--count", &LAUNCHES.to_string()])
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                let text = String::from_utf8_lossy(&out.stdout);
+                loop_ns(&serde_json::from_str(text.lines().last().unwrap()).unwrap())
+            })
+            .collect();
+        let regions = run.join("throttled");
+        std::fs::create_dir_all(&regions).unwrap();
+        let mut cmd = limited(&regions, Some("50"));
+        // Linger past the next poll: the limiter retires its region slot at exit.
+        cmd.args([
+            "--linger-ms",
+            "1000",
+            "launch-loop",
+            "--count",
+            &LAUNCHES.to_string(),
+        ]);
+        let workload = Workload::start(cmd, &run);
+        let mut stat =
+            Stat::from_command(attribute_cmd(&["--region-dir", regions.to_str().unwrap()]));
+        stat.wait_for(&attached(&lib), Duration::from_secs(20));
+        stat.wait_for("recording for", Duration::from_secs(20));
+        let pid = workload.pid();
+        workload.go();
+        let made = workload.finish();
+        let report = stat.finish();
+        let truth = (loop_ns(&made) - median(free)) / 1e9;
+        assert!(truth > 0.2, "the SM limit slowed the loop: {truth} s");
+        let p = process_of(&report, pid);
+        within(
+            p["components"]["throttled"].as_f64().unwrap(),
+            truth,
+            0.10,
+            "throttled time",
+        )
     });
 }

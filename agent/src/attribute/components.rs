@@ -114,12 +114,25 @@ fn window(now: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
         .collect()
 }
 
-/// Attributes one process's window.
+/// One process's window, attributed.
+#[derive(Debug)]
+pub struct Attributed {
+    pub components: Components,
+    pub apis: Vec<ApiTime>,
+    /// Calls the probes saw (each cost one hit).
+    pub probed_calls: u64,
+}
+
+/// Attributes one process's window. `charged_ns`: the probe cost the agent charged the process
+/// over the window (each poll interval's calls at the cost re-measured then); without it, probed
+/// calls x the per-hit cost.
 pub fn attribute(
     now: &Process,
     before: Option<&Process>,
     s: Sampling,
-) -> (Components, Vec<ApiTime>) {
+    charged_ns: Option<f64>,
+    exposure: &BTreeMap<String, f64>,
+) -> Attributed {
     let apis = window(now, before);
     let mut by_name: BTreeMap<&str, (Option<&ApiUsage>, Option<&ApiUsage>)> = BTreeMap::new();
     for a in &apis {
@@ -131,6 +144,7 @@ pub fn attribute(
     }
     let mut c = Components::default();
     let mut rows = Vec::new();
+    let mut probed_calls = 0;
     let probed_launch_share = if s.window_seconds > 0.0 {
         s.launch_seconds / s.window_seconds
     } else {
@@ -143,20 +157,21 @@ pub fn attribute(
             .unwrap_or_default();
         let in_probes =
             |p: &ApiUsage| (p.total_ns as f64 - p.calls as f64 * s.inband_ns).max(0.0) / 1e9;
+        // The share of the process's time this kind was probed: from the sampling schedule's
+        // exposure, else (fixed launch windows) the window's.
+        let share = exposure.get(&kind).copied().unwrap_or(if kind == "launch" {
+            probed_launch_share
+        } else {
+            1.0
+        });
         let (seconds, calls, measured_by) = match (probes, limiter) {
-            // Launches probed only in windows: the limiter saw all of them if it is there.
-            (Some(_), Some(l)) if kind == "launch" && probed_launch_share < 0.999 => {
-                (l.total_ns as f64 / 1e9, l.calls, "limiter")
-            }
-            (Some(p), _)
-                if kind == "launch" && probed_launch_share < 0.999 && probed_launch_share > 0.0 =>
-            {
-                (
-                    in_probes(p) / probed_launch_share,
-                    (p.calls as f64 / probed_launch_share) as u64,
-                    "probes_sampled",
-                )
-            }
+            // Probed only in windows: the limiter saw every call if it is there.
+            (Some(_), Some(l)) if share < 0.999 => (l.total_ns as f64 / 1e9, l.calls, "limiter"),
+            (Some(p), _) if share < 0.999 && share > 0.0 => (
+                in_probes(p) / share,
+                (p.calls as f64 / share).round() as u64,
+                "probes_sampled",
+            ),
             (Some(p), _) => (in_probes(p), p.calls, "probes"),
             (None, Some(l)) => (l.total_ns as f64 / 1e9, l.calls, "limiter"),
             (None, None) => continue,
@@ -166,6 +181,7 @@ pub fn attribute(
         c.limiter_hook += hook;
         if let Some(p) = probes {
             c.probe_cost += p.calls as f64 * s.per_hit_ns / 1e9;
+            probed_calls += p.calls;
         }
         rows.push(ApiTime {
             api: api.to_owned(),
@@ -176,6 +192,9 @@ pub fn attribute(
             measured_by: measured_by.into(),
         });
     }
+    if let Some(ns) = charged_ns {
+        c.probe_cost = ns / 1e9;
+    }
     let throttled = |p: Option<&Process>| {
         p.and_then(|p| p.limiter.as_ref())
             .map(|l| l.throttled_ns)
@@ -183,7 +202,11 @@ pub fn attribute(
     };
     c.throttled = throttled(Some(now)).saturating_sub(throttled(before)) as f64 / 1e9;
     rows.sort_by(|a, b| (b.seconds + b.hook_seconds).total_cmp(&(a.seconds + a.hook_seconds)));
-    (c, rows)
+    Attributed {
+        components: c,
+        apis: rows,
+        probed_calls,
+    }
 }
 
 #[cfg(test)]
@@ -297,7 +320,11 @@ mod tests {
             per_hit_ns: 1_500.0,
             inband_ns: 2_000.0,
         };
-        let (c, rows) = attribute(&now, None, s);
+        let Attributed {
+            components: c,
+            apis: rows,
+            ..
+        } = attribute(&now, None, s, None, &BTreeMap::new());
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         // Probed alloc (in-band overhead removed) + limiter-timed launches.
         assert!(close(c.driver, 0.100 + 0.003), "{c:?}");
@@ -334,7 +361,11 @@ mod tests {
             per_hit_ns: 1_000.0,
             inband_ns: 1_000.0,
         };
-        let (c, rows) = attribute(&now, None, s);
+        let Attributed {
+            components: c,
+            apis: rows,
+            ..
+        } = attribute(&now, None, s, None, &BTreeMap::new());
         assert!(
             (c.driver - 10.0 * 100.0 * 4_000.0 / 1e9).abs() < 1e-9,
             "{c:?}"
@@ -347,5 +378,35 @@ mod tests {
             (c.probe_cost - 100.0 * 1_000.0 / 1e9).abs() < 1e-12,
             "only the probed calls cost"
         );
+    }
+
+    #[test]
+    fn throttling_is_the_region_delta_over_the_window() {
+        let launches = |calls: u64| {
+            vec![usage(
+                "cuLaunchKernel",
+                "launch",
+                Source::Limiter,
+                calls,
+                calls * 3_000,
+                0,
+            )]
+        };
+        let before = process(launches(1_000), 400_000_000);
+        let now = process(launches(3_000), 1_650_000_000);
+        let s = Sampling {
+            window_seconds: 10.0,
+            launch_seconds: 0.0,
+            per_hit_ns: 1_000.0,
+            inband_ns: 0.0,
+        };
+        let a = attribute(&now, Some(&before), s, None, &BTreeMap::new());
+        assert!((a.components.throttled - 1.25).abs() < 1e-9, "{a:?}");
+        assert!((a.components.driver - 2_000.0 * 3_000.0 / 1e9).abs() < 1e-12);
+        assert!((a.components.total() - 1.25 - 0.006).abs() < 1e-9);
+        // A counter that went back (a reused slot) is no throttling, not a negative one.
+        let reset = process(launches(3_000), 100);
+        let a = attribute(&reset, Some(&before), s, None, &BTreeMap::new());
+        assert_eq!(a.components.throttled, 0.0);
     }
 }

@@ -157,6 +157,13 @@ mod tests {
                 probe_cost_per_call_ns: 1500.0,
                 probe_inband_ns: 700.0,
                 probe_cost_share: 0.001,
+                budget_share: Some(0.01),
+                sampled_kinds: vec![SampledKind {
+                    kind: "launch".into(),
+                    attached_seconds: 0.5,
+                    duty: 0.05,
+                    rate_per_second: 90_000.0,
+                }],
             },
             totals: components.clone(),
             containers: vec![ContainerAttribution {
@@ -202,6 +209,29 @@ mod tests {
         let total: f64 = b.changes.iter().map(|c| c.share_of_slowdown).sum();
         assert!((total - 1.0).abs() < 1e-9);
         assert!((b.in_api_now - 0.39).abs() < 1e-9 && (b.in_api_baseline - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn throttling_is_a_component_of_the_comparison_table_and_html() {
+        let before = report(1.0, 0.1, 2.0);
+        let mut after = report(1.05, 0.1, 2.0);
+        after.totals.throttled = 1.5;
+        after.processes[0].components.throttled = 1.5;
+        after.containers[0].components.throttled = 1.5;
+        let b = compare(&after, &before, "before.json");
+        assert_eq!(b.changes[0].component, "throttled");
+        assert!((b.changes[0].delta - 0.15).abs() < 1e-9);
+        assert!((b.changes[0].share_of_slowdown - 1.5 / 1.55).abs() < 1e-9);
+        after.baseline = Some(b);
+        let text = table(&after);
+        assert!(
+            text.contains("THROTTLED") && text.contains("1.50s") && text.contains("throttled "),
+            "{text}"
+        );
+        let html = html::render(&after);
+        assert!(html.contains("throttled"), "legend and bars name it");
+        let json = serde_json::to_value(&after).unwrap();
+        assert_eq!(json["totals"]["throttled"], 1.5);
     }
 
     #[test]

@@ -67,6 +67,23 @@ pub struct SamplingInfo {
     pub probe_inband_ns: f64,
     /// Probe cost over all processes as a share of their wall time.
     pub probe_cost_share: f64,
+    /// With a probe budget: the budget (a share of wall time) and what each sampled kind's
+    /// schedule did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_share: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sampled_kinds: Vec<SampledKind>,
+}
+
+/// One kind probed in windows under the budget.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampledKind {
+    pub kind: String,
+    /// Seconds attached during the window, and that over the window's length.
+    pub attached_seconds: f64,
+    pub duty: f64,
+    /// Calls per second of the busiest process when last measured.
+    pub rate_per_second: f64,
 }
 
 /// One component's change against the baseline, per second of wall time.
@@ -168,6 +185,27 @@ impl Filter {
     }
 }
 
+/// The share of each sampled kind's calls in a process that the probes saw in the window (from
+/// the sampling schedule's estimates; empty without a budget).
+fn exposure_over(first: &Snapshot, last: &Snapshot, pid: u32) -> BTreeMap<String, f64> {
+    let of = |s: &Snapshot| {
+        s.agent
+            .sampling
+            .as_ref()
+            .and_then(|x| x.exposure.get(&pid).cloned())
+            .unwrap_or_default()
+    };
+    let (before, now) = (of(first), of(last));
+    now.into_iter()
+        .filter_map(|(kind, e)| {
+            let b = before.get(&kind).copied().unwrap_or_default();
+            let probed = e.probed_calls.saturating_sub(b.probed_calls) as f64;
+            let estimated = e.estimated_calls - b.estimated_calls;
+            (probed > 0.0 && estimated > 0.0).then(|| (kind, (probed / estimated).min(1.0)))
+        })
+        .collect()
+}
+
 /// Builds the report of the window `first..last`.
 pub fn build(
     first: &Snapshot,
@@ -198,12 +236,26 @@ pub fn build(
             .unwrap_or_else(|| key.to_owned())
     };
     let mut processes = Vec::new();
+    let mut probed_total = 0u64;
     for p in &last.processes {
         if !filter.keeps(p, &container_name(&p.container)) {
             continue;
         }
         let before = first.process(p.key);
-        let (components, apis) = components::attribute(p, before, sampling);
+        let charged = |snap: &Snapshot| {
+            snap.agent
+                .probe_cost
+                .as_ref()
+                .and_then(|c| c.charged_ns.get(&p.key.pid).copied())
+        };
+        let charged_ns = charged(last).map(|now| (now - charged(first).unwrap_or(0.0)).max(0.0));
+        let exposure = exposure_over(first, last, p.key.pid);
+        let components::Attributed {
+            components,
+            apis,
+            probed_calls,
+        } = components::attribute(p, before, sampling, charged_ns, &exposure);
+        probed_total += probed_calls;
         if apis.is_empty() && components.throttled == 0.0 {
             continue;
         }
@@ -255,7 +307,18 @@ pub fn build(
     if let Some(why) = &last.agent.probes_unavailable {
         notes.push(format!("no probe figures: {why}"));
     }
-    if sampling.launch_seconds < window_seconds && sampling.launch_seconds > 0.0 {
+    let sampled = sampled_kinds(first, last, window_seconds);
+    if !sampled.is_empty() {
+        notes.push(format!(
+            "probed in windows to keep their cost under {:.2}% of each process's time: {}; each window's calls and times stand for its whole cycle (window + off time) and are scaled up by it (the limiter's figures are used where it runs)",
+            last.agent.sampling.as_ref().map(|s| s.budget_share * 100.0).unwrap_or(0.0),
+            sampled
+                .iter()
+                .map(|k| format!("{} {:.1}% of the window", k.kind, k.duty * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    } else if sampling.launch_seconds < window_seconds && sampling.launch_seconds > 0.0 {
         notes.push(format!(
             "launch probes were attached {:.1}s of {:.1}s: probed launch times are scaled up by {:.1}x (the limiter's figures are used where it runs)",
             sampling.launch_seconds,
@@ -276,13 +339,20 @@ pub fn build(
                 crate::trace::LaunchProbes::Sampled { .. } => "sampled".into(),
             },
             launch_probe_seconds: sampling.launch_seconds,
-            probe_cost_per_call_ns: sampling.per_hit_ns,
+            // What a probed call cost over the window (the cost is re-measured at every poll).
+            probe_cost_per_call_ns: if probed_total > 0 {
+                totals.probe_cost * 1e9 / probed_total as f64
+            } else {
+                sampling.per_hit_ns
+            },
             probe_inband_ns: sampling.inband_ns,
             probe_cost_share: if wall_total > 0.0 {
                 totals.probe_cost / wall_total
             } else {
                 0.0
             },
+            budget_share: last.agent.sampling.as_ref().map(|s| s.budget_share),
+            sampled_kinds: sampled_kinds(first, last, window_seconds),
         },
         totals,
         containers: containers.into_values().collect(),
@@ -290,6 +360,37 @@ pub fn build(
         baseline: None,
         notes,
     }
+}
+
+/// The kinds the budget sampled in the window (those attached less than all of it).
+fn sampled_kinds(first: &Snapshot, last: &Snapshot, window_seconds: f64) -> Vec<SampledKind> {
+    let Some(now) = &last.agent.sampling else {
+        return vec![];
+    };
+    now.kinds
+        .iter()
+        .filter_map(|k| {
+            let before = first
+                .agent
+                .sampling
+                .as_ref()
+                .and_then(|s| s.kinds.iter().find(|b| b.kind == k.kind))
+                .map(|b| b.attached_seconds)
+                .unwrap_or(0.0);
+            let attached = (k.attached_seconds - before).max(0.0);
+            let duty = if window_seconds > 0.0 {
+                (attached / window_seconds).min(1.0)
+            } else {
+                1.0
+            };
+            (duty < 0.999).then(|| SampledKind {
+                kind: k.kind.clone(),
+                attached_seconds: attached,
+                duty,
+                rate_per_second: k.rate_per_second,
+            })
+        })
+        .collect()
 }
 
 /// Compares with a baseline recording: components per second of wall time, ranked by how much of

@@ -199,7 +199,8 @@ impl Collector {
         if let Some(t) = &self.tracer {
             a.attach_mode = Some(t.probes().mode());
             a.libraries = t.library_status();
-            a.probe_cost = t.probe_cost.clone();
+            a.probe_cost = t.probe_cost().cloned();
+            a.sampling = t.sampling_status().cloned();
             a.launch_probe_seconds = t.launch_probe_time().as_secs_f64();
             a.warnings.extend(t.warnings.iter().cloned());
         }

@@ -245,6 +245,10 @@ pub struct AgentStatus {
     /// Seconds the launch probes were attached since the agent started.
     pub launch_probe_seconds: f64,
     pub probe_cost: Option<crate::probes::calibrate::ProbeCost>,
+    /// With a probe budget (`attribute`): what was sampled, how often, and each process's
+    /// exposure to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<crate::probes::sampling::SamplingStatus>,
     /// Lost or unmatched events by cause.
     pub events_lost: BTreeMap<String, u64>,
     pub regions_read: usize,
@@ -280,6 +284,7 @@ impl Default for AgentStatus {
             launch_probes: crate::trace::LaunchProbes::Off,
             launch_probe_seconds: 0.0,
             probe_cost: None,
+            sampling: None,
             events_lost: BTreeMap::new(),
             regions_read: 0,
             region_errors: 0,

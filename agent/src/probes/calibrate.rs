@@ -6,8 +6,15 @@
 //! has), else a function of the agent's own binary. The probes are scoped to the calling thread,
 //! so nothing else on the host pays for the measurement. This is the only place where the agent
 //! itself calls into libcuda.
+//!
+//! The cost of a probe hit is not a constant: on a shared or virtual machine it moves by 2x with
+//! what the other CPUs are doing (docs/attribute.md, "Accuracy"). The probes therefore stay
+//! attached to the target (they cost nothing while the agent does not call it), and a short burst
+//! of calls re-measures the cost at every poll ([`Calibrator::remeasure`]): the calls probed
+//! between two polls are charged at the cost measured around them.
 
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     hint::black_box,
     os::unix::ffi::OsStrExt,
@@ -37,6 +44,16 @@ pub struct ProbeCost {
     /// the driver.
     #[serde(default)]
     pub inband_ns: f64,
+    /// Re-measurements since the start (one per poll).
+    #[serde(default)]
+    pub remeasured: u64,
+    /// The last re-measured cost of one hit, ns.
+    #[serde(default)]
+    pub last_per_hit_ns: f64,
+    /// Probe cost charged so far per process (host pid), ns: each poll interval's probed calls
+    /// times the cost measured around that interval. Cumulative, like the other counters.
+    #[serde(default)]
+    pub charged_ns: BTreeMap<u32, f64>,
 }
 
 type DriverGetVersion = unsafe extern "C" fn(*mut i32) -> i32;
@@ -122,44 +139,142 @@ fn time_calls(func: DriverGetVersion, batch: u32, batches: u32) -> f64 {
     per_call[per_call.len() / 2]
 }
 
-/// Calibrates on `libcuda` (when given) or on the agent itself.
-pub fn measure(
-    probes: &mut Probes,
-    libcuda: Option<&LibraryFile>,
-) -> Result<ProbeCost, ProbeError> {
-    let target = libcuda
-        .and_then(libcuda_target)
-        .or_else(self_target)
-        .ok_or_else(|| ProbeError::NotElf {
-            path: Path::new("/proc/self/exe").to_owned(),
-            reason: "no calibration target found".into(),
-        })?;
-    let unprobed = time_calls(target.func, 2_000, 9);
-    let links = probes.attach_calibration(&target.path, target.file_offset)?;
-    // A single-stepped probe can cost ~15 us in a VM: size batches to finish in ~100 ms.
-    let probe_once = time_calls(target.func, 20, 1);
-    let batch = ((Duration::from_millis(10).as_nanos() as f64 / probe_once.max(1.0)) as u32)
-        .clamp(20, 5_000);
-    let probed = time_calls(target.func, batch, 9);
-    probes.detach_links(links);
-    let me = std::process::id();
-    let (calls, total_ns) = probes
-        .read_stats()?
-        .iter()
-        .filter(|(k, _)| k.tgid == me && k.api == ProbeCookie::CALIBRATION_API)
-        .fold((0u64, 0u64), |(c, t), (_, s)| (c + s.calls, t + s.total_ns));
-    let inband_ns = if calls > 0 {
-        (total_ns as f64 / calls as f64 - unprobed).max(0.0)
-    } else {
-        0.0
-    };
-    probes.remove_stats_rows(me, ProbeCookie::CALIBRATION_API)?;
-    Ok(ProbeCost {
-        target: target.name,
-        prologue: target.prologue,
-        calls: u64::from(batch) * 9 + 20,
-        unprobed_ns: unprobed,
-        per_hit_ns: (probed - unprobed).max(0.0),
-        inband_ns,
-    })
+/// Keeps the calibration probes attached and re-measures their cost.
+pub struct Calibrator {
+    func: DriverGetVersion,
+    /// Calls per burst (sized to take about a millisecond probed).
+    burst: u32,
+    pub cost: ProbeCost,
+    /// Probed calls per process at the last poll.
+    calls_seen: BTreeMap<u32, u64>,
+}
+
+/// Calls per burst batch: about `target` of probed calls at `probed_ns` each.
+fn batch_for(target: Duration, probed_ns: f64) -> u32 {
+    ((target.as_nanos() as f64 / probed_ns.max(1.0)) as u32).clamp(20, 5_000)
+}
+
+impl Calibrator {
+    /// Calibrates on `libcuda` (when given) or on the agent itself.
+    pub fn start(
+        probes: &mut Probes,
+        libcuda: Option<&LibraryFile>,
+    ) -> Result<Calibrator, ProbeError> {
+        let target = libcuda
+            .and_then(libcuda_target)
+            .or_else(self_target)
+            .ok_or_else(|| ProbeError::NotElf {
+                path: Path::new("/proc/self/exe").to_owned(),
+                reason: "no calibration target found".into(),
+            })?;
+        let unprobed = time_calls(target.func, 2_000, 9);
+        // The links stay attached for the agent's life (scoped to it, they cost nothing else).
+        probes.attach_calibration(&target.path, target.file_offset)?;
+        // A single-stepped probe can cost ~15 us in a VM: size batches to finish in ~100 ms.
+        let probe_once = time_calls(target.func, 20, 1);
+        let batch = batch_for(Duration::from_millis(10), probe_once);
+        let probed = time_calls(target.func, batch, 9);
+        let me = std::process::id();
+        let (calls, total_ns) = probes
+            .read_stats()?
+            .iter()
+            .filter(|(k, _)| k.tgid == me && k.api == ProbeCookie::CALIBRATION_API)
+            .fold((0u64, 0u64), |(c, t), (_, s)| (c + s.calls, t + s.total_ns));
+        let inband_ns = if calls > 0 {
+            (total_ns as f64 / calls as f64 - unprobed).max(0.0)
+        } else {
+            0.0
+        };
+        probes.remove_stats_rows(me, ProbeCookie::CALIBRATION_API)?;
+        let per_hit_ns = (probed - unprobed).max(0.0);
+        Ok(Calibrator {
+            func: target.func,
+            burst: batch_for(Duration::from_micros(700), probed),
+            cost: ProbeCost {
+                target: target.name,
+                prologue: target.prologue,
+                calls: u64::from(batch) * 9 + 20,
+                unprobed_ns: unprobed,
+                per_hit_ns,
+                inband_ns,
+                remeasured: 0,
+                last_per_hit_ns: per_hit_ns,
+                charged_ns: BTreeMap::new(),
+            },
+            calls_seen: BTreeMap::new(),
+        })
+    }
+
+    /// Re-measures the cost of a hit (three short batches, the median: about 2 ms) and charges
+    /// the calls each process made since the last poll at the mean of the cost measured before
+    /// and after them. `calls` is every process's probed calls so far.
+    pub fn remeasure(&mut self, calls: &BTreeMap<u32, u64>) {
+        let probed = time_calls(self.func, self.burst, 3);
+        let now = (probed - self.cost.unprobed_ns).max(0.0);
+        let per_hit = (now + self.cost.last_per_hit_ns) / 2.0;
+        self.cost.remeasured += 1;
+        self.cost.calls += u64::from(self.burst) * 3;
+        self.cost.last_per_hit_ns = now;
+        charge(
+            &mut self.cost.charged_ns,
+            &mut self.calls_seen,
+            calls,
+            per_hit,
+        );
+    }
+
+    /// Forgets exited processes.
+    pub fn forget(&mut self, pids: &[u32]) {
+        for p in pids {
+            self.calls_seen.remove(p);
+            self.cost.charged_ns.remove(p);
+        }
+    }
+}
+
+/// Charges each process's calls since the last poll at `per_hit` ns.
+fn charge(
+    charged: &mut BTreeMap<u32, f64>,
+    seen: &mut BTreeMap<u32, u64>,
+    calls: &BTreeMap<u32, u64>,
+    per_hit: f64,
+) {
+    for (&pid, &n) in calls {
+        // Fewer calls than last time: the rows were removed and the pid reused.
+        let before = seen.get(&pid).copied().filter(|&b| b <= n).unwrap_or(0);
+        *charged.entry(pid).or_insert(0.0) += (n - before) as f64 * per_hit;
+        seen.insert(pid, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_interval_is_charged_at_its_own_cost() {
+        let (mut charged, mut seen) = (BTreeMap::new(), BTreeMap::new());
+        charge(&mut charged, &mut seen, &[(7, 100)].into(), 1_000.0);
+        charge(
+            &mut charged,
+            &mut seen,
+            &[(7, 300), (8, 50)].into(),
+            2_000.0,
+        );
+        assert_eq!(charged[&7], 100.0 * 1_000.0 + 200.0 * 2_000.0);
+        assert_eq!(charged[&8], 50.0 * 2_000.0);
+        // A reused pid whose rows were removed starts again.
+        charge(&mut charged, &mut seen, &[(7, 10)].into(), 3_000.0);
+        assert_eq!(
+            charged[&7],
+            100.0 * 1_000.0 + 200.0 * 2_000.0 + 10.0 * 3_000.0
+        );
+    }
+
+    #[test]
+    fn batches_take_about_the_time_asked() {
+        assert_eq!(batch_for(Duration::from_micros(700), 3_500.0), 200);
+        assert_eq!(batch_for(Duration::from_millis(10), 0.0), 5_000);
+        assert_eq!(batch_for(Duration::from_micros(10), 15_000.0), 20);
+    }
 }

@@ -7,10 +7,11 @@
 
 pub mod calibrate;
 pub mod privileges;
+pub mod sampling;
 pub mod symbols;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
@@ -132,7 +133,8 @@ pub struct Probes {
     /// How the calibration programs attach (see `load`).
     calib_mode: AttachMode,
     libraries: BTreeMap<FileId, AttachedLibrary>,
-    launches_on: bool,
+    /// Kinds left detached (launches until turned on; sampled kinds between their windows).
+    off: BTreeSet<ApiKind>,
 }
 
 impl Probes {
@@ -189,7 +191,7 @@ impl Probes {
             mode,
             calib_mode,
             libraries: BTreeMap::new(),
-            launches_on: false,
+            off: [ApiKind::Launch].into(),
         })
     }
 
@@ -213,8 +215,8 @@ impl Probes {
         self.libraries.contains_key(&id)
     }
 
-    /// Attaches every probed kind of the library's kind (launches only while launch probes are
-    /// on): the CUDA kinds to libcuda, the NCCL kind to libnccl.
+    /// Attaches every probed kind of the library's kind (except those turned off): the CUDA kinds
+    /// to libcuda, the NCCL kind to libnccl.
     pub fn attach_library(&mut self, file: LibraryFile) -> Result<&AttachedLibrary, ProbeError> {
         let kinds = probed_kinds(file.kind);
         let apis = ApiId::all().filter(|a| a.spec().is_some_and(|s| kinds.contains(&s.kind)));
@@ -225,7 +227,7 @@ impl Probes {
             links: BTreeMap::new(),
         };
         for &kind in kinds {
-            if kind == ApiKind::Launch && !self.launches_on {
+            if self.off.contains(&kind) {
                 continue;
             }
             self.attach_kind(&mut lib, kind)?;
@@ -298,26 +300,40 @@ impl Probes {
 
     /// Turns the launch-family probes on or off in every attached library.
     pub fn set_launch_probes(&mut self, on: bool) -> Result<(), ProbeError> {
-        if on == self.launches_on {
+        self.set_kind(ApiKind::Launch, on)
+    }
+
+    /// Turns one kind's probes on or off in every attached library (and in libraries attached
+    /// later).
+    pub fn set_kind(&mut self, kind: ApiKind, on: bool) -> Result<(), ProbeError> {
+        if on != self.off.contains(&kind) {
             return Ok(());
         }
-        self.launches_on = on;
+        if on {
+            self.off.remove(&kind);
+        } else {
+            self.off.insert(kind);
+        }
         let ids: Vec<FileId> = self.libraries.keys().copied().collect();
         for id in ids {
             if on {
                 let mut lib = self.libraries.remove(&id).expect("listed above");
-                let result = self.attach_kind(&mut lib, ApiKind::Launch);
+                let result = if probed_kinds(lib.file.kind).contains(&kind) {
+                    self.attach_kind(&mut lib, kind)
+                } else {
+                    Ok(())
+                };
                 self.libraries.insert(id, lib);
                 result?;
             } else {
-                self.detach_kind(id, ApiKind::Launch);
+                self.detach_kind(id, kind);
             }
         }
         Ok(())
     }
 
     pub fn launches_on(&self) -> bool {
-        self.launches_on
+        !self.off.contains(&ApiKind::Launch)
     }
 
     /// Every row of a hash map (plain or LRU). A row evicted during the iteration shows up as an
@@ -382,38 +398,28 @@ impl Probes {
         })
     }
 
-    /// Attaches the calibration programs to one function of `path`, scoped to the calling thread.
+    /// Attaches the calibration programs to one function of `path`, scoped to this process, for
+    /// the life of the probes.
     pub(crate) fn attach_calibration(
         &mut self,
         path: &Path,
         file_offset: u64,
-    ) -> Result<Vec<(String, UProbeLinkId)>, ProbeError> {
+    ) -> Result<(), ProbeError> {
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(file_offset),
             cookie: Some(ProbeCookie::CALIBRATION_API as u64),
         };
-        let mut links = Vec::new();
         for entry in [true, false] {
             let name = program_name(ApiKind::Info, entry, self.calib_mode);
             let prog = program(&mut self.ebpf, &name)?;
-            let id = prog
-                .attach([point], path, UProbeScope::CallingProcess)
+            prog.attach([point], path, UProbeScope::CallingProcess)
                 .map_err(|source| ProbeError::Attach {
                     program: name.clone(),
                     path: path.to_owned(),
                     source: Box::new(source),
                 })?;
-            links.push((name, id));
         }
-        Ok(links)
-    }
-
-    pub(crate) fn detach_links(&mut self, links: Vec<(String, UProbeLinkId)>) {
-        for (name, id) in links {
-            if let Ok(p) = program(&mut self.ebpf, &name) {
-                let _ = p.detach(id);
-            }
-        }
+        Ok(())
     }
 
     /// Removes every row of these processes from the aggregation, live-memory and allocation

@@ -1,0 +1,432 @@
+//! Budgeted sampling of the high-rate probe kinds (launches, synchronisations, copies).
+//!
+//! A probe hit costs a microsecond or more, and a launch-heavy job makes tens of thousands of
+//! launches, synchronisations and copies a second: probing them all would cost it several per
+//! cent (3.1% in the seed slowdown test on the GPU machine, all of it from synchronisations and
+//! copies). Under a budget, each of these kinds is attached in short windows whose duty cycle is
+//! picked from the rate measured in its last window, so that the estimated cost
+//! (per-hit cost x calls per second x duty) of all of them together stays under the budget for
+//! the busiest process. The budget is shared out by water-filling: a kind whose full cost fits in
+//! its share stays attached (exact counts), the others share the rest equally, so every sampled
+//! kind is seen in about the same number of calls. Kinds that track state (allocations, frees,
+//! lifecycle, NCCL communicators) are never sampled.
+//!
+//! This module is the schedule only (time is passed in); `crate::trace` attaches and detaches.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use agent_common::ApiKind;
+use serde::{Deserialize, Serialize};
+
+/// The kinds a budget controls.
+pub const SAMPLED_KINDS: [ApiKind; 3] = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
+
+/// How much probe cost the sampled kinds may add.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    /// Share of a process's wall time (0.01 = 1%).
+    pub share: f64,
+    /// How long each window lasts.
+    pub window: Duration,
+}
+
+/// Duty cycles that keep `rates` (calls per second, per kind) at `per_hit_ns` each under
+/// `budget` (a share of wall time), by water-filling.
+pub fn duties(rates: &[f64], per_hit_ns: f64, budget: f64) -> Vec<f64> {
+    let cost: Vec<f64> = rates.iter().map(|r| r * per_hit_ns / 1e9).collect();
+    let mut order: Vec<usize> = (0..cost.len()).collect();
+    order.sort_by(|a, b| cost[*a].total_cmp(&cost[*b]));
+    let mut left = budget.max(0.0);
+    let mut out = vec![1.0; cost.len()];
+    for (i, &k) in order.iter().enumerate() {
+        let share = left / (cost.len() - i) as f64;
+        if cost[k] <= share {
+            left -= cost[k];
+        } else {
+            out[k] = share / cost[k];
+            left -= share;
+        }
+    }
+    out
+}
+
+/// The per-hit cost assumed when calibration is off (the GPU machine's, docs/gpu-validation.md).
+pub const UNCALIBRATED_PER_HIT_NS: f64 = 1_600.0;
+
+/// The least duty: windows at most this far apart (so that even a short recording sees a few).
+const MIN_DUTY: f64 = 0.002;
+
+/// One kind's schedule and what was measured.
+#[derive(Clone, Debug)]
+struct KindState {
+    kind: ApiKind,
+    on: bool,
+    /// When the current state began.
+    since: Instant,
+    /// When it should change (attached kinds whose duty is 1 are re-measured at this time).
+    until: Instant,
+    duty: f64,
+    /// Calls per second of the busiest process in the last window.
+    rate: f64,
+    attached: Duration,
+    /// Calls per process when the window opened.
+    calls_at_open: BTreeMap<u32, u64>,
+    /// The last closed window (its calls per process, how long it was open, when it closed, the
+    /// per-hit cost then): charged to the exposure when the next one opens and the whole cycle
+    /// is known.
+    pending: Option<(BTreeMap<u32, u64>, Duration, Instant, f64)>,
+}
+
+/// What the schedule did, for the model.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingStatus {
+    /// The budget, a share of wall time.
+    pub budget_share: f64,
+    pub window_seconds: f64,
+    pub kinds: Vec<KindSampling>,
+    /// Per process (host pid) and kind, cumulative: see [`Exposure`].
+    pub exposure: BTreeMap<u32, BTreeMap<String, Exposure>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KindSampling {
+    pub kind: String,
+    /// Share of the time it is attached now.
+    pub duty: f64,
+    /// Calls per second of the busiest process in its last window.
+    pub rate_per_second: f64,
+    /// Seconds attached so far.
+    pub attached_seconds: f64,
+}
+
+/// A process's calls of one kind seen in closed windows, and what they stand for: each window's
+/// calls x (window + the off time that followed it) / window. The ratio of the two scales the
+/// process's probed figures of that kind (a Horvitz-Thompson estimate: the duty changes with the
+/// rate, so one share over the whole recording would be biased towards idle times).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Exposure {
+    pub probed_calls: u64,
+    pub estimated_calls: f64,
+}
+
+/// The schedule of every sampled kind.
+pub struct Schedule {
+    budget: Budget,
+    kinds: Vec<KindState>,
+    pub status: SamplingStatus,
+}
+
+/// A change to make: attach (`true`) or detach a kind.
+pub type Switch = (ApiKind, bool);
+
+impl Schedule {
+    /// Every kind starts attached for one window (to measure its rate).
+    pub fn new(budget: Budget, kinds: &[ApiKind], now: Instant) -> Schedule {
+        Schedule {
+            budget,
+            kinds: kinds
+                .iter()
+                .map(|&kind| KindState {
+                    kind,
+                    on: true,
+                    since: now,
+                    until: now + budget.window,
+                    duty: 1.0,
+                    rate: 0.0,
+                    attached: Duration::ZERO,
+                    calls_at_open: BTreeMap::new(),
+                    pending: None,
+                })
+                .collect(),
+            status: SamplingStatus {
+                budget_share: budget.share,
+                window_seconds: budget.window.as_secs_f64(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Kinds attached at the start.
+    pub fn initially_on(&self) -> Vec<ApiKind> {
+        self.kinds.iter().map(|k| k.kind).collect()
+    }
+
+    /// When the next switch is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.kinds.iter().map(|k| k.until).min()
+    }
+
+    /// Switches due at `now`. `calls(kind)` gives each process's probed calls of a kind so far;
+    /// `per_hit_ns` the current cost of a hit.
+    pub fn due(
+        &mut self,
+        now: Instant,
+        per_hit_ns: f64,
+        mut calls: impl FnMut(ApiKind) -> BTreeMap<u32, u64>,
+    ) -> Vec<Switch> {
+        let mut out = Vec::new();
+        let mut replan = false;
+        // Each closing window's calls per process.
+        let mut seen: Vec<BTreeMap<u32, u64>> = vec![BTreeMap::new(); self.kinds.len()];
+        for (k, seen) in self.kinds.iter_mut().zip(&mut seen) {
+            if now < k.until || !k.on {
+                continue;
+            }
+            // A window closed: the busiest process's rate while attached.
+            let open = now.duration_since(k.since).as_secs_f64().max(1e-3);
+            let counts = calls(k.kind);
+            for (pid, n) in &counts {
+                let before = k.calls_at_open.get(pid).copied().unwrap_or(0);
+                seen.insert(*pid, n.saturating_sub(before));
+            }
+            k.rate = seen.values().map(|n| *n as f64 / open).fold(0.0, f64::max);
+            k.calls_at_open = counts;
+            replan = true;
+        }
+        if replan {
+            let rates: Vec<f64> = self.kinds.iter().map(|k| k.rate).collect();
+            let d = duties(&rates, per_hit_ns, self.budget.share);
+            for (k, d) in self.kinds.iter_mut().zip(d) {
+                k.duty = d.max(MIN_DUTY);
+                log::debug!(
+                    "sampling {}: {:.0} calls/s, duty {:.4}",
+                    k.kind.name(),
+                    k.rate,
+                    k.duty
+                );
+            }
+        }
+        let w = self.budget.window;
+        for (k, seen) in self.kinds.iter_mut().zip(&seen) {
+            if now < k.until {
+                continue;
+            }
+            if k.on {
+                let open = now.duration_since(k.since);
+                let off = if k.duty >= 1.0 {
+                    Duration::ZERO
+                } else {
+                    w.mul_f64(1.0 / k.duty - 1.0)
+                };
+                if k.duty >= 1.0 {
+                    charge(&mut self.status.exposure, k.kind, seen, 1.0);
+                } else {
+                    k.pending = Some((seen.clone(), open, now, per_hit_ns));
+                }
+                if k.duty >= 1.0 {
+                    // Stays attached; measured again after another window (an idle process
+                    // that starts calling is caught within one).
+                    k.calls_at_open = calls(k.kind);
+                    k.attached += now.duration_since(k.since);
+                    k.since = now;
+                    k.until = now + w;
+                    continue;
+                }
+                k.attached += now.duration_since(k.since);
+                k.on = false;
+                k.since = now;
+                k.until = now + off;
+                out.push((k.kind, false));
+            } else {
+                k.calls_at_open = calls(k.kind);
+                k.on = true;
+                k.since = now;
+                k.until = now + w;
+                out.push((k.kind, true));
+            }
+        }
+        out
+    }
+
+    /// A window opened at `at` (after its attach returned: attaching can take milliseconds on a
+    /// loaded machine, and no call is counted before it is done).
+    ///
+    /// The last window's calls stand for its whole cycle: from its opening to this one (the off
+    /// time as it really was, polls and attaching included).
+    pub fn opened(&mut self, kind: ApiKind, at: Instant) {
+        if let Some(k) = self.kinds.iter_mut().find(|k| k.kind == kind && k.on) {
+            k.until += at.saturating_duration_since(k.since);
+            k.since = at;
+            if let Some((seen, open, closed, per_hit_ns)) = k.pending.take() {
+                let off = at.saturating_duration_since(closed).as_secs_f64();
+                for (pid, n) in seen {
+                    let scale = cycle_scale(open.as_secs_f64(), off, n, per_hit_ns);
+                    charge(&mut self.status.exposure, kind, &[(pid, n)].into(), scale);
+                }
+            }
+        }
+    }
+
+    fn attached_at(&self, now: Instant) -> Vec<Duration> {
+        self.kinds
+            .iter()
+            .map(|k| k.attached + if k.on { now - k.since } else { Duration::ZERO })
+            .collect()
+    }
+
+    /// The schedule's state, for the model.
+    pub fn poll(&mut self, now: Instant) {
+        let attached = self.attached_at(now);
+        self.status.kinds = self
+            .kinds
+            .iter()
+            .zip(&attached)
+            .map(|(k, a)| KindSampling {
+                kind: k.kind.name().to_owned(),
+                duty: k.duty,
+                rate_per_second: k.rate,
+                attached_seconds: a.as_secs_f64(),
+            })
+            .collect();
+    }
+
+    /// Forgets exited processes.
+    pub fn forget(&mut self, pids: &[u32]) {
+        for p in pids {
+            self.status.exposure.remove(p);
+        }
+    }
+}
+
+/// How many calls one probed call of a window stands for, over the window and the off time after
+/// it. While attached, each of the window's `n` calls also took a probe hit, so the process got
+/// through only `open - n x per_hit` of its own work; the off time ran at its own pace. (Without
+/// this a tight launch loop, slowed 3x by the probes while they are attached, would be counted
+/// 3x short.) The correction is capped at 90% of the window, for callers on many threads at once.
+fn cycle_scale(open: f64, off: f64, n: u64, per_hit_ns: f64) -> f64 {
+    let own = (open - n as f64 * per_hit_ns / 1e9)
+        .max(open * 0.1)
+        .max(1e-9);
+    (own + off) / own
+}
+
+/// Adds one window's calls, standing for `scale` times as many, to each process's exposure.
+fn charge(
+    exposure: &mut BTreeMap<u32, BTreeMap<String, Exposure>>,
+    kind: ApiKind,
+    seen: &BTreeMap<u32, u64>,
+    scale: f64,
+) {
+    for (pid, n) in seen {
+        let e = exposure
+            .entry(*pid)
+            .or_default()
+            .entry(kind.name().to_owned())
+            .or_default();
+        e.probed_calls += n;
+        e.estimated_calls += *n as f64 * scale;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn water_filling_keeps_cheap_kinds_whole_and_shares_the_rest() {
+        // 1 us a hit, budget 1%: launches at 73k/s, syncs at 12k/s, copies at 1k/s.
+        let d = duties(&[73_000.0, 12_000.0, 1_000.0], 1_000.0, 0.01);
+        assert_eq!(d[2], 1.0, "copies cost 0.1%: all of them");
+        // The rest (0.9%) is shared: 0.45% each.
+        assert!((d[0] - 0.0045 / 0.073).abs() < 1e-12, "{d:?}");
+        assert!((d[1] - 0.0045 / 0.012).abs() < 1e-12, "{d:?}");
+        let cost: f64 = [73_000.0, 12_000.0, 1_000.0]
+            .iter()
+            .zip(&d)
+            .map(|(r, d)| r * 1e-6 * d)
+            .sum();
+        assert!((cost - 0.01).abs() < 1e-12);
+        // Everything fits: nothing is sampled.
+        assert_eq!(duties(&[100.0, 10.0], 2_000.0, 0.01), vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn the_probes_own_time_is_taken_out_of_the_window() {
+        // 50 ms window, 40 ms of it probe hits (a tight loop slowed 5x), 450 ms off.
+        assert!((cycle_scale(0.05, 0.45, 40_000, 1_000.0) - 46.0).abs() < 1e-9);
+        // Sparse calls: the plain cycle/window ratio.
+        assert!((cycle_scale(0.05, 0.45, 10, 1_000.0) - 0.4999900 / 0.0499900).abs() < 1e-6);
+        // Many threads at once: capped.
+        assert!((cycle_scale(0.05, 0.45, 1_000_000, 1_000.0) - 0.455 / 0.005).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_busy_kind_gets_short_windows_far_apart_and_each_stands_for_its_cycle() {
+        let t0 = Instant::now();
+        let w = Duration::from_millis(100);
+        let mut s = Schedule::new(
+            Budget {
+                share: 0.01,
+                window: w,
+            },
+            &[ApiKind::Launch, ApiKind::Sync],
+            t0,
+        );
+        assert_eq!(s.next_due(), Some(t0 + w));
+        // 10,000 launches and 10 syncs in the first window: 100k/s and 100/s.
+        let mut launches = 10_000;
+        let mut calls = |k: ApiKind| -> BTreeMap<u32, u64> {
+            match k {
+                ApiKind::Launch => [(7, launches)].into(),
+                _ => [(7, 10)].into(),
+            }
+        };
+        let t1 = t0 + w;
+        let sw = s.due(t1, 1_000.0, &mut calls);
+        assert_eq!(sw, vec![(ApiKind::Launch, false)], "syncs fit the budget");
+        // Syncs cost 0.01%; launches get the other 0.99% of 10%/s: duty 0.099.
+        let off = w.mul_f64(1.0 / 0.099 - 1.0);
+        assert_eq!(s.next_due(), Some(t1 + w), "syncs are measured again first");
+        assert!(
+            !s.status.exposure[&7].contains_key("launch"),
+            "charged once the cycle is known"
+        );
+        assert_eq!(s.status.exposure[&7]["sync"].estimated_calls, 10.0);
+        assert!(s.due(t1 + w, 1_000.0, &mut calls).is_empty());
+        // The window opens again when due; its attach returned 50 ms late, so the cycle of the
+        // last window was that much longer.
+        let t2 = t1 + off;
+        let opens = s.due(t2, 1_000.0, &mut calls);
+        assert_eq!(opens, vec![(ApiKind::Launch, true)]);
+        let late = Duration::from_millis(50);
+        s.opened(ApiKind::Launch, t2 + late);
+        let e = s.status.exposure[&7]["launch"];
+        assert_eq!(e.probed_calls, 10_000);
+        // The 10,000 hits took 10 ms of the 100 ms window: 90 ms of the process's own pace.
+        let own = 0.1 - 10_000.0 * 1e-6;
+        let cycle = own + (off + late).as_secs_f64();
+        assert!(
+            (e.estimated_calls - 10_000.0 * cycle / own).abs() < 1e-6,
+            "the window stands for its cycle: {e:?}"
+        );
+        // Calls made while detached are not seen; those of the next window are.
+        launches += 5_000;
+        let mut calls = |k: ApiKind| -> BTreeMap<u32, u64> {
+            match k {
+                ApiKind::Launch => [(7, launches)].into(),
+                _ => [(7, 10)].into(),
+            }
+        };
+        let t3 = t2 + late + w;
+        assert_eq!(
+            s.due(t3, 1_000.0, &mut calls),
+            vec![(ApiKind::Launch, false)]
+        );
+        let mut reopen = t3;
+        while !s
+            .due(reopen, 1_000.0, &mut calls)
+            .contains(&(ApiKind::Launch, true))
+        {
+            reopen = s.next_due().unwrap();
+        }
+        s.opened(ApiKind::Launch, reopen);
+        assert_eq!(s.status.exposure[&7]["launch"].probed_calls, 15_000);
+        s.poll(reopen);
+        assert_eq!(s.status.kinds.len(), 2);
+        s.forget(&[7]);
+        assert!(!s.status.exposure.contains_key(&7));
+    }
+}

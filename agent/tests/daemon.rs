@@ -53,6 +53,14 @@ impl Daemon {
     }
 }
 
+impl Drop for Daemon {
+    /// A failed assertion must not leave the daemon running (it holds the test's output pipe).
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn process_of(snap: &Value, pid: u32) -> Option<&Value> {
     snap["processes"]
         .as_array()?
@@ -261,4 +269,124 @@ fn two_processes_in_two_containers_a_corrupt_region_and_no_nvml() {
     }
     assert!(daemon.stop().success());
     assert!(!socket.exists(), "the socket is removed on exit");
+}
+
+/// `GET target` on 127.0.0.1:`port`: the status code and body.
+fn http_get(port: u16, target: &str) -> std::io::Result<(u16, String)> {
+    use std::io::Write as _;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    write!(s, "GET {target} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    Ok((status, body))
+}
+
+/// The value of the first exposition line that starts with `name{` and contains `label`.
+fn sample(body: &str, name: &str, label: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+}
+
+/// A process held to half the (simulated) GPU by its SM limit: the throttled time the limiter
+/// records reaches the model (per process, with a share per interval), the container's SM limit
+/// and throttled seconds reach `/metrics`.
+#[test]
+fn sm_throttling_reaches_the_model_and_the_metrics() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let regions = dir.path().join("regions");
+    std::fs::create_dir_all(&regions).unwrap();
+    let id = format!("{:016x}", std::process::id() as u64 * 0x9e37_79b9 + 0x5eed).repeat(4);
+    let cg = TestCgroup::new(&format!("vgpu-sm-{}/docker/{id}", std::process::id()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let socket = dir.path().join("agent.sock");
+    let daemon = Daemon::start(
+        &socket,
+        &[
+            "--region-dir",
+            regions.to_str().unwrap(),
+            &format!("--metrics-listen=127.0.0.1:{port}"),
+        ],
+    );
+
+    let wdir = dir.path().join("w");
+    std::fs::create_dir_all(&wdir).unwrap();
+    let mut cmd = exercise(&lib);
+    cmd.args(["paced", "--seconds", "20", "--sync-every", "16"])
+        .env("LD_PRELOAD", limiter_lib())
+        .env("VGPU_REAL_LIBCUDA", &lib)
+        .env("CUDA_DEVICE_SM_LIMIT", "50")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
+        .env("SIMCUDA_LAUNCH_US", "500");
+    let w = Workload::start(cmd, &wdir);
+    cg.add(w.pid());
+    w.go();
+    let pid = w.pid();
+
+    // Two intervals of steady throttling: the share is about half of each.
+    let mut last = Value::Null;
+    wait_until(
+        Duration::from_secs(15),
+        || {
+            let snap = daemon.snapshot();
+            let Some(p) = process_of(&snap, pid) else {
+                return false;
+            };
+            last = p.clone();
+            p["limiter"]["throttled_ns"].as_u64().unwrap_or(0) > 1_000_000_000
+                && p["rates"]["throttled_share"].as_f64().is_some()
+        },
+        "a second of throttled time in the model",
+    );
+    let share = last["rates"]["throttled_share"].as_f64().unwrap();
+    assert!(
+        (0.2..=0.8).contains(&share),
+        "a 50% SM limit on a saturating loop is throttled about half of each interval: {last}"
+    );
+    let snap = daemon.snapshot();
+    let container = snap["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["container_id"] == id)
+        .expect("the container");
+    assert_eq!(container["regions"][0]["devices"][0]["sm_limit_pct"], 50);
+
+    // The container's label: the runtime and short id the agent derives from the cgroup path.
+    let label = format!("container=\"docker {}\"", &id[..12]);
+    let mut body = String::new();
+    wait_until(
+        Duration::from_secs(10),
+        || {
+            body = http_get(port, "/metrics")
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            sample(&body, "vgpu_throttled_seconds_total", &label).is_some_and(|v| v > 1.0)
+        },
+        "throttled seconds in /metrics",
+    );
+    assert_eq!(
+        sample(&body, "vgpu_container_sm_limit_ratio", &label),
+        Some(0.5),
+        "{body}"
+    );
+    let mut w = w;
+    w.child.kill().unwrap();
+    w.child.wait().unwrap();
+    daemon.stop();
 }

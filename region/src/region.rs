@@ -216,9 +216,12 @@ impl Region {
         let index = slot.index();
         match result {
             Ok(applied) => {
-                // Relaxed: a statistic.
-                dev.peak_reserved
-                    .fetch_max(applied.total, Ordering::Relaxed);
+                // Relaxed: a statistic. Load first: the peak rarely moves, and a locked
+                // read-modify-write on every reservation costs more than the load.
+                if applied.total > dev.peak_reserved.load(Ordering::Relaxed) {
+                    dev.peak_reserved
+                        .fetch_max(applied.total, Ordering::Relaxed);
+                }
                 Ok(())
             }
             Err(OpError::Denied(denied)) => {

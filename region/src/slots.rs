@@ -90,7 +90,9 @@ pub struct ReclaimReport {
     /// Reservations or releases a dead owner had committed but not applied to its slot (it
     /// was killed in between): applied by the reclaim.
     pub pending_applied: u32,
-    /// Reservations or releases a dead owner had announced but not committed: discarded.
+    /// Reservations or releases a dead owner had in flight that the container word no longer
+    /// named: never committed, or committed and already applied by another process's commit
+    /// (help). Marked done without applying.
     pub pending_discarded: u32,
 }
 

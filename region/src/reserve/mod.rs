@@ -15,14 +15,15 @@
 //!   `ticket`, and a 40-bit `seq` bumped by every new intent (so a reader that sees the same
 //!   word twice saw the same intent). `intent_bytes` holds a reserve's or release's byte count;
 //!   a return-all returns whatever the held word holds at ticket - 1. The intent is also the
-//!   per-slot lock serialising the threads of one process (`DONE -> BUSY` by CAS).
+//!   per-slot lock serialising the threads of one process (`DONE -> BUSY` by CAS). Only the
+//!   owner, or a reclaimer of a dead owner (or of a `DONE` intent), writes it: helpers never do.
 //!
 //! # Protocol
 //! Operation `(s, d, t, ±b)` by slot `s`: (1) lock and write the intent `PENDING`; (2) *help*:
 //! make sure the operation the container word names is applied to its slot's held word
 //! ([`help`]); (3) commit: CAS the container word `{B, last} -> {B ± b, (s, t)}` (a reserve is
 //! refused instead if `B + b` would pass the limit); (4) apply: CAS `held {x, t-1} -> {x ± b, t}`;
-//! (5) mark the intent `DONE`.
+//! (5) mark the intent `DONE` (a plain store).
 //!
 //! # Why it is exact
 //! Invariant I: whenever the container word moves away from naming `(s, t)`, operation `(s, t)`
@@ -304,10 +305,10 @@ pub(crate) fn owner_op<C: Cells>(
         seq,
     }
     .encode();
-    // AcqRel on unlock: Release publishes nothing new but pairs with the next locker's Acquire.
-    let unlock = |w: u64| {
-        let _ = word.compare_exchange(w, Intent::done(w), AcqRel, Relaxed);
-    };
+    // A plain store: while the owner holds the intent (busy or pending) nobody else writes it
+    // (helpers only apply; a reclaimer writes it only when the owner is dead, or when it is
+    // DONE). Release: publishes this operation's apply to the next locker's Acquire CAS.
+    let unlock = |w: u64| word.store(Intent::done(w), Release);
     if !still_owned() {
         unlock(busy);
         return Err(OpError::Lost);
@@ -378,7 +379,6 @@ pub(crate) fn owner_op<C: Cells>(
         return Err(OpError::Stopped);
     }
     apply(held, kind, ticket, amount);
-    // CAS, not a store: a helper may have marked it done and another thread taken the lock.
     unlock(pending);
     Ok(Applied {
         total,
@@ -452,8 +452,8 @@ fn help<C: Cells>(cells: &C, device: u32, c: u64) -> Helped {
     if i2 != i1 {
         return Helped::Clear;
     }
+    // Applied: the intent stays PENDING until its owner (or, if the owner is dead, a
+    // reclaimer) marks it done; a later helper's apply is a no-op.
     apply(held, kind, it.ticket, amount);
-    // AcqRel: Release publishes the apply to the next locker of the slot (Acquire).
-    let _ = word.compare_exchange(i1, Intent::done(i1), AcqRel, Relaxed);
     Helped::Clear
 }

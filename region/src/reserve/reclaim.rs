@@ -18,7 +18,8 @@ pub(crate) struct Returned {
     pub(crate) bytes: [u64; MAX_DEVICES],
     /// Pending operations of the dead owner that were committed and applied here.
     pub(crate) applied: u32,
-    /// Pending operations of the dead owner that were never committed, discarded here.
+    /// Pending operations of the dead owner that the container word no longer named (never
+    /// committed, or already applied by a helper), marked done here without applying.
     pub(crate) discarded: u32,
 }
 

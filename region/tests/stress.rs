@@ -177,15 +177,11 @@ fn stress_many_processes_with_sigkill() {
         "every killed process was reclaimed"
     );
     let reclaimed_total: u64 = snap.devices.iter().map(|d| d.reclaimed_bytes).sum();
-    for d in 0..DEVICES as usize {
-        let reserved = snap.devices[d].reserved;
+    for (d, (device, &survivors)) in snap.devices.iter().zip(&survivors_held).enumerate() {
         let held_in_region: u64 = snap.slots.iter().map(|s| s.held[d]).sum();
+        assert_eq!(held_in_region, survivors, "slots agree with the processes");
         assert_eq!(
-            held_in_region, survivors_held[d],
-            "slots agree with the processes"
-        );
-        assert_eq!(
-            reserved, survivors_held[d],
+            device.reserved, survivors,
             "device {d}: reserved differs from what the survivors hold"
         );
     }

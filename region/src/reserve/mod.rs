@@ -64,7 +64,9 @@ mod reclaim;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use reclaim::{Returned, return_holdings};
+#[cfg(test)]
+pub(crate) use reclaim::Returned;
+pub(crate) use reclaim::return_holdings;
 
 /// Bits of the byte count in a container or held word.
 const BYTES_BITS: u32 = 48;

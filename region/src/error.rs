@@ -83,4 +83,11 @@ pub enum ReserveError {
         /// Slot index.
         index: u32,
     },
+    /// Another thread of this process kept the slot's reservation intent for longer than the
+    /// wait bound (about a second: it stalled, or the region was overwritten). Nothing changed.
+    #[error("slot {index}: another reservation of this process did not finish in time")]
+    SlotBusy {
+        /// Slot index.
+        index: u32,
+    },
 }

@@ -111,13 +111,20 @@ pub(crate) fn open_or_create(
     // exactly the size the header says.
     let total = header.total_size.load(Ordering::Relaxed);
     grow_to(&file, path, total)?;
+    let invalid = |source| RegionError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    };
     let geometry =
-        crate::reader::validate_header(header, file_len(&file, path)?).map_err(|source| {
-            RegionError::Invalid {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
+        crate::reader::validate_header(header, file_len(&file, path)?).map_err(invalid)?;
+    // Readers decode older majors; a writer speaks only its own protocol.
+    if geometry.major != LAYOUT_MAJOR {
+        return Err(invalid(crate::reader::ReadError::UnsupportedVersion {
+            major: geometry.major,
+            minor: geometry.minor,
+            supported: LAYOUT_MAJOR,
+        }));
+    }
     let map = if map.len() as u64 == geometry.total_size {
         map
     } else {
@@ -313,8 +320,16 @@ fn write_header(map: &Mapping, config: &RegionConfig, pid: u32, pid_ns: u64, may
             let Some(slot) = map.get::<SlotRecord>(HEADER_SIZE + i * SLOT_SIZE) else {
                 break;
             };
-            if slot.header.state.load(r) != 0 {
-                slot.header.state.store(0, r);
+            // The reservation words restart with the container words (tickets included: a
+            // ticket left over could match a reset container word's tag).
+            let h = &slot.header;
+            for w in [&h.state, &h.intent, &h.intent_bytes]
+                .into_iter()
+                .chain(h.held.iter())
+            {
+                if w.load(r) != 0 {
+                    w.store(0, r);
+                }
             }
         }
     }

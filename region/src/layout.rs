@@ -17,8 +17,11 @@ use agent_common::hist::HIST_BUCKETS;
 
 /// `b"VGPUREGN"` read as a little-endian `u64`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VGPUREGN");
-/// Layout major version: readers reject any other major.
-pub const LAYOUT_MAJOR: u32 = 1;
+/// Layout major version. Writers use only this major; readers also read [`OLDEST_READABLE_MAJOR`]
+/// and later majors up to this one. 2 packs a tag into `reserved` and `held` (see `reserve`).
+pub const LAYOUT_MAJOR: u32 = 2;
+/// The oldest major version the reader still decodes (1: `reserved` and `held` are plain bytes).
+pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// Layout minor version: additions inside reserved fields; readers accept any minor.
 pub const LAYOUT_MINOR: u32 = 0;
 /// Devices per region (as HAMi-core's `CUDA_DEVICE_MAX_COUNT`).
@@ -41,7 +44,8 @@ pub const HEADER_SIZE: usize = 4096;
 pub struct DeviceState {
     /// Memory limit in bytes; 0 = unlimited. Written once by the initialiser.
     pub memory_limit: AtomicU64,
-    /// Bytes reserved by all processes of the container (the enforced counter).
+    /// Bytes reserved by all processes of the container (the enforced counter), bits 0..48, and
+    /// the tag of the last operation committed on it, bits 48..64 (see `reserve`).
     pub reserved: AtomicU64,
     /// SM limit in percent; 0 or 100 = unlimited. Written once by the initialiser.
     pub sm_limit: AtomicU64,
@@ -166,14 +170,20 @@ pub struct SlotHeader {
     pub dropped_records: AtomicU64,
     /// Owner's command name (`/proc/self/comm`), 16 bytes, NUL padded.
     pub name: [AtomicU64; 2],
-    /// Bytes this process holds per device (reserved and not released).
+    /// Bytes this process holds per device (reserved and not released), bits 0..48, and the
+    /// ticket of the last operation applied, bits 48..64 (see `reserve`).
     pub held: [AtomicU64; MAX_DEVICES],
     /// Context (and module) bytes per device, as set by the limiter, for display.
     pub context_bytes: [AtomicU64; MAX_DEVICES],
     /// Bit `i` set once shard `i` has been written (so a reused slot zeroes only those).
     pub used_shards: AtomicU64,
+    /// The slot's reservation operation in flight: `state | kind << 2 | device << 4 |
+    /// ticket << 8 | seq << 24` (see `reserve`). Zero = none.
+    pub intent: AtomicU64,
+    /// Bytes of the intent (reserve or release).
+    pub intent_bytes: AtomicU64,
     /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 7],
+    pub spare: [AtomicU64; 5],
 }
 
 /// One process slot: its header and its shards. Slots never move.
@@ -215,6 +225,9 @@ const _: () = assert!(offset_of!(RegionHeader, devices) == 160);
 const _: () = assert!(offset_of!(Shard, apis) == 64);
 const _: () = assert!(offset_of!(Shard, hist) == 6208);
 const _: () = assert!(offset_of!(SlotHeader, held) == 64);
+const _: () = assert!(offset_of!(SlotHeader, intent) == 328);
+const _: () = assert!(offset_of!(SlotHeader, intent_bytes) == 336);
+const _: () = assert!(offset_of!(SlotHeader, spare) == 344);
 const _: () = assert!(offset_of!(SlotRecord, shards) == 384);
 // A region for 64 processes with 8 thread shards each stays far below 64 MiB of (sparse) file.
 const _: () = assert!(region_size(64) < 24 << 20);
@@ -281,6 +294,8 @@ field_offsets!(
     SlotHeader.held,
     SlotHeader.context_bytes,
     SlotHeader.used_shards,
+    SlotHeader.intent,
+    SlotHeader.intent_bytes,
     SlotHeader.spare,
     Shard.seq,
     Shard.owner_tid,

@@ -39,6 +39,6 @@ pub use holdings::Holding;
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT};
 pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS};
 pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, SWEEP_INTERVAL_MS};
-pub use reserve::Denied;
+pub use reserve::{Denied, MAX_RESERVABLE};
 pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};
 pub use stats::ShardWriter;

@@ -1,4 +1,6 @@
-//! Loom models of the seqlock, the reservation counter and exactly-once reclaim.
+//! Loom models of the seqlock and of the reservation protocol (exact limits, SIGKILL at any point,
+//! exactly-once reclaim). A killed process is a thread that stops where `reserve::Stop` says and
+//! is joined before anyone judges it dead (as the kernel's exit and `/proc` order it).
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p region --release --lib loom`.
 
 use loom::sync::Arc;
@@ -6,7 +8,7 @@ use loom::sync::atomic::AtomicU64;
 use loom::thread;
 use std::sync::atomic::Ordering;
 
-use crate::reserve;
+use crate::reserve::{self, Kind, OpError, Stop};
 use crate::seqlock::{self, SeqRead};
 
 /// A writer runs two sections writing the same value into two fields; a concurrent reader must
@@ -68,58 +70,148 @@ fn loom_overflow_writers_never_interleave() {
     });
 }
 
-/// Two processes reserve (one also releases) against one limit while the main thread reserves
-/// too; the counter never passes the limit and ends equal to what the slots hold.
+type Model = reserve::model::Model<AtomicU64>;
+
+fn model(slots: u32, devices: u32) -> Arc<Model> {
+    Arc::new(Model::new(
+        slots,
+        devices,
+        || AtomicU64::new(0),
+        |round| {
+            thread::yield_now();
+            round < 64
+        },
+    ))
+}
+
+fn bounded() -> loom::model::Builder {
+    let mut builder = loom::model::Builder::new();
+    // Every interleaving with up to two preemptions: about 30 s for all models here, and deep
+    // enough to fail when helping is left out of the commit loop or when a reclaimer discards a
+    // committed operation (both checked by hand). LOOM_MAX_PREEMPTIONS=3 runs deeper (all pass;
+    // about 15 minutes on the dev VM).
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder
+}
+
+/// Two processes race to reserve 60 each against a limit of 100 (one of them then releases):
+/// exactly one wins, the counter never passes the limit, and it ends equal to what the slots
+/// hold.
 #[test]
-fn loom_reserve_never_exceeds_limit() {
+fn loom_two_reservers_race_against_the_limit() {
     const LIMIT: u64 = 100;
-    loom::model(|| {
-        let reserved = Arc::new(AtomicU64::new(0));
-        let held: Arc<[AtomicU64; 3]> =
-            Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
-        let process = |i: usize, reserved: &AtomicU64, held: &[AtomicU64; 3]| {
-            let bytes = 40 + i as u64 * 10;
-            if reserve::reserve(reserved, LIMIT, bytes).is_ok() {
-                reserve::add_held(&held[i], bytes);
-                assert!(reserved.load(Ordering::Relaxed) <= LIMIT);
-                if i == 0 {
-                    let taken = reserve::release_saturating(&held[i], bytes);
-                    reserve::release_saturating(reserved, taken);
+    bounded().check(|| {
+        let m = model(2, 1);
+        let other = {
+            let m = m.clone();
+            thread::spawn(move || {
+                let won = m.op(1, Kind::Reserve, 60, LIMIT, Stop::Never).is_ok();
+                assert!(m.reserved(0) <= LIMIT);
+                if won {
+                    assert_eq!(m.op(1, Kind::Release, 60, 0, Stop::Never), Ok(60));
                 }
-            }
+                won
+            })
         };
-        let handle = {
-            let (reserved, held) = (reserved.clone(), held.clone());
-            thread::spawn(move || process(0, &reserved, &held))
-        };
-        process(1, &reserved, &held);
-        process(2, &reserved, &held);
-        handle.join().unwrap();
-        let total: u64 = held.iter().map(|h| h.load(Ordering::Relaxed)).sum();
-        assert_eq!(reserved.load(Ordering::Relaxed), total);
-        assert!(total <= LIMIT);
+        let mine = m.op(0, Kind::Reserve, 60, LIMIT, Stop::Never);
+        assert!(m.reserved(0) <= LIMIT);
+        let theirs = other.join().unwrap();
+        if let Err(e) = mine {
+            assert!(matches!(e, OpError::Denied(d) if d.reserved + 60 > LIMIT));
+        }
+        assert!(mine.is_ok() || theirs, "one reservation must win");
+        assert_eq!(m.reserved(0), m.sum_held(0));
+        assert_eq!(m.held_bytes(1, 0), 0);
+        assert_eq!(m.held_bytes(0, 0), if mine.is_ok() { 60 } else { 0 });
     });
 }
 
-/// A dead process's holdings are returned exactly once even when two reclaimers overlap (the
-/// takeover case: both run `return_holdings` on the same slot).
-#[test]
-fn loom_reclaim_returns_holdings_exactly_once() {
-    loom::model(|| {
-        let reserved = Arc::new(AtomicU64::new(0));
-        let held = Arc::new(AtomicU64::new(0));
-        reserve::reserve(&*reserved, 0, 64).unwrap();
-        reserve::add_held(&*held, 64);
-        // Another live process holds 16 more.
-        reserve::reserve(&*reserved, 0, 16).unwrap();
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let (reserved, held) = (reserved.clone(), held.clone());
-                thread::spawn(move || reserve::return_holdings(&*held, &*reserved))
+/// Process 0 holds 30 and is killed inside a reservation of 50 (after publishing its intent, or
+/// after its container CAS) while process 1 reserves and releases against a limit of 100; then a
+/// reclaimer returns process 0's slot while process 1 is still running. Whatever the kill point
+/// and the interleaving: never above the limit, and at the end reserved == what process 1 holds.
+fn killed_owner_then_reclaimed(stop: Stop) {
+    const LIMIT: u64 = 100;
+    bounded().check(move || {
+        let m = model(2, 1);
+        m.op(0, Kind::Reserve, 30, LIMIT, Stop::Never).unwrap();
+        let victim = {
+            let m = m.clone();
+            thread::spawn(move || {
+                // 30 + 50 + 20 fits exactly: both processes' operations always commit, in
+                // either order, so process 1 can commit on top of the victim's commit.
+                assert_eq!(
+                    m.op(0, Kind::Reserve, 50, LIMIT, stop),
+                    Err(OpError::Stopped)
+                );
             })
-            .collect();
-        let returned: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-        assert_eq!(returned, 64);
-        assert_eq!(reserved.load(Ordering::Relaxed), 16);
+        };
+        let live = {
+            let m = m.clone();
+            thread::spawn(move || {
+                if m.op(1, Kind::Reserve, 20, LIMIT, Stop::Never).is_ok() {
+                    assert!(m.reserved(0) <= LIMIT);
+                    m.op(1, Kind::Release, 5, 0, Stop::Never).unwrap();
+                }
+                assert!(m.reserved(0) <= LIMIT);
+            })
+        };
+        victim.join().unwrap();
+        let returned = m.reclaim(0, Stop::Never).expect("the reclaim completes");
+        // A commit of process 1 may have helped (applied) it before the reclaim looked.
+        assert!(returned.applied + returned.discarded <= 1);
+        if stop == Stop::AfterIntent {
+            assert_eq!(returned.discarded, 1, "an uncommitted intent is discarded");
+        }
+        assert!(m.reserved(0) <= LIMIT);
+        live.join().unwrap();
+        assert_eq!(m.held_bytes(0, 0), 0);
+        assert_eq!(m.reserved(0), m.sum_held(0));
+        assert_eq!(m.held_bytes(1, 0), 15);
+    });
+}
+
+#[test]
+fn loom_owner_killed_after_commit_is_reclaimed_exactly() {
+    killed_owner_then_reclaimed(Stop::AfterCommit);
+}
+
+#[test]
+fn loom_owner_killed_before_commit_is_reclaimed_exactly() {
+    killed_owner_then_reclaimed(Stop::AfterIntent);
+}
+
+/// A dead slot holding 64 is reclaimed by a reclaimer that is killed right after its container
+/// CAS and, overlapping it (the takeover), by a second one; a live process reserves meanwhile.
+/// The 64 bytes are returned exactly once.
+#[test]
+fn loom_reclaimer_killed_mid_return_is_finished_by_the_next() {
+    const LIMIT: u64 = 100;
+    bounded().check(|| {
+        let m = model(2, 1);
+        m.op(0, Kind::Reserve, 64, LIMIT, Stop::Never).unwrap();
+        let first = {
+            let m = m.clone();
+            thread::spawn(move || m.reclaim(0, Stop::AfterCommit))
+        };
+        let live = {
+            let m = m.clone();
+            thread::spawn(move || {
+                let ok = m.op(1, Kind::Reserve, 30, LIMIT, Stop::Never).is_ok();
+                assert!(m.reserved(0) <= LIMIT);
+                ok
+            })
+        };
+        let second = m.reclaim(0, Stop::Never).expect("the takeover completes");
+        let first = first.join().unwrap();
+        let live_ok = live.join().unwrap();
+        let returned = second.bytes[0] + first.map_or(0, |r| r.bytes[0]);
+        // A first reclaimer that stopped after its CAS reports None, but its CAS counted.
+        assert!(returned <= 64);
+        assert_eq!(m.held_bytes(0, 0), 0);
+        assert_eq!(m.reserved(0), m.sum_held(0));
+        assert_eq!(m.held_bytes(1, 0), if live_ok { 30 } else { 0 });
     });
 }

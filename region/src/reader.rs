@@ -19,8 +19,9 @@ use agent_common::hist::HIST_BUCKETS;
 
 use crate::init::{PHASE_READY, init_phase, init_pid};
 use crate::layout::{
-    HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, REGION_MAGIC, RegionHeader, SHARD_SIZE,
-    SHARDS_PER_SLOT, SLOT_SIZE, Shard, SlotHeader, SlotRecord, region_size,
+    HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC,
+    RegionHeader, SHARD_SIZE, SHARDS_PER_SLOT, SLOT_SIZE, Shard, SlotHeader, SlotRecord,
+    region_size,
 };
 use crate::pread::{self, PreadError};
 use crate::procfs::{self, Liveness};
@@ -102,6 +103,8 @@ pub struct Geometry {
     pub device_count: u32,
     /// Bytes of the region.
     pub total_size: u64,
+    /// Layout major version (1 or 2: see [`crate::layout::LAYOUT_MAJOR`]).
+    pub major: u32,
     /// Layout minor version.
     pub minor: u32,
 }
@@ -138,7 +141,7 @@ pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Ge
     }
     let version = header.layout_version.load(r);
     let (major, minor) = ((version >> 32) as u32, version as u32);
-    if major != LAYOUT_MAJOR {
+    if !(OLDEST_READABLE_MAJOR..=LAYOUT_MAJOR).contains(&major) {
         return Err(ReadError::UnsupportedVersion {
             major,
             minor,
@@ -217,6 +220,7 @@ pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Ge
         slot_count,
         device_count,
         total_size,
+        major,
         minor,
     })
 }
@@ -419,6 +423,7 @@ impl RegionReader {
                 slot_count: 0,
                 device_count: 0,
                 total_size: 0,
+                major: 0,
                 minor: 0,
             },
         };
@@ -483,12 +488,13 @@ impl RegionReader {
         let r = Ordering::Relaxed;
         let creator_pid_ns = header.creator_pid_ns.load(r);
         let my_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        let bytes = byte_decoder(geometry.major);
         let devices = header.devices[..geometry.device_count as usize]
             .iter()
             .map(|d| DeviceSnapshot {
                 memory_limit: d.memory_limit.load(r),
                 sm_limit: d.sm_limit.load(r).min(100) as u8,
-                reserved: d.reserved.load(r),
+                reserved: bytes(d.reserved.load(r)),
                 peak_reserved: d.peak_reserved.load(r),
                 denied: d.denied.load(r),
                 reclaimed_bytes: d.reclaimed_bytes.load(r),
@@ -505,14 +511,9 @@ impl RegionReader {
         };
         for index in 0..geometry.slot_count {
             let offset = HEADER_SIZE as u64 + u64::from(index) * SLOT_SIZE as u64;
-            if let Some(slot) = self.read_slot(
-                offset,
-                index,
-                geometry.device_count,
-                my_ns,
-                &mut scratch,
-                &mut counters,
-            )? {
+            if let Some(slot) =
+                self.read_slot(offset, index, geometry, my_ns, &mut scratch, &mut counters)?
+            {
                 slots.push(slot);
             }
         }
@@ -536,7 +537,7 @@ impl RegionReader {
         &self,
         offset: u64,
         index: u32,
-        device_count: u32,
+        geometry: Geometry,
         my_ns: u64,
         scratch: &mut Scratch,
         counters: &mut ReadCounters,
@@ -565,8 +566,9 @@ impl RegionReader {
             name_bytes[..8].copy_from_slice(&h.name[0].load(r).to_le_bytes());
             name_bytes[8..].copy_from_slice(&h.name[1].load(r).to_le_bytes());
             let name_len = name_bytes.iter().position(|&b| b == 0).unwrap_or(16);
-            let devices = device_count as usize;
-            let held = h.held[..devices].iter().map(|w| w.load(r)).collect();
+            let devices = geometry.device_count as usize;
+            let bytes = byte_decoder(geometry.major);
+            let held = h.held[..devices].iter().map(|w| bytes(w.load(r))).collect();
             let context_bytes = h.context_bytes[..devices]
                 .iter()
                 .map(|w| w.load(r))
@@ -667,6 +669,16 @@ const _: () = assert!(SHARD_APIS + API_SLOTS * API_WORDS <= SHARD_HIST);
 const _: () = assert!(SHARD_HIST + API_SLOTS * HIST_BUCKETS == SHARD_WORDS);
 
 const SLOT_READ_ATTEMPTS: u32 = 3;
+
+/// How `reserved` and `held` words hold bytes: major 1 plain, major 2 in bits 0..48 under a tag
+/// (whatever the tag holds, the bytes are at most 2^48 - 1).
+fn byte_decoder(major: u32) -> fn(u64) -> u64 {
+    if major == 1 {
+        |w| w
+    } else {
+        crate::reserve::word_bytes
+    }
+}
 
 /// Adds a consistent private copy of a shard to the per-API totals.
 fn merge(merged: &mut [Option<ApiStats>], shard: &[u64]) {

@@ -2,14 +2,14 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{RegionError, ReserveError};
 use crate::layout::{
     DeviceState, HEADER_SIZE, MAX_DEVICES, MAX_SLOTS, RegionHeader, SLOT_SIZE, SlotRecord,
 };
 use crate::mapping::Mapping;
-use crate::reserve;
+use crate::reserve::{self, Kind, MAX_RESERVABLE, OpError, Stop};
 use crate::slots::Slot;
 
 /// Least time between two denial-triggered dead-slot sweeps of one container.
@@ -21,7 +21,8 @@ pub const SWEEP_INTERVAL_MS: u64 = 50;
 pub struct RegionConfig {
     /// Devices in use, `1..=MAX_DEVICES`.
     pub devices: u32,
-    /// Memory limit per device in bytes; 0 = unlimited.
+    /// Memory limit per device in bytes; 0 = unlimited (up to [`MAX_RESERVABLE`]); at most
+    /// [`MAX_RESERVABLE`].
     pub memory_limit: [u64; MAX_DEVICES],
     /// SM limit per device in percent; 0 or 100 = unlimited.
     pub sm_limit: [u8; MAX_DEVICES],
@@ -47,6 +48,11 @@ impl RegionConfig {
             format!("slots = {} (must be 1..={MAX_SLOTS})", self.slots)
         } else if let Some(d) = self.sm_limit.iter().position(|&p| p > 100) {
             format!("sm_limit[{d}] = {}% (must be 0..=100)", self.sm_limit[d])
+        } else if let Some(d) = self.memory_limit.iter().position(|&l| l > MAX_RESERVABLE) {
+            format!(
+                "memory_limit[{d}] = {} bytes (must be at most {MAX_RESERVABLE}, 2^48 - 1)",
+                self.memory_limit[d]
+            )
         } else {
             return Ok(());
         };
@@ -181,53 +187,96 @@ impl Region {
 
     /// Bytes reserved container-wide on `device`.
     pub fn reserved(&self, device: u32) -> u64 {
-        // Acquire: pairs with the AcqRel CAS of reservations; a momentary value either way.
-        self.device(device)
-            .map_or(0, |d| d.reserved.load(Ordering::Acquire))
+        // Acquire: pairs with the AcqRel commits; a momentary value either way.
+        self.device(device).map_or(0, |d| {
+            reserve::word_bytes(d.reserved.load(Ordering::Acquire))
+        })
     }
 
     /// Reserves `bytes` on `device` for the process owning `slot`, exactly: under any
     /// interleaving of any number of processes the container-wide reservation never passes the
-    /// limit. When denied, dead processes' slots are reclaimed once and the reservation retried.
+    /// limit, and a SIGKILL at any instruction leaves it equal to what the slots hold once the
+    /// dead slot is reclaimed (see `reserve`). When denied, dead processes' slots are reclaimed
+    /// once and the reservation retried.
     pub fn try_reserve(&self, slot: &Slot, device: u32, bytes: u64) -> Result<(), ReserveError> {
         let dev = self.device(device).ok_or(ReserveError::NoSuchDevice {
             device,
             devices: self.device_count,
         })?;
-        let held = self.owned_held(slot, device)?;
         // Relaxed: written once before READY (acquired at open).
         let limit = dev.memory_limit.load(Ordering::Relaxed);
-        let result = match reserve::reserve(&dev.reserved, limit, bytes) {
-            Err(_) if self.sweep_due() && self.reclaim_dead_slots().slots_reclaimed > 0 => {
-                reserve::reserve(&dev.reserved, limit, bytes)
+        let result = match self.owner_op(slot, device, Kind::Reserve, bytes, limit) {
+            Err(OpError::Denied(_))
+                if self.sweep_due() && self.reclaim_dead_slots().slots_reclaimed > 0 =>
+            {
+                self.owner_op(slot, device, Kind::Reserve, bytes, limit)
             }
             other => other,
         };
+        let index = slot.index();
         match result {
-            Ok(new_total) => {
-                // Container-wide first, then the slot: see `reserve` for why this order.
-                reserve::add_held(held, bytes);
-                // Relaxed: a statistic.
-                dev.peak_reserved.fetch_max(new_total, Ordering::Relaxed);
+            Ok(applied) => {
+                // Relaxed: a statistic. Load first: the peak rarely moves, and a locked
+                // read-modify-write on every reservation costs more than the load.
+                if applied.total > dev.peak_reserved.load(Ordering::Relaxed) {
+                    dev.peak_reserved
+                        .fetch_max(applied.total, Ordering::Relaxed);
+                }
                 Ok(())
             }
-            Err(denied) => {
+            Err(OpError::Denied(denied)) => {
                 // Relaxed: a statistic.
                 dev.denied.fetch_add(1, Ordering::Relaxed);
                 Err(ReserveError::Denied { device, denied })
             }
+            Err(OpError::Busy) => Err(ReserveError::SlotBusy { index }),
+            Err(OpError::Lost | OpError::Stopped) => Err(ReserveError::SlotLost { index }),
         }
     }
 
     /// Releases `bytes` on `device` held by the process owning `slot`. Releases more than held
     /// are clamped to what the slot holds (so the counters never wrap).
     pub fn release(&self, slot: &Slot, device: u32, bytes: u64) {
-        let (Some(dev), Ok(held)) = (self.device(device), self.owned_held(slot, device)) else {
-            return;
-        };
-        // The slot first, then container-wide: see `reserve` for why this order.
-        let taken = reserve::release_saturating(held, bytes);
-        reserve::release_saturating(&dev.reserved, taken);
+        // A lost slot has nothing to release; a busy one keeps holding the bytes (both counters
+        // unchanged, so they stay equal): ignored like a release of a stale handle.
+        let _ = self.owner_op(slot, device, Kind::Release, bytes, 0);
+    }
+
+    pub(crate) fn owner_op(
+        &self,
+        slot: &Slot,
+        device: u32,
+        kind: Kind,
+        bytes: u64,
+        limit: u64,
+    ) -> Result<reserve::Applied, OpError> {
+        self.owner_op_until(slot, device, kind, bytes, limit, Stop::Never)
+    }
+
+    /// [`Region::owner_op`] that a test can stop where a SIGKILL would.
+    pub(crate) fn owner_op_until(
+        &self,
+        slot: &Slot,
+        device: u32,
+        kind: Kind,
+        bytes: u64,
+        limit: u64,
+        stop: Stop,
+    ) -> Result<reserve::Applied, OpError> {
+        let record = self.slot_record(slot.index()).ok_or(OpError::Lost)?;
+        if !self.owns(slot, record) {
+            return Err(OpError::Lost);
+        }
+        reserve::owner_op(
+            self,
+            slot.index(),
+            device,
+            kind,
+            bytes,
+            limit,
+            || self.owns(slot, record),
+            stop,
+        )
     }
 
     /// Whether a denial may trigger a dead-slot sweep now: at most one per
@@ -245,9 +294,14 @@ impl Region {
 
     /// Bytes the process owning `slot` holds on `device`.
     pub fn held(&self, slot: &Slot, device: u32) -> u64 {
-        // Relaxed: a momentary value of this process's own counter.
-        self.owned_held(slot, device)
-            .map_or(0, |h| h.load(Ordering::Relaxed))
+        let Some(record) = self.slot_record(slot.index()) else {
+            return 0;
+        };
+        if device >= self.device_count || !self.owns(slot, record) {
+            return 0;
+        }
+        // Acquire: pairs with the AcqRel applies (a momentary value of this process's counter).
+        reserve::word_bytes(record.header.held[device as usize].load(Ordering::Acquire))
     }
 
     /// Records the context (and module) memory of the process on `device`, for display.
@@ -260,24 +314,59 @@ impl Region {
         }
     }
 
-    fn owned_held(
-        &self,
-        slot: &Slot,
-        device: u32,
-    ) -> Result<&std::sync::atomic::AtomicU64, ReserveError> {
-        let lost = ReserveError::SlotLost {
-            index: slot.index(),
-        };
-        let record = self.slot_record(slot.index()).ok_or(lost)?;
-        if !self.owns(slot, record) {
-            return Err(lost);
-        }
-        record.header.held.get(device as usize).ok_or(lost)
+    pub(crate) fn owns(&self, slot: &Slot, record: &SlotRecord) -> bool {
+        // Acquire: after the slot's intent is taken, pairs with a reclaimer's state change
+        // (published by its Release seal of the intent, which the lock's Acquire read).
+        record.header.state.load(Ordering::Acquire) == slot.state_word()
+    }
+}
+
+/// The region's cells for the reservation protocol.
+impl reserve::Cells for Region {
+    type A = AtomicU64;
+
+    #[inline(always)]
+    fn container(&self, device: u32) -> Option<&AtomicU64> {
+        self.device(device).map(|d| &d.reserved)
     }
 
-    pub(crate) fn owns(&self, slot: &Slot, record: &SlotRecord) -> bool {
-        // Relaxed: only the owner and reclaimers of a dead owner change the state; a live owner
-        // sees its own LIVE word.
-        record.header.state.load(Ordering::Relaxed) == slot.state_word()
+    #[inline(always)]
+    fn intent(&self, slot: u32) -> Option<&AtomicU64> {
+        self.slot_record(slot).map(|r| &r.header.intent)
+    }
+
+    #[inline(always)]
+    fn intent_bytes(&self, slot: u32) -> Option<&AtomicU64> {
+        self.slot_record(slot).map(|r| &r.header.intent_bytes)
+    }
+
+    #[inline(always)]
+    fn held(&self, slot: u32, device: u32) -> Option<&AtomicU64> {
+        if device >= self.device_count {
+            return None;
+        }
+        self.slot_record(slot)
+            .map(|r| &r.header.held[device as usize])
+    }
+
+    #[inline(always)]
+    fn slot_bits(&self) -> u32 {
+        reserve::slot_bits(self.slot_count)
+    }
+
+    #[inline(always)]
+    fn device_count(&self) -> u32 {
+        self.device_count
+    }
+
+    fn pause(&self, round: u32) -> bool {
+        // Spin, yield, then sleep 200 us per round: about a second in all.
+        match round {
+            0..=63 => std::hint::spin_loop(),
+            64..=255 => std::thread::yield_now(),
+            256..=5_255 => std::thread::sleep(std::time::Duration::from_micros(200)),
+            _ => return false,
+        }
+        true
     }
 }

@@ -8,9 +8,11 @@
 //! - `RECLAIMING(gen, reclaimer)`: a reclaimer is returning a dead owner's holdings.
 //!
 //! A reclaimer moves `LIVE`/`CLAIMING` of a dead owner to `RECLAIMING(gen, me)` by CAS from the
-//! exact observed word (one winner), returns holdings with `swap(0)` per device (exactly once per
-//! byte even if two reclaimers overlap after a takeover), then CASes to `FREE(gen + 1)`. The
-//! generation makes a stale handle or a slow reclaimer's CAS fail instead of hitting a new owner.
+//! exact observed word (one winner), resolves the owner's reservation in flight and returns its
+//! holdings through the reservation protocol (`reserve::return_holdings`: exactly once per byte
+//! even if two reclaimers overlap after a takeover, or one is killed), then CASes to
+//! `FREE(gen + 1)`. The generation makes a stale handle or a slow reclaimer's CAS fail instead of
+//! hitting a new owner. A slot's held words keep their tickets across owners (never zeroed).
 //!
 //! Death = the pid is gone or a zombie, or its start time differs (pid reused). Liveness is only
 //! judged for owners in the caller's pid namespace (the slot records the owner's namespace inode).
@@ -21,7 +23,7 @@ use crate::error::RegionError;
 use crate::layout::{MAX_DEVICES, SHARDS_PER_SLOT, Shard, SlotRecord};
 use crate::procfs::{self, Liveness, ProcessIdentity};
 use crate::region::Region;
-use crate::reserve;
+use crate::reserve::{self, Stop};
 use crate::seqlock;
 
 pub(crate) const PHASE_FREE: u64 = 0;
@@ -85,6 +87,13 @@ pub struct ReclaimReport {
     pub slots_reclaimed: u32,
     /// Bytes returned to the container-wide counters, per device.
     pub bytes_returned: [u64; MAX_DEVICES],
+    /// Reservations or releases a dead owner had committed but not applied to its slot (it
+    /// was killed in between): applied by the reclaim.
+    pub pending_applied: u32,
+    /// Reservations or releases a dead owner had in flight that the container word no longer
+    /// named: never committed, or committed and already applied by another process's commit
+    /// (help). Marked done without applying.
+    pub pending_discarded: u32,
 }
 
 impl Region {
@@ -104,7 +113,7 @@ impl Region {
                 let mut word = record.header.state.load(Ordering::Acquire);
                 if sweep && slot_phase(word) != PHASE_FREE {
                     if self
-                        .reclaim(record, word, &me, &mut ReclaimReport::default())
+                        .reclaim(index, word, &me, &mut ReclaimReport::default())
                         .is_none()
                     {
                         continue;
@@ -157,10 +166,9 @@ impl Region {
             u64::from_le_bytes(me.name[8..].try_into().expect("8 bytes")),
             r,
         );
-        h.held
-            .iter()
-            .chain(h.context_bytes.iter())
-            .for_each(|w| w.store(0, r));
+        // `held` and the intent are left alone: the last reclaim returned the holdings through
+        // the protocol, and the tickets in them must keep counting (see `reserve`).
+        h.context_bytes.iter().for_each(|w| w.store(0, r));
         let used = h.used_shards.load(r);
         for (i, shard) in record.shards.iter().enumerate().take(SHARDS_PER_SLOT) {
             if used & (1 << i) != 0 {
@@ -192,7 +200,9 @@ impl Region {
                 .compare_exchange(slot.word, reclaiming, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                self.finish_reclaim(record, reclaiming, &mut report);
+                // The owner is this live process: its other threads' reservations in flight
+                // are waited for, never discarded.
+                self.finish_reclaim(slot.index, reclaiming, false, &mut report);
             }
         }
         report
@@ -208,7 +218,7 @@ impl Region {
             // Acquire: pairs with the Release publication of LIVE (identity fields).
             let word = record.header.state.load(Ordering::Acquire);
             if slot_phase(word) != PHASE_FREE {
-                self.reclaim(record, word, &me, &mut report);
+                self.reclaim(index, word, &me, &mut report);
             }
         }
         report
@@ -218,11 +228,12 @@ impl Region {
     /// Returns `Some(())` when this call moved it to `FREE`.
     fn reclaim(
         &self,
-        record: &SlotRecord,
+        index: u32,
         word: u64,
         me: &ProcessIdentity,
         report: &mut ReclaimReport,
     ) -> Option<()> {
+        let record = self.slot_record(index)?;
         let h = &record.header;
         let r = Ordering::Relaxed;
         let pid = slot_pid(word);
@@ -235,18 +246,21 @@ impl Region {
             // in the namespace that created the region, like every limiter of the container.
             me.pid_ns != 0 && self.header().creator_pid_ns.load(r) == me.pid_ns
         };
-        let dead = match slot_phase(word) {
+        // `owner_dead`: no thread can still commit the owner's reservation in flight. A stalled
+        // (alive) reclaimer may be the owner itself retiring its slot, so then it is not.
+        let (dead, owner_dead) = match slot_phase(word) {
             PHASE_CLAIMING | PHASE_LIVE => {
-                same_ns && procfs::liveness(pid, h.start_time.load(r)) == Liveness::Dead
+                let dead = same_ns && procfs::liveness(pid, h.start_time.load(r)) == Liveness::Dead;
+                (dead, dead)
             }
             PHASE_RECLAIMING => {
                 let since = h.reclaim_started_ms.load(r);
                 let now = procfs::boottime_ms();
-                (same_ns && procfs::liveness(pid, 0) == Liveness::Dead)
-                    || now.saturating_sub(since) > RECLAIM_STALL_MS
-                    || now < since
+                let gone = same_ns && procfs::liveness(pid, 0) == Liveness::Dead;
+                let stalled = now.saturating_sub(since) > RECLAIM_STALL_MS || now < since;
+                (gone || stalled, gone)
             }
-            _ => false,
+            _ => (false, false),
         };
         if !dead || pid == me.pid && slot_phase(word) != PHASE_RECLAIMING {
             return None;
@@ -257,26 +271,32 @@ impl Region {
         h.state
             .compare_exchange(word, reclaiming, Ordering::AcqRel, Ordering::Relaxed)
             .ok()?;
-        self.finish_reclaim(record, reclaiming, report)
+        self.finish_reclaim(index, reclaiming, owner_dead, report)
     }
 
     fn finish_reclaim(
         &self,
-        record: &SlotRecord,
+        index: u32,
         reclaiming: u64,
+        owner_dead: bool,
         report: &mut ReclaimReport,
     ) -> Option<()> {
-        let h = &record.header;
+        let h = &self.slot_record(index)?.header;
         let r = Ordering::Relaxed;
         h.reclaim_started_ms.store(procfs::boottime_ms(), r);
-        for device in 0..self.device_count {
-            let dev = self.device(device).expect("device < device_count");
-            let returned = reserve::return_holdings(&h.held[device as usize], &dev.reserved);
-            if returned > 0 {
-                dev.reclaimed_bytes.fetch_add(returned, r);
-                report.bytes_returned[device as usize] += returned;
+        // Acquire: pairs with the AcqRel CAS of a reclaimer that took over (then we stop).
+        let still_mine = || h.state.load(Ordering::Acquire) == reclaiming;
+        let returned = reserve::return_holdings(self, index, owner_dead, still_mine, Stop::Never)?;
+        for (device, &bytes) in returned.bytes.iter().enumerate() {
+            if bytes > 0
+                && let Some(dev) = self.device(device as u32)
+            {
+                dev.reclaimed_bytes.fetch_add(bytes, r);
+                report.bytes_returned[device] += bytes;
             }
         }
+        report.pending_applied += returned.applied;
+        report.pending_discarded += returned.discarded;
         // Forget the identity so a later claimer's CLAIMING state is never judged by it.
         h.start_time.store(0, r);
         h.pid_ns.store(0, r);

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) trait Atomic64 {
     fn load(&self, order: Ordering) -> u64;
     fn store(&self, value: u64, order: Ordering);
-    fn swap(&self, value: u64, order: Ordering) -> u64;
     fn compare_exchange(
         &self,
         current: u64,
@@ -18,14 +17,6 @@ pub(crate) trait Atomic64 {
         success: Ordering,
         failure: Ordering,
     ) -> Result<u64, u64>;
-    fn compare_exchange_weak(
-        &self,
-        current: u64,
-        new: u64,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<u64, u64>;
-    fn fetch_add(&self, value: u64, order: Ordering) -> u64;
     /// A fence in the memory model these atomics live in.
     fn fence(order: Ordering);
 }
@@ -40,10 +31,6 @@ impl Atomic64 for AtomicU64 {
         AtomicU64::store(self, value, order)
     }
     #[inline(always)]
-    fn swap(&self, value: u64, order: Ordering) -> u64 {
-        AtomicU64::swap(self, value, order)
-    }
-    #[inline(always)]
     fn compare_exchange(
         &self,
         current: u64,
@@ -52,20 +39,6 @@ impl Atomic64 for AtomicU64 {
         failure: Ordering,
     ) -> Result<u64, u64> {
         AtomicU64::compare_exchange(self, current, new, success, failure)
-    }
-    #[inline(always)]
-    fn compare_exchange_weak(
-        &self,
-        current: u64,
-        new: u64,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<u64, u64> {
-        AtomicU64::compare_exchange_weak(self, current, new, success, failure)
-    }
-    #[inline(always)]
-    fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-        AtomicU64::fetch_add(self, value, order)
     }
     #[inline(always)]
     fn fence(order: Ordering) {
@@ -81,9 +54,6 @@ impl Atomic64 for loom::sync::atomic::AtomicU64 {
     fn store(&self, value: u64, order: Ordering) {
         loom::sync::atomic::AtomicU64::store(self, value, order)
     }
-    fn swap(&self, value: u64, order: Ordering) -> u64 {
-        loom::sync::atomic::AtomicU64::swap(self, value, order)
-    }
     fn compare_exchange(
         &self,
         current: u64,
@@ -92,18 +62,6 @@ impl Atomic64 for loom::sync::atomic::AtomicU64 {
         failure: Ordering,
     ) -> Result<u64, u64> {
         loom::sync::atomic::AtomicU64::compare_exchange(self, current, new, success, failure)
-    }
-    fn compare_exchange_weak(
-        &self,
-        current: u64,
-        new: u64,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<u64, u64> {
-        loom::sync::atomic::AtomicU64::compare_exchange_weak(self, current, new, success, failure)
-    }
-    fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-        loom::sync::atomic::AtomicU64::fetch_add(self, value, order)
     }
     fn fence(order: Ordering) {
         loom::sync::atomic::fence(order)

@@ -38,6 +38,12 @@ fn read_region(bytes: &[u8]) {
         for slot in &snap.slots {
             assert_eq!(slot.held.len(), snap.geometry.device_count as usize);
         }
+        if snap.geometry.major == 2 {
+            // Whatever the tags hold, a tagged word decodes to at most 2^48 - 1 bytes.
+            let held = snap.slots.iter().flat_map(|s| s.held.iter());
+            let reserved = snap.devices.iter().map(|d| &d.reserved);
+            assert!(held.chain(reserved).all(|&b| b <= region::MAX_RESERVABLE));
+        }
     }
 }
 
@@ -170,6 +176,7 @@ fn fuzz_seeds_parse() {
     bytes.resize(region::layout::region_size(1) as usize, 0);
     std::fs::write(&path, &bytes).unwrap();
     let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!(snap.geometry.major, 1, "the seed is a version 1.0 region");
     assert_eq!(snap.slots.len(), 1);
     assert_eq!(snap.slots[0].name, "seed");
     assert_eq!(snap.slots[0].apis[0].calls, 5);
@@ -179,4 +186,88 @@ fn fuzz_seeds_parse() {
     let snap = HamiReader::open(&path).unwrap().snapshot().unwrap();
     assert_eq!(snap.processes.len(), 1);
     assert_eq!(snap.processes[0].pid, 42);
+}
+
+const RESERVED_0: usize = 160 + 8;
+const SLOT0: usize = 4096;
+const HELD_0: usize = 64;
+const INTENT: usize = 328;
+
+fn put(bytes: &mut [u8], offset: usize, value: u64) {
+    bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+fn snapshot_of(bytes: &[u8]) -> region::reader::RegionSnapshot {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    std::fs::write(&path, bytes).unwrap();
+    RegionReader::open(&path).unwrap().snapshot().unwrap()
+}
+
+/// Version 2 words carry tags above bit 48: the reader reports bytes only, and garbage in the
+/// tags or in the intent words changes nothing it reports.
+#[test]
+fn tagged_words_decode_to_bytes_whatever_the_tags_hold() {
+    let image = valid_image();
+    let snap = snapshot_of(image);
+    assert_eq!(snap.geometry.major, 2);
+    assert_eq!(snap.devices[0].reserved, 4096);
+    assert_eq!(snap.slots[0].held[0], 4096);
+    let mut bytes = image.to_vec();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    let (reserved, held) = (word(RESERVED_0), word(SLOT0 + HELD_0));
+    assert_ne!(reserved >> 48, 0, "the container word carries a tag");
+    put(
+        &mut bytes,
+        RESERVED_0,
+        0xffff << 48 | (reserved & region::MAX_RESERVABLE),
+    );
+    put(
+        &mut bytes,
+        SLOT0 + HELD_0,
+        0xabcd << 48 | (held & region::MAX_RESERVABLE),
+    );
+    put(&mut bytes, SLOT0 + INTENT, u64::MAX);
+    put(&mut bytes, SLOT0 + INTENT + 8, u64::MAX);
+    let garbled = snapshot_of(&bytes);
+    assert_eq!(garbled.devices[0].reserved, 4096);
+    assert_eq!(garbled.slots[0].held[0], 4096);
+}
+
+/// A version 1 file (plain byte counts) still reads, its words undecoded; a version 2 writer
+/// refuses to join it with a typed error; an unknown major is refused by the reader.
+#[test]
+fn older_majors_read_and_writers_refuse_them() {
+    let mut bytes = valid_image().to_vec();
+    put(&mut bytes, 16, 1 << 32 | 3);
+    put(&mut bytes, RESERVED_0, 1 << 50);
+    let snap = snapshot_of(&bytes);
+    assert_eq!((snap.geometry.major, snap.geometry.minor), (1, 3));
+    assert_eq!(
+        snap.devices[0].reserved,
+        1 << 50,
+        "major 1 words are plain bytes"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    std::fs::write(&path, &bytes).unwrap();
+    let mut config = RegionConfig::unlimited(2);
+    config.slots = 2;
+    let err = Region::open_or_create(&path, &config).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            region::RegionError::Invalid {
+                source: region::reader::ReadError::UnsupportedVersion { major: 1, .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    put(&mut bytes, 16, 3 << 32);
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(matches!(
+        RegionReader::open(&path),
+        Err(region::reader::ReadError::UnsupportedVersion { major: 3, .. })
+    ));
 }

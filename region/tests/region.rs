@@ -67,14 +67,20 @@ fn reservations_are_exact_and_released() {
     // Releasing more than held is clamped.
     region.release(&slot, 0, 10_000);
     assert_eq!(region.reserved(0), 0);
-    // Device 1 is unlimited; device 2 does not exist.
-    region.try_reserve(&slot, 1, u64::MAX / 2).unwrap();
+    // Device 1 is unlimited (up to what a counter holds, 2^48 - 1); device 2 does not exist.
+    region
+        .try_reserve(&slot, 1, region::MAX_RESERVABLE)
+        .unwrap();
+    assert!(matches!(
+        region.try_reserve(&slot, 1, 1),
+        Err(ReserveError::Denied { device: 1, .. })
+    ));
     assert!(matches!(
         region.try_reserve(&slot, 2, 1),
         Err(ReserveError::NoSuchDevice { .. })
     ));
     let report = region.retire_slot(slot);
-    assert_eq!(report.bytes_returned[1], u64::MAX / 2);
+    assert_eq!(report.bytes_returned[1], region::MAX_RESERVABLE);
     assert_eq!(region.reserved(1), 0);
 }
 
@@ -283,8 +289,8 @@ fn reader_rejects_what_it_cannot_trust() {
         matches!(e, ReadError::NotReady { .. })
     });
     check(&|b| b[8] ^= 1, &|e| matches!(e, ReadError::BadMagic { .. }));
-    check(&|b| b[20] = 2, &|e| {
-        matches!(e, ReadError::UnsupportedVersion { major: 2, .. })
+    check(&|b| b[20] = 3, &|e| {
+        matches!(e, ReadError::UnsupportedVersion { major: 3, .. })
     });
     check(
         &|b| b[32..36].copy_from_slice(&5000u32.to_le_bytes()),
@@ -380,4 +386,19 @@ fn slots_run_out_with_a_typed_error() {
         region.claim_slot(),
         Err(region::RegionError::SlotsFull { slots: 2, .. })
     ));
+}
+
+#[test]
+fn limits_past_what_a_counter_holds_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Region::open_or_create(
+        &dir.path().join("r"),
+        &config(region::MAX_RESERVABLE + 1, 2),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, region::RegionError::InvalidConfig { reason } if reason.contains("memory_limit[0]")),
+        "{err:?}"
+    );
+    Region::open_or_create(&dir.path().join("r"), &config(region::MAX_RESERVABLE, 2)).unwrap();
 }

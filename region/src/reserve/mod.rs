@@ -1,0 +1,461 @@
+//! Exact, lock-free memory reservations that stay exact when any process is SIGKILLed at any
+//! instruction, using 64-bit compare-and-swap only.
+//!
+//! # Words
+//! - Container word (`DeviceState::reserved`, one per device): `bytes` (bits 0..48) and a 16-bit
+//!   tag naming the **last operation** committed on it: the slot index in the low
+//!   [`slot_bits`]`(slot_count)` bits of the tag (10 at 1024 slots, 7 at the default 128), the
+//!   low bits of that operation's ticket above them.
+//! - Held word (`SlotHeader::held[d]`): `bytes` (bits 0..48) and a 16-bit tag = the ticket of the
+//!   last operation applied to it. Tickets of `(slot, device)` are consecutive: the next
+//!   operation's ticket is the held tag + 1, so a ticket is consumed only by a commit, and
+//!   applying ticket `t` is the CAS `{x, t-1} -> {x ± b, t}`, which can succeed at most once.
+//! - Intent (`SlotHeader::intent`, `intent_bytes`): the slot's one operation in flight:
+//!   `state` (done / busy / pending), `kind` (reserve / release / return-all), `device`,
+//!   `ticket`, and a 40-bit `seq` bumped by every new intent (so a reader that sees the same
+//!   word twice saw the same intent). `intent_bytes` holds a reserve's or release's byte count;
+//!   a return-all returns whatever the held word holds at ticket - 1. The intent is also the
+//!   per-slot lock serialising the threads of one process (`DONE -> BUSY` by CAS). Only the
+//!   owner, or a reclaimer of a dead owner (or of a `DONE` intent), writes it: helpers never do.
+//!
+//! # Protocol
+//! Operation `(s, d, t, ±b)` by slot `s`: (1) lock and write the intent `PENDING`; (2) *help*:
+//! make sure the operation the container word names is applied to its slot's held word
+//! ([`help`]); (3) commit: CAS the container word `{B, last} -> {B ± b, (s, t)}` (a reserve is
+//! refused instead if `B + b` would pass the limit); (4) apply: CAS `held {x, t-1} -> {x ± b, t}`;
+//! (5) mark the intent `DONE` (a plain store).
+//!
+//! # Why it is exact
+//! Invariant I: whenever the container word moves away from naming `(s, t)`, operation `(s, t)`
+//! is already applied, because every CAS on the container word is made from a value its maker
+//! has helped. Hence, for a pending intent `(s, d, t)`: if the container word of `d` names
+//! `(s, t)`, the operation is committed (the latest commit of `s` on `d` is `t - 1` while `t` is
+//! pending, and `t - 1 ≢ t`); if it does not, the operation was either never committed or is
+//! already applied. A reclaimer of a dead slot therefore applies a pending intent iff the
+//! container word names it and discards it otherwise: each commit is applied exactly once and
+//! nothing uncommitted is ever applied, so once every slot is quiescent or reclaimed,
+//! `reserved == sum(held)` exactly. Returns of a dead slot's holdings go through the same
+//! protocol (kind return-all, made by the reclaimer for the slot with the slot's next ticket);
+//! their intents are never discarded but driven to completion by whichever reclaimer finds them,
+//! so a reclaimer killed at any point is finished by the next one, and the return happens once.
+//!
+//! A helper validates before it applies: it reads the container word `C`, the intent, the
+//! intent's bytes, the intent again and `C` again; the operation is proven committed only if both
+//! pairs match (the seq rules out a changed intent; a container word still naming `(s, t)` after
+//! the intent was seen pending means `t` committed). A maker whose second read of `C` differs
+//! starts over, so it never CASes from a value it has not helped.
+//!
+//! Limits of the argument (stalls, never kills): tags are finite. A thread *stalled* (not
+//! killed) between validating and its CAS while one slot commits 2^(16 - slot_bits) further
+//! operations on the same device and the counter returns to the same byte value could make a
+//! stale CAS succeed (and 65,536 operations for a held word). Every ordering below pairs a
+//! Release (or AcqRel) write with the Acquire read that observes it; the argument's "before"
+//! is happens-before along those pairs, and a process's death observed through `/proc` is taken
+//! to happen after everything it executed (the kernel's exit path and the `/proc` read
+//! synchronise; the loom models use a join). docs/region.md has the full argument.
+
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+use crate::sync::Atomic64;
+
+#[cfg(test)]
+pub(crate) mod model;
+mod reclaim;
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+pub(crate) use reclaim::Returned;
+pub(crate) use reclaim::return_holdings;
+
+/// Bits of the byte count in a container or held word.
+const BYTES_BITS: u32 = 48;
+/// The largest byte count a container or held word holds. Limits above it are refused when a
+/// region is configured; "unlimited" means up to this many bytes.
+pub const MAX_RESERVABLE: u64 = (1 << BYTES_BITS) - 1;
+const TAG_MASK: u64 = 0xffff;
+
+/// Bytes of a container or held word.
+#[inline(always)]
+pub(crate) fn word_bytes(word: u64) -> u64 {
+    word & MAX_RESERVABLE
+}
+
+#[inline(always)]
+fn word_tag(word: u64) -> u64 {
+    word >> BYTES_BITS
+}
+
+#[inline(always)]
+fn pack(bytes: u64, tag: u64) -> u64 {
+    (bytes & MAX_RESERVABLE) | (tag & TAG_MASK) << BYTES_BITS
+}
+
+/// Bits of the slot index in a container tag of a region with `slot_count` slots.
+#[inline(always)]
+pub(crate) fn slot_bits(slot_count: u32) -> u32 {
+    (32 - slot_count.saturating_sub(1).leading_zeros()).min(16)
+}
+
+/// The container tag naming ticket `ticket` of `slot`.
+#[inline(always)]
+fn last_tag(slot: u32, ticket: u64, slot_bits: u32) -> u64 {
+    (u64::from(slot) | ticket << slot_bits) & TAG_MASK
+}
+
+const STATE_DONE: u64 = 0;
+const STATE_BUSY: u64 = 1;
+const STATE_PENDING: u64 = 2;
+const SEQ_MASK: u64 = (1 << 40) - 1;
+
+/// What an intent does to the held word and the container word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `+b` (refused past the limit).
+    Reserve = 0,
+    /// `-b` (clamped to what the slot holds).
+    Release = 1,
+    /// A reclaimer returns everything the slot holds on the device.
+    ReturnAll = 2,
+}
+
+/// A decoded intent word: `state | kind << 2 | device << 4 | ticket << 8 | seq << 24`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Intent {
+    state: u64,
+    kind: u64,
+    device: u32,
+    ticket: u64,
+    seq: u64,
+}
+
+impl Intent {
+    #[inline(always)]
+    fn decode(word: u64) -> Intent {
+        Intent {
+            state: word & 3,
+            kind: (word >> 2) & 3,
+            device: ((word >> 4) & 0xf) as u32,
+            ticket: (word >> 8) & TAG_MASK,
+            seq: word >> 24,
+        }
+    }
+    #[inline(always)]
+    fn encode(self) -> u64 {
+        self.state
+            | self.kind << 2
+            | u64::from(self.device & 0xf) << 4
+            | (self.ticket & TAG_MASK) << 8
+            | (self.seq & SEQ_MASK) << 24
+    }
+    fn pending(kind: Kind, device: u32, ticket: u64, seq: u64) -> u64 {
+        Intent {
+            state: STATE_PENDING,
+            kind: kind as u64,
+            device,
+            ticket,
+            seq,
+        }
+        .encode()
+    }
+    /// The same intent, finished (its seq kept, so a stale CAS from the pending word fails).
+    fn done(word: u64) -> u64 {
+        Intent {
+            state: STATE_DONE,
+            kind: 0,
+            device: 0,
+            ticket: 0,
+            seq: Intent::decode(word).seq,
+        }
+        .encode()
+    }
+    fn kind(self) -> Option<Kind> {
+        match self.kind {
+            0 => Some(Kind::Reserve),
+            1 => Some(Kind::Release),
+            2 => Some(Kind::ReturnAll),
+            _ => None,
+        }
+    }
+}
+
+/// The shared cells the protocol works on: a region, or a loom model of one.
+pub(crate) trait Cells {
+    type A: Atomic64;
+    /// The container word of `device` (`None` past the device count).
+    fn container(&self, device: u32) -> Option<&Self::A>;
+    /// The intent word of `slot` (`None` past the slot count).
+    fn intent(&self, slot: u32) -> Option<&Self::A>;
+    /// The intent's byte count of `slot`.
+    fn intent_bytes(&self, slot: u32) -> Option<&Self::A>;
+    /// The held word of `slot` on `device`.
+    fn held(&self, slot: u32, device: u32) -> Option<&Self::A>;
+    /// Bits of the slot index in a container tag.
+    fn slot_bits(&self) -> u32;
+    /// Devices in use.
+    fn device_count(&self) -> u32;
+    /// Waits before round `round` of a wait for another thread; false once the wait is over
+    /// its bound.
+    fn pause(&self, round: u32) -> bool;
+}
+
+/// Why a reservation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Denied {
+    /// The device's limit in bytes.
+    pub limit: u64,
+    /// Bytes reserved container-wide when the reservation was refused.
+    pub reserved: u64,
+    /// Bytes requested.
+    pub requested: u64,
+}
+
+/// Why an owner's operation did not happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpError {
+    /// Past the limit.
+    Denied(Denied),
+    /// The slot is no longer owned by the caller, or the indices are out of range.
+    Lost,
+    /// Another thread of the process held the slot's intent past the wait bound.
+    Busy,
+    /// A modelled crash stopped the operation ([`Stop`]).
+    Stopped,
+}
+
+/// Where a modelled crash stops an operation: the loom models and unit tests use it to leave
+/// the shared state exactly as a SIGKILL at that point would. Production passes `Never`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    Never,
+    /// After the intent is published, before the commit.
+    AfterIntent,
+    /// After the container CAS, before the held word is updated.
+    AfterCommit,
+}
+
+/// A completed operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Applied {
+    /// Bytes reserved container-wide after the commit.
+    pub(crate) total: u64,
+    /// Bytes moved (a release is clamped to what the slot holds).
+    pub(crate) moved: u64,
+}
+
+/// Takes the slot's intent (`DONE -> BUSY`): the lock that serialises the threads of one
+/// process. Returns the new intent's seq.
+fn lock<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
+    let mut round = 0;
+    loop {
+        // Relaxed: a guess for the CAS, which re-validates it.
+        let w = word.load(Relaxed);
+        if Intent::decode(w).state == STATE_DONE {
+            let seq = (Intent::decode(w).seq + 1) & SEQ_MASK;
+            let busy = Intent {
+                state: STATE_BUSY,
+                kind: 0,
+                device: 0,
+                ticket: 0,
+                seq,
+            }
+            .encode();
+            // AcqRel: Acquire pairs with the Release/AcqRel write of DONE (the previous
+            // operation's held update, or a reclaimer's seal after its state change, become
+            // visible); Release orders nothing before it but keeps the word's RMW chain whole.
+            if word.compare_exchange(w, busy, AcqRel, Relaxed).is_ok() {
+                return Ok(seq);
+            }
+            continue;
+        }
+        if !cells.pause(round) {
+            return Err(OpError::Busy);
+        }
+        round += 1;
+    }
+}
+
+/// Reserves (`Kind::Reserve`, refused past `limit`, 0 = unlimited) or releases (clamped to what
+/// the slot holds) `bytes` on `device` for the owner of `slot`. `still_owned` is checked after
+/// the slot's intent is taken (a reclaimer seals the intent after changing the slot state).
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn owner_op<C: Cells>(
+    cells: &C,
+    slot: u32,
+    device: u32,
+    kind: Kind,
+    bytes: u64,
+    limit: u64,
+    still_owned: impl Fn() -> bool,
+    stop: Stop,
+) -> Result<Applied, OpError> {
+    let (Some(word), Some(amount_cell), Some(held), Some(container)) = (
+        cells.intent(slot),
+        cells.intent_bytes(slot),
+        cells.held(slot, device),
+        cells.container(device),
+    ) else {
+        return Err(OpError::Lost);
+    };
+    let seq = lock(cells, word)?;
+    let busy = Intent {
+        state: STATE_BUSY,
+        kind: 0,
+        device: 0,
+        ticket: 0,
+        seq,
+    }
+    .encode();
+    // A plain store: while the owner holds the intent (busy or pending) nobody else writes it
+    // (helpers only apply; a reclaimer writes it only when the owner is dead, or when it is
+    // DONE). Release: publishes this operation's apply to the next locker's Acquire CAS.
+    let unlock = |w: u64| word.store(Intent::done(w), Release);
+    if !still_owned() {
+        unlock(busy);
+        return Err(OpError::Lost);
+    }
+    // Acquire: pairs with the AcqRel CAS that applied the previous operation (ours, a helper's).
+    let h = held.load(Acquire);
+    let ticket = (word_tag(h) + 1) & TAG_MASK;
+    let amount = match kind {
+        Kind::Release => bytes.min(word_bytes(h)),
+        _ => bytes,
+    };
+    if amount == 0 {
+        unlock(busy);
+        // Acquire: pairs with the AcqRel commits (a momentary value).
+        let total = word_bytes(container.load(Acquire));
+        return Ok(Applied { total, moved: 0 });
+    }
+    let cap = if limit == 0 || limit > MAX_RESERVABLE {
+        MAX_RESERVABLE
+    } else {
+        limit
+    };
+    // Release: a helper's Acquire load of the bytes that sees this value also sees BUSY(seq)
+    // (stored before), so its re-read of the intent word cannot return an older PENDING.
+    amount_cell.store(amount, Release);
+    let pending = Intent::pending(kind, device, ticket, seq);
+    // Release: publishes the bytes and everything this process did before (its earlier commits
+    // and applies) to helpers and reclaimers that Acquire-load the intent.
+    word.store(pending, Release);
+    if stop == Stop::AfterIntent {
+        return Err(OpError::Stopped);
+    }
+    let tag = last_tag(slot, ticket, cells.slot_bits());
+    let total = loop {
+        // Acquire: pairs with the AcqRel commit that wrote it, so the help below sees the
+        // committer's intent.
+        let c = container.load(Acquire);
+        if help(cells, device, c) == Helped::Retry {
+            continue;
+        }
+        let reserved = word_bytes(c);
+        let new = match kind {
+            Kind::Reserve => match reserved.checked_add(amount) {
+                Some(new) if new <= cap => new,
+                _ => {
+                    // Never committed, so no helper acts on it: cancel.
+                    unlock(pending);
+                    return Err(OpError::Denied(Denied {
+                        limit,
+                        reserved,
+                        requested: bytes,
+                    }));
+                }
+            },
+            _ => reserved.saturating_sub(amount),
+        };
+        // AcqRel: Release publishes the intent (stored before) to whoever Acquire-loads this
+        // value and helps; Acquire pairs with the previous committer. The check against the
+        // limit and the publish are one atomic step: the limit is exact.
+        if container
+            .compare_exchange(c, pack(new, tag), AcqRel, Relaxed)
+            .is_ok()
+        {
+            break new;
+        }
+    };
+    if stop == Stop::AfterCommit {
+        return Err(OpError::Stopped);
+    }
+    apply(held, kind, ticket, amount);
+    unlock(pending);
+    Ok(Applied {
+        total,
+        moved: amount,
+    })
+}
+
+/// Applies ticket `ticket` to a held word: `{x, t-1} -> {x ± amount, t}` (return-all: `{0, t}`).
+/// Does nothing if the word's tag is not `t - 1` (already applied).
+#[inline]
+fn apply<A: Atomic64>(held: &A, kind: Kind, ticket: u64, amount: u64) {
+    // Acquire: pairs with the AcqRel CAS of the previous apply.
+    let h = held.load(Acquire);
+    if word_tag(h) != ticket.wrapping_sub(1) & TAG_MASK {
+        return;
+    }
+    let bytes = match kind {
+        Kind::Reserve => word_bytes(h).saturating_add(amount).min(MAX_RESERVABLE),
+        Kind::Release => word_bytes(h).saturating_sub(amount),
+        Kind::ReturnAll => 0,
+    };
+    // AcqRel: Release publishes the new holdings to the next operation of the slot and to
+    // reclaimers (Acquire loads); a failure means another thread applied it.
+    let _ = held.compare_exchange(h, pack(bytes, ticket), AcqRel, Relaxed);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Helped {
+    /// The operation the container word names is applied (or was never committed): the word
+    /// may be replaced.
+    Clear,
+    /// The container word changed while we looked: read it again.
+    Retry,
+}
+
+/// Makes sure the operation that container word `c` of `device` names is applied, so that a
+/// CAS from `c` keeps invariant I.
+#[inline]
+fn help<C: Cells>(cells: &C, device: u32, c: u64) -> Helped {
+    let bits = cells.slot_bits();
+    let tag = word_tag(c);
+    let slot = (tag & ((1 << bits) - 1)) as u32;
+    let Some(word) = cells.intent(slot) else {
+        return Helped::Clear;
+    };
+    // Acquire: pairs with the Release store of PENDING (and with the DONE written after an
+    // apply): the named operation's earlier commits and applies happen before what follows.
+    let i1 = word.load(Acquire);
+    let it = Intent::decode(i1);
+    if it.state != STATE_PENDING || it.device != device || last_tag(slot, it.ticket, bits) != tag {
+        // Not pending under this name: the named operation finished before its slot wrote a
+        // newer intent (or is this slot's cancelled one, never committed).
+        return Helped::Clear;
+    }
+    let (Some(kind), Some(held), Some(container)) =
+        (it.kind(), cells.held(slot, device), cells.container(device))
+    else {
+        return Helped::Clear;
+    };
+    let amount = match kind {
+        // Acquire: pairs with the Release store of the bytes (see `owner_op`).
+        Kind::Reserve | Kind::Release => cells.intent_bytes(slot).map_or(0, |b| b.load(Acquire)),
+        Kind::ReturnAll => 0,
+    };
+    // Acquire (both): keep the re-reads after the reads they validate.
+    let i2 = word.load(Acquire);
+    let c2 = container.load(Acquire);
+    if c2 != c {
+        return Helped::Retry;
+    }
+    if i2 != i1 {
+        return Helped::Clear;
+    }
+    // Applied: the intent stays PENDING until its owner (or, if the owner is dead, a
+    // reclaimer) marks it done; a later helper's apply is a no-op.
+    apply(held, kind, it.ticket, amount);
+    Helped::Clear
+}

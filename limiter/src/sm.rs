@@ -215,7 +215,8 @@ impl Controller {
         // being overwritten by a correction computed for the old target.
         let cur = eff.load(Ordering::Relaxed);
         if cur != 0 {
-            let _ = eff.compare_exchange(cur, pm.clamp(1, 1000), Ordering::Relaxed, Ordering::Relaxed);
+            let _ =
+                eff.compare_exchange(cur, pm.clamp(1, 1000), Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 

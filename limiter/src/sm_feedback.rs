@@ -51,7 +51,7 @@ pub const DEAD_BAND: f64 = 1.0;
 /// The largest change of `d_eff` per tick, in points.
 pub const MAX_STEP: f64 = 10.0;
 /// Ticks with samples of other processes but none of ours before that is logged.
-const FOREIGN_TICKS: u32 = 20;
+const FOREIGN_TICKS: u32 = 10;
 /// Log the loop's state at Info every this many ticks.
 const LOG_EVERY: u32 = 4;
 
@@ -99,11 +99,18 @@ impl Loop {
         {
             self.effs.pop_front();
         }
-        if fresh.is_empty() {
+        let held = self.samples.iter().map(|s| s.0).max().unwrap_or(0);
+        let before = self.samples.len();
+        // Samples already held (NVML may return one again) are not counted twice.
+        self.samples.extend(
+            fresh
+                .iter()
+                .filter(|s| s.0 > held)
+                .map(|&(t, v)| (t, f64::from(v.min(100)))),
+        );
+        if self.samples.len() == before {
             return self.eff;
         }
-        self.samples
-            .extend(fresh.iter().map(|&(t, v)| (t, f64::from(v.min(100)))));
         let newest = self.samples.iter().map(|s| s.0).max().unwrap_or(0);
         self.samples.retain(|s| s.0 + AVERAGE_US > newest);
         let measured = self.samples.iter().map(|s| s.1).sum::<f64>() / self.samples.len() as f64;
@@ -196,7 +203,11 @@ fn run() {
                     dev.lp = None;
                     continue;
                 }
-                if dev.lp.as_ref().is_none_or(|l| l.target != f64::from(target)) {
+                if dev
+                    .lp
+                    .as_ref()
+                    .is_none_or(|l| l.target != f64::from(target))
+                {
                     dev.lp = Some(Loop::new(target));
                 }
                 if dev.handle.is_none() {
@@ -214,12 +225,14 @@ fn run() {
                     }
                     continue;
                 }
-                dev.last_seen = buf.iter().map(|s| s.time_stamp).fold(dev.last_seen, u64::max);
                 let ours: Vec<(u64, u32)> = buf
                     .iter()
                     .filter(|s| s.pid == pid)
                     .map(|s| (s.time_stamp, s.sm_util))
                     .collect();
+                // Our newest sample, not everyone's: another process's newer sample must not
+                // hide one of ours that NVML publishes later.
+                dev.last_seen = ours.iter().map(|s| s.0).fold(dev.last_seen, u64::max);
                 let closes = CONTROLLER.closes(d);
                 let binding = closes != dev.closes;
                 dev.closes = closes;

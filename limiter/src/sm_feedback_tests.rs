@@ -18,9 +18,14 @@ fn plant(target: u8, gain: f64, lag_ms: u64, run_s: u64) -> (Vec<f64>, f64) {
         acc += share;
         n += 1;
         if t >= next_sample {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let noise = ((seed >> 33) % 5) as f64 - 2.0;
-            pending.push_back((t * 1000, (acc / f64::from(n) + noise).max(0.0).round() as u32));
+            pending.push_back((
+                t * 1000,
+                (acc / f64::from(n) + noise).max(0.0).round() as u32,
+            ));
             (acc, n) = (0.0, 0);
             next_sample += sample_ms;
         }
@@ -46,7 +51,14 @@ fn plant(target: u8, gain: f64, lag_ms: u64, run_s: u64) -> (Vec<f64>, f64) {
 
 #[test]
 fn converges_within_10_s_without_oscillating_for_any_contention_and_lag() {
-    for (target, gain) in [(60, 0.62), (60, 0.75), (40, 0.5), (50, 1.0), (40, 1.3), (30, 1.6)] {
+    for (target, gain) in [
+        (60, 0.62),
+        (60, 0.75),
+        (40, 0.5),
+        (50, 1.0),
+        (40, 1.3),
+        (30, 1.6),
+    ] {
         for lag_ms in [200, 600, 1000] {
             let (shares, settled) = plant(target, gain, lag_ms, 40);
             assert!(
@@ -59,7 +71,10 @@ fn converges_within_10_s_without_oscillating_for_any_contention_and_lag() {
                 .iter()
                 .map(|s| (s - f64::from(target)).abs())
                 .fold(0.0, f64::max);
-            assert!(worst < 3.0, "target {target}, gain {gain}, lag {lag_ms}: {shares:?}");
+            assert!(
+                worst < 3.0,
+                "target {target}, gain {gain}, lag {lag_ms}: {shares:?}"
+            );
         }
     }
 }

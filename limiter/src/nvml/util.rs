@@ -76,9 +76,10 @@ impl Sampler {
     /// The NVML handle of CUDA device `device`: by UUID (`cuDeviceGetUuid_v2`), else by index.
     pub fn handle(&self, state: &State, device: usize) -> Option<NvmlDevice> {
         let mut h: NvmlDevice = std::ptr::null_mut();
-        if let (Some(cu_uuid), Some(by_uuid)) =
-            (state.driver.get::<sym::DeviceGetUuidV2>(), self.nvml.by_uuid)
-        {
+        if let (Some(cu_uuid), Some(by_uuid)) = (
+            state.driver.get::<sym::DeviceGetUuidV2>(),
+            self.nvml.by_uuid,
+        ) {
             let mut u = [0u8; 16];
             // SAFETY: a 16-byte out-buffer; an invalid ordinal is the driver's error to return.
             if unsafe { cu_uuid(&mut u, i32::try_from(device).ok()?) } == CUDA_SUCCESS {
@@ -117,7 +118,8 @@ impl Sampler {
             out.resize(start + room, ProcessSample::default());
             let mut n = room as c_uint;
             // SAFETY: `n` entries of writable, initialised samples at `out[start..]`.
-            let r = unsafe { (self.utilization)(dev, out[start..].as_mut_ptr(), &mut n, last_seen) };
+            let r =
+                unsafe { (self.utilization)(dev, out[start..].as_mut_ptr(), &mut n, last_seen) };
             match r {
                 NVML_SUCCESS => {
                     out.truncate(start + (n as usize).min(room));

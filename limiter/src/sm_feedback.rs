@@ -32,7 +32,7 @@ use crate::{
     config::MAX_DEVICES,
     guard::shield,
     log,
-    nvml::{NvmlDevice, util::Sampler},
+    nvml::util::{Handle, Sampler},
     sm::CONTROLLER,
     state,
 };
@@ -156,7 +156,7 @@ pub fn ensure_started(enabled: bool) {
 
 /// Per device: the NVML handle, the loop and what was seen.
 struct Device {
-    handle: Option<NvmlDevice>,
+    handle: Option<Handle>,
     lp: Option<Loop>,
     last_seen: u64,
     closes: u64,
@@ -165,6 +165,8 @@ struct Device {
 }
 
 fn run() {
+    // Anything this thread reaches through a hook passes straight to the driver.
+    let _inside = crate::guard::Reentry::enter();
     let sampler = match Sampler::open() {
         Ok(s) => s,
         Err(e) => {

@@ -49,6 +49,10 @@ pub enum UtilError {
     Sample(NvmlReturn),
 }
 
+/// An NVML device handle obtained from [`Sampler::handle`] (so it is one NVML gave out).
+#[derive(Debug, Clone, Copy)]
+pub struct Handle(NvmlDevice);
+
 /// The bound, initialised NVML.
 #[derive(Debug, Clone, Copy)]
 pub struct Sampler {
@@ -74,7 +78,7 @@ impl Sampler {
     }
 
     /// The NVML handle of CUDA device `device`: by UUID (`cuDeviceGetUuid_v2`), else by index.
-    pub fn handle(&self, state: &State, device: usize) -> Option<NvmlDevice> {
+    pub fn handle(&self, state: &State, device: usize) -> Option<Handle> {
         let mut h: NvmlDevice = std::ptr::null_mut();
         if let (Some(cu_uuid), Some(by_uuid)) = (
             state.driver.get::<sym::DeviceGetUuidV2>(),
@@ -86,25 +90,26 @@ impl Sampler {
                 let name = CString::new(uuid_string(&u)).ok()?;
                 // SAFETY: a NUL-terminated UUID and a valid out-pointer.
                 if unsafe { by_uuid(name.as_ptr(), &mut h) } == NVML_SUCCESS && !h.is_null() {
-                    return Some(h);
+                    return Some(Handle(h));
                 }
             }
         }
         let by_index = self.nvml.by_index?;
         // SAFETY: a valid out-pointer.
         let r = unsafe { by_index(c_uint::try_from(device).ok()?, &mut h) };
-        (r == NVML_SUCCESS && !h.is_null()).then_some(h)
+        (r == NVML_SUCCESS && !h.is_null()).then_some(Handle(h))
     }
 
     /// Appends the samples newer than `last_seen` (microseconds; 0: all NVML holds) to `out`.
     pub fn samples(
         &self,
-        dev: NvmlDevice,
+        Handle(dev): Handle,
         last_seen: u64,
         out: &mut Vec<ProcessSample>,
     ) -> Result<(), UtilError> {
         let mut count: c_uint = 0;
-        // SAFETY: NULL samples asks for the count only; `count` is a valid out-pointer.
+        // SAFETY: a handle NVML gave out; NULL samples asks for the count only; `count` is a valid
+        // out-pointer.
         let r = unsafe { (self.utilization)(dev, std::ptr::null_mut(), &mut count, last_seen) };
         match r {
             NVML_ERROR_NOT_FOUND => return Ok(()),
@@ -117,7 +122,8 @@ impl Sampler {
             let start = out.len();
             out.resize(start + room, ProcessSample::default());
             let mut n = room as c_uint;
-            // SAFETY: `n` entries of writable, initialised samples at `out[start..]`.
+            // SAFETY: a handle NVML gave out; `n` entries of writable, initialised samples at
+            // `out[start..]`.
             let r =
                 unsafe { (self.utilization)(dev, out[start..].as_mut_ptr(), &mut n, last_seen) };
             match r {

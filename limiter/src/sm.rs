@@ -14,6 +14,11 @@
 //! closes or sleeps waits for the same resume time, not an additional one. The time a launch is
 //! held back (drain wait and sleep) is recorded as the thread's `throttled_ns` in the region.
 //!
+//! The windows use the device's *effective* share, not the target: it starts at the target and
+//! the NVML feedback loop (`sm_feedback.rs`) corrects it when the process gets less (or more)
+//! of the device than its duty cycle, e.g. because other contexts time-slice the GPU. A limited
+//! launch reads it with one relaxed load.
+//!
 //! Limits of the model (see docs/sm-limit.md): a window's wall time counts as busy, so a process
 //! that launches while mostly busy on the CPU is held to `s`% of its *launching* time; a launch
 //! gap longer than `P` starts a new window (the device cannot be told apart from an idle one

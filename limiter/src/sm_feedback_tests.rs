@@ -61,6 +61,7 @@ fn converges_within_10_s_without_oscillating_for_any_contention_and_lag() {
     ] {
         for lag_ms in [200, 600, 1000] {
             let (shares, settled) = plant(target, gain, lag_ms, 40);
+            eprintln!("target {target}, gain {gain}, lag {lag_ms} ms: settled after {settled} s");
             assert!(
                 settled <= 10.0,
                 "target {target}, gain {gain}, lag {lag_ms} ms: settled at {settled} s: {shares:?}"

@@ -209,12 +209,15 @@ impl Controller {
             .map_or(0, |e| e.load(Ordering::Relaxed))
     }
 
-    /// Sets the duty cycle `device`'s windows use (the feedback loop's correction), unless the
-    /// device is (no longer) limited. The target is left as it is.
-    pub fn set_effective_permille(&self, device: usize, pm: u16) {
+    /// Sets the duty cycle `device`'s windows use (the feedback loop's correction for `target`),
+    /// unless the device's target is no longer `target`. The target is left as it is.
+    pub fn set_effective_permille(&self, device: usize, target: u8, pm: u16) {
         let Some(eff) = self.effective.get(device) else {
             return;
         };
+        if self.percent(device) != target {
+            return;
+        }
         // Relaxed: a configuration value; a launch that sees the old one for a moment is fine.
         // The compare-exchange keeps a concurrent `set_limits` (new target, or unlimited: 0) from
         // being overwritten by a correction computed for the old target.

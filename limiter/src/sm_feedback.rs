@@ -253,7 +253,7 @@ fn run() {
                 }
                 let Some(lp) = dev.lp.as_mut() else { continue };
                 let eff = lp.tick(now_ms, &ours, binding);
-                CONTROLLER.set_effective_permille(d, (eff * 10.0).round() as u16);
+                CONTROLLER.set_effective_permille(d, target, (eff * 10.0).round() as u16);
                 dev.ticks += 1;
                 if dev.ticks % LOG_EVERY == 0 && lp.measured().is_some() {
                     log::write(

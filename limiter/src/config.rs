@@ -23,6 +23,7 @@ pub const CONTEXT_BYTES: &str = "VGPU_CONTEXT_BYTES";
 pub const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
 pub const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
 pub const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
+pub const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
 
 /// The SM controller's period when `VGPU_SM_PERIOD_MS` is unset (see `sm.rs`).
 pub const DEFAULT_SM_PERIOD_MS: u64 = 100;
@@ -95,6 +96,8 @@ pub struct Config {
     pub sm_limit: [Option<u8>; MAX_DEVICES],
     /// The SM controller's period in milliseconds (`VGPU_SM_PERIOD_MS`).
     pub sm_period_ms: u64,
+    /// The NVML correction of SM shares (`VGPU_SM_FEEDBACK`, `1` or `0`; default on).
+    pub sm_feedback: bool,
     /// Path of the shared accounting region (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
     pub shared_cache: Option<PathBuf>,
     pub log_level: Level,
@@ -132,6 +135,7 @@ impl Default for Config {
             memory_limit: [None; MAX_DEVICES],
             sm_limit: [None; MAX_DEVICES],
             sm_period_ms: DEFAULT_SM_PERIOD_MS,
+            sm_feedback: true,
             shared_cache: None,
             log_level: Level::DEFAULT,
             real_libcuda: None,
@@ -175,6 +179,7 @@ enum Var {
     DebugPanicIn,
     DebugHookDelayNs,
     SmPeriodMs,
+    SmFeedback,
 }
 
 fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
@@ -217,6 +222,7 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         DEBUG_PANIC_IN => return Ok(Some(Var::DebugPanicIn)),
         DEBUG_HOOK_DELAY_NS => return Ok(Some(Var::DebugHookDelayNs)),
         SM_PERIOD_MS => return Ok(Some(Var::SmPeriodMs)),
+        SM_FEEDBACK => return Ok(Some(Var::SmFeedback)),
         _ => {}
     }
     if let Some(i) = indexed(name, MEMORY_LIMIT)? {
@@ -338,6 +344,19 @@ impl Config {
                                 SM_PERIOD_RANGE_MS.end()
                             ),
                         })?;
+                }
+                Var::SmFeedback => {
+                    cfg.sm_feedback = match value.as_str() {
+                        "1" => true,
+                        "0" => false,
+                        _ => {
+                            return Err(ConfigError::Invalid {
+                                var: name.to_owned(),
+                                value: value.clone(),
+                                reason: "expected 1 or 0".into(),
+                            });
+                        }
+                    };
                 }
                 Var::LogLevel => {
                     cfg.log_level = value
@@ -496,6 +515,16 @@ mod tests {
             let e = vars(&[("VGPU_SM_PERIOD_MS", bad)]).unwrap_err();
             assert!(
                 matches!(&e, ConfigError::Invalid { var, .. } if var == SM_PERIOD_MS),
+                "{bad}: {e}"
+            );
+        }
+        assert!(c.sm_feedback);
+        assert!(!vars(&[("VGPU_SM_FEEDBACK", "0")]).unwrap().sm_feedback);
+        assert!(vars(&[("VGPU_SM_FEEDBACK", "1")]).unwrap().sm_feedback);
+        for bad in ["", "yes", "2", "off"] {
+            let e = vars(&[("VGPU_SM_FEEDBACK", bad)]).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { var, .. } if var == SM_FEEDBACK),
                 "{bad}: {e}"
             );
         }

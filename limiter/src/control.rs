@@ -99,6 +99,7 @@ pub fn apply_settings(settings: &ControlSettings, config: &Config, region: Optio
     let sm: [Option<u8>; MAX_DEVICES] =
         std::array::from_fn(|d| settings.sm_percent[d].or(config.sm_limit[d]));
     sm::CONTROLLER.set_limits(&sm, config.sm_period_ms);
+    crate::sm_feedback::ensure_started(config.sm_feedback);
     let Some(region) = region else { return };
     for d in 0..MAX_DEVICES {
         if let Some(p) = settings.sm_percent[d] {

@@ -35,4 +35,5 @@ pub mod process;
 pub mod real_driver;
 pub mod shared;
 pub mod sm;
+pub mod sm_feedback;
 pub mod state;

@@ -23,6 +23,7 @@ use std::{
 };
 
 mod procs;
+pub mod util;
 
 use crate::{
     accounting::Accounting as _,
@@ -74,6 +75,11 @@ struct Nvml {
     processes_v3: Option<procs::PfnProcesses>,
     uuid: Option<PfnUuid>,
     index: Option<PfnIndex>,
+    /// For the SM feedback loop (`util.rs`).
+    init: Option<util::PfnInit>,
+    by_uuid: Option<util::PfnHandleByUuid>,
+    by_index: Option<util::PfnHandleByIndex>,
+    process_utilization: Option<util::PfnProcessUtilization>,
 }
 
 static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
@@ -112,6 +118,13 @@ fn bind() -> Option<&'static Nvml> {
                 uuid: get(c"nvmlDeviceGetUUID").map(|p| std::mem::transmute::<usize, PfnUuid>(p)),
                 index: get(c"nvmlDeviceGetIndex")
                     .map(|p| std::mem::transmute::<usize, PfnIndex>(p)),
+                init: get(c"nvmlInit_v2").map(|p| std::mem::transmute::<usize, util::PfnInit>(p)),
+                by_uuid: get(c"nvmlDeviceGetHandleByUUID")
+                    .map(|p| std::mem::transmute::<usize, util::PfnHandleByUuid>(p)),
+                by_index: get(c"nvmlDeviceGetHandleByIndex_v2")
+                    .map(|p| std::mem::transmute::<usize, util::PfnHandleByIndex>(p)),
+                process_utilization: get(c"nvmlDeviceGetProcessUtilization")
+                    .map(|p| std::mem::transmute::<usize, util::PfnProcessUtilization>(p)),
             })
         }
     })

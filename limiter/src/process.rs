@@ -160,6 +160,8 @@ impl Process {
             },
             None => Ledger::Local(Box::new(InProcess::new(config))),
         };
+        // A forked child gets its own SM feedback thread (threads do not survive fork).
+        crate::sm_feedback::ensure_started(config.sm_feedback);
         Process {
             ledger,
             ptrs: AllocTable::default(),

@@ -14,13 +14,18 @@
 //! closes or sleeps waits for the same resume time, not an additional one. The time a launch is
 //! held back (drain wait and sleep) is recorded as the thread's `throttled_ns` in the region.
 //!
+//! The windows use the device's *effective* share, not the target: it starts at the target and
+//! the NVML feedback loop (`sm_feedback.rs`) corrects it when the process gets less (or more)
+//! of the device than its duty cycle, e.g. because other contexts time-slice the GPU. A limited
+//! launch reads it with one relaxed load.
+//!
 //! Limits of the model (see docs/sm-limit.md): a window's wall time counts as busy, so a process
 //! that launches while mostly busy on the CPU is held to `s`% of its *launching* time; a launch
 //! gap longer than `P` starts a new window (the device cannot be told apart from an idle one
 //! without device timestamps); the share is per process: `n` processes of a container limited to
 //! `s`% may use up to `n * s`% together.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering};
 
 use crate::config::MAX_DEVICES;
 
@@ -52,12 +57,15 @@ struct Window {
     resume: AtomicU64,
     /// A thread is closing the window (draining and computing `resume`).
     closing: AtomicBool,
+    /// Windows closed so far: the feedback loop (`sm_feedback.rs`) integrates only while the
+    /// limit binds (some window closed since its last tick).
+    closes: AtomicU64,
 }
 
 impl Window {
-    /// Lets a launch through at `pct`% of `period_ns`; returns the time it was held back.
-    fn admit<E: Env>(&self, env: &E, pct: u64, period_ns: u64) -> u64 {
-        let budget = period_ns * pct / 100;
+    /// Lets a launch through at `pm` per mille of `period_ns`; returns the time it was held back.
+    fn admit<E: Env>(&self, env: &E, pm: u64, period_ns: u64) -> u64 {
+        let budget = period_ns * pm / 1000;
         let entered = env.now_ns();
         let mut now = entered;
         loop {
@@ -107,7 +115,7 @@ impl Window {
             env.drain();
             let end = env.now_ns();
             let busy = end.saturating_sub(start);
-            let idle = busy.saturating_mul(100 - pct) / pct;
+            let idle = busy.saturating_mul(1000 - pm) / pm;
             let resume = end + idle;
             // Relaxed: published by the Release stores of `resume` and `closing` below.
             self.start.store(resume, Ordering::Relaxed);
@@ -115,6 +123,8 @@ impl Window {
             // Release: pairs with the Acquire loads of `resume` above.
             self.resume.store(resume, Ordering::Release);
             self.closing.store(false, Ordering::Release);
+            // Relaxed: a statistic read by the feedback thread.
+            self.closes.fetch_add(1, Ordering::Relaxed);
             now = env.now_ns();
         }
     }
@@ -125,8 +135,11 @@ impl Window {
 pub struct Controller {
     /// Whether any device is limited: the only thing an unlimited launch reads.
     active: AtomicBool,
-    /// Share per device in percent; 0 = unlimited.
+    /// Share per device in percent; 0 = unlimited. The target: what the user set.
     percent: [AtomicU8; MAX_DEVICES],
+    /// Duty cycle per device in per mille that the windows actually use: `percent * 10` until
+    /// the feedback loop corrects it (`sm_feedback.rs`); reset to the target when it changes.
+    effective: [AtomicU16; MAX_DEVICES],
     period_ns: AtomicU64,
     windows: [Window; MAX_DEVICES],
 }
@@ -140,6 +153,7 @@ impl Controller {
         Controller {
             active: AtomicBool::new(false),
             percent: [const { AtomicU8::new(0) }; MAX_DEVICES],
+            effective: [const { AtomicU16::new(0) }; MAX_DEVICES],
             period_ns: AtomicU64::new(crate::config::DEFAULT_SM_PERIOD_MS * 1_000_000),
             windows: [const {
                 Window {
@@ -147,6 +161,7 @@ impl Controller {
                     last: AtomicU64::new(0),
                     resume: AtomicU64::new(0),
                     closing: AtomicBool::new(false),
+                    closes: AtomicU64::new(0),
                 }
             }; MAX_DEVICES],
         }
@@ -159,10 +174,15 @@ impl Controller {
         self.period_ns
             .store(period_ms.max(1) * 1_000_000, Ordering::Relaxed);
         let mut any = false;
-        for (slot, p) in self.percent.iter().zip(percent) {
+        for ((slot, eff), p) in self.percent.iter().zip(&self.effective).zip(percent) {
             let p = p.filter(|&p| p > 0 && p < 100).unwrap_or(0);
             any |= p != 0;
-            slot.store(p, Ordering::Relaxed);
+            // A new target restarts the correction from it. `effective` first: a launch that
+            // sees the new target with the old effective duty behaves as before the change.
+            if slot.load(Ordering::Relaxed) != p {
+                eff.store(u16::from(p) * 10, Ordering::Relaxed);
+                slot.store(p, Ordering::Relaxed);
+            }
         }
         self.active.store(any, Ordering::Relaxed);
     }
@@ -173,6 +193,47 @@ impl Controller {
         self.percent
             .get(device)
             .map_or(0, |p| p.load(Ordering::Relaxed))
+    }
+
+    /// Whether any device is limited.
+    pub fn active(&self) -> bool {
+        // Relaxed: a configuration flag.
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// The duty cycle in per mille that `device`'s windows use (0: unlimited).
+    pub fn effective_permille(&self, device: usize) -> u16 {
+        // Relaxed: a configuration value.
+        self.effective
+            .get(device)
+            .map_or(0, |e| e.load(Ordering::Relaxed))
+    }
+
+    /// Sets the duty cycle `device`'s windows use (the feedback loop's correction for `target`),
+    /// unless the device's target is no longer `target`. The target is left as it is.
+    pub fn set_effective_permille(&self, device: usize, target: u8, pm: u16) {
+        let Some(eff) = self.effective.get(device) else {
+            return;
+        };
+        if self.percent(device) != target {
+            return;
+        }
+        // Relaxed: a configuration value; a launch that sees the old one for a moment is fine.
+        // The compare-exchange keeps a concurrent `set_limits` (new target, or unlimited: 0) from
+        // being overwritten by a correction computed for the old target.
+        let cur = eff.load(Ordering::Relaxed);
+        if cur != 0 {
+            let _ =
+                eff.compare_exchange(cur, pm.clamp(1, 1000), Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Windows of `device` closed so far (the limit binds while this grows).
+    pub fn closes(&self, device: usize) -> u64 {
+        // Relaxed: a statistic.
+        self.windows
+            .get(device)
+            .map_or(0, |w| w.closes.load(Ordering::Relaxed))
     }
 
     /// Called before every launch: returns at once when nothing is limited (`env` is not even
@@ -193,13 +254,14 @@ impl Controller {
         let Some(device) = env.device() else {
             return 0;
         };
-        let pct = u64::from(self.percent(device));
-        if pct == 0 {
+        // The only load of the correction on the launch path.
+        let pm = u64::from(self.effective_permille(device));
+        if pm == 0 {
             return 0;
         }
         // Relaxed: a configuration value.
         let period = self.period_ns.load(Ordering::Relaxed);
-        self.windows[device].admit(env, pct, period)
+        self.windows[device].admit(env, pm, period)
     }
 }
 

@@ -41,10 +41,19 @@ struct Run {
 /// Runs a saturating workload for `seconds` of virtual time and returns the device's busy share
 /// after the first second.
 fn run(pct: u8, kernel_ns: u64, sync_every: u64, seconds: u64) -> Run {
+    run_on(&limited(pct), kernel_ns, sync_every, seconds)
+}
+
+/// A controller with device 0 limited to `pct`% (period 100 ms).
+fn limited(pct: u8) -> Controller {
     let c = Controller::new();
     let mut limits = [None; MAX_DEVICES];
     limits[0] = Some(pct);
     c.set_limits(&limits, 100);
+    c
+}
+
+fn run_on(c: &Controller, kernel_ns: u64, sync_every: u64, seconds: u64) -> Run {
     let sim = Sim {
         now: Cell::new(1),
         busy_until: Cell::new(0),
@@ -149,4 +158,32 @@ fn a_launch_gap_longer_than_a_period_starts_a_new_window() {
     sim.now.set(10_000_000_000);
     assert_eq!(c.admit(|| &sim), 0);
     assert_eq!(sim.drains.get(), 0);
+}
+
+#[test]
+fn windows_use_the_effective_share_and_a_new_target_resets_it() {
+    let c = limited(40);
+    assert_eq!(c.effective_permille(0), 400);
+    // The feedback loop's correction is what the duty cycle holds; the target stays.
+    c.set_effective_permille(0, 40, 800);
+    let r = run_on(&c, 500_000, 8, 20);
+    assert!((r.share - 80.0).abs() < 2.0, "share {:.2}%", r.share);
+    assert_eq!(c.percent(0), 40);
+    // A correction computed for another target is dropped.
+    c.set_effective_permille(0, 30, 500);
+    assert_eq!(c.effective_permille(0), 800);
+    // A new target starts from itself; an unchanged one keeps the correction.
+    let mut limits = [None; MAX_DEVICES];
+    limits[0] = Some(40);
+    c.set_limits(&limits, 100);
+    assert_eq!(c.effective_permille(0), 800);
+    limits[0] = Some(60);
+    c.set_limits(&limits, 100);
+    assert_eq!(c.effective_permille(0), 600);
+    // Unlimited: no correction sticks.
+    limits[0] = None;
+    c.set_limits(&limits, 100);
+    c.set_effective_permille(0, 0, 500);
+    assert_eq!(c.effective_permille(0), 0);
+    assert_eq!(c.admit(|| -> &Sim { panic!("built the environment") }), 0);
 }

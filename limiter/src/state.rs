@@ -161,6 +161,7 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
         .and_then(|n| Sym::hooked_by_name(n.as_bytes()));
     let region = open_region(&config);
     crate::sm::CONTROLLER.set_limits(&config.sm_limit, config.sm_period_ms);
+    crate::sm_feedback::ensure_started(config.sm_feedback);
     let control = region.and_then(crate::control::Control::open);
     crate::process::register_handlers();
     let clock = Clock::calibrate();

@@ -4,36 +4,15 @@
 
 mod support;
 
-use std::{path::PathBuf, process::Command, sync::OnceLock};
+use std::{path::PathBuf, sync::OnceLock};
 
-use support::{cc, expect_ok, paths, preloaded};
+use support::{cc, expect_ok, fake_nvml, paths, preloaded};
 
 fn caller() -> &'static std::path::Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let libdir = format!("-L{}", paths().libdir.display());
         cc("nvml_caller.c", "nvml_caller", &[&libdir, "-lcuda", "-ldl"])
-    })
-}
-
-/// The stand-in, installed as `libnvidia-ml.so.1` in its own directory.
-fn fake_nvml() -> &'static std::path::Path {
-    static SO: OnceLock<PathBuf> = OnceLock::new();
-    SO.get_or_init(|| {
-        let dir = paths()
-            .tmp
-            .join(format!("fake-nvml-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let so = dir.join("libnvidia-ml.so.1");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/callers/fake_nvml.c");
-        let o = Command::new("cc")
-            .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o"])
-            .arg(&so)
-            .arg(src)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", support::text(&o.stderr));
-        so
     })
 }
 

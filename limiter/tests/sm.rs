@@ -19,7 +19,7 @@ use std::{
 };
 
 use region::reader::{RegionReader, SlotPhase};
-use support::{cc, fresh_region, paths, preloaded};
+use support::{cc, fake_nvml, fresh_region, paths, preloaded};
 
 /// Simulated device time of one launch.
 const LAUNCH_US: u64 = 500;
@@ -34,7 +34,7 @@ fn caller() -> &'static Path {
         cc(
             "sm_caller.c",
             "sm_caller",
-            &[&libdir, "-lcuda", "-lpthread"],
+            &[&libdir, "-lcuda", "-lpthread", "-rdynamic"],
         )
     })
 }
@@ -49,32 +49,48 @@ fn field(json: &str, key: &str) -> f64 {
 
 struct Run {
     json: String,
+    stderr: String,
     /// Device-busy share of the measured interval, percent.
     share: f64,
     /// `throttled_ns` summed over the process's shards in the region.
     throttled_ns: u64,
     /// Threads of the process after its workers exited.
     tasks: usize,
+    /// Names of those other than the main thread.
+    extra_threads: Vec<String>,
 }
 
 /// The tests time a saturating workload: one at a time on the shared CPUs.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run(mode: &str, threads: u32, limit: Option<&str>, measure_ms: u64) -> Run {
+    run_env(mode, threads, limit, 500, measure_ms, &[])
+}
+
+fn run_env(
+    mode: &str,
+    threads: u32,
+    limit: Option<&str>,
+    warm_ms: u64,
+    measure_ms: u64,
+    env: &[(&str, &str)],
+) -> Run {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let region = fresh_region("sm");
     let mut c = preloaded(caller());
     c.args([
         mode,
         &threads.to_string(),
-        "500",
+        &warm_ms.to_string(),
         &measure_ms.to_string(),
         &SYNC_EVERY.to_string(),
     ])
     .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &region)
     .env("SIMCUDA_LAUNCH_US", LAUNCH_US.to_string())
+    .envs(env.iter().copied())
     .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     if let Some(l) = limit {
         c.env("CUDA_DEVICE_SM_LIMIT", l);
     }
@@ -84,9 +100,22 @@ fn run(mode: &str, threads: u32, limit: Option<&str>, measure_ms: u64) -> Run {
         .read_line(&mut json)
         .unwrap();
     assert!(json.starts_with('{'), "sm_caller said {json:?}");
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+    let pid = child.id();
+    let tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
-        .count();
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let tasks = tids.len();
+    let extra_threads = tids
+        .iter()
+        .filter(|t| **t != pid.to_string())
+        .map(|t| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        })
+        .collect();
     let snap = RegionReader::open(&region).unwrap().snapshot().unwrap();
     let throttled_ns = snap
         .slots
@@ -95,17 +124,20 @@ fn run(mode: &str, threads: u32, limit: Option<&str>, measure_ms: u64) -> Run {
         .map(|s| s.throttled_ns)
         .sum();
     drop(child.stdin.take());
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{json}");
+    let out = child.wait_with_output().unwrap();
+    let stderr = support::text(&out.stderr);
+    assert!(out.status.success(), "{json}\n{stderr}");
     assert_eq!(field(&json, "errors"), 0.0, "{json}");
     let share = field(&json, "measured_launches") * (LAUNCH_US * 1000) as f64
         / field(&json, "measured_ns")
         * 100.0;
     Run {
         json,
+        stderr,
         share,
         throttled_ns,
         tasks,
+        extra_threads,
     }
 }
 
@@ -136,7 +168,12 @@ fn shares_of_25_50_75_percent_hold_and_throttled_time_is_recorded() {
             (throttled - blocked).abs() < blocked * 0.10,
             "limit {limit}%: region throttled_ns {throttled} vs {blocked} ns blocked in launches"
         );
-        assert_eq!(r.tasks, 1, "the limiter started a thread");
+        // The only thread a limit may start is the feedback loop's (which exits without NVML).
+        assert!(
+            r.extra_threads.iter().all(|t| t == "vgpu-sm"),
+            "{:?}",
+            r.extra_threads
+        );
     }
 }
 
@@ -169,4 +206,97 @@ fn unlimited_launches_are_not_held_and_get_no_thread() {
         assert_eq!(r.throttled_ns, 0, "{limit:?}");
         assert_eq!(r.tasks, 1, "{limit:?}: the limiter started a thread");
     }
+}
+
+/// What the stand-in NVML reports for the process: `scale` x its true share (`fake_nvml.c`).
+fn feedback_run(limit: u8, scale: &str, extra: &[(&str, &str)], warm_ms: u64) -> (Run, f64) {
+    let nvml = fake_nvml().to_str().unwrap();
+    let mut env = vec![
+        ("VGPU_REAL_LIBNVML", nvml),
+        ("FAKE_NVML_SM_SCALE", scale),
+        ("LIBCUDA_LOG_LEVEL", "3"),
+    ];
+    env.extend_from_slice(extra);
+    let r = run_env("kernel", 1, Some(&limit.to_string()), warm_ms, 3000, &env);
+    let reported = r.share * scale.parse::<f64>().unwrap();
+    eprintln!(
+        "limit {limit}%, NVML scale {scale} {extra:?}: true share {:.1}%, NVML share {reported:.1}%\n{}",
+        r.share,
+        r.stderr
+            .lines()
+            .filter(|l| l.contains("SM feedback") || l.contains("open-loop"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    (r, reported)
+}
+
+/// Runs until NVML's share is within 5 points of the limit (bounded attempts).
+fn feedback_near(limit: u8, scale: &str) -> Run {
+    let mut seen = Vec::new();
+    for _ in 0..ATTEMPTS {
+        // 9 s of warm-up: the loop converges in about 5 s (sm_feedback_tests.rs).
+        let (r, reported) = feedback_run(limit, scale, &[], 9000);
+        if (reported - f64::from(limit)).abs() < 5.0 {
+            return r;
+        }
+        seen.push(format!("{reported:.1}% ({})", r.json.trim()));
+    }
+    panic!("limit {limit}%, NVML scale {scale}: NVML shares {seen:?}");
+}
+
+#[test]
+fn feedback_raises_the_duty_cycle_when_nvml_sees_half_of_it() {
+    // Open loop (VGPU_SM_FEEDBACK=0), NVML sees half the share: about 20 for a limit of 40.
+    let (open, reported) = feedback_run(40, "0.5", &[("VGPU_SM_FEEDBACK", "0")], 2000);
+    assert!(reported < 25.0, "open loop: {reported:.1}% {}", open.json);
+    assert!(open.extra_threads.is_empty(), "{:?}", open.extra_threads);
+    // Closed loop: the duty cycle rises until NVML sees 40.
+    let r = feedback_near(40, "0.5");
+    assert!(r.share > 70.0, "true share {:.1}%", r.share);
+    assert_eq!(r.extra_threads, ["vgpu-sm"]);
+    assert!(
+        r.stderr.contains("SM feedback device 0: target 40%"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn feedback_lowers_the_duty_cycle_when_nvml_sees_more() {
+    let r = feedback_near(60, "1.5");
+    assert!(r.share < 50.0, "true share {:.1}%", r.share);
+}
+
+#[test]
+fn without_nvml_or_without_our_pid_the_share_stays_open_loop() {
+    let mut seen = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let (missing, _) = feedback_run(
+            40,
+            "0.5",
+            &[("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1")],
+            1000,
+        );
+        let (foreign, _) = feedback_run(40, "0.5", &[("FAKE_NVML_FOREIGN_PID", "1")], 6000);
+        assert!(
+            missing
+                .stderr
+                .contains("could not be loaded; SM shares stay open-loop"),
+            "{}",
+            missing.stderr
+        );
+        assert!(
+            foreign
+                .stderr
+                .contains("(another pid namespace?); the SM share of device 0 stays open-loop"),
+            "{}",
+            foreign.stderr
+        );
+        if (missing.share - 40.0).abs() < 5.0 && (foreign.share - 40.0).abs() < 5.0 {
+            return;
+        }
+        seen.push(format!("{:.1}% / {:.1}%", missing.share, foreign.share));
+    }
+    panic!("open-loop shares (NVML missing / our pid never reported): {seen:?}");
 }

@@ -1,7 +1,20 @@
 /* A stand-in libnvidia-ml.so.1 with two devices of 80 GiB (10 GiB used), for the limiter's NVML
- * hooks. Device i's UUID is $FAKE_NVML_UUID_<i> (read at every call); unset: NOT_SUPPORTED. */
+ * hooks. Device i's UUID is $FAKE_NVML_UUID_<i> (read at every call); unset: NOT_SUPPORTED.
+ *
+ * nvmlDeviceGetProcessUtilization (for the SM feedback loop), with $FAKE_NVML_SM_SCALE set: the
+ * calling process's smUtil on device 0 is SCALE x its true busy share, computed from the launch
+ * counter the workload exports (`sm_caller_launches`, sm_caller.c) x $SIMCUDA_LAUNCH_US between
+ * two calls, and published one call late (NVML's samples lag). SCALE 0.5 stands for contention
+ * (the process gets half its windows), above 1 for a share NVML sees higher. Another process
+ * (pid 4000001, 50%) is always listed; $FAKE_NVML_FOREIGN_PID=1 reports the caller under a pid
+ * that is not its own (a process in another pid namespace). Unset SCALE: NOT_SUPPORTED. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define GIB (1024ULL * 1024 * 1024)
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
@@ -13,6 +26,16 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) {
     if (i >= 2) return 2;
     *h = &devs[i];
     return 0;
+}
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
+    for (int i = 0; i < 2; i++) {
+        const char *u = getenv(i == 0 ? "FAKE_NVML_UUID_0" : "FAKE_NVML_UUID_1");
+        if (u && !strcmp(u, uuid)) {
+            *h = &devs[i];
+            return 0;
+        }
+    }
+    return 6;
 }
 int nvmlDeviceGetIndex(void *h, unsigned *i) {
     *i = (unsigned)*(int *)h;
@@ -77,4 +100,58 @@ int nvmlDeviceGetComputeRunningProcesses_v2(void *h, unsigned *count, nvmlProces
 int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *count, nvmlProcessInfo_t *infos) {
     (void)h;
     return host_list(count, infos, 0);
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long timeStamp;
+    unsigned smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+static unsigned long long prev_us, pending_us;
+static long prev_launches;
+static unsigned pending_util;
+static unsigned long long realtime_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (unsigned long long)t.tv_sec * 1000000ULL + (unsigned long long)t.tv_nsec / 1000;
+}
+int nvmlDeviceGetProcessUtilization(void *h, nvmlProcessUtilizationSample_t *samples, unsigned *count,
+                                    unsigned long long last_seen) {
+    const char *scale = getenv("FAKE_NVML_SM_SCALE");
+    const char *launch_us = getenv("SIMCUDA_LAUNCH_US");
+    if (!scale || !launch_us) return 3;
+    if (!count) return 2;
+    int ours = *(int *)h == 0 && pending_us > last_seen;
+    unsigned n = 1 + (unsigned)ours;
+    if (!samples) {
+        *count = n;
+        return 0;
+    }
+    if (*count < n) {
+        *count = n;
+        return 7;
+    }
+    unsigned long long now = realtime_us();
+    samples[0] = (nvmlProcessUtilizationSample_t){4000001, now, 50, 0, 0, 0};
+    if (ours) {
+        unsigned pid = (unsigned)getpid();
+        const char *foreign = getenv("FAKE_NVML_FOREIGN_PID");
+        if (foreign && !strcmp(foreign, "1")) pid += 1000000;
+        samples[1] = (nvmlProcessUtilizationSample_t){pid, pending_us, pending_util, 0, 0, 0};
+    }
+    *count = n;
+    /* The next sample: this process's share since the previous call (device 0 only). */
+    if (*(int *)h == 0) {
+        long *counter = (long *)dlsym(RTLD_DEFAULT, "sm_caller_launches");
+        long launches = counter ? __atomic_load_n(counter, __ATOMIC_RELAXED) : 0;
+        if (prev_us && now > prev_us) {
+            double share = (double)(launches - prev_launches) * atof(launch_us) / (double)(now - prev_us);
+            double util = share * atof(scale) * 100.0;
+            pending_util = util > 100.0 ? 100 : (unsigned)(util + 0.5);
+            pending_us = now;
+        }
+        prev_us = now;
+        prev_launches = launches;
+    }
+    return 0;
 }

@@ -43,7 +43,9 @@ CUresult cuGraphLaunch(void *, void *);
 static const char *mode;
 static void *func, *exec, *ctx;
 static long sync_every;
-static atomic_long launches, errors;
+static atomic_long errors;
+/* Exported (the caller is linked with -rdynamic): the stand-in NVML reads it (fake_nvml.c). */
+atomic_long sm_caller_launches;
 static atomic_long blocked_total, min_launch = 1L << 62;
 static atomic_int stop;
 
@@ -71,7 +73,7 @@ static void *worker(void *arg) {
         CUresult r = launch_once();
         long dt = now_ns() - t0;
         if (r) atomic_fetch_add(&errors, 1);
-        atomic_fetch_add(&launches, 1);
+        atomic_fetch_add(&sm_caller_launches, 1);
         if (dt < fastest) fastest = dt;
         durations += dt;
         n++;
@@ -111,16 +113,16 @@ int main(int argc, char **argv) {
     for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, worker, NULL);
     struct timespec w = {warm / 1000000000L, warm % 1000000000L};
     nanosleep(&w, NULL);
-    long l0 = atomic_load(&launches), t0 = now_ns();
+    long l0 = atomic_load(&sm_caller_launches), t0 = now_ns();
     struct timespec m = {measure / 1000000000L, measure % 1000000000L};
     nanosleep(&m, NULL);
-    long l1 = atomic_load(&launches), t1 = now_ns();
+    long l1 = atomic_load(&sm_caller_launches), t1 = now_ns();
     atomic_store(&stop, 1);
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
     long end = now_ns();
     printf("{\"mode\":\"%s\",\"threads\":%d,\"launches\":%ld,\"errors\":%ld,\"measured_launches\":%ld,"
            "\"measured_ns\":%ld,\"wall_ns\":%ld,\"blocked_ns\":%ld,\"min_launch_ns\":%ld}\n",
-           mode, threads, atomic_load(&launches), atomic_load(&errors), l1 - l0, t1 - t0, end - start,
+           mode, threads, atomic_load(&sm_caller_launches), atomic_load(&errors), l1 - l0, t1 - t0, end - start,
            atomic_load(&blocked_total), atomic_load(&min_launch));
     fflush(stdout);
     char buf[64];

@@ -154,3 +154,26 @@ pub fn expect_ok(out: Output) -> (String, String) {
     );
     (so, se)
 }
+
+/// The stand-in NVML (`callers/fake_nvml.c`), built once per test binary and installed as
+/// `libnvidia-ml.so.1` in its own directory (point `VGPU_REAL_LIBNVML` at it).
+pub fn fake_nvml() -> &'static Path {
+    static SO: OnceLock<PathBuf> = OnceLock::new();
+    SO.get_or_init(|| {
+        let dir = paths()
+            .tmp
+            .join(format!("fake-nvml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let so = dir.join("libnvidia-ml.so.1");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/callers/fake_nvml.c");
+        let o = Command::new("cc")
+            .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(src)
+            .arg("-ldl")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        so
+    })
+}

@@ -1,0 +1,275 @@
+//! The SM share's closed-loop correction from NVML's per-process utilisation.
+//!
+//! The duty cycle (`sm.rs`) counts the wall time of a window as this process's busy time. When
+//! other contexts share the GPU, the device time-slices between them during the window, so the
+//! process gets less than its share (measured on an H200: 27.9% for a 60% limit beside a 30%
+//! one). With some device limited (and `VGPU_SM_FEEDBACK` not `0`), one thread, `vgpu-sm`, reads
+//! every [`TICK`] this process's samples of `nvmlDeviceGetProcessUtilization`, averages `smUtil`
+//! over the newest [`AVERAGE_US`] of them, and corrects the duty cycle the windows use (the
+//! controller's *effective* share; the target stays what the user set):
+//!
+//! `d_eff += GAIN * (target - measured) / g`, with `g = measured / mean(d_eff over the last
+//! 1.5 s)` the plant's gain (how much of its duty cycle the process really gets, clamped to
+//! [0.25, 2]), a dead band of [`DEAD_BAND`] points, steps of at most [`MAX_STEP`] and `d_eff`
+//! within `[target / 2, 100]`. Normalising by `g` keeps the loop gain at [`GAIN`] per tick
+//! whatever the contention, so the loop converges in about 5 to 7 s and does not oscillate with
+//! NVML samples that lag up to 1 s (tuned in `sm_feedback_tests.rs` against a plant model with
+//! that lag). It only raises `d_eff` while the limit binds (windows closed since the last tick):
+//! a process that launches little is not below its share because of the limiter.
+//!
+//! Limits: NVML reports host pids; a process in another pid namespace never finds its own pid in
+//! the samples, and the correction stays off (logged once at Info). Without NVML (library,
+//! `nvmlInit_v2` or the symbol missing) the thread logs once at Info and exits: open loop. The
+//! thread never touches the launch path: launches read `d_eff` with one relaxed load.
+
+use std::{
+    collections::VecDeque,
+    sync::atomic::{AtomicI32, Ordering},
+    time::Duration,
+};
+
+use crate::{
+    config::MAX_DEVICES,
+    guard::shield,
+    log,
+    nvml::util::{Handle, Sampler},
+    sm::CONTROLLER,
+    state,
+};
+
+/// How often the thread reads NVML.
+pub const TICK: Duration = Duration::from_millis(500);
+/// Samples averaged: the newest second of them (NVML timestamps).
+pub const AVERAGE_US: u64 = 1_000_000;
+/// `d_eff` values averaged for the plant gain: those of the last 1.5 s (the averaged samples
+/// plus NVML's lag).
+const EFFECTIVE_HISTORY_MS: u64 = 1_500;
+/// Correction per tick, as a fraction of the error (after normalising by the plant gain).
+pub const GAIN: f64 = 0.2;
+/// Errors within this many points are left alone.
+pub const DEAD_BAND: f64 = 1.0;
+/// The largest change of `d_eff` per tick, in points.
+pub const MAX_STEP: f64 = 10.0;
+/// Ticks with samples of other processes but none of ours before that is logged.
+const FOREIGN_TICKS: u32 = 10;
+/// Log the loop's state at Info every this many ticks.
+const LOG_EVERY: u32 = 4;
+
+/// One device's correction (pure: the tests drive it in virtual time).
+#[derive(Debug, Clone)]
+pub struct Loop {
+    target: f64,
+    /// The effective share in percent.
+    eff: f64,
+    /// `(NVML timestamp in us, smUtil)` of this process, newest last.
+    samples: VecDeque<(u64, f64)>,
+    /// `(now_ms, eff)` at each tick, newest last.
+    effs: VecDeque<(u64, f64)>,
+    /// The last average, if any.
+    measured: Option<f64>,
+}
+
+impl Loop {
+    pub fn new(target: u8) -> Loop {
+        Loop {
+            target: f64::from(target),
+            eff: f64::from(target),
+            samples: VecDeque::new(),
+            effs: VecDeque::new(),
+            measured: None,
+        }
+    }
+
+    pub fn effective(&self) -> f64 {
+        self.eff
+    }
+
+    pub fn measured(&self) -> Option<f64> {
+        self.measured
+    }
+
+    /// One tick at `now_ms`: `fresh` are this process's new samples `(timestamp us, smUtil)`,
+    /// `binding` whether a window closed since the last tick. Returns the new effective share.
+    pub fn tick(&mut self, now_ms: u64, fresh: &[(u64, u32)], binding: bool) -> f64 {
+        self.effs.push_back((now_ms, self.eff));
+        while self
+            .effs
+            .front()
+            .is_some_and(|&(t, _)| t + EFFECTIVE_HISTORY_MS < now_ms)
+        {
+            self.effs.pop_front();
+        }
+        let held = self.samples.iter().map(|s| s.0).max().unwrap_or(0);
+        let before = self.samples.len();
+        // Samples already held (NVML may return one again) are not counted twice.
+        self.samples.extend(
+            fresh
+                .iter()
+                .filter(|s| s.0 > held)
+                .map(|&(t, v)| (t, f64::from(v.min(100)))),
+        );
+        if self.samples.len() == before {
+            return self.eff;
+        }
+        let newest = self.samples.iter().map(|s| s.0).max().unwrap_or(0);
+        self.samples.retain(|s| s.0 + AVERAGE_US > newest);
+        let measured = self.samples.iter().map(|s| s.1).sum::<f64>() / self.samples.len() as f64;
+        self.measured = Some(measured);
+        let err = self.target - measured;
+        if err.abs() <= DEAD_BAND || (err > 0.0 && !binding) {
+            return self.eff;
+        }
+        let applied = self.effs.iter().map(|e| e.1).sum::<f64>() / self.effs.len() as f64;
+        let gain = (measured / applied).clamp(0.25, 2.0);
+        let step = (GAIN * err / gain).clamp(-MAX_STEP, MAX_STEP);
+        self.eff = (self.eff + step).clamp(self.target / 2.0, 100.0);
+        self.eff
+    }
+}
+
+/// The pid whose process runs the thread (0: none): a forked child starts its own.
+static STARTED: AtomicI32 = AtomicI32::new(0);
+
+/// Starts the thread if some device is limited, the loop is enabled and this process has none.
+pub fn ensure_started(enabled: bool) {
+    if !enabled || !CONTROLLER.active() {
+        return;
+    }
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    // Relaxed: only elects the one caller that spawns; nothing else is published through it.
+    if STARTED.swap(pid, Ordering::Relaxed) == pid {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("vgpu-sm".into())
+        .spawn(|| {
+            shield(run);
+        });
+    if let Err(e) = spawned {
+        log::write(
+            log::Level::Warn,
+            format_args!("cannot start the SM feedback thread ({e}); SM shares stay open-loop"),
+        );
+    }
+}
+
+/// Per device: the NVML handle, the loop and what was seen.
+struct Device {
+    handle: Option<Handle>,
+    lp: Option<Loop>,
+    last_seen: u64,
+    closes: u64,
+    foreign_ticks: u32,
+    ticks: u32,
+}
+
+fn run() {
+    // Anything this thread reaches through a hook passes straight to the driver.
+    let _inside = crate::guard::Reentry::enter();
+    let sampler = match Sampler::open() {
+        Ok(s) => s,
+        Err(e) => {
+            log::write(
+                log::Level::Info,
+                format_args!("{e}; SM shares stay open-loop (no NVML feedback)"),
+            );
+            return;
+        }
+    };
+    let mut devices: Vec<Device> = (0..MAX_DEVICES)
+        .map(|_| Device {
+            handle: None,
+            lp: None,
+            last_seen: 0,
+            closes: 0,
+            foreign_ticks: 0,
+            ticks: 0,
+        })
+        .collect();
+    let mut buf = Vec::new();
+    let mut logged_foreign = false;
+    let mut logged_error = false;
+    let start = std::time::Instant::now();
+    loop {
+        std::thread::sleep(TICK);
+        let now_ms = start.elapsed().as_millis() as u64;
+        // A panic in one tick leaves the loop as it was; the next tick tries again.
+        shield(|| {
+            let Some(state) = state::ready() else { return };
+            // SAFETY: getpid has no preconditions.
+            let pid = unsafe { libc::getpid() } as u32;
+            for (d, dev) in devices.iter_mut().enumerate() {
+                let target = CONTROLLER.percent(d);
+                if target == 0 {
+                    dev.lp = None;
+                    continue;
+                }
+                if dev
+                    .lp
+                    .as_ref()
+                    .is_none_or(|l| l.target != f64::from(target))
+                {
+                    dev.lp = Some(Loop::new(target));
+                }
+                if dev.handle.is_none() {
+                    dev.handle = sampler.handle(state, d);
+                }
+                let Some(handle) = dev.handle else { continue };
+                buf.clear();
+                if let Err(e) = sampler.samples(handle, dev.last_seen, &mut buf) {
+                    if !logged_error {
+                        logged_error = true;
+                        log::write(
+                            log::Level::Info,
+                            format_args!("{e}; the SM correction of device {d} holds meanwhile"),
+                        );
+                    }
+                    continue;
+                }
+                let ours: Vec<(u64, u32)> = buf
+                    .iter()
+                    .filter(|s| s.pid == pid)
+                    .map(|s| (s.time_stamp, s.sm_util))
+                    .collect();
+                // Our newest sample, not everyone's: another process's newer sample must not
+                // hide one of ours that NVML publishes later.
+                dev.last_seen = ours.iter().map(|s| s.0).fold(dev.last_seen, u64::max);
+                let closes = CONTROLLER.closes(d);
+                let binding = closes != dev.closes;
+                dev.closes = closes;
+                if ours.is_empty() && !buf.is_empty() && binding {
+                    dev.foreign_ticks += 1;
+                    if dev.foreign_ticks == FOREIGN_TICKS && !logged_foreign {
+                        logged_foreign = true;
+                        log::write(
+                            log::Level::Info,
+                            format_args!(
+                                "NVML reports other processes but never pid {pid} (another pid \
+                                 namespace?); the SM share of device {d} stays open-loop"
+                            ),
+                        );
+                    }
+                }
+                let Some(lp) = dev.lp.as_mut() else { continue };
+                let eff = lp.tick(now_ms, &ours, binding);
+                CONTROLLER.set_effective_permille(d, target, (eff * 10.0).round() as u16);
+                dev.ticks += 1;
+                if dev.ticks % LOG_EVERY == 0 && lp.measured().is_some() {
+                    log::write(
+                        log::Level::Info,
+                        format_args!(
+                            "SM feedback device {d}: target {target}%, measured {:.1}%, effective \
+                             {eff:.1}%",
+                            lp.measured().unwrap_or(0.0)
+                        ),
+                    );
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+#[path = "sm_feedback_tests.rs"]
+mod tests;

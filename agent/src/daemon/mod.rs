@@ -17,7 +17,8 @@ use crate::{
     collector::{Collector, CollectorOptions},
     export::{
         ExportError,
-        metrics::{MetricsOptions, MetricsView, SharedExposition, SpanCounters},
+        encode::SharedExposition,
+        metrics::{MetricsOptions, MetricsView, SpanCounters},
     },
     model::Snapshot,
 };
@@ -112,7 +113,7 @@ struct Metrics {
 impl Metrics {
     fn start(cfg: &MetricsConfig, spans: Arc<SpanCounters>) -> Result<Metrics, DaemonError> {
         let shared = Arc::new(SharedExposition::default());
-        let registry = Arc::new(crate::export::metrics::registry(Arc::clone(&shared)));
+        let registry = Arc::new(crate::export::encode::registry(Arc::clone(&shared)));
         let bound = crate::export::http::serve(cfg.listen, registry)?;
         log::info!("serving metrics on http://{bound}/metrics");
         Ok(Metrics {

@@ -81,7 +81,7 @@ fn handle(mut conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
         l.to_ascii_lowercase().starts_with("accept:") && l.contains("application/openmetrics-text")
     });
     match (method, path) {
-        ("GET", "/metrics") => match super::metrics::encode(registry) {
+        ("GET", "/metrics") => match super::encode::encode(registry) {
             Ok(body) if openmetrics => respond(&mut conn, "200 OK", CONTENT_TYPE, body.as_bytes()),
             Ok(body) => respond(
                 &mut conn,

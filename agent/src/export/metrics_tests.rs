@@ -1,6 +1,10 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
+use crate::export::{
+    defs::{self, Def, Type, Unit},
+    encode::{SharedExposition, encode, registry},
+};
 use crate::model::{
     AgentStatus, Container, LimiterProcess, MemoryViews, Process, ProcessKey, RegionDevice,
     RegionInfo, Snapshot, Source,

@@ -2,14 +2,15 @@
 //! snapshot's gauges: one [`FamilyData`] per entry of [`super::defs`], label values in the order
 //! of [`defs::label_names`].
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use agent_common::hist::HIST_BUCKETS;
 
 use super::{
     defs::{self, Def},
     metrics::{
-        ContainerLabels, Counters, Exposition, FamilyData, SpanCounters, Totals, Value, source_name,
+        ContainerLabels, Counters, Exposition, FamilyData, Labels, SpanCounters, Totals, Value,
+        source_name,
     },
 };
 use crate::model::Snapshot;
@@ -64,7 +65,7 @@ pub(super) fn container_gauges(
             .collect()
     };
     let mut fam = |def: &'static Def, samples: Vec<(Vec<String>, Value)>| {
-        out.families.push(FamilyData { def, samples });
+        out.families.push(FamilyData::of(def, samples));
     };
     fam(
         &defs::CONTAINER_MEMORY_USED,
@@ -143,7 +144,7 @@ pub(super) fn api_families(published: &BTreeMap<ContainerLabels, Counters>, out:
     for (l, c) in published {
         let mut sync_ns = 0u64;
         for ((api, kind, source), t) in &c.apis {
-            let labels: Vec<String> = l
+            let labels: Labels = l
                 .iter()
                 .cloned()
                 .chain([api.clone(), kind.clone(), source.to_string()])
@@ -162,8 +163,9 @@ pub(super) fn api_families(published: &BTreeMap<ContainerLabels, Counters>, out:
             }
             latency.push((labels, histogram(t)));
         }
-        sync.push((l.to_vec(), Value::Float(ns_to_s(sync_ns))));
-        throttled.push((l.to_vec(), Value::Float(ns_to_s(c.throttled_ns))));
+        let l: Labels = l.to_vec().into();
+        sync.push((Arc::clone(&l), Value::Float(ns_to_s(sync_ns))));
+        throttled.push((l, Value::Float(ns_to_s(c.throttled_ns))));
     }
     for (def, s) in [
         (&defs::API_CALLS, calls),
@@ -200,12 +202,12 @@ fn ns_to_s(ns: u64) -> f64 {
 
 /// The log2 histogram as Prometheus buckets: `le = 2^k ns` for the exponents of
 /// [`defs::LATENCY_BUCKET_EXPONENTS`] (source bucket `i` holds `[2^i, 2^(i+1))` ns, so it
-/// counts under `le = 2^(i+1)`), the rest under +Inf.
+/// counts under the first bound `le = 2^k` with `k >= i + 1`), the rest under +Inf.
 fn histogram(t: &Totals) -> Value {
-    let range = defs::LATENCY_BUCKET_EXPONENTS;
-    let mut buckets = Vec::with_capacity(range.clone().count() + 1);
+    let bounds = defs::LATENCY_BUCKET_EXPONENTS;
+    let mut buckets = Vec::with_capacity(bounds.len() + 1);
     let mut i = 0;
-    for k in range {
+    for k in bounds {
         let mut n = 0;
         while i < k && i < HIST_BUCKETS {
             n += t.hist[i];
@@ -222,7 +224,7 @@ fn histogram(t: &Totals) -> Value {
 pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exposition) {
     use std::sync::atomic::Ordering::Relaxed;
     let mut fam = |def: &'static Def, samples: Vec<(Vec<String>, Value)>| {
-        out.families.push(FamilyData { def, samples });
+        out.families.push(FamilyData::of(def, samples));
     };
     let per_gpu = |f: &dyn Fn(&crate::model::GpuDevice) -> Option<Value>| {
         snap.gpus
@@ -325,6 +327,10 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
                 Value::Int(a.events_lost.get("ring_full").copied().unwrap_or(0)),
             ),
             (
+                vec!["container_rate".into()],
+                Value::Int(spans.container_rate.load(Relaxed)),
+            ),
+            (
                 vec!["export_failed".into()],
                 Value::Int(spans.export_failed.load(Relaxed)),
             ),
@@ -366,6 +372,6 @@ pub(super) fn per_process(
         (&defs::PROCESS_API_ERRORS, errors),
         (&defs::PROCESS_MEMORY_USED, mem),
     ] {
-        out.families.push(FamilyData { def, samples });
+        out.families.push(FamilyData::of(def, samples));
     }
 }

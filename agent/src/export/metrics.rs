@@ -1,6 +1,6 @@
 //! `/metrics`: a view of the model. Each refresh folds the latest [`Snapshot`] into per-container
-//! aggregates ([`MetricsView::update`]); each scrape encodes the latest aggregates with
-//! prometheus-client (OpenMetrics text). The families are listed in [`super::defs`].
+//! aggregates ([`MetricsView::update`]), turns them into families ([`super::families`]; listed in
+//! [`super::defs`]) and encodes them once ([`super::encode`]); scrapes share that body.
 //!
 //! **Counters stay monotonic per container.** The model's counters are per process (probes: since
 //! attach; limiter: since the process started), and a process leaves the model some time after it
@@ -163,10 +163,22 @@ pub enum Value {
     Histogram(f64, u64, Vec<(f64, u64)>),
 }
 
+/// Label values, shared by the families that carry the same series (calls, errors, latency...).
+pub type Labels = Arc<[String]>;
+
 #[derive(Clone, Debug)]
 pub struct FamilyData {
     pub def: &'static Def,
-    pub samples: Vec<(Vec<String>, Value)>,
+    pub samples: Vec<(Labels, Value)>,
+}
+
+impl FamilyData {
+    pub fn of(def: &'static Def, samples: Vec<(Vec<String>, Value)>) -> FamilyData {
+        FamilyData {
+            def,
+            samples: samples.into_iter().map(|(l, v)| (l.into(), v)).collect(),
+        }
+    }
 }
 
 /// What one scrape encodes.
@@ -178,7 +190,7 @@ pub struct Exposition {
 impl Exposition {
     /// The samples of a family.
     #[cfg(test)]
-    pub fn family(&self, def: &Def) -> &[(Vec<String>, Value)] {
+    pub fn family(&self, def: &Def) -> &[(Labels, Value)] {
         self.families
             .iter()
             .find(|f| f.def.base == def.base)
@@ -191,6 +203,8 @@ impl Exposition {
 pub struct SpanCounters {
     pub exported: std::sync::atomic::AtomicU64,
     pub queue_full: std::sync::atomic::AtomicU64,
+    /// Rate-sampled spans over their container's rate (`--trace-container-rate`).
+    pub container_rate: std::sync::atomic::AtomicU64,
     pub export_failed: std::sync::atomic::AtomicU64,
 }
 
@@ -273,4 +287,4 @@ impl MetricsView {
 
 #[cfg(test)]
 #[path = "metrics_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -7,6 +7,7 @@ mod families;
 pub mod http;
 pub mod metrics;
 pub mod otlp;
+pub mod sampling;
 
 use std::net::SocketAddr;
 

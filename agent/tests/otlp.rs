@@ -2,7 +2,8 @@
 //! definitions (`opentelemetry-proto`): a tonic TraceService for gRPC, and protobuf
 //! `ExportTraceServiceRequest` bodies decoded with prost for HTTP. A simulated-driver workload in
 //! a docker-shaped cgroup makes synchronisation calls slowed to 2 ms by `SIMCUDA_DELAY_US`: they
-//! pass the 1 ms slow threshold and become spans; fast calls (sampling off) do not. Root.
+//! pass the 1 ms slow threshold and become spans (those on the stream it created name it);
+//! fast calls (sampling off) do not. Rate-sampled calls keep to their container's rate. Root.
 
 mod support;
 
@@ -193,9 +194,12 @@ fn spans_arrive(protocol: &str, endpoint: &str, received: &Received) {
     let wdir = dir.path().join("w");
     std::fs::create_dir_all(&wdir).unwrap();
     let mut cmd = exercise(&lib);
-    cmd.args(["counts", "--per-api", "3", "--init", "--apis"])
-        .arg("cuCtxSynchronize,cuMemAlloc_v2")
-        .env("SIMCUDA_DELAY_US", format!("cuCtxSynchronize={DELAY_US}"));
+    cmd.args(["counts", "--per-api", "3", "--init", "--stream", "--apis"])
+        .arg("cuCtxSynchronize,cuMemAlloc_v2,cuStreamSynchronize")
+        .env(
+            "SIMCUDA_DELAY_US",
+            format!("cuCtxSynchronize={DELAY_US},cuStreamSynchronize={DELAY_US}"),
+        );
     let w = Workload::start(cmd, &wdir);
     std::fs::write(cg.0.join("cgroup.procs"), w.pid().to_string()).unwrap();
     let pid = w.pid();
@@ -239,7 +243,9 @@ fn spans_arrive(protocol: &str, endpoint: &str, received: &Received) {
         out
     };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while spans_of("cuCtxSynchronize").len() < 3 && Instant::now() < deadline {
+    while (spans_of("cuCtxSynchronize").len() < 3 || spans_of("cuStreamSynchronize").len() < 3)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
     let spans = spans_of("cuCtxSynchronize");
@@ -252,6 +258,22 @@ fn spans_arrive(protocol: &str, endpoint: &str, received: &Received) {
         spans_of("cuMemAlloc_v2").is_empty(),
         "fast calls are not sampled with --trace-sample-rate 0"
     );
+    // The stream the workload created and synchronised: each span names it; an API without a
+    // stream argument has no stream attribute.
+    let stream = made["stream"].as_u64().expect("the workload's stream");
+    assert_ne!(stream, 0);
+    let on_stream = spans_of("cuStreamSynchronize");
+    assert_eq!(
+        on_stream.len(),
+        3,
+        "{protocol}: three stream synchronisations"
+    );
+    for (_, s) in &on_stream {
+        assert_eq!(string(&s.attributes, "cuda.stream"), format!("{stream:#x}"));
+    }
+    for (_, s) in &spans {
+        assert!(attr(&s.attributes, "cuda.stream").is_none(), "{s:?}");
+    }
     let ns = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
     let slack = 50_000_000; // 50 ms for the clock offset and scheduling
     for (res, s) in &spans {

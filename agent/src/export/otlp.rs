@@ -342,6 +342,10 @@ pub fn span_of(ev: &SpanEvent, offset: i128, trace: u128, span: u64) -> SpanData
     if ev.comm != 0 {
         attrs.push(KeyValue::new("nccl.comm", format!("{:#x}", ev.comm)));
     }
+    // Where the API takes a stream; 0x0 is the NULL (legacy default) stream.
+    if spec.is_some_and(|s| s.stream.is_some()) {
+        attrs.push(KeyValue::new("cuda.stream", format!("{:#x}", ev.stream)));
+    }
     let status = if ev.result == 0 {
         Status::Unset
     } else {
@@ -479,6 +483,7 @@ mod tests {
             cgroup_id: 77,
             bytes: 4096,
             comm: 0x10000,
+            stream: 0x5000_0001,
             tgid: 42,
             tid: 43,
             result: 5,
@@ -512,7 +517,20 @@ mod tests {
         assert_eq!(get("gpu.sampled_by"), "nccl");
         assert_eq!(get("thread.name"), "train");
         assert_eq!(get("nccl.comm"), "0x10000");
+        assert_eq!(get("cuda.stream"), "0x50000001");
         assert!(matches!(s.status, Status::Error { .. }));
+        // An API without a stream argument has no stream attribute.
+        let sync = SpanEvent {
+            api: ApiId::from_name("cuCtxSynchronize").unwrap().0,
+            stream: 0,
+            ..ev
+        };
+        let s = span_of(&sync, offset, 9, 4);
+        assert!(
+            s.attributes
+                .iter()
+                .all(|kv| kv.key.as_str() != "cuda.stream")
+        );
     }
 
     #[test]

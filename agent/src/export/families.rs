@@ -147,7 +147,7 @@ pub(super) fn api_families(published: &BTreeMap<ContainerLabels, Counters>, out:
             let labels: Labels = l
                 .iter()
                 .cloned()
-                .chain([api.clone(), kind.clone(), source.to_string()])
+                .chain([api.to_string(), kind.to_string(), source.to_string()])
                 .collect();
             calls.push((labels.clone(), Value::Int(t.calls)));
             errors.push((labels.clone(), Value::Int(t.errors)));
@@ -158,7 +158,7 @@ pub(super) fn api_families(published: &BTreeMap<ContainerLabels, Counters>, out:
                 hook.push((labels.clone(), Value::Float(ns_to_s(t.hook_ns))));
                 denied.push((labels.clone(), Value::Int(t.denied)));
             }
-            if kind == "sync" {
+            if &**kind == "sync" {
                 sync_ns += t.total_ns;
             }
             latency.push((labels, histogram(t)));

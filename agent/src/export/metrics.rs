@@ -28,8 +28,24 @@ pub struct MetricsOptions {
 /// (container, pod, namespace) label values.
 pub(super) type ContainerLabels = [String; 3];
 
-/// (api, kind, source).
-pub(super) type ApiKey = (String, String, &'static str);
+/// (api, kind, source); names are interned ([`Names`]): a key is cloned for every process and
+/// series at every refresh.
+pub(super) type ApiKey = (Arc<str>, Arc<str>, &'static str);
+
+/// API and kind names seen, shared by every key that names them (bounded by the API table).
+#[derive(Default)]
+struct Names(HashMap<String, Arc<str>>);
+
+impl Names {
+    fn get(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.0.get(s) {
+            return Arc::clone(a);
+        }
+        let a: Arc<str> = s.into();
+        self.0.insert(s.to_owned(), Arc::clone(&a));
+        a
+    }
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Totals {
@@ -105,14 +121,24 @@ pub(super) struct Counters {
 impl Counters {
     fn add(&mut self, o: &Counters) {
         for (k, t) in &o.apis {
-            self.apis.entry(k.clone()).or_default().add_totals(t);
+            match self.apis.get_mut(k) {
+                Some(mine) => mine.add_totals(t),
+                None => {
+                    self.apis.insert(k.clone(), t.clone());
+                }
+            }
         }
         self.throttled_ns += o.throttled_ns;
     }
 
     fn max_with(&mut self, o: &Counters) {
         for (k, t) in &o.apis {
-            self.apis.entry(k.clone()).or_default().max_with(t);
+            match self.apis.get_mut(k) {
+                Some(mine) => mine.max_with(t),
+                None => {
+                    self.apis.insert(k.clone(), t.clone());
+                }
+            }
         }
         self.throttled_ns = self.throttled_ns.max(o.throttled_ns);
     }
@@ -126,11 +152,11 @@ pub(super) fn source_name(s: Source) -> &'static str {
 }
 
 /// A process's own counters (one source per API: [`Process::effective_apis`]).
-fn process_counters(p: &Process) -> Counters {
+fn process_counters(p: &Process, names: &mut Names) -> Counters {
     let mut c = Counters::default();
     for a in p.effective_apis() {
         c.apis
-            .entry((a.api.clone(), a.kind.clone(), source_name(a.source)))
+            .entry((names.get(&a.api), names.get(&a.kind), source_name(a.source)))
             .or_default()
             .add(a);
     }
@@ -214,6 +240,7 @@ pub struct MetricsView {
     opts: MetricsOptions,
     /// Last-known counters and container of every process in the previous snapshot.
     last: HashMap<ProcessKey, (ContainerLabels, Counters)>,
+    names: Names,
     /// Sum of the last-known counters of processes that left the model, per container.
     departed: BTreeMap<ContainerLabels, Counters>,
     /// What was published last, per container (the monotonic floor).
@@ -259,7 +286,7 @@ impl MetricsView {
         let mut now: BTreeMap<ContainerLabels, Counters> = self.departed.clone();
         for p in &snap.processes {
             let labels = labels_of(&p.container);
-            let c = process_counters(p);
+            let c = process_counters(p, &mut self.names);
             now.entry(labels.clone()).or_default().add(&c);
             self.last.insert(p.key, (labels, c));
         }

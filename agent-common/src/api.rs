@@ -109,6 +109,19 @@ pub struct ApiSpec {
     pub effect: MemEffect,
     /// Where an NCCL call's arguments are ([`NcclArgs::NONE`] for the CUDA driver API).
     pub nccl: NcclArgs,
+    /// Where the stream argument (`CUstream`, `cudaStream_t`) is, for APIs that take one in a
+    /// register or one of the first stack slots (spans carry it as `cuda.stream`).
+    pub stream: Option<ArgLoc>,
+}
+
+impl ApiSpec {
+    /// The same entry point, with its stream argument at `loc`.
+    const fn on_stream(self, loc: ArgLoc) -> ApiSpec {
+        ApiSpec {
+            stream: Some(loc),
+            ..self
+        }
+    }
 }
 
 const fn spec(
@@ -123,6 +136,7 @@ const fn spec(
         size_arg,
         effect,
         nccl: NcclArgs::NONE,
+        stream: None,
     }
 }
 
@@ -134,6 +148,7 @@ const fn nccl(name: &'static str, args: NcclArgs) -> ApiSpec {
         size_arg: None,
         effect: MemEffect::None,
         nccl: args,
+        stream: None,
     }
 }
 
@@ -154,6 +169,8 @@ pub enum ArgLoc {
     Stack1 = 6,
     /// The 8th integer argument: `[rsp + 16]` at entry.
     Stack2 = 7,
+    /// The 9th integer argument: `[rsp + 24]` at entry.
+    Stack3 = 8,
 }
 
 impl ArgLoc {
@@ -167,6 +184,7 @@ impl ArgLoc {
             5 => Some(ArgLoc::R9),
             6 => Some(ArgLoc::Stack1),
             7 => Some(ArgLoc::Stack2),
+            8 => Some(ArgLoc::Stack3),
             _ => None,
         }
     }
@@ -176,6 +194,7 @@ impl ArgLoc {
         match self {
             ArgLoc::Stack1 => Some(8),
             ArgLoc::Stack2 => Some(16),
+            ArgLoc::Stack3 => Some(24),
             _ => None,
         }
     }
@@ -276,55 +295,55 @@ pub const APIS: &[ApiSpec] = &[
     spec("cuMemAlloc_v2", Alloc, Some(1), E::AllocPtr),
     spec("cuMemAllocPitch_v2", Alloc, None, E::AllocPitch),
     spec("cuMemAllocManaged", Alloc, Some(1), E::AllocPtr),
-    spec("cuMemAllocAsync", Alloc, Some(1), E::AllocPtr),
-    spec("cuMemAllocAsync_ptsz", Alloc, Some(1), E::AllocPtr),
-    spec("cuMemAllocFromPoolAsync", Alloc, Some(1), E::AllocPtr),
-    spec("cuMemAllocFromPoolAsync_ptsz", Alloc, Some(1), E::AllocPtr),
+    spec("cuMemAllocAsync", Alloc, Some(1), E::AllocPtr).on_stream(L::Rdx),
+    spec("cuMemAllocAsync_ptsz", Alloc, Some(1), E::AllocPtr).on_stream(L::Rdx),
+    spec("cuMemAllocFromPoolAsync", Alloc, Some(1), E::AllocPtr).on_stream(L::Rcx),
+    spec("cuMemAllocFromPoolAsync_ptsz", Alloc, Some(1), E::AllocPtr).on_stream(L::Rcx),
     spec("cuMemCreate", Alloc, Some(1), E::AllocHandle),
     // cuMemMap maps memory already counted by cuMemCreate: bytes are shown, live memory is not
     // counted twice.
     spec("cuMemMap", Alloc, Some(1), E::None),
     // Release.
     spec("cuMemFree_v2", Free, None, E::FreePtr),
-    spec("cuMemFreeAsync", Free, None, E::FreePtr),
-    spec("cuMemFreeAsync_ptsz", Free, None, E::FreePtr),
+    spec("cuMemFreeAsync", Free, None, E::FreePtr).on_stream(L::Rsi),
+    spec("cuMemFreeAsync_ptsz", Free, None, E::FreePtr).on_stream(L::Rsi),
     spec("cuMemRelease", Free, None, E::FreeHandle),
     spec("cuMemUnmap", Free, Some(1), E::None),
     // Synchronisation.
-    spec("cuStreamSynchronize", Sync, None, E::None),
-    spec("cuStreamSynchronize_ptsz", Sync, None, E::None),
+    spec("cuStreamSynchronize", Sync, None, E::None).on_stream(L::Rdi),
+    spec("cuStreamSynchronize_ptsz", Sync, None, E::None).on_stream(L::Rdi),
     spec("cuCtxSynchronize", Sync, None, E::None),
     spec("cuEventSynchronize", Sync, None, E::None),
-    spec("cuStreamWaitEvent", Sync, None, E::None),
-    spec("cuStreamWaitEvent_ptsz", Sync, None, E::None),
+    spec("cuStreamWaitEvent", Sync, None, E::None).on_stream(L::Rdi),
+    spec("cuStreamWaitEvent_ptsz", Sync, None, E::None).on_stream(L::Rdi),
     // Copies.
     spec("cuMemcpy", Copy, Some(2), E::None),
     spec("cuMemcpy_ptds", Copy, Some(2), E::None),
-    spec("cuMemcpyAsync", Copy, Some(2), E::None),
-    spec("cuMemcpyAsync_ptsz", Copy, Some(2), E::None),
+    spec("cuMemcpyAsync", Copy, Some(2), E::None).on_stream(L::Rcx),
+    spec("cuMemcpyAsync_ptsz", Copy, Some(2), E::None).on_stream(L::Rcx),
     spec("cuMemcpyHtoD_v2", Copy, Some(2), E::None),
     spec("cuMemcpyHtoD_v2_ptds", Copy, Some(2), E::None),
     spec("cuMemcpyDtoH_v2", Copy, Some(2), E::None),
     spec("cuMemcpyDtoH_v2_ptds", Copy, Some(2), E::None),
     spec("cuMemcpyDtoD_v2", Copy, Some(2), E::None),
     spec("cuMemcpyDtoD_v2_ptds", Copy, Some(2), E::None),
-    spec("cuMemcpyHtoDAsync_v2", Copy, Some(2), E::None),
-    spec("cuMemcpyHtoDAsync_v2_ptsz", Copy, Some(2), E::None),
-    spec("cuMemcpyDtoHAsync_v2", Copy, Some(2), E::None),
-    spec("cuMemcpyDtoHAsync_v2_ptsz", Copy, Some(2), E::None),
-    spec("cuMemcpyDtoDAsync_v2", Copy, Some(2), E::None),
-    spec("cuMemcpyDtoDAsync_v2_ptsz", Copy, Some(2), E::None),
+    spec("cuMemcpyHtoDAsync_v2", Copy, Some(2), E::None).on_stream(L::Rcx),
+    spec("cuMemcpyHtoDAsync_v2_ptsz", Copy, Some(2), E::None).on_stream(L::Rcx),
+    spec("cuMemcpyDtoHAsync_v2", Copy, Some(2), E::None).on_stream(L::Rcx),
+    spec("cuMemcpyDtoHAsync_v2_ptsz", Copy, Some(2), E::None).on_stream(L::Rcx),
+    spec("cuMemcpyDtoDAsync_v2", Copy, Some(2), E::None).on_stream(L::Rcx),
+    spec("cuMemcpyDtoDAsync_v2_ptsz", Copy, Some(2), E::None).on_stream(L::Rcx),
     spec("cuMemcpyPeer", Copy, Some(4), E::None),
-    spec("cuMemcpyPeerAsync", Copy, Some(4), E::None),
+    spec("cuMemcpyPeerAsync", Copy, Some(4), E::None).on_stream(L::R9),
     // Launches.
-    spec("cuLaunchKernel", Launch, None, E::None),
-    spec("cuLaunchKernel_ptsz", Launch, None, E::None),
+    spec("cuLaunchKernel", Launch, None, E::None).on_stream(L::Stack3),
+    spec("cuLaunchKernel_ptsz", Launch, None, E::None).on_stream(L::Stack3),
     spec("cuLaunchKernelEx", Launch, None, E::None),
     spec("cuLaunchKernelEx_ptsz", Launch, None, E::None),
-    spec("cuLaunchCooperativeKernel", Launch, None, E::None),
-    spec("cuLaunchCooperativeKernel_ptsz", Launch, None, E::None),
-    spec("cuGraphLaunch", Launch, None, E::None),
-    spec("cuGraphLaunch_ptsz", Launch, None, E::None),
+    spec("cuLaunchCooperativeKernel", Launch, None, E::None).on_stream(L::Stack3),
+    spec("cuLaunchCooperativeKernel_ptsz", Launch, None, E::None).on_stream(L::Stack3),
+    spec("cuGraphLaunch", Launch, None, E::None).on_stream(L::Rsi),
+    spec("cuGraphLaunch_ptsz", Launch, None, E::None).on_stream(L::Rsi),
     // Lifecycle.
     spec("cuInit", Lifecycle, None, E::None),
     spec("cuCtxCreate_v2", Lifecycle, None, E::None),
@@ -345,13 +364,13 @@ pub const APIS: &[ApiSpec] = &[
     // calls cuCtxSynchronize_v2; batched copies; per-thread peer copies; host callbacks.
     spec("cuCtxSynchronize_v2", Sync, None, E::None),
     spec("cuMemcpyPeer_ptds", Copy, Some(4), E::None),
-    spec("cuMemcpyPeerAsync_ptsz", Copy, Some(4), E::None),
+    spec("cuMemcpyPeerAsync_ptsz", Copy, Some(4), E::None).on_stream(L::R9),
     spec("cuMemcpyBatchAsync", Copy, None, E::None),
     spec("cuMemcpyBatchAsync_ptsz", Copy, None, E::None),
     spec("cuMemcpyBatchAsync_v2", Copy, None, E::None),
     spec("cuMemcpyBatchAsync_v2_ptsz", Copy, None, E::None),
-    spec("cuLaunchHostFunc", Launch, None, E::None),
-    spec("cuLaunchHostFunc_ptsz", Launch, None, E::None),
+    spec("cuLaunchHostFunc", Launch, None, E::None).on_stream(L::Rdi),
+    spec("cuLaunchHostFunc_ptsz", Launch, None, E::None).on_stream(L::Rdi),
     // NCCL (ids 68..), from nccl.h of NCCL 2.28 (all return ncclResult_t; ncclSuccess = 0).
     // Registers are x86-64 SysV at the first instruction; `[rsp+8]` is the 7th integer argument.
     // ncclCommInitRank(ncclComm_t* comm /*rdi*/, int nranks /*rsi*/, ncclUniqueId commId
@@ -380,42 +399,42 @@ pub const APIS: &[ApiSpec] = &[
     // ncclAllReduce(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
     //   ncclDataType_t datatype /*rcx*/, ncclRedOp_t op /*r8*/, ncclComm_t comm /*r9*/,
     //   cudaStream_t stream /*[rsp+8]*/)
-    nccl("ncclAllReduce", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    nccl("ncclAllReduce", NcclArgs::data(L::Rdx, L::Rcx, L::R9)).on_stream(L::Stack1),
     // ncclAllGather(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t sendcount
     //   /*rdx*/, ncclDataType_t datatype /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream
     //   /*r9*/): bytes are what each rank sends.
-    nccl("ncclAllGather", NcclArgs::data(L::Rdx, L::Rcx, L::R8)),
+    nccl("ncclAllGather", NcclArgs::data(L::Rdx, L::Rcx, L::R8)).on_stream(L::R9),
     // ncclReduceScatter(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t recvcount
     //   /*rdx*/, ncclDataType_t datatype /*rcx*/, ncclRedOp_t op /*r8*/, ncclComm_t comm /*r9*/,
     //   cudaStream_t stream /*[rsp+8]*/): bytes are what each rank receives.
-    nccl("ncclReduceScatter", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    nccl("ncclReduceScatter", NcclArgs::data(L::Rdx, L::Rcx, L::R9)).on_stream(L::Stack1),
     // ncclBroadcast(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
     //   ncclDataType_t datatype /*rcx*/, int root /*r8*/, ncclComm_t comm /*r9*/,
     //   cudaStream_t stream /*[rsp+8]*/)
-    nccl("ncclBroadcast", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    nccl("ncclBroadcast", NcclArgs::data(L::Rdx, L::Rcx, L::R9)).on_stream(L::Stack1),
     // ncclReduce(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
     //   ncclDataType_t datatype /*rcx*/, ncclRedOp_t op /*r8*/, int root /*r9*/, ncclComm_t comm
     //   /*[rsp+8]*/, cudaStream_t stream /*[rsp+16]*/)
-    nccl("ncclReduce", NcclArgs::data(L::Rdx, L::Rcx, L::Stack1)),
+    nccl("ncclReduce", NcclArgs::data(L::Rdx, L::Rcx, L::Stack1)).on_stream(L::Stack2),
     // ncclSend(const void* sendbuff /*rdi*/, size_t count /*rsi*/, ncclDataType_t datatype
     //   /*rdx*/, int peer /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream /*r9*/)
-    nccl("ncclSend", NcclArgs::data(L::Rsi, L::Rdx, L::R8)),
+    nccl("ncclSend", NcclArgs::data(L::Rsi, L::Rdx, L::R8)).on_stream(L::R9),
     // ncclRecv(void* recvbuff /*rdi*/, size_t count /*rsi*/, ncclDataType_t datatype /*rdx*/,
     //   int peer /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream /*r9*/)
-    nccl("ncclRecv", NcclArgs::data(L::Rsi, L::Rdx, L::R8)),
+    nccl("ncclRecv", NcclArgs::data(L::Rsi, L::Rdx, L::R8)).on_stream(L::R9),
     // ncclGroupStart(void), ncclGroupEnd(void)
     nccl("ncclGroupStart", NcclArgs::NONE),
     nccl("ncclGroupEnd", NcclArgs::NONE),
     // ncclAlltoAll(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
     //   ncclDataType_t datatype /*rcx*/, ncclComm_t comm /*r8*/, cudaStream_t stream /*r9*/)
     //   (new in 2.28; spelled "Allto", not "AllTo")
-    nccl("ncclAlltoAll", NcclArgs::data(L::Rdx, L::Rcx, L::R8)),
+    nccl("ncclAlltoAll", NcclArgs::data(L::Rdx, L::Rcx, L::R8)).on_stream(L::R9),
     // ncclGather(const void* sendbuff /*rdi*/, void* recvbuff /*rsi*/, size_t count /*rdx*/,
     //   ncclDataType_t datatype /*rcx*/, int root /*r8*/, ncclComm_t comm /*r9*/,
     //   cudaStream_t stream /*[rsp+8]*/)
-    nccl("ncclGather", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    nccl("ncclGather", NcclArgs::data(L::Rdx, L::Rcx, L::R9)).on_stream(L::Stack1),
     // ncclScatter: as ncclGather.
-    nccl("ncclScatter", NcclArgs::data(L::Rdx, L::Rcx, L::R9)),
+    nccl("ncclScatter", NcclArgs::data(L::Rdx, L::Rcx, L::R9)).on_stream(L::Stack1),
     // Not traced: ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
     //   ncclComm_t comm, cudaStream_t stream), which PyTorch's broadcast calls. NCCL implements
     //   it as ncclBroadcast(buff, buff, ...), so the probe on ncclBroadcast counts it once;
@@ -457,13 +476,22 @@ impl ApiId {
     }
 }
 
+/// An argument location in 4 cookie bits: `ArgLoc` + 1, 0 for none.
+const fn loc(l: Option<ArgLoc>) -> u64 {
+    match l {
+        Some(l) => (l as u64 & 0xf) + 1,
+        None => 0,
+    }
+}
+
 /// The attach cookie of a probe: everything the generic eBPF program needs to know about the call it
 /// sits on, so that one program serves a whole [`ApiKind`].
 ///
 /// Bits 0..16: api id; 16..20: size argument index + 1 (0 = none); 20..24: [`MemEffect`].
 /// NCCL ([`NcclArgs`], zero for the CUDA driver API): 24..28: count [`ArgLoc`] + 1 (0 = none);
 /// 28..32: datatype `ArgLoc` + 1; 32..36: communicator `ArgLoc` + 1; 36..40: [`NcclOp`].
-/// Bits 40..64 are free.
+/// 40..44: the stream argument's `ArgLoc` + 1 (0 = none; [`ApiSpec::stream`]). Bits 44..64 are
+/// free.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeCookie(pub u64);
@@ -482,12 +510,6 @@ impl ProbeCookie {
 
     /// Adds where an NCCL call's arguments are.
     pub const fn with_nccl(self, args: NcclArgs) -> ProbeCookie {
-        const fn loc(l: Option<ArgLoc>) -> u64 {
-            match l {
-                Some(l) => (l as u64 & 0x7) + 1,
-                None => 0,
-            }
-        }
         ProbeCookie(
             self.0
                 | (loc(args.count) << 24)
@@ -497,9 +519,23 @@ impl ProbeCookie {
         )
     }
 
+    /// Adds where the stream argument is.
+    pub const fn with_stream(self, stream: Option<ArgLoc>) -> ProbeCookie {
+        ProbeCookie(self.0 | (loc(stream) << 40))
+    }
+
     pub fn for_api(id: ApiId) -> Option<ProbeCookie> {
-        id.spec()
-            .map(|s| ProbeCookie::new(id.0, s.size_arg, s.effect).with_nccl(s.nccl))
+        id.spec().map(|s| {
+            ProbeCookie::new(id.0, s.size_arg, s.effect)
+                .with_nccl(s.nccl)
+                .with_stream(s.stream)
+        })
+    }
+
+    /// Where the stream argument is.
+    #[inline(always)]
+    pub const fn stream(self) -> Option<ArgLoc> {
+        self.loc_at(40)
     }
 
     #[inline(always)]
@@ -587,12 +623,38 @@ mod tests {
             assert_eq!(c.size_arg(), s.size_arg);
             assert_eq!(c.effect(), s.effect);
             assert_eq!(c.nccl_args(), s.nccl);
+            assert_eq!(c.stream(), s.stream);
+        }
+    }
+
+    #[test]
+    fn stream_locations_are_pinned() {
+        let c = |name| ProbeCookie::for_api(ApiId::from_name(name).unwrap()).unwrap();
+        assert_eq!(c("cuStreamSynchronize").stream(), Some(ArgLoc::Rdi));
+        assert_eq!(c("cuStreamSynchronize").0 >> 40, 1);
+        assert_eq!(c("cuMemcpyHtoDAsync_v2").stream(), Some(ArgLoc::Rcx));
+        assert_eq!(c("cuMemcpyPeerAsync").stream(), Some(ArgLoc::R9));
+        // cuLaunchKernel's hStream is its 9th argument: [rsp+24].
+        assert_eq!(c("cuLaunchKernel").stream(), Some(ArgLoc::Stack3));
+        assert_eq!(c("cuLaunchKernel").0 >> 40, 9);
+        assert_eq!(ArgLoc::Stack3.stack_offset(), Some(24));
+        assert_eq!(c("ncclAllReduce").stream(), Some(ArgLoc::Stack1));
+        assert_eq!(c("ncclReduce").stream(), Some(ArgLoc::Stack2));
+        assert_eq!(c("ncclSend").stream(), Some(ArgLoc::R9));
+        // No stream argument: synchronous calls, context-wide synchronisation.
+        for name in [
+            "cuMemcpyHtoD_v2",
+            "cuCtxSynchronize",
+            "cuMemAlloc_v2",
+            "ncclGroupEnd",
+        ] {
+            assert_eq!(c(name).stream(), None, "{name}");
         }
     }
 
     #[test]
     fn cuda_cookies_keep_their_bits() {
-        // The CUDA kinds' cookies are what they were before NCCL: nothing above bit 24.
+        // The CUDA kinds' cookies have no NCCL bits (24..40); the stream location is above them.
         for id in ApiId::all() {
             let s = id.spec().unwrap();
             let c = ProbeCookie::for_api(id).unwrap();
@@ -600,7 +662,7 @@ mod tests {
                 assert_eq!(s.size_arg, None, "{}", s.name);
                 assert_eq!(s.effect, MemEffect::None, "{}", s.name);
             } else {
-                assert_eq!(c.0 >> 24, 0, "{}", s.name);
+                assert_eq!(c.0 >> 24 & 0xffff, 0, "{}", s.name);
                 assert_eq!(s.nccl, NcclArgs::NONE, "{}", s.name);
             }
         }
@@ -614,7 +676,7 @@ mod tests {
         // ncclAllReduce: id 74, count rdx (2+1), datatype rcx (3+1), comm r9 (5+1), op Call.
         let ar = c("ncclAllReduce");
         assert_eq!(ar.api(), 74);
-        assert_eq!(ar.0, 74 | (3 << 24) | (4 << 28) | (6 << 32));
+        assert_eq!(ar.0, 74 | (3 << 24) | (4 << 28) | (6 << 32) | (7 << 40));
         assert_eq!(ar.nccl_count(), Some(ArgLoc::Rdx));
         assert_eq!(ar.nccl_datatype(), Some(ArgLoc::Rcx));
         assert_eq!(ar.nccl_comm(), Some(ArgLoc::R9));

@@ -61,6 +61,8 @@ pub struct Inflight {
     pub pitch_ptr: u64,
     /// `cuMemAllocPitch_v2`: the height.
     pub height: u64,
+    /// The `CUstream` argument, for APIs that take one (0 otherwise; 0 is also the NULL stream).
+    pub stream: u64,
 }
 
 /// A live allocation: (process, address space, address or handle).
@@ -121,6 +123,8 @@ pub struct NcclInflight {
     pub nranks: u32,
     /// ncclCommInitRank*: this process's rank.
     pub rank: u32,
+    /// The `cudaStream_t` argument of calls that take one.
+    pub stream: u64,
 }
 
 /// A communicator of a process: (process, `ncclComm_t`).
@@ -219,6 +223,8 @@ pub struct SpanEvent {
     pub bytes: u64,
     /// NCCL: the communicator (0 otherwise).
     pub comm: u64,
+    /// The stream argument where the API takes one (`ApiSpec::stream`), else 0.
+    pub stream: u64,
     pub tgid: u32,
     pub tid: u32,
     /// The call's result (CUresult or ncclResult_t).
@@ -269,15 +275,15 @@ const _: () = {
     assert!(core::mem::size_of::<StatsKey>() == 16);
     assert!(core::mem::size_of::<ApiStats>() == 32 + 8 * HIST_BUCKETS);
     assert!(core::mem::size_of::<InflightKey>() == 16);
-    assert!(core::mem::size_of::<Inflight>() == 40);
+    assert!(core::mem::size_of::<Inflight>() == 48);
     assert!(core::mem::size_of::<AllocKey>() == 16);
     assert!(core::mem::size_of::<AllocVal>() == 16);
     assert!(core::mem::size_of::<LiveMem>() == 16);
     assert!(core::mem::size_of::<NcclStatsKey>() == 24);
-    assert!(core::mem::size_of::<NcclInflight>() == 40);
+    assert!(core::mem::size_of::<NcclInflight>() == 48);
     assert!(core::mem::size_of::<NcclCommKey>() == 16);
     assert!(core::mem::size_of::<NcclCommInfo>() == 16);
-    assert!(core::mem::size_of::<SpanEvent>() == 72);
+    assert!(core::mem::size_of::<SpanEvent>() == 80);
 };
 
 #[cfg(feature = "user")]

@@ -15,6 +15,7 @@
 //! Span events: when userspace turns tracing on (`TRACE_ON`, a global set at load time), return
 //! probes also write a [`SpanEvent`] to the `SPANS` ring buffer for every NCCL call, every call
 //! slower than `TRACE_SLOW_NS`, and one in `TRACE_SAMPLE_EVERY` of the other calls (per CPU).
+//! Where the API takes a stream (the cookie says where), the entry probe keeps it for the span.
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -120,6 +121,7 @@ struct Call {
     cgroup_id: u64,
     bytes: u64,
     comm: u64,
+    stream: u64,
     pid_tgid: u64,
     result: u32,
     api: u16,
@@ -162,6 +164,7 @@ fn maybe_span(c: &Call, nccl: bool) {
         cgroup_id: c.cgroup_id,
         bytes: c.bytes,
         comm: c.comm,
+        stream: c.stream,
         tgid: (c.pid_tgid >> 32) as u32,
         tid: c.pid_tgid as u32,
         result: c.result,
@@ -253,7 +256,12 @@ fn on_entry(ctx: &ProbeContext) {
         out_ptr: 0,
         pitch_ptr: 0,
         height: 0,
+        stream: 0,
     };
+    if let Some(l) = cookie.stream() {
+        let (regs, sp) = regs_and_sp(ctx);
+        rec.stream = arg_at(&regs, sp, l);
+    }
     if let Some(i) = cookie.size_arg() {
         rec.arg = pick(&a, i);
     }
@@ -463,6 +471,7 @@ fn on_return(ctx: &RetProbeContext) {
         cgroup_id,
         bytes,
         comm: 0,
+        stream: rec.stream,
         pid_tgid,
         result,
         api,
@@ -522,6 +531,7 @@ fn arg_at(regs: &[u64; 6], sp: u64, loc: ArgLoc) -> u64 {
         ArgLoc::R9 => regs[5],
         ArgLoc::Stack1 => read_user_u64(sp.wrapping_add(8)).unwrap_or(0),
         ArgLoc::Stack2 => read_user_u64(sp.wrapping_add(16)).unwrap_or(0),
+        ArgLoc::Stack3 => read_user_u64(sp.wrapping_add(24)).unwrap_or(0),
     }
 }
 
@@ -541,7 +551,11 @@ fn on_nccl_entry(ctx: &ProbeContext) {
         out_ptr: 0,
         nranks: 0,
         rank: 0,
+        stream: 0,
     };
+    if let Some(l) = cookie.stream() {
+        rec.stream = arg_at(&regs, sp, l);
+    }
     if let (Some(c), Some(d)) = (cookie.nccl_count(), cookie.nccl_datatype()) {
         let elements = arg_at(&regs, sp, c);
         // ncclDataType_t is a C enum (int): only the low 32 bits are defined.
@@ -673,6 +687,7 @@ fn on_nccl_return(ctx: &RetProbeContext) {
         cgroup_id,
         bytes: rec.bytes,
         comm,
+        stream: rec.stream,
         pid_tgid,
         result,
         api,

@@ -299,6 +299,9 @@ enum Command {
         /// One in this many of the other probed calls becomes a span (per CPU); 0 turns it off.
         #[arg(long, default_value_t = 1000)]
         trace_sample_rate: u64,
+        /// Of those, at most this many spans per second per container (0: no limit).
+        #[arg(long, default_value_t = 10.0)]
+        trace_container_rate: f64,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -467,6 +470,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             otlp_queue,
             trace_slow,
             trace_sample_rate,
+            trace_container_rate,
             collect,
         } => {
             let mut trace = collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?;
@@ -481,6 +485,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     endpoint,
                     protocol: otlp_protocol,
                     queue: otlp_queue,
+                    container_rate: trace_container_rate,
                 }),
                 socket,
                 interval,

@@ -2,7 +2,8 @@
 //! definitions (`opentelemetry-proto`): a tonic TraceService for gRPC, and protobuf
 //! `ExportTraceServiceRequest` bodies decoded with prost for HTTP. A simulated-driver workload in
 //! a docker-shaped cgroup makes synchronisation calls slowed to 2 ms by `SIMCUDA_DELAY_US`: they
-//! pass the 1 ms slow threshold and become spans; fast calls (sampling off) do not. Root.
+//! pass the 1 ms slow threshold and become spans (those on the stream it created name it);
+//! fast calls (sampling off) do not. Rate-sampled calls keep to their container's rate. Root.
 
 mod support;
 
@@ -193,9 +194,12 @@ fn spans_arrive(protocol: &str, endpoint: &str, received: &Received) {
     let wdir = dir.path().join("w");
     std::fs::create_dir_all(&wdir).unwrap();
     let mut cmd = exercise(&lib);
-    cmd.args(["counts", "--per-api", "3", "--init", "--apis"])
-        .arg("cuCtxSynchronize,cuMemAlloc_v2")
-        .env("SIMCUDA_DELAY_US", format!("cuCtxSynchronize={DELAY_US}"));
+    cmd.args(["counts", "--per-api", "3", "--init", "--stream", "--apis"])
+        .arg("cuCtxSynchronize,cuMemAlloc_v2,cuStreamSynchronize")
+        .env(
+            "SIMCUDA_DELAY_US",
+            format!("cuCtxSynchronize={DELAY_US},cuStreamSynchronize={DELAY_US}"),
+        );
     let w = Workload::start(cmd, &wdir);
     std::fs::write(cg.0.join("cgroup.procs"), w.pid().to_string()).unwrap();
     let pid = w.pid();
@@ -239,7 +243,9 @@ fn spans_arrive(protocol: &str, endpoint: &str, received: &Received) {
         out
     };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while spans_of("cuCtxSynchronize").len() < 3 && Instant::now() < deadline {
+    while (spans_of("cuCtxSynchronize").len() < 3 || spans_of("cuStreamSynchronize").len() < 3)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
     let spans = spans_of("cuCtxSynchronize");
@@ -252,6 +258,22 @@ fn spans_arrive(protocol: &str, endpoint: &str, received: &Received) {
         spans_of("cuMemAlloc_v2").is_empty(),
         "fast calls are not sampled with --trace-sample-rate 0"
     );
+    // The stream the workload created and synchronised: each span names it; an API without a
+    // stream argument has no stream attribute.
+    let stream = made["stream"].as_u64().expect("the workload's stream");
+    assert_ne!(stream, 0);
+    let on_stream = spans_of("cuStreamSynchronize");
+    assert_eq!(
+        on_stream.len(),
+        3,
+        "{protocol}: three stream synchronisations"
+    );
+    for (_, s) in &on_stream {
+        assert_eq!(string(&s.attributes, "cuda.stream"), format!("{stream:#x}"));
+    }
+    for (_, s) in &spans {
+        assert!(attr(&s.attributes, "cuda.stream").is_none(), "{s:?}");
+    }
     let ns = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
     let slack = 50_000_000; // 50 ms for the clock offset and scheduling
     for (res, s) in &spans {
@@ -294,4 +316,137 @@ fn slow_calls_become_spans_over_grpc_and_http() {
     let http: Received = Arc::default();
     let port = http_receiver(Arc::clone(&http));
     spans_arrive("http", &format!("http://127.0.0.1:{port}"), &http);
+}
+
+/// `/metrics` (text format) from the agent on `port`.
+fn scrape(port: u16) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    resp
+}
+
+fn counter(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[test]
+fn rate_sampled_spans_keep_to_their_containers_rate_and_the_rest_are_counted() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    const RATE: u64 = 5;
+    const CALLS: u64 = 400;
+    let received: Received = Arc::default();
+    let port = http_receiver(Arc::clone(&received));
+    let metrics = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let id = format!(
+        "{:016x}",
+        u64::from(std::process::id()) * 0x2545_f491 + 0xdef
+    )
+    .repeat(4);
+    let cg = TestCgroup::new(&format!(
+        "vgpu-otlp-rate-{}/docker/{id}",
+        std::process::id()
+    ));
+    let socket = dir.path().join("agent.sock");
+    let _agent = Agent(
+        Command::new(agent_bin())
+            .args(["run", "--interval", "200ms", "--no-calibrate", "--no-nvml"])
+            .arg(format!("--metrics-listen=127.0.0.1:{metrics}"))
+            .args(["--trace-slow", "0", "--trace-sample-rate", "1"])
+            .args(["--trace-container-rate", &RATE.to_string()])
+            .args(["--otlp-protocol", "http", "--otlp-endpoint"])
+            .arg(format!("http://127.0.0.1:{port}"))
+            .arg("--socket")
+            .arg(&socket)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let lib_path = lib.display().to_string();
+    let wdir = dir.path().join("w");
+    std::fs::create_dir_all(&wdir).unwrap();
+    let mut cmd = exercise(&lib);
+    cmd.args([
+        "counts",
+        "--per-api",
+        &CALLS.to_string(),
+        "--init",
+        "--apis",
+    ])
+    .arg("cuMemAlloc_v2,cuMemFree_v2");
+    let w = Workload::start(cmd, &wdir);
+    std::fs::write(cg.0.join("cgroup.procs"), w.pid().to_string()).unwrap();
+    let pid = w.pid();
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            snapshot(&socket).is_some_and(|s| {
+                s["agent"]["libraries"]
+                    .as_array()
+                    .is_some_and(|l| l.iter().any(|l| l["path"] == lib_path.as_str()))
+            })
+        },
+        "the agent to attach to the simulated driver",
+    );
+    let t0 = Instant::now();
+    w.go();
+    let made = w.finish();
+    let seconds = t0.elapsed().as_secs_f64();
+    assert_eq!(made["calls"]["cuMemAlloc_v2"]["calls"], CALLS);
+    // Every probed call was a candidate (1 in 1): all but the container's rate are counted.
+    let dropped = "vgpu_agent_spans_dropped_total{reason=\"container_rate\"}";
+    let mut last = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let min_dropped = 2 * CALLS - RATE * (seconds.ceil() as u64 + 2);
+    while Instant::now() < deadline {
+        last = scrape(metrics);
+        if counter(&last, dropped).is_some_and(|n| n >= min_dropped) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let n = counter(&last, dropped).unwrap_or_else(|| panic!("no {dropped} in {last}"));
+    assert!(
+        n >= min_dropped,
+        "{n} dropped of {} calls in {seconds:.2} s",
+        2 * CALLS
+    );
+    // What went through: at most one second's worth plus the rate over the run (+1 for the
+    // cuInit call before it), and some.
+    std::thread::sleep(Duration::from_millis(1500));
+    let spans: usize = received
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|r| &r.resource_spans)
+        .flat_map(|rs| &rs.scope_spans)
+        .flat_map(|ss| &ss.spans)
+        .filter(|s| int(&s.attributes, "process.pid") == i64::from(pid))
+        .inspect(|s| assert_eq!(string(&s.attributes, "gpu.sampled_by"), "rate"))
+        .count();
+    let most = RATE as f64 * (1.0 + seconds) + 1.0;
+    assert!(
+        spans >= 1 && spans as f64 <= most,
+        "{spans} spans in {seconds:.2} s at {RATE}/s (at most {most})"
+    );
+    assert!(
+        counter(
+            &last,
+            "vgpu_agent_spans_dropped_total{reason=\"queue_full\"}"
+        ) == Some(0),
+        "{last}"
+    );
 }

@@ -17,7 +17,8 @@ use crate::{
     collector::{Collector, CollectorOptions},
     export::{
         ExportError,
-        metrics::{MetricsOptions, MetricsView, SharedExposition, SpanCounters},
+        encode::{self, Body},
+        metrics::{MetricsOptions, MetricsView, SpanCounters},
     },
     model::Snapshot,
 };
@@ -103,27 +104,26 @@ fn serve(listener: UnixListener, latest: Latest) {
     }
 }
 
-/// The `/metrics` view: folded at every refresh, encoded at every scrape.
+/// The `/metrics` view: folded and encoded at every refresh; scrapes share the encoded body.
 struct Metrics {
     view: MetricsView,
-    shared: Arc<SharedExposition>,
+    latest: Arc<encode::Latest>,
 }
 
 impl Metrics {
     fn start(cfg: &MetricsConfig, spans: Arc<SpanCounters>) -> Result<Metrics, DaemonError> {
-        let shared = Arc::new(SharedExposition::default());
-        let registry = Arc::new(crate::export::metrics::registry(Arc::clone(&shared)));
-        let bound = crate::export::http::serve(cfg.listen, registry)?;
+        let latest = Arc::new(encode::Latest::default());
+        let bound = crate::export::http::serve(cfg.listen, Arc::clone(&latest))?;
         log::info!("serving metrics on http://{bound}/metrics");
         Ok(Metrics {
             view: MetricsView::new(cfg.options, spans),
-            shared,
+            latest,
         })
     }
 
     fn refresh(&mut self, snap: &Snapshot) {
-        let e = Arc::new(self.view.update(snap));
-        *self.shared.0.lock().expect("not poisoned") = e;
+        let body = Body::encode(&self.view.update(snap));
+        self.latest.set(body);
     }
 }
 

@@ -210,7 +210,7 @@ pub const API_LATENCY: Def = def(
     true,
     API,
     "Latency of API calls (NCCL: the host-side call that enqueues the collective).",
-    "processes[].apis[].hist (log2 buckets; le = 2^k ns, k = 10..34), total_ns",
+    "processes[].apis[].hist (log2 buckets; le = 2^k ns, k = 10, 12, .., 34), total_ns",
 );
 pub const API_HOOK: Def = def(
     "vgpu_api_hook",
@@ -407,7 +407,7 @@ pub const AGENT_SPANS_DROPPED: Def = def(
     None,
     false,
     &["reason"],
-    "Sampled calls that did not become exported spans: reason=ring_full (the kernel ring buffer was full), queue_full (the exporter's bounded queue was full), export_failed (the OTLP endpoint refused or did not answer).",
+    "Sampled calls that did not become exported spans: reason=ring_full (the kernel ring buffer was full), container_rate (a rate-sampled call over its container's --trace-container-rate), queue_full (the exporter's bounded queue was full), export_failed (the OTLP endpoint refused or did not answer).",
     "agent.events_lost.ring_full and the span pipeline (agent/src/export/otlp.rs)",
 );
 pub const PROCESS_API_CALLS: Def = per_process(def(
@@ -495,5 +495,7 @@ pub fn label_names(d: &Def) -> Vec<&'static str> {
     v
 }
 
-/// The latency histogram's bucket bounds: 2^k ns for k in this range (1.024 us .. 17.2 s).
-pub const LATENCY_BUCKET_EXPONENTS: std::ops::RangeInclusive<usize> = 10..=34;
+/// The latency histogram's bucket bounds: 2^k ns for these k, a factor of 4 apart (1.024 us ..
+/// 17.2 s; docs/metrics.md says why not every power of 2).
+pub const LATENCY_BUCKET_EXPONENTS: [usize; 13] =
+    [10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34];

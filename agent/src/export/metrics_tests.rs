@@ -1,6 +1,10 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
+use crate::export::{
+    defs::{self, Def, Type, Unit},
+    encode::{Body, Format, Latest},
+};
 use crate::model::{
     AgentStatus, Container, LimiterProcess, MemoryViews, Process, ProcessKey, RegionDevice,
     RegionInfo, Snapshot, Source,
@@ -190,12 +194,16 @@ fn histogram_buckets_are_the_log2_bounds_in_seconds() {
     };
     assert_eq!(*count, 3);
     assert!((sum - 0.006).abs() < 1e-12);
-    assert_eq!(buckets.len(), 26);
+    assert_eq!(buckets.len(), 14);
     assert_eq!(buckets[0].0, 1024e-9);
+    assert_eq!(buckets[1].0, 4096e-9);
+    assert_eq!(buckets[12].0, (1u64 << 34) as f64 / 1e9);
     assert_eq!(buckets.last().unwrap().0, f64::INFINITY);
-    // 2 ms = 2_000_000 ns lies in [2^20, 2^21) ns: it counts under le = 2^21 ns.
+    // 2 ms = 2_000_000 ns lies in [2^20, 2^21) ns: it counts under le = 2^22 ns (the bounds go
+    // by factors of 4), none under le = 2^20 ns.
     let at = buckets.iter().position(|(_, n)| *n > 0).unwrap();
-    assert_eq!(buckets[at], ((1u64 << 21) as f64 / 1e9, 3));
+    assert_eq!(buckets[at], ((1u64 << 22) as f64 / 1e9, 3));
+    assert_eq!(buckets[at - 1], ((1u64 << 20) as f64 / 1e9, 0));
     // Calls under 1 us count under the first bound.
     let Some(Value::Histogram(_, _, small)) = sample(&e, &defs::API_LATENCY, &["cuMemcpyHtoD_v2"])
     else {
@@ -328,9 +336,7 @@ fn the_exposition_is_openmetrics_with_every_family_named_in_the_table() {
         power_mw: None,
         temperature_c: None,
     });
-    let shared = Arc::new(SharedExposition::default());
-    *shared.0.lock().unwrap() = Arc::new(view().update(&s));
-    let text = encode(&registry(Arc::clone(&shared))).unwrap();
+    let text = Body::encode(&view().update(&s)).text(Format::OpenMetrics);
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(
         text.contains("# TYPE vgpu_api_latency_seconds histogram"),
@@ -412,8 +418,10 @@ fn docs_list_every_metric() {
     );
 }
 
-/// The scrape benchmark (docs/benchmarks.md): a model of 100 containers x 40 APIs; the time to
-/// fold a snapshot in (each refresh) and to encode and serve one scrape over HTTP, p50/p99.
+/// The scrape benchmark (docs/benchmarks.md): a model of 100 containers x 40 APIs. Per refresh:
+/// the time to fold a snapshot in and to encode the body; per scrape: an HTTP GET of the body
+/// as Prometheus asks for it (OpenMetrics, gzip) and uncompressed; p50/p99 of 200 rounds, each a
+/// refresh then one scrape of each kind (so every gzip scrape compresses a new body).
 /// `cargo test --release -p vgpu-agent --bin vgpu-agent scrape_benchmark -- --ignored --nocapture`
 #[test]
 #[ignore = "a benchmark: run it in release mode"]
@@ -424,41 +432,59 @@ fn scrape_benchmark() {
     };
     let snap = synthetic(100, 40);
     let mut v = view();
-    let shared = Arc::new(SharedExposition::default());
-    let registry = Arc::new(registry(Arc::clone(&shared)));
-    let addr = crate::export::http::serve("127.0.0.1:0".parse().unwrap(), registry).unwrap();
+    let latest = Arc::new(Latest::default());
+    let addr =
+        crate::export::http::serve("127.0.0.1:0".parse().unwrap(), Arc::clone(&latest)).unwrap();
     let pct = |xs: &mut Vec<f64>, q: f64| {
         xs.sort_by(f64::total_cmp);
         xs[((xs.len() - 1) as f64 * q).round() as usize]
     };
-    let (mut fold, mut scrape) = (vec![], vec![]);
-    let mut size = 0;
-    for _ in 0..200 {
-        let t = Instant::now();
-        let e = Arc::new(v.update(&snap));
-        fold.push(t.elapsed().as_secs_f64() * 1e3);
-        *shared.0.lock().unwrap() = e;
+    let scrape = |encoding: &str| {
         let t = Instant::now();
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         write!(
             s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n"
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0\r\n{encoding}\r\n"
         )
         .unwrap();
         let mut body = Vec::new();
         s.read_to_end(&mut body).unwrap();
-        scrape.push(t.elapsed().as_secs_f64() * 1e3);
-        size = body.len();
+        (t.elapsed().as_secs_f64() * 1e3, body.len())
+    };
+    let (mut fold, mut encode, mut plain, mut gzip) = (vec![], vec![], vec![], vec![]);
+    let (mut size, mut gz_size) = (0, 0);
+    for _ in 0..200 {
+        let t = Instant::now();
+        let e = v.update(&snap);
+        fold.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let body = Body::encode(&e);
+        encode.push(t.elapsed().as_secs_f64() * 1e3);
+        latest.set(body);
+        let (ms, n) = scrape("Accept-Encoding: gzip\r\n");
+        gzip.push(ms);
+        gz_size = n;
+        let (ms, n) = scrape("");
+        plain.push(ms);
+        size = n;
     }
     let series = snap.processes.len() * 40;
-    let (f50, f99) = (pct(&mut fold, 0.5), pct(&mut fold, 0.99));
-    let (s50, s99) = (pct(&mut scrape, 0.5), pct(&mut scrape, 0.99));
+    let fig = |xs: &mut Vec<f64>| format!("{:.2}, {:.2}", pct(xs, 0.5), pct(xs, 0.99));
+    let (f, e, g, p) = (
+        fig(&mut fold),
+        fig(&mut encode),
+        fig(&mut gzip),
+        fig(&mut plain),
+    );
     println!(
         "scrape-bench: {{\"containers\": 100, \"apis\": 40, \"api_series\": {series}, \"bytes\": {size}, \
-         \"fold_p50_ms\": {f50:.2}, \"fold_p99_ms\": {f99:.2}, \"scrape_p50_ms\": {s50:.2}, \"scrape_p99_ms\": {s99:.2}, \"target_50ms_met\": {}}}",
-        s99 < 50.0
+         \"gzip_bytes\": {gz_size}, \"fold_p50_p99_ms\": [{f}], \"encode_p50_p99_ms\": [{e}], \
+         \"scrape_gzip_p50_p99_ms\": [{g}], \"scrape_plain_p50_p99_ms\": [{p}], \"target_50ms_met\": {}}}",
+        pct(&mut gzip, 0.99) < 50.0 && pct(&mut plain, 0.99) < 50.0
     );
-    // The issue's target is p99 < 50 ms; the figure is reported (docs/benchmarks.md), not
-    // asserted: it is not met yet, and on a shared 2-core machine it depends on the neighbours.
     assert!(size > 1 << 20, "the scrape returned the whole exposition");
+    assert!(
+        gz_size > 1 << 10 && gz_size < size / 4,
+        "gzip: {gz_size} of {size}"
+    );
 }

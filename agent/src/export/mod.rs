@@ -2,9 +2,12 @@
 //! text, [`metrics`] over [`http`]) and OTLP traces of sampled calls ([`otlp`]).
 
 pub mod defs;
+pub mod encode;
+mod families;
 pub mod http;
 pub mod metrics;
 pub mod otlp;
+pub mod sampling;
 
 use std::net::SocketAddr;
 

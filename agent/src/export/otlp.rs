@@ -1,6 +1,8 @@
 //! OTLP traces of sampled calls. The return probes write a [`SpanEvent`] to the `SPANS` ring
 //! buffer for every NCCL call, every call slower than `--trace-slow` and one in
-//! `--trace-sample-rate` of the others; a reader thread drains the ring into a bounded queue
+//! `--trace-sample-rate` of the others; a reader thread drains the ring, keeps at most
+//! `--trace-container-rate` of the rate-sampled spans per second per container
+//! ([`super::sampling`], over: counted as `container_rate`), and queues them in a bounded queue
 //! (`--otlp-queue`, full: counted as `queue_full`), and an exporter thread batches the queue
 //! (512 spans or 1 s), groups each batch by container, and hands each group to
 //! opentelemetry-otlp's span exporter (gRPC with tonic on a runtime of its own, or HTTP/protobuf)
@@ -26,7 +28,7 @@ use std::{
 
 use agent_common::{
     ApiId,
-    maps::{SPAN_NCCL, SPAN_SLOW, SpanEvent},
+    maps::{SPAN_NCCL, SPAN_SAMPLED, SPAN_SLOW, SpanEvent},
 };
 use aya::maps::{MapData, RingBuf};
 use opentelemetry::{
@@ -39,7 +41,7 @@ use opentelemetry_sdk::{
     trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks},
 };
 
-use super::{ExportError, metrics::SpanCounters};
+use super::{ExportError, metrics::SpanCounters, sampling::ContainerRate};
 use crate::model::Snapshot;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -56,6 +58,8 @@ pub struct OtlpConfig {
     pub protocol: OtlpProtocol,
     /// Spans waiting for export at most (the bounded queue).
     pub queue: usize,
+    /// Rate-sampled spans per second per container at most (0: no limit).
+    pub container_rate: f64,
 }
 
 const BATCH: usize = 512;
@@ -196,9 +200,10 @@ pub fn start(
     let (tx, rx) = sync_channel::<SpanEvent>(cfg.queue.max(1));
     let reader = {
         let (stop, counters) = (Arc::clone(&stop), Arc::clone(&counters));
+        let rate = ContainerRate::new(cfg.container_rate);
         std::thread::Builder::new()
             .name("span-ring".into())
-            .spawn(move || read_ring(ring, tx, &stop, &counters))
+            .spawn(move || read_ring(ring, tx, rate, &stop, &counters))
             .map_err(ExportError::Thread)?
     };
     let writer = {
@@ -232,6 +237,7 @@ pub fn start(
 fn read_ring(
     mut ring: RingBuf<MapData>,
     tx: SyncSender<SpanEvent>,
+    mut rate: ContainerRate,
     stop: &AtomicBool,
     counters: &SpanCounters,
 ) {
@@ -251,6 +257,10 @@ fn read_ring(
             // SAFETY: the kernel wrote a whole SpanEvent (a Pod of integers) at the start of the
             // record; read_unaligned makes no alignment assumption.
             let ev: SpanEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            if ev.reason == SPAN_SAMPLED && !rate.admit(ev.cgroup_id, ev.end_ns) {
+                counters.container_rate.fetch_add(1, Relaxed);
+                continue;
+            }
             match tx.try_send(ev) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => {
@@ -331,6 +341,10 @@ pub fn span_of(ev: &SpanEvent, offset: i128, trace: u128, span: u64) -> SpanData
     ];
     if ev.comm != 0 {
         attrs.push(KeyValue::new("nccl.comm", format!("{:#x}", ev.comm)));
+    }
+    // Where the API takes a stream; 0x0 is the NULL (legacy default) stream.
+    if spec.is_some_and(|s| s.stream.is_some()) {
+        attrs.push(KeyValue::new("cuda.stream", format!("{:#x}", ev.stream)));
     }
     let status = if ev.result == 0 {
         Status::Unset
@@ -469,6 +483,7 @@ mod tests {
             cgroup_id: 77,
             bytes: 4096,
             comm: 0x10000,
+            stream: 0x5000_0001,
             tgid: 42,
             tid: 43,
             result: 5,
@@ -502,7 +517,20 @@ mod tests {
         assert_eq!(get("gpu.sampled_by"), "nccl");
         assert_eq!(get("thread.name"), "train");
         assert_eq!(get("nccl.comm"), "0x10000");
+        assert_eq!(get("cuda.stream"), "0x50000001");
         assert!(matches!(s.status, Status::Error { .. }));
+        // An API without a stream argument has no stream attribute.
+        let sync = SpanEvent {
+            api: ApiId::from_name("cuCtxSynchronize").unwrap().0,
+            stream: 0,
+            ..ev
+        };
+        let s = span_of(&sync, offset, 9, 4);
+        assert!(
+            s.attributes
+                .iter()
+                .all(|kv| kv.key.as_str() != "cuda.stream")
+        );
     }
 
     #[test]

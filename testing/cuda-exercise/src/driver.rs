@@ -59,6 +59,9 @@ pub const DEFAULT_GRANULARITY: usize = 2 << 20;
 /// the process.
 pub struct Driver {
     handle: *mut c_void,
+    /// The stream [`Driver::call_default`] passes to APIs that take one (NULL unless
+    /// [`Driver::create_stream`] made one).
+    stream: Handle,
 }
 
 /// Calls the entry point `$name` with signature `fn($t...) -> CUresult`; `None` if the library
@@ -100,7 +103,10 @@ impl Driver {
             };
             return Err(format!("dlopen({path}): {msg}"));
         }
-        Ok(Driver { handle })
+        Ok(Driver {
+            handle,
+            stream: std::ptr::null_mut(),
+        })
     }
 
     /// The address of an exported entry point.
@@ -109,6 +115,18 @@ impl Driver {
         // SAFETY: `handle` is a live dlopen handle and `c` a valid C string.
         let p = unsafe { libc::dlsym(self.handle, c.as_ptr()) };
         (!p.is_null()).then_some(p)
+    }
+
+    /// Creates a stream with `cuStreamCreate` for later calls to use; returns its handle.
+    pub fn create_stream(&mut self) -> Result<u64, String> {
+        let mut h: Handle = std::ptr::null_mut();
+        match call!(self, "cuStreamCreate", fn(*mut Handle, c_uint), &mut h, 0) {
+            Some(0) => {
+                self.stream = h;
+                Ok(h as u64)
+            }
+            r => Err(format!("cuStreamCreate: {r:?}")),
+        }
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -131,6 +149,7 @@ impl Driver {
     pub fn call_default(&self, name: &str, size: usize) -> Result<Option<CUresult>, String> {
         let size = Driver::default_size(name, size);
         let null: Handle = std::ptr::null_mut();
+        let st = self.stream;
         let mut out: u64 = 0;
         let mut handle: Handle = std::ptr::null_mut();
         let mut pitch: usize = 0;
@@ -162,7 +181,7 @@ impl Driver {
             }
             "cuMemAllocManaged" => call!(self, name, fn(*mut u64, usize, c_uint), o, size, 1),
             "cuMemAllocAsync" | "cuMemAllocAsync_ptsz" => {
-                call!(self, name, fn(*mut u64, usize, Handle), o, size, null)
+                call!(self, name, fn(*mut u64, usize, Handle), o, size, st)
             }
             "cuMemAllocFromPoolAsync" | "cuMemAllocFromPoolAsync_ptsz" => {
                 call!(
@@ -172,7 +191,7 @@ impl Driver {
                     o,
                     size,
                     null,
-                    null
+                    st
                 )
             }
             "cuMemCreate" => call!(
@@ -195,15 +214,14 @@ impl Driver {
                 0
             ),
             "cuMemFree_v2" => call!(self, name, fn(u64), 0),
-            "cuMemFreeAsync" | "cuMemFreeAsync_ptsz" => call!(self, name, fn(u64, Handle), 0, null),
+            "cuMemFreeAsync" | "cuMemFreeAsync_ptsz" => call!(self, name, fn(u64, Handle), 0, st),
             "cuMemRelease" => call!(self, name, fn(u64), 0),
             "cuMemUnmap" => call!(self, name, fn(u64, usize), 0, size),
-            "cuStreamSynchronize" | "cuStreamSynchronize_ptsz" | "cuEventSynchronize" => {
-                call!(self, name, fn(Handle), null)
-            }
+            "cuStreamSynchronize" | "cuStreamSynchronize_ptsz" => call!(self, name, fn(Handle), st),
+            "cuEventSynchronize" => call!(self, name, fn(Handle), null),
             "cuCtxSynchronize" => call!(self, name, fn()),
             "cuStreamWaitEvent" | "cuStreamWaitEvent_ptsz" => {
-                call!(self, name, fn(Handle, Handle, c_uint), null, null, 0)
+                call!(self, name, fn(Handle, Handle, c_uint), st, null, 0)
             }
             "cuMemcpy" | "cuMemcpy_ptds" | "cuMemcpyDtoD_v2" | "cuMemcpyDtoD_v2_ptds" => {
                 call!(self, name, fn(u64, u64, usize), 0, 0, size)
@@ -212,7 +230,7 @@ impl Driver {
             | "cuMemcpyAsync_ptsz"
             | "cuMemcpyDtoDAsync_v2"
             | "cuMemcpyDtoDAsync_v2_ptsz" => {
-                call!(self, name, fn(u64, u64, usize, Handle), 0, 0, size, null)
+                call!(self, name, fn(u64, u64, usize, Handle), 0, 0, size, st)
             }
             "cuMemcpyHtoD_v2" | "cuMemcpyHtoD_v2_ptds" => {
                 call!(self, name, fn(u64, *const c_void, usize), 0, hp, size)
@@ -228,7 +246,7 @@ impl Driver {
                     0,
                     hp,
                     size,
-                    null
+                    st
                 )
             }
             "cuMemcpyDtoHAsync_v2" | "cuMemcpyDtoHAsync_v2_ptsz" => {
@@ -239,7 +257,7 @@ impl Driver {
                     hp,
                     0,
                     size,
-                    null
+                    st
                 )
             }
             "cuMemcpyPeer" => call!(
@@ -262,7 +280,7 @@ impl Driver {
                     0,
                     null,
                     size,
-                    null
+                    st
                 )
             }
             "cuLaunchKernel" | "cuLaunchKernel_ptsz" => call!(
@@ -329,7 +347,7 @@ impl Driver {
                 std::ptr::null_mut()
             ),
             "cuGraphLaunch" | "cuGraphLaunch_ptsz" => {
-                call!(self, name, fn(Handle, Handle), null, null)
+                call!(self, name, fn(Handle, Handle), null, st)
             }
             "cuInit" => call!(self, name, fn(c_uint), 0),
             "cuCtxCreate_v2" => call!(
@@ -394,7 +412,7 @@ impl Driver {
                     0,
                     null,
                     size,
-                    null
+                    st
                 )
             }
             "cuMemcpyBatchAsync" | "cuMemcpyBatchAsync_ptsz" => {
@@ -444,7 +462,7 @@ impl Driver {
                     self,
                     name,
                     fn(Handle, extern "C" fn(*mut c_void), *mut c_void),
-                    null,
+                    st,
                     nothing,
                     std::ptr::null_mut()
                 )

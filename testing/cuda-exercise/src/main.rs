@@ -56,6 +56,10 @@ enum Command {
         /// up to 2 MiB).
         #[arg(long, default_value = "4096", value_parser = parse_bytes)]
         size: u64,
+        /// Create a stream (cuStreamCreate) and pass it to the APIs that take one instead of
+        /// the NULL stream; its handle is printed as `stream`.
+        #[arg(long)]
+        stream: bool,
     },
     /// A deterministic random sequence of allocations and frees; prints the live bytes at the end
     /// and what cuMemGetInfo_v2 reports. Needs a driver where cuInit succeeds (the sim).
@@ -245,7 +249,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
-    let drv = Driver::open(&cli.lib)?;
+    let mut drv = Driver::open(&cli.lib)?;
     if let Some(p) = &cli.ready_file {
         std::fs::write(p, std::process::id().to_string())
             .map_err(|e| format!("{}: {e}", p.display()))?;
@@ -259,7 +263,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             apis,
             init,
             size,
-        } => counts(&drv, per_api, apis, init, size as usize),
+            stream,
+        } => counts(&mut drv, per_api, apis, init, size as usize, stream),
         Command::AllocFree {
             ops,
             seed,
@@ -343,11 +348,12 @@ fn print(v: serde_json::Value) {
 }
 
 fn counts(
-    drv: &Driver,
+    drv: &mut Driver,
     per_api: u64,
     apis: Option<Vec<String>>,
     init: bool,
     size: usize,
+    stream: bool,
 ) -> Result<ExitCode, String> {
     const KINDS: [ApiKind; 6] = [
         ApiKind::Alloc,
@@ -373,6 +379,12 @@ fn counts(
     if init {
         rec.record("cuInit", drv.init(), 0);
     }
+    // Not a counted call: the stream is set up before the counted ones.
+    let stream = if stream {
+        Some(drv.create_stream()?)
+    } else {
+        None
+    };
     for name in &names {
         let bytes = Driver::default_size(name, size) as u64;
         if !drv.has(name) {
@@ -384,7 +396,12 @@ fn counts(
             rec.record(name, r, bytes);
         }
     }
-    print(json!({"pid": std::process::id(), "calls": rec.calls, "missing": rec.missing}));
+    print(json!({
+        "pid": std::process::id(),
+        "calls": rec.calls,
+        "missing": rec.missing,
+        "stream": stream,
+    }));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,377 @@
+//! The families of `/metrics`, from the folded counters ([`super::metrics::MetricsView`]) and the
+//! snapshot's gauges: one [`FamilyData`] per entry of [`super::defs`], label values in the order
+//! of [`defs::label_names`].
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use agent_common::hist::HIST_BUCKETS;
+
+use super::{
+    defs::{self, Def},
+    metrics::{
+        ContainerLabels, Counters, Exposition, FamilyData, Labels, SpanCounters, Totals, Value,
+        source_name,
+    },
+};
+use crate::model::Snapshot;
+
+pub(super) fn container_gauges(
+    snap: &Snapshot,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+    denied_published: &mut BTreeMap<(ContainerLabels, u32), u64>,
+    out: &mut Exposition,
+) {
+    let mut used: BTreeMap<(ContainerLabels, String, &str), u64> = BTreeMap::new();
+    let mut allocations: BTreeMap<ContainerLabels, u64> = BTreeMap::new();
+    let mut procs: BTreeMap<ContainerLabels, u64> = BTreeMap::new();
+    let mut drift: BTreeMap<(ContainerLabels, String), u64> = BTreeMap::new();
+    let mut comms: BTreeMap<ContainerLabels, u64> = BTreeMap::new();
+    for p in snap.processes.iter().filter(|p| p.alive) {
+        let l = labels_of(&p.container);
+        *procs.entry(l.clone()).or_default() += 1;
+        if let Some(lim) = &p.limiter {
+            for (dev, held) in lim.held.iter().enumerate() {
+                *used
+                    .entry((l.clone(), dev.to_string(), "limiter"))
+                    .or_default() += held;
+            }
+        }
+        for n in &p.nvml {
+            if let Some(b) = n.used_memory {
+                *used
+                    .entry((l.clone(), n.device.to_string(), "nvml"))
+                    .or_default() += b;
+            }
+        }
+        if let Some(b) = p.memory.probes {
+            *used
+                .entry((l.clone(), String::new(), "probes"))
+                .or_default() += b;
+        }
+        if let Some(n) = p.memory.probes_allocations {
+            *allocations.entry(l.clone()).or_default() += n;
+        }
+        if let Some(d) = &p.memory.drift {
+            let e = drift.entry((l.clone(), d.between.clone())).or_default();
+            *e = (*e).max(d.bytes);
+        }
+        let live = p.communicators.iter().filter(|c| !c.destroyed).count() as u64;
+        *comms.entry(l).or_default() += live;
+    }
+    let lv = |l: &ContainerLabels, extra: &[&str]| -> Vec<String> {
+        l.iter()
+            .cloned()
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let mut fam = |def: &'static Def, samples: Vec<(Vec<String>, Value)>| {
+        out.families.push(FamilyData::of(def, samples));
+    };
+    fam(
+        &defs::CONTAINER_MEMORY_USED,
+        used.iter()
+            .map(|((l, dev, view), b)| (lv(l, &[dev, view]), Value::Int(*b)))
+            .collect(),
+    );
+    let (mut limit, mut reserved, mut sm, mut denied) = (vec![], vec![], vec![], vec![]);
+    for c in &snap.containers {
+        let l = labels_of(&c.key);
+        for r in &c.regions {
+            for d in &r.devices {
+                let labels = lv(&l, &[&d.index.to_string()]);
+                if d.memory_limit > 0 {
+                    limit.push((labels.clone(), Value::Int(d.memory_limit)));
+                }
+                if d.sm_limit_pct > 0 && d.sm_limit_pct < 100 {
+                    sm.push((
+                        labels.clone(),
+                        Value::Float(f64::from(d.sm_limit_pct) / 100.0),
+                    ));
+                }
+                reserved.push((labels.clone(), Value::Int(d.reserved)));
+                let floor = denied_published.entry((l.clone(), d.index)).or_default();
+                *floor = (*floor).max(d.denied);
+                denied.push((labels, Value::Int(*floor)));
+            }
+        }
+    }
+    for v in [&mut limit, &mut reserved, &mut sm, &mut denied] {
+        dedup_sum(v);
+    }
+    fam(&defs::CONTAINER_MEMORY_LIMIT, limit);
+    fam(&defs::CONTAINER_MEMORY_RESERVED, reserved);
+    fam(&defs::CONTAINER_SM_LIMIT, sm);
+    fam(&defs::CONTAINER_DENIED, denied);
+    fam(
+        &defs::CONTAINER_ALLOCATIONS,
+        allocations
+            .iter()
+            .map(|(l, n)| (lv(l, &[]), Value::Int(*n)))
+            .collect(),
+    );
+    fam(
+        &defs::CONTAINER_PROCESSES,
+        procs
+            .iter()
+            .map(|(l, n)| (lv(l, &[]), Value::Int(*n)))
+            .collect(),
+    );
+    fam(
+        &defs::CONTAINER_DRIFT,
+        drift
+            .iter()
+            .map(|((l, b), n)| (lv(l, &[b]), Value::Int(*n)))
+            .collect(),
+    );
+    fam(
+        &defs::NCCL_COMMUNICATORS,
+        comms
+            .iter()
+            .map(|(l, n)| (lv(l, &[]), Value::Int(*n)))
+            .collect(),
+    );
+}
+
+pub(super) fn api_families(published: &BTreeMap<ContainerLabels, Counters>, out: &mut Exposition) {
+    let mut calls = vec![];
+    let mut errors = vec![];
+    let mut bytes = vec![];
+    let mut latency = vec![];
+    let mut hook = vec![];
+    let mut denied = vec![];
+    let mut sync = vec![];
+    let mut throttled = vec![];
+    for (l, c) in published {
+        let mut sync_ns = 0u64;
+        for ((api, kind, source), t) in &c.apis {
+            let labels: Labels = l
+                .iter()
+                .cloned()
+                .chain([api.to_string(), kind.to_string(), source.to_string()])
+                .collect();
+            calls.push((labels.clone(), Value::Int(t.calls)));
+            errors.push((labels.clone(), Value::Int(t.errors)));
+            if t.bytes > 0 {
+                bytes.push((labels.clone(), Value::Int(t.bytes)));
+            }
+            if *source == "limiter" {
+                hook.push((labels.clone(), Value::Float(ns_to_s(t.hook_ns))));
+                denied.push((labels.clone(), Value::Int(t.denied)));
+            }
+            if &**kind == "sync" {
+                sync_ns += t.total_ns;
+            }
+            latency.push((labels, histogram(t)));
+        }
+        let l: Labels = l.to_vec().into();
+        sync.push((Arc::clone(&l), Value::Float(ns_to_s(sync_ns))));
+        throttled.push((l, Value::Float(ns_to_s(c.throttled_ns))));
+    }
+    for (def, s) in [
+        (&defs::API_CALLS, calls),
+        (&defs::API_ERRORS, errors),
+        (&defs::API_BYTES, bytes),
+        (&defs::API_LATENCY, latency),
+        (&defs::API_HOOK, hook),
+        (&defs::API_DENIED, denied),
+        (&defs::SYNC, sync),
+        (&defs::THROTTLED, throttled),
+    ] {
+        out.families.push(FamilyData { def, samples: s });
+    }
+}
+
+/// Several regions of one container name the same device: their figures add up.
+fn dedup_sum(v: &mut Vec<(Vec<String>, Value)>) {
+    let mut m: BTreeMap<Vec<String>, Value> = BTreeMap::new();
+    for (k, val) in v.drain(..) {
+        match (m.get_mut(&k), &val) {
+            (Some(Value::Int(a)), Value::Int(b)) => *a += b,
+            (Some(Value::Float(a)), Value::Float(b)) => *a = a.max(*b),
+            _ => {
+                m.insert(k, val);
+            }
+        }
+    }
+    v.extend(m);
+}
+
+fn ns_to_s(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// The log2 histogram as Prometheus buckets: `le = 2^k ns` for the exponents of
+/// [`defs::LATENCY_BUCKET_EXPONENTS`] (source bucket `i` holds `[2^i, 2^(i+1))` ns, so it
+/// counts under the first bound `le = 2^k` with `k >= i + 1`), the rest under +Inf.
+fn histogram(t: &Totals) -> Value {
+    let bounds = defs::LATENCY_BUCKET_EXPONENTS;
+    let mut buckets = Vec::with_capacity(bounds.len() + 1);
+    let mut i = 0;
+    for k in bounds {
+        let mut n = 0;
+        while i < k && i < HIST_BUCKETS {
+            n += t.hist[i];
+            i += 1;
+        }
+        buckets.push(((1u64 << k) as f64 / 1e9, n));
+    }
+    let rest: u64 = t.hist[i.min(HIST_BUCKETS)..].iter().sum();
+    buckets.push((f64::INFINITY, rest));
+    let count = t.hist.iter().sum();
+    Value::Histogram(ns_to_s(t.total_ns), count, buckets)
+}
+
+pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exposition) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut fam = |def: &'static Def, samples: Vec<(Vec<String>, Value)>| {
+        out.families.push(FamilyData::of(def, samples));
+    };
+    let per_gpu = |f: &dyn Fn(&crate::model::GpuDevice) -> Option<Value>| {
+        snap.gpus
+            .iter()
+            .filter_map(|g| Some((vec![g.index.to_string()], f(g)?)))
+            .collect::<Vec<_>>()
+    };
+    fam(
+        &defs::GPU_MEMORY_USED,
+        per_gpu(&|g| g.memory_used.map(Value::Int)),
+    );
+    fam(
+        &defs::GPU_MEMORY_TOTAL,
+        per_gpu(&|g| g.memory_total.map(Value::Int)),
+    );
+    fam(
+        &defs::GPU_UTILIZATION,
+        per_gpu(&|g| {
+            g.utilization_pct
+                .map(|u| Value::Float(f64::from(u) / 100.0))
+        }),
+    );
+    fam(
+        &defs::GPU_INFO,
+        snap.gpus
+            .iter()
+            .map(|g| {
+                let labels = vec![
+                    g.index.to_string(),
+                    g.uuid.clone().unwrap_or_default(),
+                    g.name.clone().unwrap_or_default(),
+                ];
+                (labels, Value::Int(1))
+            })
+            .collect(),
+    );
+    let a = &snap.agent;
+    let one = |v: Value| vec![(vec![], v)];
+    fam(
+        &defs::AGENT_UP,
+        one(Value::Int(u64::from(a.probes_unavailable.is_none()))),
+    );
+    let attached: usize = a.libraries.iter().map(|l| l.symbols_attached).sum();
+    fam(&defs::AGENT_PROBES, one(Value::Int(attached as u64)));
+    fam(
+        &defs::AGENT_LIBRARIES,
+        one(Value::Int(a.libraries.len() as u64)),
+    );
+    fam(
+        &defs::AGENT_PROBE_COST,
+        a.probe_cost
+            .as_ref()
+            .map(|c| one(Value::Float(c.per_hit_ns / 1e9)))
+            .unwrap_or_default(),
+    );
+    fam(
+        &defs::AGENT_LAUNCH_PROBE,
+        one(Value::Float(a.launch_probe_seconds)),
+    );
+    fam(
+        &defs::AGENT_EVENTS_LOST,
+        a.events_lost
+            .iter()
+            .map(|(k, v)| (vec![k.clone()], Value::Int(*v)))
+            .collect(),
+    );
+    fam(&defs::AGENT_REGIONS, one(Value::Int(a.regions_read as u64)));
+    fam(
+        &defs::AGENT_REGION_ERRORS,
+        one(Value::Int(a.region_errors as u64)),
+    );
+    fam(
+        &defs::AGENT_MAP_ENTRIES,
+        a.map_entries
+            .iter()
+            .map(|(k, v)| (vec![k.clone()], Value::Int(*v as u64)))
+            .collect(),
+    );
+    fam(
+        &defs::AGENT_WARNINGS,
+        one(Value::Int(a.warnings.len() as u64)),
+    );
+    fam(
+        &defs::AGENT_SNAPSHOT_TIME,
+        one(Value::Float(snap.taken_at_unix_ms as f64 / 1e3)),
+    );
+    fam(
+        &defs::AGENT_SPANS,
+        one(Value::Int(spans.exported.load(Relaxed))),
+    );
+    fam(
+        &defs::AGENT_SPANS_DROPPED,
+        vec![
+            (
+                vec!["queue_full".into()],
+                Value::Int(spans.queue_full.load(Relaxed)),
+            ),
+            (
+                vec!["ring_full".into()],
+                Value::Int(a.events_lost.get("ring_full").copied().unwrap_or(0)),
+            ),
+            (
+                vec!["container_rate".into()],
+                Value::Int(spans.container_rate.load(Relaxed)),
+            ),
+            (
+                vec!["export_failed".into()],
+                Value::Int(spans.export_failed.load(Relaxed)),
+            ),
+        ],
+    );
+}
+
+pub(super) fn per_process(
+    snap: &Snapshot,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+    out: &mut Exposition,
+) {
+    let (mut calls, mut errors, mut mem) = (vec![], vec![], vec![]);
+    for p in snap.processes.iter().filter(|p| p.alive) {
+        let base: Vec<String> = labels_of(&p.container)
+            .into_iter()
+            .chain([p.key.pid.to_string(), p.comm.clone()])
+            .collect();
+        for a in p.effective_apis() {
+            let mut l = base.clone();
+            l.extend([a.api.clone(), a.kind.clone(), source_name(a.source).into()]);
+            calls.push((l.clone(), Value::Int(a.calls)));
+            errors.push((l, Value::Int(a.errors)));
+        }
+        for (view, v) in [
+            ("limiter", p.memory.limiter),
+            ("probes", p.memory.probes),
+            ("nvml", p.memory.nvml),
+        ] {
+            if let Some(b) = v {
+                let mut l = base.clone();
+                l.push(view.into());
+                mem.push((l, Value::Int(b)));
+            }
+        }
+    }
+    for (def, samples) in [
+        (&defs::PROCESS_API_CALLS, calls),
+        (&defs::PROCESS_API_ERRORS, errors),
+        (&defs::PROCESS_MEMORY_USED, mem),
+    ] {
+        out.families.push(FamilyData::of(def, samples));
+    }
+}

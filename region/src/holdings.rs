@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use crate::procfs::{self, Liveness};
 use crate::region::Region;
+use crate::reserve;
 use crate::slots::{PHASE_LIVE, slot_phase, slot_pid};
 
 /// A live slot's owner and what it holds on one device.
@@ -39,7 +40,7 @@ impl Region {
                     return None;
                 }
                 // Relaxed: a momentary value of another process's counter, for display.
-                let held = h.held[device as usize].load(Ordering::Relaxed);
+                let held = reserve::word_bytes(h.held[device as usize].load(Ordering::Relaxed));
                 // Relaxed: written before the Release publication of LIVE (acquired above).
                 let pid_ns = h.pid_ns.load(Ordering::Relaxed);
                 let start_time = h.start_time.load(Ordering::Relaxed);

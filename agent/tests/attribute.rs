@@ -470,15 +470,16 @@ fn a_known_throttle_is_attributed_within_ten_percent() {
     }
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
-    const LAUNCHES: u64 = 4_000;
-    // Each launch is 100 us of simulated device work: unthrottled, the loop only enqueues it
-    // (a few us a launch); held to a 50% SM share, the limiter blocks launches so that the
-    // device is busy half the time, and the loop takes about 2 x 0.4 s.
+    const LAUNCHES: u64 = 20_000;
+    // Each launch is 50 us of simulated device work: unthrottled, the loop only enqueues it
+    // (a few us a launch, longer in all than the controller's first window); held to a 50% SM
+    // share, the limiter drains the queue when the window closes and holds launches as long
+    // again, so the loop takes about 2 x 1 s.
     let limited = |regions: &std::path::Path, sm_limit: Option<&str>| {
         let mut cmd = exercise(&lib);
         cmd.env("LD_PRELOAD", limiter_lib())
             .env("VGPU_REAL_LIBCUDA", &lib)
-            .env("SIMCUDA_LAUNCH_US", "100")
+            .env("SIMCUDA_LAUNCH_US", "50")
             .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"));
         if let Some(l) = sm_limit {

@@ -109,8 +109,8 @@ fn holds_in_the_dead_band_without_samples_and_while_the_limit_does_not_bind() {
         lp.tick(t * 500, &[(t * 500_000, 10)], false);
     }
     assert_eq!(lp.effective(), 50.0, "raised while not binding");
-    // ...but one above its share is lowered even so.
-    for t in 10..13 {
+    // ...but one above its share is lowered even so (once the averaged samples say so).
+    for t in 10..20 {
         lp.tick(t * 500, &[(t * 500_000, 70)], false);
     }
     assert!(lp.effective() < 50.0);

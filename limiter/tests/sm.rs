@@ -101,21 +101,34 @@ fn run_env(
         .unwrap();
     assert!(json.starts_with('{'), "sm_caller said {json:?}");
     let pid = child.id();
-    let tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    let tasks = tids.len();
-    let extra_threads = tids
-        .iter()
-        .filter(|t| **t != pid.to_string())
-        .map(|t| {
-            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm"))
-                .unwrap_or_default()
-                .trim()
-                .to_owned()
-        })
-        .collect();
+    // The workers were joined before the JSON was printed, but a joined thread can stay listed
+    // in /proc for a moment while the kernel finishes its exit: wait until no thread named like
+    // the program (a worker) is left, for at most a second.
+    let read_threads = || -> (usize, Vec<String>) {
+        let tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let extra = tids
+            .iter()
+            .filter(|t| **t != pid.to_string())
+            .map(|t| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm"))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned()
+            })
+            .collect();
+        (tids.len(), extra)
+    };
+    let (mut tasks, mut extra_threads) = read_threads();
+    for _ in 0..50 {
+        if !extra_threads.iter().any(|t: &String| t == "sm_caller") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        (tasks, extra_threads) = read_threads();
+    }
     let snap = RegionReader::open(&region).unwrap().snapshot().unwrap();
     let throttled_ns = snap
         .slots

@@ -1,0 +1,151 @@
+//! What a read of a region returns: plain copies, validated, with what could not be read
+//! consistently named rather than hidden.
+
+use agent_common::api::ApiId;
+use agent_common::hist::HIST_BUCKETS;
+
+use super::Geometry;
+
+/// Container-wide state of one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSnapshot {
+    /// Memory limit in bytes (0 = unlimited).
+    pub memory_limit: u64,
+    /// SM limit in percent (0 or 100 = unlimited; clamped to 100).
+    pub sm_limit: u8,
+    /// Bytes reserved container-wide.
+    pub reserved: u64,
+    /// Highest reservation seen.
+    pub peak_reserved: u64,
+    /// Reservations denied.
+    pub denied: u64,
+    /// Bytes returned by reclaiming dead processes' slots.
+    pub reclaimed_bytes: u64,
+}
+
+/// Per-API statistics of a process, merged over its consistent shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiStats {
+    /// The API.
+    pub api: ApiId,
+    /// Calls.
+    pub calls: u64,
+    /// Failed calls.
+    pub errors: u64,
+    /// Sum of latencies, ns.
+    pub latency_ns: u64,
+    /// Limiter self-time, ns.
+    pub hook_ns: u64,
+    /// Bytes allocated.
+    pub bytes_allocated: u64,
+    /// Bytes freed.
+    pub bytes_freed: u64,
+    /// Allocations denied.
+    pub denied: u64,
+    /// Bytes of denied allocations.
+    pub denied_bytes: u64,
+    /// Log2 latency histogram (`agent_common::hist`).
+    pub histogram: [u64; HIST_BUCKETS],
+}
+
+/// Why a shard could not be read consistently (it is left out of the merged statistics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardProblemKind {
+    /// The sequence stayed odd: its writer is stalled or died mid-update.
+    Stuck,
+    /// The sequence kept changing for every attempt (a very busy writer).
+    Busy,
+}
+
+/// A shard left out of a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardProblem {
+    /// Shard index within the slot.
+    pub shard: usize,
+    /// What happened.
+    pub kind: ShardProblemKind,
+    /// Pid of the slot's owner.
+    pub pid: u32,
+    /// Thread id that owns the shard (0 for the overflow shard or a free shard).
+    pub tid: u64,
+    /// The last sequence value seen.
+    pub seq: u64,
+}
+
+/// State of a slot as a reader sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotPhase {
+    /// Being set up by its claimer.
+    Claiming,
+    /// Owned by a process.
+    Live,
+    /// A writer is returning a dead owner's holdings.
+    Reclaiming,
+}
+
+/// One non-free slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotSnapshot {
+    /// Slot index.
+    pub index: u32,
+    /// Phase.
+    pub phase: SlotPhase,
+    /// Owner pid in the owner's pid namespace (the reclaimer's pid while reclaiming).
+    pub pid: u32,
+    /// Owner start time (clock ticks since boot).
+    pub start_time: u64,
+    /// Owner's pid-namespace inode.
+    pub pid_ns: u64,
+    /// Whether the owner runs, when the reader shares its pid namespace (`None` otherwise).
+    pub alive: Option<bool>,
+    /// Command name.
+    pub name: String,
+    /// Bytes held per device (`device_count` entries).
+    pub held: Vec<u64>,
+    /// Context bytes per device (`device_count` entries).
+    pub context_bytes: Vec<u64>,
+    /// Records dropped because the overflow shard was busy.
+    pub dropped_records: u64,
+    /// Time throttled, ns, over consistent shards.
+    pub throttled_ns: u64,
+    /// Per-API statistics over consistent shards (APIs with any activity only).
+    pub apis: Vec<ApiStats>,
+    /// Shards left out.
+    pub shard_problems: Vec<ShardProblem>,
+}
+
+/// Counters of how hard the snapshot was to take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadCounters {
+    /// Failed seqlock attempts that were retried.
+    pub seqlock_retries: u64,
+    /// Shards left out as stuck or busy.
+    pub shards_skipped: u64,
+    /// Slots re-read because their state changed during the read.
+    pub slot_rereads: u64,
+    /// Slots left out because their state kept changing.
+    pub slots_skipped: u64,
+}
+
+/// A consistent-per-shard view of a region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionSnapshot {
+    /// Geometry.
+    pub geometry: Geometry,
+    /// Initialiser pid.
+    pub creator_pid: u32,
+    /// Initialiser's pid-namespace inode.
+    pub creator_pid_ns: u64,
+    /// Whether this reader runs in that pid namespace (only then is `alive` judged).
+    pub same_pid_namespace: bool,
+    /// Initialisation time, `CLOCK_REALTIME` ns.
+    pub created_at_unix_ns: u64,
+    /// Initialiser takeovers.
+    pub init_takeovers: u64,
+    /// Per device (`device_count` entries).
+    pub devices: Vec<DeviceSnapshot>,
+    /// Non-free slots.
+    pub slots: Vec<SlotSnapshot>,
+    /// Read effort.
+    pub counters: ReadCounters,
+}

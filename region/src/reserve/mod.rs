@@ -2,10 +2,11 @@
 //! instruction, using 64-bit compare-and-swap only.
 //!
 //! # Words
-//! - Container word (`DeviceState::reserved`, one per device): `bytes` (bits 0..48) and a 16-bit
-//!   tag naming the **last operation** committed on it: the slot index in the low
+//! - Container word (`DeviceState::reserved`, one per device): `bytes` (bits 0..48), a 15-bit
+//!   tag naming the **last operation** committed on it (bits 48..63): the slot index in the low
 //!   [`slot_bits`]`(slot_count)` bits of the tag (10 at 1024 slots, 7 at the default 128), the
-//!   low bits of that operation's ticket above them.
+//!   low bits of that operation's ticket above them; and bit 63, `APPLIED`, which the owner
+//!   sets (CAS from the exact committed word) once it has applied the operation.
 //! - Held word (`SlotHeader::held[d]`): `bytes` (bits 0..48) and a 16-bit tag = the ticket of the
 //!   last operation applied to it. Tickets of `(slot, device)` are consecutive: the next
 //!   operation's ticket is the held tag + 1, so a ticket is consumed only by a commit, and
@@ -23,7 +24,12 @@
 //! make sure the operation the container word names is applied to its slot's held word
 //! ([`help`]); (3) commit: CAS the container word `{B, last} -> {B ± b, (s, t)}` (a reserve is
 //! refused instead if `B + b` would pass the limit); (4) apply: CAS `held {x, t-1} -> {x ± b, t}`;
-//! (5) mark the intent `DONE` (a plain store).
+//! (4a) CAS the container word `{B ± b, (s, t)} -> {B ± b, (s, t), APPLIED}` (fails harmlessly if
+//! another commit replaced it); (5) mark the intent `DONE` (a plain store). A committer that
+//! reads a word with `APPLIED` skips (2): the bit is set only after the apply (Release/Acquire),
+//! so invariant I below holds without reading the named slot's intent. That keeps the other
+//! slot's intent line, and our own (which such reads would take from us), out of the common
+//! path when processes of one container allocate at the same time.
 //!
 //! # Why it is exact
 //! Invariant I: whenever the container word moves away from naming `(s, t)`, operation `(s, t)`
@@ -46,7 +52,7 @@
 //! starts over, so it never CASes from a value it has not helped.
 //!
 //! Limits of the argument (stalls, never kills): tags are finite. A thread *stalled* (not
-//! killed) between validating and its CAS while one slot commits 2^(16 - slot_bits) further
+//! killed) between validating and its CAS while one slot commits 2^(15 - slot_bits) further
 //! operations on the same device and the counter returns to the same byte value could make a
 //! stale CAS succeed (and 65,536 operations for a held word). Every ordering below pairs a
 //! Release (or AcqRel) write with the Acquire read that observes it; the argument's "before"
@@ -74,6 +80,13 @@ const BYTES_BITS: u32 = 48;
 /// region is configured; "unlimited" means up to this many bytes.
 pub const MAX_RESERVABLE: u64 = (1 << BYTES_BITS) - 1;
 const TAG_MASK: u64 = 0xffff;
+/// Set in a container word once the operation its tag names is applied (by its owner, right
+/// after applying): a committer that sees it need not read that slot's intent to help. It saves
+/// two contended cache lines per operation when processes of a container allocate at once (the
+/// other slot's intent, and our own intent line which those reads took away from us).
+const APPLIED: u64 = 1 << 63;
+/// The tag bits of a container word (the top bit is [`APPLIED`]).
+const CONTAINER_TAG_MASK: u64 = 0x7fff;
 
 /// Bytes of a container or held word.
 #[inline(always)]
@@ -84,6 +97,12 @@ pub(crate) fn word_bytes(word: u64) -> u64 {
 #[inline(always)]
 fn word_tag(word: u64) -> u64 {
     word >> BYTES_BITS
+}
+
+/// The tag of a container word: slot and ticket, without [`APPLIED`].
+#[inline(always)]
+fn container_tag(word: u64) -> u64 {
+    word_tag(word) & CONTAINER_TAG_MASK
 }
 
 #[inline(always)]
@@ -100,7 +119,7 @@ pub(crate) fn slot_bits(slot_count: u32) -> u32 {
 /// The container tag naming ticket `ticket` of `slot`.
 #[inline(always)]
 fn last_tag(slot: u32, ticket: u64, slot_bits: u32) -> u64 {
-    (u64::from(slot) | ticket << slot_bits) & TAG_MASK
+    (u64::from(slot) | ticket << slot_bits) & CONTAINER_TAG_MASK
 }
 
 const STATE_DONE: u64 = 0;
@@ -381,6 +400,11 @@ pub(crate) fn owner_op<C: Cells>(
         return Err(OpError::Stopped);
     }
     apply(held, kind, ticket, amount);
+    // Release: pairs with the Acquire load of a committer that sees APPLIED and skips helping:
+    // the apply above happens before. A failed CAS means another committer replaced the word
+    // (after helping, which found the apply done).
+    let committed = pack(total, tag);
+    let _ = container.compare_exchange(committed, committed | APPLIED, Release, Relaxed);
     unlock(pending);
     Ok(Applied {
         total,
@@ -420,8 +444,12 @@ enum Helped {
 /// CAS from `c` keeps invariant I.
 #[inline]
 fn help<C: Cells>(cells: &C, device: u32, c: u64) -> Helped {
+    if c & APPLIED != 0 {
+        // Its owner applied it and said so (Release CAS of APPLIED, acquired with `c`).
+        return Helped::Clear;
+    }
     let bits = cells.slot_bits();
-    let tag = word_tag(c);
+    let tag = container_tag(c);
     let slot = (tag & ((1 << bits) - 1)) as u32;
     let Some(word) = cells.intent(slot) else {
         return Helped::Clear;

@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 use super::{
-    Cells, Helped, Intent, Kind, SEQ_MASK, STATE_DONE, STATE_PENDING, Stop, TAG_MASK, apply, help,
-    last_tag, pack, word_bytes, word_tag,
+    Cells, Helped, Intent, Kind, SEQ_MASK, STATE_DONE, STATE_PENDING, Stop, TAG_MASK, apply,
+    container_tag, help, last_tag, pack, word_bytes, word_tag,
 };
 use crate::layout::MAX_DEVICES;
 use crate::sync::Atomic64;
@@ -114,7 +114,7 @@ fn resolve_owner<C: Cells>(cells: &C, slot: u32, i: u64, out: &mut Returned) {
         if word.load(Acquire) != i {
             return;
         }
-        if word_tag(c) == last_tag(slot, it.ticket, cells.slot_bits()) {
+        if container_tag(c) == last_tag(slot, it.ticket, cells.slot_bits()) {
             apply(held, kind, it.ticket, amount);
             applied = true;
         }
@@ -153,7 +153,7 @@ fn drive_return<C: Cells>(cells: &C, slot: u32, i: u64, out: &mut Returned, stop
         // Acquire: pairs with the AcqRel commits; a value that no longer names us was made by
         // someone who applied us first (invariant I), which the held load below then sees.
         let c = container.load(Acquire);
-        if word_tag(c) == tag {
+        if container_tag(c) == tag {
             break;
         }
         if help(cells, it.device, c) == Helped::Retry {

@@ -34,9 +34,18 @@ fn words_round_trip() {
         STATE_DONE,
         "a zeroed slot has no intent"
     );
-    let w = pack(MAX_RESERVABLE, last_tag(1023, 63, 10));
+    // At 1024 slots a container tag has 10 slot bits and 5 ticket bits (the top bit is APPLIED).
+    let w = pack(MAX_RESERVABLE, last_tag(1023, 31, 10));
     assert_eq!(word_bytes(w), MAX_RESERVABLE);
-    assert_eq!(word_tag(w), TAG_MASK);
+    assert_eq!(container_tag(w), CONTAINER_TAG_MASK);
+    assert_eq!(w & APPLIED, 0, "a commit is not applied yet");
+    assert_eq!(container_tag(w | APPLIED), container_tag(w));
+    assert_eq!(word_bytes(w | APPLIED), MAX_RESERVABLE);
+    assert_eq!(
+        last_tag(1023, 32, 10),
+        last_tag(1023, 0, 10),
+        "tickets wrap"
+    );
 }
 
 #[test]

@@ -212,7 +212,7 @@ pub fn attribute(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{LimiterProcess, MemoryViews, ProcessKey};
+    use crate::model::LimiterProcess;
 
     fn usage(
         api: &str,
@@ -239,17 +239,6 @@ mod tests {
 
     fn process(apis: Vec<ApiUsage>, throttled_ns: u64) -> Process {
         Process {
-            key: ProcessKey {
-                pid: 1,
-                start_ticks: 1,
-            },
-            alive: true,
-            comm: "x".into(),
-            cmdline: String::new(),
-            container: "host".into(),
-            cgroup_path: None,
-            memory: MemoryViews::default(),
-            apis,
             limiter: Some(LimiterProcess {
                 region: "r".into(),
                 slot: 0,
@@ -259,10 +248,7 @@ mod tests {
                 dropped_records: 0,
                 shard_problems: vec![],
             }),
-            nvml: vec![],
-            communicators: vec![],
-            alloc_sizes: vec![],
-            rates: None,
+            ..Process::with_apis(apis)
         }
     }
 

@@ -318,3 +318,28 @@ impl Snapshot {
         self.processes.iter().find(|p| p.key == key)
     }
 }
+
+#[cfg(test)]
+impl Process {
+    /// A process of the host with these API rows and nothing else (unit tests' fixture).
+    pub(crate) fn with_apis(apis: Vec<ApiUsage>) -> Process {
+        Process {
+            key: ProcessKey {
+                pid: 1,
+                start_ticks: 1,
+            },
+            alive: true,
+            comm: "x".into(),
+            cmdline: String::new(),
+            container: "host".into(),
+            cgroup_path: None,
+            memory: MemoryViews::default(),
+            apis,
+            limiter: None,
+            nvml: vec![],
+            communicators: vec![],
+            alloc_sizes: vec![],
+            rates: None,
+        }
+    }
+}

@@ -57,7 +57,7 @@ impl Rates {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{MemoryViews, ProcessKey, Source};
+    use crate::model::Source;
 
     fn usage(api: &str, kind: &str, source: Source, calls: u64, total_ns: u64) -> ApiUsage {
         ApiUsage {
@@ -76,24 +76,7 @@ mod tests {
     }
 
     fn process(apis: Vec<ApiUsage>) -> Process {
-        Process {
-            key: ProcessKey {
-                pid: 1,
-                start_ticks: 1,
-            },
-            alive: true,
-            comm: "x".into(),
-            cmdline: String::new(),
-            container: "host".into(),
-            cgroup_path: None,
-            memory: MemoryViews::default(),
-            apis,
-            limiter: None,
-            nvml: vec![],
-            communicators: vec![],
-            alloc_sizes: vec![],
-            rates: None,
-        }
+        Process::with_apis(apis)
     }
 
     #[test]

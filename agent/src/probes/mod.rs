@@ -427,63 +427,31 @@ impl Probes {
     /// Returns the allocation entries left.
     pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<usize, ProbeError> {
         let gone = |t: u32| tgids.contains(&t);
-        {
-            let mut m: BpfHashMap<_, StatsKey, ApiStats> =
-                BpfHashMap::try_from(self.map_mut("STATS")?).map_err(|e| ProbeError::Map {
-                    name: "STATS",
-                    source: Box::new(e),
-                })?;
-            let keys: Vec<StatsKey> = m
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| gone(k.tgid))
-                .collect();
-            for k in keys {
-                let _ = m.remove(&k);
+        self.remove_where::<StatsKey, ApiStats>("STATS", |k| gone(k.tgid))?;
+        self.remove_where::<AllocSizeKey, AllocSizeVal>("ALLOC_SIZES", |k| gone(k.tgid))?;
+        self.remove_where::<u32, LiveMem>("LIVE", |t| gone(*t))?;
+        self.remove_where::<AllocKey, AllocVal>("ALLOCS", |k| gone(k.tgid))
+    }
+
+    /// Removes the rows of hash map `name` whose key matches; returns the rows left.
+    fn remove_where<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+        matches: impl Fn(&K) -> bool,
+    ) -> Result<usize, ProbeError> {
+        let mut m: BpfHashMap<_, K, V> =
+            BpfHashMap::try_from(self.map_mut(name)?).map_err(|e| ProbeError::Map {
+                name,
+                source: Box::new(e),
+            })?;
+        let all: Vec<K> = m.keys().filter_map(Result::ok).collect();
+        let mut left = all.len();
+        for k in all.iter().filter(|k| matches(k)) {
+            if m.remove(k).is_ok() {
+                left -= 1;
             }
         }
-        {
-            let mut m: BpfHashMap<_, AllocSizeKey, AllocSizeVal> =
-                BpfHashMap::try_from(self.map_mut("ALLOC_SIZES")?).map_err(|e| {
-                    ProbeError::Map {
-                        name: "ALLOC_SIZES",
-                        source: Box::new(e),
-                    }
-                })?;
-            let keys: Vec<AllocSizeKey> = m
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| gone(k.tgid))
-                .collect();
-            for k in keys {
-                let _ = m.remove(&k);
-            }
-        }
-        {
-            let mut m: BpfHashMap<_, u32, LiveMem> = BpfHashMap::try_from(self.map_mut("LIVE")?)
-                .map_err(|e| ProbeError::Map {
-                    name: "LIVE",
-                    source: Box::new(e),
-                })?;
-            for t in tgids {
-                let _ = m.remove(t);
-            }
-        }
-        {
-            let mut m: BpfHashMap<_, AllocKey, AllocVal> =
-                BpfHashMap::try_from(self.map_mut("ALLOCS")?).map_err(|e| ProbeError::Map {
-                    name: "ALLOCS",
-                    source: Box::new(e),
-                })?;
-            let all: Vec<AllocKey> = m.keys().filter_map(Result::ok).collect();
-            let mut left = all.len();
-            for k in all.iter().filter(|k| gone(k.tgid)) {
-                if m.remove(k).is_ok() {
-                    left -= 1;
-                }
-            }
-            Ok(left)
-        }
+        Ok(left)
     }
 
     fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, ProbeError> {
@@ -495,25 +463,7 @@ impl Probes {
 
     /// Removes the aggregation rows of one process and API (used to drop calibration rows).
     pub(crate) fn remove_stats_rows(&mut self, tgid: u32, api: u16) -> Result<(), ProbeError> {
-        let map = self.ebpf.map_mut("STATS").ok_or(ProbeError::Map {
-            name: "STATS",
-            source: Box::new(MapError::InvalidName {
-                name: "STATS".into(),
-            }),
-        })?;
-        let mut stats: BpfHashMap<_, StatsKey, ApiStats> =
-            BpfHashMap::try_from(map).map_err(|e| ProbeError::Map {
-                name: "STATS",
-                source: Box::new(e),
-            })?;
-        let keys: Vec<StatsKey> = stats
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == tgid && k.api == api)
-            .collect();
-        for k in keys {
-            let _ = stats.remove(&k);
-        }
+        self.remove_where::<StatsKey, ApiStats>("STATS", |k| k.tgid == tgid && k.api == api)?;
         Ok(())
     }
 }

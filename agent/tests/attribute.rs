@@ -457,7 +457,13 @@ fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
             "launches: {probed:.0} probed, {scaled:.0} scaled, {LAUNCHES} made ({:.1}% off)",
             (scaled - LAUNCHES as f64).abs() / LAUNCHES as f64 * 100.0
         );
-        assert!(scaled > 3.0 * probed && scaled <= 1.1 * LAUNCHES as f64);
+        // Statistical like the budget above (the per-hit cost is recalibrated under load, and the
+        // scale depends on it): another attempt rather than a panic.
+        if !(scaled > 3.0 * probed && scaled <= 1.1 * LAUNCHES as f64) {
+            return Err(format!(
+                "{scaled:.0} scaled from {probed:.0} probed of {LAUNCHES} launches"
+            ));
+        }
         Ok(())
     });
 }

@@ -20,6 +20,7 @@ use crate::{
         ProbeError, Probes,
         calibrate::{Calibrator, ProbeCost},
         sampling::{Budget, SAMPLED_KINDS, SamplingStatus, Schedule},
+        symbols::Prologue,
     },
 };
 
@@ -79,6 +80,9 @@ pub struct Tracer {
     seen_processes: HashMap<u32, ProcessFacts>,
     /// Processes mapping a probed library at the last poll, and which file.
     users: Vec<(u32, FileId)>,
+    /// Every probed library each process was seen mapping (until it is forgotten): which
+    /// function a probed call hit, for its prologue class.
+    pid_files: HashMap<u32, Vec<FileId>>,
     /// When each library was attached (CLOCK_BOOTTIME ns): processes that started later were
     /// seen whole.
     attached_at: HashMap<FileId, u64>,
@@ -106,6 +110,7 @@ impl Tracer {
             schedule: None,
             seen_processes: HashMap::new(),
             users: Vec::new(),
+            pid_files: HashMap::new(),
             attached_at: HashMap::new(),
             warnings: Vec::new(),
         };
@@ -151,18 +156,20 @@ impl Tracer {
             t.attach(lib);
         }
         if t.opts.calibrate {
-            match Calibrator::start(&mut t.probes, host_lib.as_ref()) {
+            let host_driver = host_lib
+                .as_ref()
+                .and_then(|l| t.probes.library(l.id))
+                .and_then(|l| main_prologue(&l.symbols.found));
+            match Calibrator::start(&mut t.probes, host_driver) {
                 Ok(c) => {
-                    let cost = &c.cost;
-                    log::info!(
-                        "probe cost on this host: {:.0} ns per probed call (entry+return, {} prologue, measured on {})",
-                        cost.per_hit_ns,
-                        serde_json::to_value(cost.prologue)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_owned))
-                            .unwrap_or_default(),
-                        cost.target
-                    );
+                    for class in &c.cost.classes {
+                        log::info!(
+                            "probe cost on this host: {:.0} ns per probed call (entry+return) of a function with a {} prologue (measured on {})",
+                            class.per_hit_ns,
+                            prologue_name(class.prologue),
+                            class.target
+                        );
+                    }
                     t.calibrator = Some(c);
                 }
                 Err(e) => t.warn(format!("probe cost calibration failed: {e}")),
@@ -222,6 +229,12 @@ impl Tracer {
         for lib in scan.new {
             self.attach(lib);
         }
+        for (pid, id) in &scan.users {
+            let files = self.pid_files.entry(*pid).or_default();
+            if !files.contains(id) {
+                files.push(*id);
+            }
+        }
         self.users = scan.users.clone();
         for (pid, _) in scan.users {
             let stale = self.seen_processes.get(&pid).is_none_or(|f| {
@@ -256,11 +269,12 @@ impl Tracer {
         let Some(mut schedule) = self.schedule.take() else {
             return Ok(());
         };
-        let per_hit = self
-            .calibrator
-            .as_ref()
-            .map(|c| c.cost.last_per_hit_ns)
-            .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS);
+        let cost = self.calibrator.as_ref().map(|c| &c.cost);
+        let per_hit = |pid: u32| {
+            cost.and_then(|c| c.class_of(pid))
+                .map(|c| c.last_per_hit_ns)
+                .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS)
+        };
         let stats = self.probes.read_stats();
         let calls = |kind: agent_common::ApiKind| {
             let mut m = std::collections::BTreeMap::new();
@@ -340,6 +354,7 @@ impl Tracer {
     pub fn forget_processes(&mut self, pids: &[u32]) -> Result<usize, ProbeError> {
         for pid in pids {
             self.seen_processes.remove(pid);
+            self.pid_files.remove(pid);
         }
         if let Some(c) = &mut self.calibrator {
             c.forget(pids);
@@ -399,20 +414,38 @@ impl Tracer {
             alloc_sizes: self.probes.read_alloc_sizes()?,
             health: self.probes.read_health()?,
         };
-        if let Some(c) = &mut self.calibrator {
-            let mut calls: std::collections::BTreeMap<u32, u64> = Default::default();
+        if self.calibrator.is_some() {
+            let mut calls: std::collections::BTreeMap<(u32, Prologue), u64> = Default::default();
             let probed = r
                 .stats
                 .iter()
                 .filter(|(k, _)| k.api != agent_common::ProbeCookie::CALIBRATION_API)
-                .map(|(k, s)| (k.tgid, s.calls))
-                .chain(r.nccl_stats.iter().map(|(k, s)| (k.tgid, s.calls)));
-            for (tgid, n) in probed {
-                *calls.entry(tgid).or_default() += n;
+                .map(|(k, s)| (k.tgid, k.api, s.calls))
+                .chain(r.nccl_stats.iter().map(|(k, s)| (k.tgid, k.api, s.calls)));
+            for (tgid, api, n) in probed {
+                let class = self.prologue_of(tgid, api);
+                *calls.entry((tgid, class)).or_default() += n;
             }
-            c.remeasure(&calls);
+            if let Some(c) = &mut self.calibrator {
+                c.remeasure(&calls);
+            }
         }
         Ok(r)
+    }
+
+    /// The prologue class of the function `api` in the probed library that process `pid` maps
+    /// (the host driver's class when it is not known).
+    fn prologue_of(&self, pid: u32, api: u16) -> Prologue {
+        let api = agent_common::ApiId(api);
+        self.pid_files
+            .get(&pid)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.probes.library(*id))
+            .find_map(|l| l.symbols.found.iter().find(|s| s.api == api))
+            .map(|s| s.prologue)
+            .or_else(|| self.calibrator.as_ref().map(|c| c.cost.prologue))
+            .unwrap_or(Prologue::Other)
     }
 
     /// The measured probe cost, with what was charged to each process.
@@ -430,4 +463,20 @@ pub fn boot_time_ns() -> u64 {
     // SAFETY: clock_gettime writes into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The prologue class most of a library's probed functions have.
+fn main_prologue(symbols: &[crate::probes::symbols::ResolvedSymbol]) -> Option<Prologue> {
+    let mut count: HashMap<Prologue, usize> = HashMap::new();
+    for s in symbols {
+        *count.entry(s.prologue).or_default() += 1;
+    }
+    count.into_iter().max_by_key(|(_, n)| *n).map(|(p, _)| p)
+}
+
+fn prologue_name(p: Prologue) -> String {
+    serde_json::to_value(p)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }

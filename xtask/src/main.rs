@@ -30,7 +30,16 @@ commands:
   bundle           build release binaries into .carry/ for the GPU machine
   bench <name>     run a benchmark: region, agent, limiter, export (see docs/benchmarks.md)";
 
-fn main() -> Result<()> {
+fn main() {
+    // The error's chain without a backtrace (CI sets RUST_BACKTRACE, and a backtrace of xtask
+    // itself would bury the tests' messages at the end of the log).
+    if let Err(e) = xtask_main() {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn xtask_main() -> Result<()> {
     let args: Vec<String> = env::args().skip(1).collect();
     let Some(command) = args.first() else {
         println!("{USAGE}");
@@ -94,9 +103,25 @@ fn test() -> Result<()> {
         ["clippy", "--all-targets", "--", "-D", "warnings"],
     ))?;
     util::step("cargo test");
-    let mut t = cmd("cargo", ["test", "--no-fail-fast"]);
-    t.envs(test_env());
-    util::run(&mut t)?;
+    // Through `tee`, so that a failure's own messages can be repeated at the very end, where a CI
+    // log's tail shows them (the full log: target/test-output.log).
+    let log = repo_root().join("target/test-output.log");
+    let mut t = cmd(
+        "bash",
+        [
+            "-o",
+            "pipefail",
+            "-c",
+            "cargo test --no-fail-fast 2>&1 | tee \"$1\"",
+            "cargo-test",
+        ],
+    );
+    t.arg(&log).envs(test_env());
+    if let Err(e) = util::run(&mut t) {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        eprintln!("{}", failure_summary(&text));
+        return Err(e.context(format!("cargo test failed (full log: {})", log.display())));
+    }
     // The region's loom models, in their own target directory: `--cfg loom` changes RUSTFLAGS,
     // which would otherwise invalidate the main build.
     util::step("loom models (region)");
@@ -114,6 +139,37 @@ fn test() -> Result<()> {
         ["deploy/validate.py"],
     ))?;
     Ok(())
+}
+
+/// The failed tests of a `cargo test` log and what each printed (its `---- name stdout ----`
+/// block, backtrace frames left out), for the end of the output.
+fn failure_summary(log: &str) -> String {
+    let mut out = String::from("\n==== failed tests, with what they printed ====\n");
+    let mut inside = false;
+    let mut lines_in_block = 0;
+    for line in log.lines() {
+        if line.starts_with("---- ") && line.ends_with(" stdout ----") {
+            inside = true;
+            lines_in_block = 0;
+        } else if inside && (line == "failures:" || line.starts_with("test result:")) {
+            inside = false;
+        }
+        let frame = line.trim_start().starts_with("at ")
+            || line
+                .trim_start()
+                .split_once(':')
+                .is_some_and(|(n, _)| n.chars().all(|c| c.is_ascii_digit()) && !n.is_empty());
+        if inside && !frame && lines_in_block < 80 {
+            out.push_str(line);
+            out.push('\n');
+            lines_in_block += 1;
+        }
+    }
+    for line in log.lines().filter(|l| l.ends_with("... FAILED")) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 fn run(rest: &[String]) -> Result<()> {
@@ -191,4 +247,43 @@ fn which(name: &str) -> Option<PathBuf> {
             .map(|d| d.join(name))
             .find(|p| p.is_file())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failure_summary;
+
+    #[test]
+    fn the_summary_keeps_each_failures_messages_without_backtrace_frames() {
+        let log = "\
+running 2 tests
+test a ... ok
+test b ... FAILED
+
+failures:
+
+---- b stdout ----
+probe cost: attributed 0.1s, truth 0.2s (50.0% off)
+
+thread 'b' panicked at agent/tests/attribute.rs:9:5:
+no attempt within tolerance
+stack backtrace:
+   0: std::panicking::begin_panic
+             at /rustc/x/library/std/src/panicking.rs:1:1
+
+failures:
+    b
+
+test result: FAILED. 1 passed; 1 failed
+";
+        let s = failure_summary(log);
+        assert!(s.contains("(50.0% off)"), "{s}");
+        assert!(s.contains("no attempt within tolerance"), "{s}");
+        assert!(s.contains("test b ... FAILED"), "{s}");
+        assert!(
+            !s.contains("begin_panic") && !s.contains("panicking.rs"),
+            "{s}"
+        );
+        assert!(!s.contains("test a"), "{s}");
+    }
 }

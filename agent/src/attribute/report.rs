@@ -250,11 +250,17 @@ pub fn build(
         };
         let charged_ns = charged(last).map(|now| (now - charged(first).unwrap_or(0.0)).max(0.0));
         let exposure = exposure_over(first, last, p.key.pid);
+        // The process's own probe class (its library's functions decide what a hit costs).
+        let mut own = sampling;
+        if let Some(class) = cost.and_then(|c| c.class_of(p.key.pid)) {
+            own.per_hit_ns = class.per_hit_ns;
+            own.inband_ns = class.inband_ns;
+        }
         let components::Attributed {
             components,
             apis,
             probed_calls,
-        } = components::attribute(p, before, sampling, charged_ns, &exposure);
+        } = components::attribute(p, before, own, charged_ns, &exposure);
         probed_total += probed_calls;
         if apis.is_empty() && components.throttled == 0.0 {
             continue;

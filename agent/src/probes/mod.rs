@@ -211,6 +211,10 @@ impl Probes {
         self.libraries.values()
     }
 
+    pub fn library(&self, id: FileId) -> Option<&AttachedLibrary> {
+        self.libraries.get(&id)
+    }
+
     pub fn is_attached(&self, id: FileId) -> bool {
         self.libraries.contains_key(&id)
     }
@@ -398,21 +402,24 @@ impl Probes {
         })
     }
 
-    /// Attaches the calibration programs to one function of `path`, scoped to this process, for
-    /// the life of the probes.
+    /// Attaches the calibration programs to functions of `path` (at these file offsets), scoped
+    /// to this process, for the life of the probes.
     pub(crate) fn attach_calibration(
         &mut self,
         path: &Path,
-        file_offset: u64,
+        file_offsets: &[u64],
     ) -> Result<(), ProbeError> {
-        let point = UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(file_offset),
-            cookie: Some(ProbeCookie::CALIBRATION_API as u64),
-        };
+        let points: Vec<UProbeAttachPoint<'static>> = file_offsets
+            .iter()
+            .map(|&offset| UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: Some(ProbeCookie::CALIBRATION_API as u64),
+            })
+            .collect();
         for entry in [true, false] {
             let name = program_name(ApiKind::Info, entry, self.calib_mode);
             let prog = program(&mut self.ebpf, &name)?;
-            prog.attach([point], path, UProbeScope::CallingProcess)
+            prog.attach(points.iter(), path, UProbeScope::CallingProcess)
                 .map_err(|source| ProbeError::Attach {
                     program: name.clone(),
                     path: path.to_owned(),

@@ -33,10 +33,9 @@ pub struct Budget {
     pub window: Duration,
 }
 
-/// Duty cycles that keep `rates` (calls per second, per kind) at `per_hit_ns` each under
-/// `budget` (a share of wall time), by water-filling.
-pub fn duties(rates: &[f64], per_hit_ns: f64, budget: f64) -> Vec<f64> {
-    let cost: Vec<f64> = rates.iter().map(|r| r * per_hit_ns / 1e9).collect();
+/// Duty cycles that keep `cost` (each kind's probe cost when always attached, a share of wall
+/// time) under `budget` (a share of wall time), by water-filling.
+pub fn duties(cost: &[f64], budget: f64) -> Vec<f64> {
     let mut order: Vec<usize> = (0..cost.len()).collect();
     order.sort_by(|a, b| cost[*a].total_cmp(&cost[*b]));
     let mut left = budget.max(0.0);
@@ -71,13 +70,18 @@ struct KindState {
     duty: f64,
     /// Calls per second of the busiest process in the last window.
     rate: f64,
+    /// What a hit costs that process, ns.
+    rate_per_hit_ns: f64,
     attached: Duration,
     /// Calls per process when the window opened.
     calls_at_open: BTreeMap<u32, u64>,
-    /// The last closed window (its calls per process, how long it was open, when it closed, the
-    /// per-hit cost then): charged to the exposure when the next one opens and the whole cycle
-    /// is known.
-    pending: Option<(BTreeMap<u32, u64>, Duration, Instant, f64)>,
+    /// Each process's own-pace call rate (calls per second of its own time) in the last closed
+    /// window, and when that window closed.
+    last_rates: BTreeMap<u32, f64>,
+    closed_at: Option<Instant>,
+    /// The detached time before the current window (from the last window's close to this one's
+    /// opening, polls and attaching included).
+    gap: Duration,
 }
 
 /// What the schedule did, for the model.
@@ -136,9 +140,12 @@ impl Schedule {
                     until: now + budget.window,
                     duty: 1.0,
                     rate: 0.0,
+                    rate_per_hit_ns: 0.0,
                     attached: Duration::ZERO,
                     calls_at_open: BTreeMap::new(),
-                    pending: None,
+                    last_rates: BTreeMap::new(),
+                    closed_at: None,
+                    gap: Duration::ZERO,
                 })
                 .collect(),
             status: SamplingStatus {
@@ -160,11 +167,12 @@ impl Schedule {
     }
 
     /// Switches due at `now`. `calls(kind)` gives each process's probed calls of a kind so far;
-    /// `per_hit_ns` the current cost of a hit.
+    /// `per_hit_ns(pid)` the current cost of a hit in that process (it depends on the class of
+    /// the functions its library has: `calibrate`).
     pub fn due(
         &mut self,
         now: Instant,
-        per_hit_ns: f64,
+        per_hit_ns: impl Fn(u32) -> f64,
         mut calls: impl FnMut(ApiKind) -> BTreeMap<u32, u64>,
     ) -> Vec<Switch> {
         let mut out = Vec::new();
@@ -182,13 +190,22 @@ impl Schedule {
                 let before = k.calls_at_open.get(pid).copied().unwrap_or(0);
                 seen.insert(*pid, n.saturating_sub(before));
             }
-            k.rate = seen.values().map(|n| *n as f64 / open).fold(0.0, f64::max);
+            // The busiest process by the time its hits take.
+            let busiest = seen
+                .iter()
+                .map(|(pid, n)| (*n as f64 / open, per_hit_ns(*pid)))
+                .max_by(|a, b| (a.0 * a.1).total_cmp(&(b.0 * b.1)));
+            (k.rate, k.rate_per_hit_ns) = busiest.unwrap_or((0.0, 0.0));
             k.calls_at_open = counts;
             replan = true;
         }
         if replan {
-            let rates: Vec<f64> = self.kinds.iter().map(|k| k.rate).collect();
-            let d = duties(&rates, per_hit_ns, self.budget.share);
+            let cost: Vec<f64> = self
+                .kinds
+                .iter()
+                .map(|k| k.rate * k.rate_per_hit_ns / 1e9)
+                .collect();
+            let d = duties(&cost, self.budget.share);
             for (k, d) in self.kinds.iter_mut().zip(d) {
                 k.duty = d.max(MIN_DUTY);
                 log::debug!(
@@ -211,11 +228,21 @@ impl Schedule {
                 } else {
                     w.mul_f64(1.0 / k.duty - 1.0)
                 };
-                if k.duty >= 1.0 {
-                    charge(&mut self.status.exposure, k.kind, seen, 1.0);
-                } else {
-                    k.pending = Some((seen.clone(), open, now, per_hit_ns));
-                }
+                let rates = seen
+                    .iter()
+                    .map(|(pid, n)| (*pid, own_rate(open.as_secs_f64(), *n, per_hit_ns(*pid))))
+                    .collect();
+                charge(
+                    &mut self.status.exposure,
+                    k.kind,
+                    seen,
+                    &k.last_rates,
+                    &rates,
+                    k.gap.as_secs_f64(),
+                );
+                k.last_rates = rates;
+                k.closed_at = Some(now);
+                k.gap = Duration::ZERO;
                 if k.duty >= 1.0 {
                     // Stays attached; measured again after another window (an idle process
                     // that starts calling is caught within one).
@@ -242,21 +269,16 @@ impl Schedule {
     }
 
     /// A window opened at `at` (after its attach returned: attaching can take milliseconds on a
-    /// loaded machine, and no call is counted before it is done).
-    ///
-    /// The last window's calls stand for its whole cycle: from its opening to this one (the off
-    /// time as it really was, polls and attaching included).
+    /// loaded machine, and no call is counted before it is done). The detached time before it is
+    /// known now, and charged when it closes.
     pub fn opened(&mut self, kind: ApiKind, at: Instant) {
         if let Some(k) = self.kinds.iter_mut().find(|k| k.kind == kind && k.on) {
             k.until += at.saturating_duration_since(k.since);
             k.since = at;
-            if let Some((seen, open, closed, per_hit_ns)) = k.pending.take() {
-                let off = at.saturating_duration_since(closed).as_secs_f64();
-                for (pid, n) in seen {
-                    let scale = cycle_scale(open.as_secs_f64(), off, n, per_hit_ns);
-                    charge(&mut self.status.exposure, kind, &[(pid, n)].into(), scale);
-                }
-            }
+            k.gap = k
+                .closed_at
+                .map(|c| at.saturating_duration_since(c))
+                .unwrap_or_default();
         }
     }
 
@@ -287,37 +309,54 @@ impl Schedule {
     pub fn forget(&mut self, pids: &[u32]) {
         for p in pids {
             self.status.exposure.remove(p);
+            for k in &mut self.kinds {
+                k.last_rates.remove(p);
+            }
         }
     }
 }
 
-/// How many calls one probed call of a window stands for, over the window and the off time after
-/// it. While attached, each of the window's `n` calls also took a probe hit, so the process got
-/// through only `open - n x per_hit` of its own work; the off time ran at its own pace. (Without
-/// this a tight launch loop, slowed 3x by the probes while they are attached, would be counted
-/// 3x short.) The correction is capped at 90% of the window, for callers on many threads at once.
-fn cycle_scale(open: f64, off: f64, n: u64, per_hit_ns: f64) -> f64 {
+/// A process's calls per second of its own time in a window that was open `open` seconds and
+/// saw `n` of its calls. While attached, each call also took a probe hit, so the process got
+/// through only `open - n x per_hit` of its own work (without this a tight launch loop, slowed 3x
+/// by the probes while they are attached, would be counted 3x short). The correction is capped at
+/// 90% of the window, for callers on many threads at once.
+fn own_rate(open: f64, n: u64, per_hit_ns: f64) -> f64 {
     let own = (open - n as f64 * per_hit_ns / 1e9)
         .max(open * 0.1)
         .max(1e-9);
-    (own + off) / own
+    n as f64 / own
 }
 
-/// Adds one window's calls, standing for `scale` times as many, to each process's exposure.
+/// Adds a closed window to each process's exposure: its calls, and the calls estimated for the
+/// detached `gap` before it, at the mean of the own-pace rates of the windows on either side
+/// (a trapezoid: a process that started or stopped calling somewhere in the gap is counted for
+/// half of it, which is right on average wherever in the gap it changed, and off by at most half
+/// a gap, where charging the whole cycle at one window's rate could be off by a whole one).
 fn charge(
     exposure: &mut BTreeMap<u32, BTreeMap<String, Exposure>>,
     kind: ApiKind,
     seen: &BTreeMap<u32, u64>,
-    scale: f64,
+    before: &BTreeMap<u32, f64>,
+    after: &BTreeMap<u32, f64>,
+    gap: f64,
 ) {
-    for (pid, n) in seen {
+    let pids: std::collections::BTreeSet<u32> =
+        before.keys().chain(after.keys()).copied().collect();
+    for pid in pids {
+        let n = seen.get(&pid).copied().unwrap_or(0);
+        let rate = |m: &BTreeMap<u32, f64>| m.get(&pid).copied().unwrap_or(0.0);
+        let between = gap * (rate(before) + rate(after)) / 2.0;
+        if n == 0 && between == 0.0 {
+            continue;
+        }
         let e = exposure
-            .entry(*pid)
+            .entry(pid)
             .or_default()
             .entry(kind.name().to_owned())
             .or_default();
         e.probed_calls += n;
-        e.estimated_calls += *n as f64 * scale;
+        e.estimated_calls += n as f64 + between;
     }
 }
 
@@ -328,7 +367,7 @@ mod tests {
     #[test]
     fn water_filling_keeps_cheap_kinds_whole_and_shares_the_rest() {
         // 1 us a hit, budget 1%: launches at 73k/s, syncs at 12k/s, copies at 1k/s.
-        let d = duties(&[73_000.0, 12_000.0, 1_000.0], 1_000.0, 0.01);
+        let d = duties(&[0.073, 0.012, 0.001], 0.01);
         assert_eq!(d[2], 1.0, "copies cost 0.1%: all of them");
         // The rest (0.9%) is shared: 0.45% each.
         assert!((d[0] - 0.0045 / 0.073).abs() < 1e-12, "{d:?}");
@@ -340,21 +379,66 @@ mod tests {
             .sum();
         assert!((cost - 0.01).abs() < 1e-12);
         // Everything fits: nothing is sampled.
-        assert_eq!(duties(&[100.0, 10.0], 2_000.0, 0.01), vec![1.0, 1.0]);
+        assert_eq!(duties(&[0.0002, 0.00002], 0.01), vec![1.0, 1.0]);
     }
 
     #[test]
     fn the_probes_own_time_is_taken_out_of_the_window() {
-        // 50 ms window, 40 ms of it probe hits (a tight loop slowed 5x), 450 ms off.
-        assert!((cycle_scale(0.05, 0.45, 40_000, 1_000.0) - 46.0).abs() < 1e-9);
-        // Sparse calls: the plain cycle/window ratio.
-        assert!((cycle_scale(0.05, 0.45, 10, 1_000.0) - 0.4999900 / 0.0499900).abs() < 1e-6);
+        // 50 ms window, 40 ms of it probe hits (a tight loop slowed 5x): 40,000 calls in 10 ms.
+        assert!((own_rate(0.05, 40_000, 1_000.0) - 4_000_000.0).abs() < 1e-3);
+        // Sparse calls: the plain rate.
+        assert!((own_rate(0.05, 10, 1_000.0) - 10.0 / 0.04999).abs() < 1e-6);
         // Many threads at once: capped.
-        assert!((cycle_scale(0.05, 0.45, 1_000_000, 1_000.0) - 0.455 / 0.005).abs() < 1e-9);
+        assert!((own_rate(0.05, 1_000_000, 1_000.0) - 1_000_000.0 / 0.005).abs() < 1e-3);
     }
 
     #[test]
-    fn a_busy_kind_gets_short_windows_far_apart_and_each_stands_for_its_cycle() {
+    fn gaps_are_charged_at_the_mean_rate_of_the_windows_around_them() {
+        let mut e = BTreeMap::new();
+        let k = ApiKind::Launch;
+        // First window: nothing before it.
+        charge(
+            &mut e,
+            k,
+            &[(7, 100)].into(),
+            &BTreeMap::new(),
+            &[(7, 1_000.0)].into(),
+            0.0,
+        );
+        assert_eq!(
+            e[&7]["launch"],
+            Exposure {
+                probed_calls: 100,
+                estimated_calls: 100.0
+            }
+        );
+        // A steady process: the 0.9 s gap at its rate; a process that appeared: half of it.
+        charge(
+            &mut e,
+            k,
+            &[(7, 100), (8, 50)].into(),
+            &[(7, 1_000.0)].into(),
+            &[(7, 1_000.0), (8, 500.0)].into(),
+            0.9,
+        );
+        assert_eq!(e[&7]["launch"].estimated_calls, 100.0 + 900.0 + 100.0);
+        assert_eq!(e[&8]["launch"].estimated_calls, 50.0 + 225.0);
+        // Process 7 stopped in the next gap: half of it at its last rate.
+        charge(
+            &mut e,
+            k,
+            &[(7, 0), (8, 50)].into(),
+            &[(7, 1_000.0), (8, 500.0)].into(),
+            &[(7, 0.0), (8, 500.0)].into(),
+            0.9,
+        );
+        assert_eq!(e[&7]["launch"].estimated_calls, 1_100.0 + 450.0);
+        assert_eq!(e[&7]["launch"].probed_calls, 200);
+        assert_eq!(e[&8]["launch"].estimated_calls, 275.0 + 450.0 + 50.0);
+    }
+
+    #[test]
+    fn a_busy_kind_gets_short_windows_far_apart_and_gaps_are_estimated() {
         let t0 = Instant::now();
         let w = Duration::from_millis(100);
         let mut s = Schedule::new(
@@ -375,35 +459,23 @@ mod tests {
             }
         };
         let t1 = t0 + w;
-        let sw = s.due(t1, 1_000.0, &mut calls);
+        let sw = s.due(t1, |_| 1_000.0, &mut calls);
         assert_eq!(sw, vec![(ApiKind::Launch, false)], "syncs fit the budget");
         // Syncs cost 0.01%; launches get the other 0.99% of 10%/s: duty 0.099.
         let off = w.mul_f64(1.0 / 0.099 - 1.0);
         assert_eq!(s.next_due(), Some(t1 + w), "syncs are measured again first");
-        assert!(
-            !s.status.exposure[&7].contains_key("launch"),
-            "charged once the cycle is known"
-        );
+        assert_eq!(s.status.exposure[&7]["launch"].estimated_calls, 10_000.0);
         assert_eq!(s.status.exposure[&7]["sync"].estimated_calls, 10.0);
-        assert!(s.due(t1 + w, 1_000.0, &mut calls).is_empty());
-        // The window opens again when due; its attach returned 50 ms late, so the cycle of the
-        // last window was that much longer.
+        assert!(s.due(t1 + w, |_| 1_000.0, &mut calls).is_empty());
+        // The window opens again when due; its attach returned 50 ms late, so the gap before it
+        // was that much longer.
         let t2 = t1 + off;
-        let opens = s.due(t2, 1_000.0, &mut calls);
+        let opens = s.due(t2, |_| 1_000.0, &mut calls);
         assert_eq!(opens, vec![(ApiKind::Launch, true)]);
         let late = Duration::from_millis(50);
         s.opened(ApiKind::Launch, t2 + late);
-        let e = s.status.exposure[&7]["launch"];
-        assert_eq!(e.probed_calls, 10_000);
-        // The 10,000 hits took 10 ms of the 100 ms window: 90 ms of the process's own pace.
-        let own = 0.1 - 10_000.0 * 1e-6;
-        let cycle = own + (off + late).as_secs_f64();
-        assert!(
-            (e.estimated_calls - 10_000.0 * cycle / own).abs() < 1e-6,
-            "the window stands for its cycle: {e:?}"
-        );
-        // Calls made while detached are not seen; those of the next window are.
-        launches += 5_000;
+        // The same pace in the second window: 10,000 launches, 10 ms of them probe hits.
+        launches += 10_000;
         let mut calls = |k: ApiKind| -> BTreeMap<u32, u64> {
             match k {
                 ApiKind::Launch => [(7, launches)].into(),
@@ -412,19 +484,18 @@ mod tests {
         };
         let t3 = t2 + late + w;
         assert_eq!(
-            s.due(t3, 1_000.0, &mut calls),
+            s.due(t3, |_| 1_000.0, &mut calls),
             vec![(ApiKind::Launch, false)]
         );
-        let mut reopen = t3;
-        while !s
-            .due(reopen, 1_000.0, &mut calls)
-            .contains(&(ApiKind::Launch, true))
-        {
-            reopen = s.next_due().unwrap();
-        }
-        s.opened(ApiKind::Launch, reopen);
-        assert_eq!(s.status.exposure[&7]["launch"].probed_calls, 15_000);
-        s.poll(reopen);
+        let e = s.status.exposure[&7]["launch"];
+        assert_eq!(e.probed_calls, 20_000);
+        let rate = 10_000.0 / (0.1 - 10_000.0 * 1e-6);
+        let gap = (off + late).as_secs_f64();
+        assert!(
+            (e.estimated_calls - (20_000.0 + gap * rate)).abs() < 1e-6,
+            "the gap at the windows' own pace: {e:?}"
+        );
+        s.poll(t3);
         assert_eq!(s.status.kinds.len(), 2);
         s.forget(&[7]);
         assert!(!s.status.exposure.contains_key(&7));

@@ -10,7 +10,9 @@ use super::ProbeError;
 
 /// The first instruction of a probed function decides what a uprobe hit costs: the kernel
 /// emulates `push` and `nop5`, but must single-step most others (about 30x slower in a VM).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Prologue {
     /// `push %rbp` and other pushes: emulated.

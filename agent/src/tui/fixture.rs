@@ -342,6 +342,8 @@ pub fn snapshot() -> Snapshot {
                 remeasured: 0,
                 last_per_hit_ns: 1_700.0,
                 charged_ns: BTreeMap::new(),
+                classes: Vec::new(),
+                process_prologue: BTreeMap::new(),
             }),
             sampling: None,
             events_lost: [("ringbuf_full".to_string(), 3u64)].into(),

@@ -452,6 +452,9 @@ fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
             report["sampling"]
         );
         assert_eq!(report["sampling"]["budget_share"].as_f64(), Some(BUDGET));
+        // The simulated driver's entry points start with `push %rbp`: charged at that class.
+        let push = &report["sampling"]["probe_cost_per_class_ns"]["push"];
+        assert!(push.as_f64().is_some_and(|ns| ns > 0.0), "{}", report["sampling"]);
         let share = report["sampling"]["probe_cost_share"].as_f64().unwrap();
         eprintln!(
             "probe cost share {:.2}% (budget {:.0}%), sampling {}",

@@ -156,6 +156,7 @@ mod tests {
                 launch_probe_seconds: 0.2,
                 probe_cost_per_call_ns: 1500.0,
                 probe_inband_ns: 700.0,
+                probe_cost_per_class_ns: Default::default(),
                 probe_cost_share: 0.001,
                 budget_share: Some(0.01),
                 sampled_kinds: vec![SampledKind {

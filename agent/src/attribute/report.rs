@@ -67,6 +67,10 @@ pub struct SamplingInfo {
     pub probe_inband_ns: f64,
     /// Probe cost over all processes as a share of their wall time.
     pub probe_cost_share: f64,
+    /// What a hit costs now per prologue class of the probed functions (`push`, `nop5`,
+    /// `endbr64`, `other`), ns: the classes that had probed calls, and the main one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probe_cost_per_class_ns: BTreeMap<String, f64>,
     /// With a probe budget: the budget (a share of wall time) and what each sampled kind's
     /// schedule did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -352,6 +356,18 @@ pub fn build(
                 sampling.per_hit_ns
             },
             probe_inband_ns: sampling.inband_ns,
+            probe_cost_per_class_ns: cost
+                .map(|c| {
+                    c.classes
+                        .iter()
+                        .filter(|k| k.charged_calls > 0 || k.prologue == c.prologue)
+                        .filter_map(|k| {
+                            let name = serde_json::to_value(k.prologue).ok()?;
+                            Some((name.as_str()?.to_owned(), k.last_per_hit_ns))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             probe_cost_share: if wall_total > 0.0 {
                 totals.probe_cost / wall_total
             } else {

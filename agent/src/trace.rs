@@ -125,7 +125,15 @@ impl Tracer {
                         || matches!(t.opts.launches, LaunchProbes::Sampled { .. })
                 })
                 .collect();
-            let schedule = Schedule::new(budget, &kinds, Instant::now());
+            // Kinds attached all along: a pace reference for the sampled ones.
+            let always_on: Vec<_> = agent_common::ApiKind::PROBED
+                .into_iter()
+                .filter(|k| !kinds.contains(k))
+                .filter(|k| {
+                    *k != agent_common::ApiKind::Launch || t.opts.launches == LaunchProbes::On
+                })
+                .collect();
+            let schedule = Schedule::new(budget, &kinds, &always_on, Instant::now());
             for k in schedule.initially_on() {
                 t.set_kind(k, true)?;
             }
@@ -276,24 +284,16 @@ impl Tracer {
                 .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS)
         };
         let stats = self.probes.read_stats();
-        let calls = |kind: agent_common::ApiKind| {
-            let mut m = std::collections::BTreeMap::new();
-            for (k, s) in stats.iter().flatten() {
-                if agent_common::ApiId(k.api)
-                    .spec()
-                    .is_some_and(|spec| spec.kind == kind)
-                {
-                    *m.entry(k.tgid).or_default() += s.calls;
-                }
-            }
-            m
-        };
+        let calls = |kind| calls_of_kind(&stats, kind);
         let switches = schedule.due(Instant::now(), per_hit, calls);
         let mut result = Ok(());
         for (kind, on) in switches {
             result = result.and(self.set_kind(kind, on));
             if on {
-                schedule.opened(kind, Instant::now());
+                // Counted from now, once the attach returned.
+                let at = Instant::now();
+                let stats = self.probes.read_stats();
+                schedule.opened(kind, at, |kind| calls_of_kind(&stats, kind));
             }
         }
         self.schedule = Some(schedule);
@@ -479,4 +479,21 @@ fn prologue_name(p: Prologue) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// Each process's probed calls of `kind` so far, from a reading of the stats map.
+fn calls_of_kind(
+    stats: &Result<Vec<(StatsKey, ApiStats)>, ProbeError>,
+    kind: agent_common::ApiKind,
+) -> std::collections::BTreeMap<u32, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    for (k, s) in stats.iter().flatten() {
+        if agent_common::ApiId(k.api)
+            .spec()
+            .is_some_and(|spec| spec.kind == kind)
+        {
+            *m.entry(k.tgid).or_default() += s.calls;
+        }
+    }
+    m
 }

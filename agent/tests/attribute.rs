@@ -383,10 +383,24 @@ fn probe_cost_is_attributed_close_to_the_slowdown_it_causes() {
 
 #[test]
 fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
+    launch_heavy(0);
+}
+
+/// The same job with a synchronisation every 64 launches (synchronisations fit the budget and
+/// stay attached; a 10 ms window sees a few dozen): the detached gaps are estimated from them.
+#[test]
+fn a_launch_heavy_job_with_synchronisations_is_scaled_back_by_them() {
+    launch_heavy(64);
+}
+
+/// A launch-heavy job (`sync_every`: a cuCtxSynchronize after every that many launches, 0: none)
+/// under a 2% probe budget: within it, and scaled back to within 10%.
+fn launch_heavy(sync_every: u64) {
     let _serial = serial();
     if !privileged() {
         return;
     }
+    let sync_every_arg = sync_every.to_string();
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     // The same simulated driver under a name the agent never probes, for the truth.
@@ -401,6 +415,7 @@ fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
     const BUDGET: f64 = 0.02;
     // A launch's own time (the simulated driver's busy-wait and bookkeeping), natively.
     let native_launch_ns = || {
+        // Without synchronisations: the loop's mean is then the launches' own time.
         let out = exercise(&unprobed)
             .env("SIMCUDA_DELAY_US", LAUNCH_DELAY)
             .args(["launch-loop", "--count", "100000"])
@@ -423,6 +438,8 @@ fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
             "launch-loop",
             "--count",
             &LAUNCHES.to_string(),
+            "--sync-every",
+            &sync_every_arg,
         ]);
         let workload = Workload::start(cmd, &run);
         let mut stat = Stat::from_command(attribute_cmd(&[
@@ -446,15 +463,27 @@ fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
             .expect("launches in the report");
         assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
         let sampled = report["sampling"]["sampled_kinds"].as_array().unwrap();
-        assert!(
-            sampled.iter().any(|k| k["kind"] == "launch"),
-            "{:#}",
-            report["sampling"]
-        );
+        let launches = sampled
+            .iter()
+            .find(|k| k["kind"] == "launch")
+            .unwrap_or_else(|| panic!("{:#}", report["sampling"]));
+        // How the gaps were estimated: from the synchronisations when there are any.
+        let by_reference = launches["gaps_by_reference"].as_f64().unwrap();
+        if sync_every == 0 {
+            assert_eq!(by_reference, 0.0, "{launches}");
+        } else if by_reference < 0.5 {
+            // Most gaps: those around a change of the synchronisations' own duty cycle at the
+            // start (they are sampled for a moment until their rate is known) fall back to pace.
+            return Err(format!("gaps {:.0}% by reference", by_reference * 100.0));
+        }
         assert_eq!(report["sampling"]["budget_share"].as_f64(), Some(BUDGET));
         // The simulated driver's entry points start with `push %rbp`: charged at that class.
         let push = &report["sampling"]["probe_cost_per_class_ns"]["push"];
-        assert!(push.as_f64().is_some_and(|ns| ns > 0.0), "{}", report["sampling"]);
+        assert!(
+            push.as_f64().is_some_and(|ns| ns > 0.0),
+            "{}",
+            report["sampling"]
+        );
         let share = report["sampling"]["probe_cost_share"].as_f64().unwrap();
         eprintln!(
             "probe cost share {:.2}% (budget {:.0}%), sampling {}",

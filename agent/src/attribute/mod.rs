@@ -164,6 +164,7 @@ mod tests {
                     attached_seconds: 0.5,
                     duty: 0.05,
                     rate_per_second: 90_000.0,
+                    gaps_by_reference: 0.8,
                 }],
             },
             totals: components.clone(),

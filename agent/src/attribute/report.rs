@@ -88,6 +88,11 @@ pub struct SampledKind {
     pub duty: f64,
     /// Calls per second of the busiest process when last measured.
     pub rate_per_second: f64,
+    /// Of the calls estimated for the detached gaps over the window, the share estimated from a
+    /// kind attached all along (synchronisations, copies, allocations: their calls in the gap
+    /// times the ratio seen in the windows), the rest by the process's own pace in the windows.
+    #[serde(default)]
+    pub gaps_by_reference: f64,
 }
 
 /// One component's change against the baseline, per second of wall time.
@@ -405,11 +410,28 @@ fn sampled_kinds(first: &Snapshot, last: &Snapshot, window_seconds: f64) -> Vec<
             } else {
                 1.0
             };
+            let gaps = |snap: &Snapshot| {
+                snap.agent
+                    .sampling
+                    .iter()
+                    .flat_map(|s| s.exposure.values())
+                    .filter_map(|kinds| kinds.get(&k.kind))
+                    .fold((0.0, 0.0), |(r, p), e| {
+                        (r + e.gap_calls_by_reference, p + e.gap_calls_by_pace)
+                    })
+            };
+            let ((r1, p1), (r0, p0)) = (gaps(last), gaps(first));
+            let (by_reference, by_pace) = ((r1 - r0).max(0.0), (p1 - p0).max(0.0));
             (duty < 0.999).then(|| SampledKind {
                 kind: k.kind.clone(),
                 attached_seconds: attached,
                 duty,
                 rate_per_second: k.rate_per_second,
+                gaps_by_reference: if by_reference + by_pace > 0.0 {
+                    by_reference / (by_reference + by_pace)
+                } else {
+                    0.0
+                },
             })
         })
         .collect()

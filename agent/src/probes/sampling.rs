@@ -82,7 +82,35 @@ struct KindState {
     /// The detached time before the current window (from the last window's close to this one's
     /// opening, polls and attaching included).
     gap: Duration,
+    /// The current window's reference kinds (others attached all along: see [`Reference`]), and
+    /// their calls per process when it opened.
+    refs: Vec<ApiKind>,
+    ref_at_open: BTreeMap<u32, u64>,
+    opened_at: Instant,
+    /// The last closed window's reference, as seen at its close.
+    last: Option<Reference>,
 }
+
+/// A pace clock for the detached gaps that the probes themselves do not disturb: the calls of
+/// kinds attached all along (allocations, frees and lifecycle calls always; synchronisations or
+/// copies while they fit the budget). Each window gives, per process, the ratio of the sampled
+/// kind's calls to the reference kinds' calls; the gap after it is estimated as the reference
+/// calls made in the gap times the ratio. Unlike a rate per second, the ratio does not move when
+/// the probes slow the process down (both kinds slow alike), nor when it is descheduled, and a
+/// process that starts or exits in the gap has reference calls only while it runs.
+#[derive(Clone, Debug)]
+struct Reference {
+    kinds: Vec<ApiKind>,
+    /// When that window opened (its reference kinds must have stayed attached since).
+    opened_at: Instant,
+    /// Reference calls per process at its close.
+    at_close: BTreeMap<u32, u64>,
+    /// Sampled calls per reference call, per process with enough reference calls in the window.
+    ratios: BTreeMap<u32, f64>,
+}
+
+/// Reference calls a window needs for its ratio to be used (fewer: the pace estimate instead).
+const MIN_REFERENCE_CALLS: u64 = 8;
 
 /// What the schedule did, for the model.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -114,12 +142,22 @@ pub struct KindSampling {
 pub struct Exposure {
     pub probed_calls: u64,
     pub estimated_calls: f64,
+    /// The part of `estimated_calls` made in the detached gaps, estimated from a reference kind
+    /// ([`Reference`]) or by pace.
+    #[serde(default)]
+    pub gap_calls_by_reference: f64,
+    #[serde(default)]
+    pub gap_calls_by_pace: f64,
 }
 
 /// The schedule of every sampled kind.
 pub struct Schedule {
     budget: Budget,
     kinds: Vec<KindState>,
+    /// Kinds never detached (reference kinds for every sampled kind).
+    always_on: Vec<ApiKind>,
+    /// When each sampled kind was last detached.
+    detached_at: Vec<(ApiKind, Instant)>,
     pub status: SamplingStatus,
 }
 
@@ -127,10 +165,13 @@ pub struct Schedule {
 pub type Switch = (ApiKind, bool);
 
 impl Schedule {
-    /// Every kind starts attached for one window (to measure its rate).
-    pub fn new(budget: Budget, kinds: &[ApiKind], now: Instant) -> Schedule {
+    /// Every kind starts attached for one window (to measure its rate). `always_on`: the probed
+    /// kinds that are never detached.
+    pub fn new(budget: Budget, kinds: &[ApiKind], always_on: &[ApiKind], now: Instant) -> Schedule {
         Schedule {
             budget,
+            always_on: always_on.to_vec(),
+            detached_at: Vec::new(),
             kinds: kinds
                 .iter()
                 .map(|&kind| KindState {
@@ -146,6 +187,10 @@ impl Schedule {
                     last_rates: BTreeMap::new(),
                     closed_at: None,
                     gap: Duration::ZERO,
+                    refs: reference_kinds(always_on, &[], kind),
+                    ref_at_open: BTreeMap::new(),
+                    opened_at: now,
+                    last: None,
                 })
                 .collect(),
             status: SamplingStatus {
@@ -177,6 +222,15 @@ impl Schedule {
     ) -> Vec<Switch> {
         let mut out = Vec::new();
         let mut replan = false;
+        let mut counts_of: Vec<(ApiKind, BTreeMap<u32, u64>)> = Vec::new();
+        let mut counted = |kind: ApiKind| -> BTreeMap<u32, u64> {
+            if let Some((_, c)) = counts_of.iter().find(|(k, _)| *k == kind) {
+                return c.clone();
+            }
+            let c = calls(kind);
+            counts_of.push((kind, c.clone()));
+            c
+        };
         // Each closing window's calls per process.
         let mut seen: Vec<BTreeMap<u32, u64>> = vec![BTreeMap::new(); self.kinds.len()];
         for (k, seen) in self.kinds.iter_mut().zip(&mut seen) {
@@ -185,7 +239,7 @@ impl Schedule {
             }
             // A window closed: the busiest process's rate while attached.
             let open = now.duration_since(k.since).as_secs_f64().max(1e-3);
-            let counts = calls(k.kind);
+            let counts = counted(k.kind);
             for (pid, n) in &counts {
                 let before = k.calls_at_open.get(pid).copied().unwrap_or(0);
                 seen.insert(*pid, n.saturating_sub(before));
@@ -217,6 +271,23 @@ impl Schedule {
             }
         }
         let w = self.budget.window;
+        // Kinds attached all along, as reference candidates: the never-sampled ones, and the
+        // sampled ones that fit the budget whole.
+        let whole: Vec<ApiKind> = self
+            .kinds
+            .iter()
+            .filter(|k| k.on && k.duty >= 1.0)
+            .map(|k| k.kind)
+            .collect();
+        let sum_of = |kinds: &[ApiKind], counted: &mut dyn FnMut(ApiKind) -> BTreeMap<u32, u64>| {
+            let mut sum: BTreeMap<u32, u64> = BTreeMap::new();
+            for k in kinds {
+                for (pid, n) in counted(*k) {
+                    *sum.entry(pid).or_default() += n;
+                }
+            }
+            sum
+        };
         for (k, seen) in self.kinds.iter_mut().zip(&seen) {
             if now < k.until {
                 continue;
@@ -228,25 +299,60 @@ impl Schedule {
                 } else {
                     w.mul_f64(1.0 / k.duty - 1.0)
                 };
-                let rates = seen
+                let rates: BTreeMap<u32, f64> = seen
                     .iter()
                     .map(|(pid, n)| (*pid, own_rate(open.as_secs_f64(), *n, per_hit_ns(*pid))))
                     .collect();
-                charge(
-                    &mut self.status.exposure,
-                    k.kind,
+                let reference = Reference::closing(
+                    &k.refs,
+                    k.opened_at,
+                    &k.ref_at_open,
+                    sum_of(&k.refs, &mut counted),
                     seen,
-                    &k.last_rates,
-                    &rates,
-                    k.gap.as_secs_f64(),
                 );
+                // The gap before this window: by the reference where it held all along (the same
+                // kinds, none detached since the last window opened), else by pace.
+                let by_reference = k.last.as_ref().filter(|last| {
+                    last.kinds == reference.kinds
+                        && !reference.kinds.is_empty()
+                        && !self
+                            .detached_at
+                            .iter()
+                            .any(|(d, at)| last.kinds.contains(d) && *at >= last.opened_at)
+                });
+                let gap = k.gap.as_secs_f64();
+                let pids: std::collections::BTreeSet<u32> =
+                    k.last_rates.keys().chain(rates.keys()).copied().collect();
+                let between: BTreeMap<u32, Gap> = pids
+                    .into_iter()
+                    .map(|pid| {
+                        let estimate = match by_reference
+                            .and_then(|last| last.gap_calls(&k.ref_at_open, &reference, pid))
+                        {
+                            Some(calls) => Gap::ByReference(calls),
+                            None => Gap::ByPace(pace_gap_calls(&k.last_rates, &rates, gap, pid)),
+                        };
+                        (pid, estimate)
+                    })
+                    .collect();
+                log::debug!(
+                    "sampling {}: window of {:?} saw {seen:?}; gap of {:?} before it: {between:?}",
+                    k.kind.name(),
+                    open,
+                    k.gap,
+                );
+                charge(&mut self.status.exposure, k.kind, seen, &between);
                 k.last_rates = rates;
+                k.last = Some(reference);
                 k.closed_at = Some(now);
                 k.gap = Duration::ZERO;
                 if k.duty >= 1.0 {
                     // Stays attached; measured again after another window (an idle process
                     // that starts calling is caught within one).
-                    k.calls_at_open = calls(k.kind);
+                    k.calls_at_open = counted(k.kind);
+                    k.refs = reference_kinds(&self.always_on, &whole, k.kind);
+                    k.ref_at_open = sum_of(&k.refs, &mut counted);
+                    k.opened_at = now;
                     k.attached += now.duration_since(k.since);
                     k.since = now;
                     k.until = now + w;
@@ -256,9 +362,14 @@ impl Schedule {
                 k.on = false;
                 k.since = now;
                 k.until = now + off;
+                self.detached_at.retain(|(d, _)| *d != k.kind);
+                self.detached_at.push((k.kind, now));
                 out.push((k.kind, false));
             } else {
-                k.calls_at_open = calls(k.kind);
+                k.calls_at_open = counted(k.kind);
+                k.refs = reference_kinds(&self.always_on, &whole, k.kind);
+                k.ref_at_open = sum_of(&k.refs, &mut counted);
+                k.opened_at = now;
                 k.on = true;
                 k.since = now;
                 k.until = now + w;
@@ -269,12 +380,27 @@ impl Schedule {
     }
 
     /// A window opened at `at` (after its attach returned: attaching can take milliseconds on a
-    /// loaded machine, and no call is counted before it is done). The detached time before it is
-    /// known now, and charged when it closes.
-    pub fn opened(&mut self, kind: ApiKind, at: Instant) {
+    /// loaded machine, and a call is counted only once it is done). `calls` are read again now:
+    /// the window's calls and its reference calls are counted from here, alike. The detached time
+    /// before it is known now, and charged when it closes.
+    pub fn opened(
+        &mut self,
+        kind: ApiKind,
+        at: Instant,
+        mut calls: impl FnMut(ApiKind) -> BTreeMap<u32, u64>,
+    ) {
         if let Some(k) = self.kinds.iter_mut().find(|k| k.kind == kind && k.on) {
             k.until += at.saturating_duration_since(k.since);
             k.since = at;
+            k.opened_at = at;
+            k.calls_at_open = calls(kind);
+            let mut refs: BTreeMap<u32, u64> = BTreeMap::new();
+            for r in &k.refs {
+                for (pid, n) in calls(*r) {
+                    *refs.entry(pid).or_default() += n;
+                }
+            }
+            k.ref_at_open = refs;
             k.gap = k
                 .closed_at
                 .map(|c| at.saturating_duration_since(c))
@@ -311,6 +437,10 @@ impl Schedule {
             self.status.exposure.remove(p);
             for k in &mut self.kinds {
                 k.last_rates.remove(p);
+                if let Some(last) = &mut k.last {
+                    last.ratios.remove(p);
+                    last.at_close.remove(p);
+                }
             }
         }
     }
@@ -328,26 +458,118 @@ fn own_rate(open: f64, n: u64, per_hit_ns: f64) -> f64 {
     n as f64 / own
 }
 
+/// The reference kinds of a window of `kind` opening now.
+fn reference_kinds(always_on: &[ApiKind], whole: &[ApiKind], kind: ApiKind) -> Vec<ApiKind> {
+    let mut refs: Vec<ApiKind> = always_on
+        .iter()
+        .chain(whole)
+        .copied()
+        .filter(|k| *k != kind)
+        .collect();
+    refs.sort_by_key(|k| *k as u8);
+    refs.dedup();
+    refs
+}
+
+impl Reference {
+    /// A window closing: `at_open`/`at_close` are the reference calls per process at its ends,
+    /// `seen` its sampled calls per process.
+    fn closing(
+        kinds: &[ApiKind],
+        opened_at: Instant,
+        at_open: &BTreeMap<u32, u64>,
+        at_close: BTreeMap<u32, u64>,
+        seen: &BTreeMap<u32, u64>,
+    ) -> Reference {
+        let ratios = at_close
+            .iter()
+            .filter_map(|(pid, close)| {
+                let in_window = close.saturating_sub(at_open.get(pid).copied().unwrap_or(0));
+                (in_window >= MIN_REFERENCE_CALLS).then(|| {
+                    let n = seen.get(pid).copied().unwrap_or(0);
+                    (*pid, n as f64 / in_window as f64)
+                })
+            })
+            .collect();
+        Reference {
+            kinds: kinds.to_vec(),
+            opened_at,
+            at_close,
+            ratios,
+        }
+    }
+
+    /// The calls of `pid` in the gap between this (earlier) window and `next`, whose reference
+    /// calls at its opening were `next_at_open`: the gap's reference calls times the mean of the
+    /// ratios of the two windows (the one that has a ratio, where only one has: a process that
+    /// started or exited in the gap). `None` when neither has.
+    fn gap_calls(
+        &self,
+        next_at_open: &BTreeMap<u32, u64>,
+        next: &Reference,
+        pid: u32,
+    ) -> Option<f64> {
+        let ratios: Vec<f64> = [self.ratios.get(&pid), next.ratios.get(&pid)]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        let ratio = ratios.iter().sum::<f64>() / ratios.len() as f64;
+        let gap = next_at_open
+            .get(&pid)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(self.at_close.get(&pid).copied().unwrap_or(0));
+        Some(gap as f64 * ratio)
+    }
+}
+
+/// The calls of `pid` in a detached gap of `gap` seconds estimated by pace: at the mean of the
+/// own-pace rates of the windows on either side (a trapezoid: a process that started or stopped
+/// calling somewhere in the gap is counted for half of it, which is right on average wherever in
+/// the gap it changed, and off by at most half a gap).
+fn pace_gap_calls(
+    before: &BTreeMap<u32, f64>,
+    after: &BTreeMap<u32, f64>,
+    gap: f64,
+    pid: u32,
+) -> f64 {
+    let rate = |m: &BTreeMap<u32, f64>| m.get(&pid).copied().unwrap_or(0.0);
+    gap * (rate(before) + rate(after)) / 2.0
+}
+
+/// The calls estimated for a detached gap, and how.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Gap {
+    ByReference(f64),
+    ByPace(f64),
+}
+
+impl Gap {
+    fn calls(self) -> f64 {
+        match self {
+            Gap::ByReference(c) | Gap::ByPace(c) => c,
+        }
+    }
+}
+
 /// Adds a closed window to each process's exposure: its calls, and the calls estimated for the
-/// detached `gap` before it, at the mean of the own-pace rates of the windows on either side
-/// (a trapezoid: a process that started or stopped calling somewhere in the gap is counted for
-/// half of it, which is right on average wherever in the gap it changed, and off by at most half
-/// a gap, where charging the whole cycle at one window's rate could be off by a whole one).
+/// detached gap before it (`between`).
 fn charge(
     exposure: &mut BTreeMap<u32, BTreeMap<String, Exposure>>,
     kind: ApiKind,
     seen: &BTreeMap<u32, u64>,
-    before: &BTreeMap<u32, f64>,
-    after: &BTreeMap<u32, f64>,
-    gap: f64,
+    between: &BTreeMap<u32, Gap>,
 ) {
     let pids: std::collections::BTreeSet<u32> =
-        before.keys().chain(after.keys()).copied().collect();
+        seen.keys().chain(between.keys()).copied().collect();
     for pid in pids {
         let n = seen.get(&pid).copied().unwrap_or(0);
-        let rate = |m: &BTreeMap<u32, f64>| m.get(&pid).copied().unwrap_or(0.0);
-        let between = gap * (rate(before) + rate(after)) / 2.0;
-        if n == 0 && between == 0.0 {
+        let gap = between.get(&pid).copied().unwrap_or(Gap::ByPace(0.0));
+        if n == 0 && gap.calls() == 0.0 {
             continue;
         }
         let e = exposure
@@ -356,7 +578,11 @@ fn charge(
             .entry(kind.name().to_owned())
             .or_default();
         e.probed_calls += n;
-        e.estimated_calls += n as f64 + between;
+        e.estimated_calls += n as f64 + gap.calls();
+        match gap {
+            Gap::ByReference(c) => e.gap_calls_by_reference += c,
+            Gap::ByPace(c) => e.gap_calls_by_pace += c,
+        }
     }
 }
 
@@ -393,48 +619,91 @@ mod tests {
     }
 
     #[test]
-    fn gaps_are_charged_at_the_mean_rate_of_the_windows_around_them() {
+    fn gaps_are_charged_at_the_mean_pace_of_the_windows_around_them() {
+        let (none, steady, appeared) = (
+            BTreeMap::new(),
+            [(7, 1_000.0)].into(),
+            [(7, 1_000.0), (8, 500.0)].into(),
+        );
+        // A steady process: the 0.9 s gap at its rate; one that appeared: half of it.
+        assert_eq!(pace_gap_calls(&steady, &appeared, 0.9, 7), 900.0);
+        assert_eq!(pace_gap_calls(&steady, &appeared, 0.9, 8), 225.0);
+        // Stopped: half of it at its last rate.
+        assert_eq!(pace_gap_calls(&steady, &none, 0.9, 7), 450.0);
         let mut e = BTreeMap::new();
-        let k = ApiKind::Launch;
-        // First window: nothing before it.
         charge(
             &mut e,
-            k,
-            &[(7, 100)].into(),
-            &BTreeMap::new(),
-            &[(7, 1_000.0)].into(),
-            0.0,
+            ApiKind::Launch,
+            &[(7, 100), (9, 0)].into(),
+            &[(7, Gap::ByPace(900.0)), (8, Gap::ByReference(225.0))].into(),
         );
+        let (seven, eight) = (e[&7]["launch"], e[&8]["launch"]);
+        assert_eq!((seven.probed_calls, seven.estimated_calls), (100, 1_000.0));
         assert_eq!(
-            e[&7]["launch"],
-            Exposure {
-                probed_calls: 100,
-                estimated_calls: 100.0
+            (seven.gap_calls_by_pace, seven.gap_calls_by_reference),
+            (900.0, 0.0)
+        );
+        assert_eq!((eight.probed_calls, eight.estimated_calls), (0, 225.0));
+        assert_eq!(eight.gap_calls_by_reference, 225.0);
+        assert!(!e.contains_key(&9), "nothing seen, nothing estimated");
+    }
+
+    /// Launches sampled, synchronisations attached all along (one per 256 launches), and the
+    /// per-hit cost given to the schedule 40% low: the pace estimate misses, the reference does
+    /// not.
+    #[test]
+    fn a_reference_kind_attached_all_along_sets_the_pace_of_the_gaps() {
+        let t0 = Instant::now();
+        let w = Duration::from_millis(50);
+        let budget = Budget {
+            share: 0.01,
+            window: w,
+        };
+        // A process making 200k launches/s of its own (5 us each), and 2 us per probe hit (the
+        // schedule is told 1.2 us): 7 us per launch while attached.
+        let (own_ns, hit_ns) = (5_000.0, 2_000.0);
+        let run = |always_on: &[ApiKind]| {
+            let mut s = Schedule::new(budget, &[ApiKind::Launch], always_on, t0);
+            let (mut t, mut launches, mut attached) = (t0, 0.0f64, true);
+            let mut made = 0.0;
+            let step = Duration::from_millis(1);
+            for _ in 0..20_000 {
+                t += step;
+                let ns = if attached { own_ns + hit_ns } else { own_ns };
+                let n = 1e6 / ns;
+                made += n;
+                if attached {
+                    launches += n;
+                }
+                if s.next_due().is_some_and(|d| d <= t) {
+                    let syncs = (made / 256.0) as u64;
+                    let calls = |k: ApiKind| -> BTreeMap<u32, u64> {
+                        match k {
+                            ApiKind::Launch => [(7, launches as u64)].into(),
+                            ApiKind::Sync => [(7, syncs)].into(),
+                            _ => BTreeMap::new(),
+                        }
+                    };
+                    for (_, on) in s.due(t, |_| 1_200.0, calls) {
+                        attached = on;
+                        if on {
+                            s.opened(ApiKind::Launch, t, calls);
+                        }
+                    }
+                }
             }
+            (s.status.exposure[&7]["launch"], made)
+        };
+        let (paced, made) = run(&[]);
+        let (referenced, _) = run(&[ApiKind::Sync]);
+        let off = |est: Exposure| (est.estimated_calls - made).abs() / made;
+        assert!(off(paced) > 0.05, "paced {paced:?} of {made}");
+        assert!(
+            off(referenced) < 0.02,
+            "referenced {referenced:?} of {made}"
         );
-        // A steady process: the 0.9 s gap at its rate; a process that appeared: half of it.
-        charge(
-            &mut e,
-            k,
-            &[(7, 100), (8, 50)].into(),
-            &[(7, 1_000.0)].into(),
-            &[(7, 1_000.0), (8, 500.0)].into(),
-            0.9,
-        );
-        assert_eq!(e[&7]["launch"].estimated_calls, 100.0 + 900.0 + 100.0);
-        assert_eq!(e[&8]["launch"].estimated_calls, 50.0 + 225.0);
-        // Process 7 stopped in the next gap: half of it at its last rate.
-        charge(
-            &mut e,
-            k,
-            &[(7, 0), (8, 50)].into(),
-            &[(7, 1_000.0), (8, 500.0)].into(),
-            &[(7, 0.0), (8, 500.0)].into(),
-            0.9,
-        );
-        assert_eq!(e[&7]["launch"].estimated_calls, 1_100.0 + 450.0);
-        assert_eq!(e[&7]["launch"].probed_calls, 200);
-        assert_eq!(e[&8]["launch"].estimated_calls, 275.0 + 450.0 + 50.0);
+        assert_eq!(paced.gap_calls_by_reference, 0.0);
+        assert!(referenced.gap_calls_by_pace < 0.01 * referenced.gap_calls_by_reference);
     }
 
     #[test]
@@ -447,6 +716,7 @@ mod tests {
                 window: w,
             },
             &[ApiKind::Launch, ApiKind::Sync],
+            &[],
             t0,
         );
         assert_eq!(s.next_due(), Some(t0 + w));
@@ -473,7 +743,7 @@ mod tests {
         let opens = s.due(t2, |_| 1_000.0, &mut calls);
         assert_eq!(opens, vec![(ApiKind::Launch, true)]);
         let late = Duration::from_millis(50);
-        s.opened(ApiKind::Launch, t2 + late);
+        s.opened(ApiKind::Launch, t2 + late, &mut calls);
         // The same pace in the second window: 10,000 launches, 10 ms of them probe hits.
         launches += 10_000;
         let mut calls = |k: ApiKind| -> BTreeMap<u32, u64> {

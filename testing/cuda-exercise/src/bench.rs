@@ -103,7 +103,7 @@ fn limiter_self_time() -> serde_json::Value {
     })
 }
 
-pub fn launch_loop(drv: &Driver, count: u64) -> Result<ExitCode, String> {
+pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode, String> {
     if drv.init() != Some(0) {
         return Err("cuInit failed".into());
     }
@@ -142,6 +142,9 @@ pub fn launch_loop(drv: &Driver, count: u64) -> Result<ExitCode, String> {
         let r = unsafe { launch(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast()) };
         ns.push(t.elapsed().as_nanos() as u64);
         errors += u64::from(r != 0);
+        if sync_every > 0 && ns.len() as u64 % sync_every == 0 {
+            errors += u64::from(drv.ctx_synchronize() != Some(0));
+        }
     }
     let total = t_all.elapsed().as_nanos() as u64;
     drv.ctx_synchronize();

@@ -135,10 +135,15 @@ enum Command {
         held_ms: u64,
     },
     /// cuInit, context, module + function, then N cuLaunchKernel through a pointer resolved once
-    /// (no lookup per call), each timed; prints the median and mean launch time (`launch_ns`).
+    /// (no lookup per call), each timed; prints the median and mean launch time (`launch_ns`;
+    /// the mean includes the synchronisations of `--sync-every`).
     LaunchLoop {
         #[arg(long, default_value_t = 200_000)]
         count: u64,
+        /// Also a cuCtxSynchronize after every N launches (0: only at the end), as training steps
+        /// do.
+        #[arg(long, default_value_t = 0)]
+        sync_every: u64,
     },
     /// cuInit, primary context, then (after `--barrier` appears, if given) N cuMemAlloc_v2 +
     /// cuMemFree_v2 pairs of `--size` bytes, each timed; prints the median and mean pair time and
@@ -284,7 +289,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             size,
         } => latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => launches(&drv, count),
-        Command::LaunchLoop { count } => bench::launch_loop(&drv, count),
+        Command::LaunchLoop { count, sync_every } => bench::launch_loop(&drv, count, sync_every),
         Command::Paced {
             seconds,
             sync_every,

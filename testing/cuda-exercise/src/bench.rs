@@ -142,7 +142,7 @@ pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode
         let r = unsafe { launch(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast()) };
         ns.push(t.elapsed().as_nanos() as u64);
         errors += u64::from(r != 0);
-        if sync_every > 0 && ns.len() as u64 % sync_every == 0 {
+        if sync_every > 0 && (ns.len() as u64).is_multiple_of(sync_every) {
             errors += u64::from(drv.ctx_synchronize() != Some(0));
         }
     }

@@ -12,19 +12,21 @@
 # Run from the repo root on the GPU machine after `cargo xtask bundle`. Results under $OUT.
 set -u
 OUT=${OUT:-/tmp/out-attribute}
+# Every run's files go to $RAW, packed into $OUT/raw.tgz at the end (one file to fetch).
 ROUNDS=${ROUNDS:-3}
 N=${N:-1000000}
 ALLOCS=${ALLOCS:-1000}
 PIN=${PIN:-taskset -c 2}
-mkdir -p "$OUT"
 BIN=$PWD/.carry/bin
 T=$(mktemp -d)
+RAW=$T/raw
+mkdir -p "$OUT" "$RAW"
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   uname -r
   echo "N=$N ALLOCS=$ALLOCS ROUNDS=$ROUNDS PIN=$PIN"
-} | tee "$OUT/env.txt"
+} | tee "$OUT/env.txt" "$RAW/env.txt"
 nvcc -O2 -o "$T/launch_micro" scripts/gpu/launch_micro.cu || { echo "nvcc failed"; exit 1; }
 
 # attributed TAG ARGS...: launch_micro under `vgpu-agent attribute ARGS`, started once the agent
@@ -32,25 +34,25 @@ nvcc -O2 -o "$T/launch_micro" scripts/gpu/launch_micro.cu || { echo "nvcc failed
 attributed() {
   local tag=$1; shift
   "$BIN/vgpu-agent" attribute --no-daemon --no-nvml --json --duration 120s --poll-interval 100ms "$@" \
-    > "$OUT/$tag.json" 2> "$OUT/$tag.err" &
+    > "$RAW/$tag.json" 2> "$RAW/$tag.err" &
   local agent=$!
-  for _ in $(seq 200); do grep -q "recording for" "$OUT/$tag.err" && break; sleep 0.1; done
-  $PIN "$T/launch_micro" "$N" "$ALLOCS" > "$OUT/$tag.micro" 2>&1 &
+  for _ in $(seq 200); do grep -q "recording for" "$RAW/$tag.err" && break; sleep 0.1; done
+  $PIN "$T/launch_micro" "$N" "$ALLOCS" > "$RAW/$tag.micro" 2>&1 &
   local w=$!
-  echo "$w" > "$OUT/$tag.pid"
+  echo "$w" > "$RAW/$tag.pid"
   wait "$w"
   sleep 0.5
   kill -INT "$agent"; wait "$agent"
 }
 
 for r in $(seq "$ROUNDS"); do
-  $PIN "$T/launch_micro" "$N" "$ALLOCS" > "$OUT/native-$r.micro" 2>&1
+  $PIN "$T/launch_micro" "$N" "$ALLOCS" > "$RAW/native-$r.micro" 2>&1
   attributed "probed-$r" --probe-budget off --probe-launches on
   attributed "sampled-$r"
-  echo "round $r: native $(cat "$OUT/native-$r.micro") probed $(cat "$OUT/probed-$r.micro") sampled $(cat "$OUT/sampled-$r.micro")"
+  echo "round $r: native $(cat "$RAW/native-$r.micro") probed $(cat "$RAW/probed-$r.micro") sampled $(cat "$RAW/sampled-$r.micro")"
 done
 
-python3 - "$OUT" "$ROUNDS" "$N" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$RAW" "$ROUNDS" "$N" <<'PY' | tee "$OUT/summary.txt"
 import json, re, statistics, sys
 out, rounds, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 made = n + 1000  # launch_micro warms up with 1000 launches
@@ -89,4 +91,6 @@ print(f"sampled launch driver time: {[round(d, 3) for d in drivers]} s; native m
 print(f"per-class hit cost at the end of each sampled run, ns: {classes}")
 print(f"probe cost share with the default budget (1%): {[round(c * 100, 2) for c in cost_share]} %")
 PY
+cp "$OUT/summary.txt" "$RAW/"
+tar czf "$OUT/raw.tgz" -C "$RAW" .
 rm -rf "$T"

@@ -115,7 +115,8 @@ impl Tracer {
             warnings: Vec::new(),
         };
         if t.opts.launches == LaunchProbes::On {
-            t.set_launches(true)?;
+            let r = t.set_launches(true);
+            t.settle(r)?;
         }
         if let Some(budget) = t.opts.budget {
             let kinds: Vec<_> = SAMPLED_KINDS
@@ -262,7 +263,8 @@ impl Tracer {
         } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
             let period_ns = period.as_nanos().max(1);
             let within = self.started.elapsed().as_nanos() % period_ns;
-            self.set_launches(within < window.as_nanos())?;
+            let r = self.set_launches(within < window.as_nanos());
+            self.settle(r)?;
         }
         Ok(())
     }
@@ -277,11 +279,21 @@ impl Tracer {
         let Some(mut schedule) = self.schedule.take() else {
             return Ok(());
         };
+        // Each process at the cost of its own library's class (known from the symbol table as
+        // soon as the library is attached).
+        let classes: HashMap<u32, Prologue> = self
+            .pid_files
+            .keys()
+            .filter_map(|pid| Some((*pid, self.library_prologue(*pid)?)))
+            .collect();
         let cost = self.calibrator.as_ref().map(|c| &c.cost);
         let per_hit = |pid: u32| {
-            cost.and_then(|c| c.class_of(pid))
-                .map(|c| c.last_per_hit_ns)
-                .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS)
+            cost.and_then(|c| match classes.get(&pid) {
+                Some(p) => c.class(*p),
+                None => c.class_of(pid),
+            })
+            .map(|c| c.last_per_hit_ns)
+            .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS)
         };
         let stats = self.probes.read_stats();
         let calls = |kind| calls_of_kind(&stats, kind);
@@ -306,24 +318,56 @@ impl Tracer {
     }
 
     fn set_kind(&mut self, kind: agent_common::ApiKind, on: bool) -> Result<(), ProbeError> {
-        if kind == agent_common::ApiKind::Launch {
+        let r = if kind == agent_common::ApiKind::Launch {
             self.set_launches(on)
         } else {
             self.probes.set_kind(kind, on)
-        }
+        };
+        self.settle(r)
     }
 
-    fn set_launches(&mut self, on: bool) -> Result<(), ProbeError> {
+    fn set_launches(&mut self, on: bool) -> Result<(), Vec<(FileId, ProbeError)>> {
         if on == self.probes.launches_on() {
             return Ok(());
         }
-        self.probes.set_launch_probes(on)?;
+        // The other libraries are switched even where one fails.
+        let r = self.probes.set_launch_probes(on);
         if on {
             self.launch_on_since = Some(Instant::now());
         } else if let Some(since) = self.launch_on_since.take() {
             self.launch_on_total += since.elapsed();
         }
-        Ok(())
+        r
+    }
+
+    /// Handles the libraries a switch failed on: one whose path is gone (the processes that
+    /// mapped it through that path exited) is detached and forgotten, so that a live process
+    /// mapping the same file brings it back through its own path; the first other failure is
+    /// returned.
+    fn settle(&mut self, r: Result<(), Vec<(FileId, ProbeError)>>) -> Result<(), ProbeError> {
+        let Err(failed) = r else {
+            return Ok(());
+        };
+        let mut first = None;
+        for (id, e) in failed {
+            let gone = self
+                .probes
+                .library(id)
+                .is_some_and(|l| !l.file.attach_path.exists());
+            if gone {
+                if let Some(lib) = self.probes.remove_library(id) {
+                    log::info!(
+                        "{} is gone: detached, until a process maps the library again",
+                        lib.file.attach_path.display()
+                    );
+                }
+                self.discovery.forget(id);
+                self.attached_at.remove(&id);
+            } else if first.is_none() {
+                first = Some(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     pub fn options_launches(&self) -> LaunchProbes {
@@ -431,6 +475,22 @@ impl Tracer {
             }
         }
         Ok(r)
+    }
+
+    /// The prologue class of most probed functions of the CUDA driver library that process `pid`
+    /// maps (of its first probed library, if it maps no CUDA one).
+    fn library_prologue(&self, pid: u32) -> Option<Prologue> {
+        let libs: Vec<_> = self
+            .pid_files
+            .get(&pid)?
+            .iter()
+            .filter_map(|id| self.probes.library(*id))
+            .collect();
+        let lib = libs
+            .iter()
+            .find(|l| l.file.kind == LibraryKind::Cuda)
+            .or(libs.first())?;
+        main_prologue(&lib.symbols.found)
     }
 
     /// The prologue class of the function `api` in the probed library that process `pid` maps

@@ -588,3 +588,66 @@ fn a_known_throttle_is_attributed_within_ten_percent() {
         )
     });
 }
+
+/// A library attached through a process that exited (its `/proc/PID/root/...` path is gone) is
+/// dropped at the next switch of the sampled probes, and does not keep them from another
+/// process's library: that one's launches are still sampled and scaled back.
+#[test]
+fn a_library_whose_process_exited_does_not_stop_sampling_elsewhere() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    // Two copies: two files (inodes), each attached through its own process.
+    let (lib_a, lib_b) = (
+        sim_lib(&dir.path().join("a")),
+        sim_lib(&dir.path().join("b")),
+    );
+    const LAUNCHES: u64 = 300_000;
+    let run = dir.path().join("run");
+    let (wa, wb) = (run.join("a"), run.join("b"));
+    std::fs::create_dir_all(&wa).unwrap();
+    std::fs::create_dir_all(&wb).unwrap();
+    let mut first = exercise(&lib_a);
+    first.args(["launch-loop", "--count", "1000"]);
+    let first = Workload::start(first, &wa);
+    let mut stat = Stat::from_command(attribute_cmd(&[
+        "--probe-budget",
+        "2%",
+        "--sample-window",
+        "10ms",
+    ]));
+    stat.wait_for(&attached(&lib_a), Duration::from_secs(20));
+    stat.wait_for("recording for", Duration::from_secs(20));
+    first.go();
+    let _ = first.finish();
+    let mut second = exercise(&lib_b);
+    second.env("SIMCUDA_DELAY_US", "cuLaunchKernel=3").args([
+        "--linger-ms",
+        "300",
+        "launch-loop",
+        "--count",
+        &LAUNCHES.to_string(),
+    ]);
+    let second = Workload::start(second, &wb);
+    stat.wait_for(&attached(&lib_b), Duration::from_secs(20));
+    let pid = second.pid();
+    second.go();
+    let _ = second.finish();
+    stat.wait_for("is gone: detached", Duration::from_secs(20));
+    let report = stat.finish();
+    let launch = process_of(&report, pid)["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["api"] == "cuLaunchKernel")
+        .cloned()
+        .expect("the second process's launches were probed");
+    assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
+    let calls = launch["calls"].as_f64().unwrap();
+    assert!(
+        calls > 0.5 * LAUNCHES as f64 && calls < 1.5 * LAUNCHES as f64,
+        "{calls} of {LAUNCHES}: {launch}"
+    );
+}

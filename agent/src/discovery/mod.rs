@@ -174,6 +174,11 @@ impl Discovery {
         self.seen.insert(id)
     }
 
+    /// Forgets a library: the next scan reports it again if a process maps it.
+    pub fn forget(&mut self, id: FileId) {
+        self.seen.remove(&id);
+    }
+
     /// Reads every process's maps and returns the libraries not seen before.
     pub fn scan_processes(&mut self, host: &HostPaths) -> ProcessScan {
         let mut scan = ProcessScan::default();

@@ -303,13 +303,14 @@ impl Probes {
     }
 
     /// Turns the launch-family probes on or off in every attached library.
-    pub fn set_launch_probes(&mut self, on: bool) -> Result<(), ProbeError> {
+    pub fn set_launch_probes(&mut self, on: bool) -> Result<(), Vec<(FileId, ProbeError)>> {
         self.set_kind(ApiKind::Launch, on)
     }
 
     /// Turns one kind's probes on or off in every attached library (and in libraries attached
-    /// later).
-    pub fn set_kind(&mut self, kind: ApiKind, on: bool) -> Result<(), ProbeError> {
+    /// later). A library that cannot be attached does not keep the others from it: every library
+    /// is tried, and the failures are returned (the library and its error).
+    pub fn set_kind(&mut self, kind: ApiKind, on: bool) -> Result<(), Vec<(FileId, ProbeError)>> {
         if on != self.off.contains(&kind) {
             return Ok(());
         }
@@ -318,6 +319,7 @@ impl Probes {
         } else {
             self.off.insert(kind);
         }
+        let mut failed = Vec::new();
         let ids: Vec<FileId> = self.libraries.keys().copied().collect();
         for id in ids {
             if on {
@@ -328,12 +330,28 @@ impl Probes {
                     Ok(())
                 };
                 self.libraries.insert(id, lib);
-                result?;
+                if let Err(e) = result {
+                    failed.push((id, e));
+                }
             } else {
                 self.detach_kind(id, kind);
             }
         }
-        Ok(())
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed)
+        }
+    }
+
+    /// Detaches everything from a library and forgets it (its path is gone: the processes that
+    /// mapped it through that path exited).
+    pub fn remove_library(&mut self, id: FileId) -> Option<AttachedLibrary> {
+        let kinds: Vec<ApiKind> = self.libraries.get(&id)?.links.keys().copied().collect();
+        for kind in kinds {
+            self.detach_kind(id, kind);
+        }
+        self.libraries.remove(&id)
     }
 
     pub fn launches_on(&self) -> bool {

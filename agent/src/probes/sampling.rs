@@ -89,6 +89,10 @@ struct KindState {
     opened_at: Instant,
     /// The last closed window's reference, as seen at its close.
     last: Option<Reference>,
+    /// The gap estimate charged when the current window opened (from the window before the gap
+    /// alone), replaced by the full one when it closes: a snapshot taken meanwhile already counts
+    /// the gap.
+    provisional: BTreeMap<u32, Gap>,
 }
 
 /// A pace clock for the detached gaps that the probes themselves do not disturb: the calls of
@@ -191,6 +195,7 @@ impl Schedule {
                     ref_at_open: BTreeMap::new(),
                     opened_at: now,
                     last: None,
+                    provisional: BTreeMap::new(),
                 })
                 .collect(),
             status: SamplingStatus {
@@ -310,38 +315,21 @@ impl Schedule {
                     sum_of(&k.refs, &mut counted),
                     seen,
                 );
-                // The gap before this window: by the reference where it held all along (the same
-                // kinds, none detached since the last window opened), else by pace.
-                let by_reference = k.last.as_ref().filter(|last| {
-                    last.kinds == reference.kinds
-                        && !reference.kinds.is_empty()
-                        && !self
-                            .detached_at
-                            .iter()
-                            .any(|(d, at)| last.kinds.contains(d) && *at >= last.opened_at)
-                });
-                let gap = k.gap.as_secs_f64();
-                let pids: std::collections::BTreeSet<u32> =
-                    k.last_rates.keys().chain(rates.keys()).copied().collect();
-                let between: BTreeMap<u32, Gap> = pids
-                    .into_iter()
-                    .map(|pid| {
-                        let estimate = match by_reference
-                            .and_then(|last| last.gap_calls(&k.ref_at_open, &reference, pid))
-                        {
-                            Some(calls) => Gap::ByReference(calls),
-                            None => Gap::ByPace(pace_gap_calls(&k.last_rates, &rates, gap, pid)),
-                        };
-                        (pid, estimate)
-                    })
-                    .collect();
+                let between = gap_estimates(k, &self.detached_at, Some((&reference, &rates)));
+                let provisional = std::mem::take(&mut k.provisional);
                 log::debug!(
                     "sampling {}: window of {:?} saw {seen:?}; gap of {:?} before it: {between:?}",
                     k.kind.name(),
                     open,
                     k.gap,
                 );
-                charge(&mut self.status.exposure, k.kind, seen, &between);
+                charge(
+                    &mut self.status.exposure,
+                    k.kind,
+                    seen,
+                    &between,
+                    &provisional,
+                );
                 k.last_rates = rates;
                 k.last = Some(reference);
                 k.closed_at = Some(now);
@@ -405,6 +393,15 @@ impl Schedule {
                 .closed_at
                 .map(|c| at.saturating_duration_since(c))
                 .unwrap_or_default();
+            let provisional = gap_estimates(k, &self.detached_at, None);
+            charge(
+                &mut self.status.exposure,
+                kind,
+                &BTreeMap::new(),
+                &provisional,
+                &BTreeMap::new(),
+            );
+            k.provisional = provisional;
         }
     }
 
@@ -499,17 +496,17 @@ impl Reference {
         }
     }
 
-    /// The calls of `pid` in the gap between this (earlier) window and `next`, whose reference
+    /// The calls of `pid` in the gap between this (earlier) window and the next, whose reference
     /// calls at its opening were `next_at_open`: the gap's reference calls times the mean of the
-    /// ratios of the two windows (the one that has a ratio, where only one has: a process that
-    /// started or exited in the gap). `None` when neither has.
+    /// ratios of the two windows (`next`: once it closed), or of the one that has a ratio (a
+    /// process that started or exited in the gap). `None` when neither has.
     fn gap_calls(
         &self,
         next_at_open: &BTreeMap<u32, u64>,
-        next: &Reference,
+        next: Option<&Reference>,
         pid: u32,
     ) -> Option<f64> {
-        let ratios: Vec<f64> = [self.ratios.get(&pid), next.ratios.get(&pid)]
+        let ratios: Vec<f64> = [self.ratios.get(&pid), next.and_then(|n| n.ratios.get(&pid))]
             .into_iter()
             .flatten()
             .copied()
@@ -525,6 +522,48 @@ impl Reference {
             .saturating_sub(self.at_close.get(&pid).copied().unwrap_or(0));
         Some(gap as f64 * ratio)
     }
+}
+
+/// The calls of each process in the detached gap before `k`'s current window: by the reference
+/// where it held all along (the same kinds, none detached since the window before the gap
+/// opened), else by pace. `next`: the current window's reference and own-pace rates once it
+/// closed; `None` while it is open (from the window before the gap alone, then).
+fn gap_estimates(
+    k: &KindState,
+    detached_at: &[(ApiKind, Instant)],
+    next: Option<(&Reference, &BTreeMap<u32, f64>)>,
+) -> BTreeMap<u32, Gap> {
+    let by_reference = k.last.as_ref().filter(|last| {
+        last.kinds == k.refs
+            && !k.refs.is_empty()
+            && !detached_at
+                .iter()
+                .any(|(d, at)| last.kinds.contains(d) && *at >= last.opened_at)
+    });
+    let gap = k.gap.as_secs_f64();
+    let none = BTreeMap::new();
+    let after = next.map(|(_, rates)| rates).unwrap_or(&none);
+    let mut pids: std::collections::BTreeSet<u32> =
+        k.last_rates.keys().chain(after.keys()).copied().collect();
+    if let Some(last) = &k.last {
+        pids.extend(last.ratios.keys());
+    }
+    pids.into_iter()
+        .map(|pid| {
+            let estimate = match by_reference
+                .and_then(|last| last.gap_calls(&k.ref_at_open, next.map(|(r, _)| r), pid))
+            {
+                Some(calls) => Gap::ByReference(calls),
+                None if next.is_some() => {
+                    Gap::ByPace(pace_gap_calls(&k.last_rates, after, gap, pid))
+                }
+                // One-sided: the whole gap at the rate before it (the trapezoid needs the rate
+                // after it).
+                None => Gap::ByPace(gap * k.last_rates.get(&pid).copied().unwrap_or(0.0)),
+            };
+            (pid, estimate)
+        })
+        .collect()
 }
 
 /// The calls of `pid` in a detached gap of `gap` seconds estimated by pace: at the mean of the
@@ -556,20 +595,26 @@ impl Gap {
     }
 }
 
-/// Adds a closed window to each process's exposure: its calls, and the calls estimated for the
-/// detached gap before it (`between`).
+/// Adds a window to each process's exposure: its calls (`seen`), and the calls estimated for the
+/// detached gap before it (`between`), in place of what was charged for that gap provisionally.
 fn charge(
     exposure: &mut BTreeMap<u32, BTreeMap<String, Exposure>>,
     kind: ApiKind,
     seen: &BTreeMap<u32, u64>,
     between: &BTreeMap<u32, Gap>,
+    provisional: &BTreeMap<u32, Gap>,
 ) {
-    let pids: std::collections::BTreeSet<u32> =
-        seen.keys().chain(between.keys()).copied().collect();
+    let pids: std::collections::BTreeSet<u32> = seen
+        .keys()
+        .chain(between.keys())
+        .chain(provisional.keys())
+        .copied()
+        .collect();
     for pid in pids {
         let n = seen.get(&pid).copied().unwrap_or(0);
-        let gap = between.get(&pid).copied().unwrap_or(Gap::ByPace(0.0));
-        if n == 0 && gap.calls() == 0.0 {
+        let now = between.get(&pid).copied().unwrap_or(Gap::ByPace(0.0));
+        let before = provisional.get(&pid).copied().unwrap_or(Gap::ByPace(0.0));
+        if n == 0 && now.calls() == 0.0 && before.calls() == 0.0 {
             continue;
         }
         let e = exposure
@@ -578,10 +623,12 @@ fn charge(
             .entry(kind.name().to_owned())
             .or_default();
         e.probed_calls += n;
-        e.estimated_calls += n as f64 + gap.calls();
-        match gap {
-            Gap::ByReference(c) => e.gap_calls_by_reference += c,
-            Gap::ByPace(c) => e.gap_calls_by_pace += c,
+        e.estimated_calls += n as f64 + now.calls() - before.calls();
+        for (gap, sign) in [(before, -1.0), (now, 1.0)] {
+            match gap {
+                Gap::ByReference(c) => e.gap_calls_by_reference += sign * c,
+                Gap::ByPace(c) => e.gap_calls_by_pace += sign * c,
+            }
         }
     }
 }
@@ -631,11 +678,22 @@ mod tests {
         // Stopped: half of it at its last rate.
         assert_eq!(pace_gap_calls(&steady, &none, 0.9, 7), 450.0);
         let mut e = BTreeMap::new();
+        // Process 8's gap charged by pace when the window opened, then replaced at its close.
+        let provisional: BTreeMap<u32, Gap> = [(8, Gap::ByPace(50.0))].into();
+        charge(
+            &mut e,
+            ApiKind::Launch,
+            &BTreeMap::new(),
+            &provisional,
+            &BTreeMap::new(),
+        );
+        assert_eq!(e[&8]["launch"].estimated_calls, 50.0);
         charge(
             &mut e,
             ApiKind::Launch,
             &[(7, 100), (9, 0)].into(),
             &[(7, Gap::ByPace(900.0)), (8, Gap::ByReference(225.0))].into(),
+            &provisional,
         );
         let (seven, eight) = (e[&7]["launch"], e[&8]["launch"]);
         assert_eq!((seven.probed_calls, seven.estimated_calls), (100, 1_000.0));
@@ -644,7 +702,10 @@ mod tests {
             (900.0, 0.0)
         );
         assert_eq!((eight.probed_calls, eight.estimated_calls), (0, 225.0));
-        assert_eq!(eight.gap_calls_by_reference, 225.0);
+        assert_eq!(
+            (eight.gap_calls_by_reference, eight.gap_calls_by_pace),
+            (225.0, 0.0)
+        );
         assert!(!e.contains_key(&9), "nothing seen, nothing estimated");
     }
 
@@ -744,6 +805,15 @@ mod tests {
         assert_eq!(opens, vec![(ApiKind::Launch, true)]);
         let late = Duration::from_millis(50);
         s.opened(ApiKind::Launch, t2 + late, &mut calls);
+        // The gap is counted from the opening on (at the rate before it), before this window
+        // closes.
+        let rate = 10_000.0 / (0.1 - 10_000.0 * 1e-6);
+        let gap = (off + late).as_secs_f64();
+        let e = s.status.exposure[&7]["launch"];
+        assert!(
+            (e.estimated_calls - (10_000.0 + gap * rate)).abs() < 1e-6,
+            "{e:?}"
+        );
         // The same pace in the second window: 10,000 launches, 10 ms of them probe hits.
         launches += 10_000;
         let mut calls = |k: ApiKind| -> BTreeMap<u32, u64> {
@@ -759,8 +829,6 @@ mod tests {
         );
         let e = s.status.exposure[&7]["launch"];
         assert_eq!(e.probed_calls, 20_000);
-        let rate = 10_000.0 / (0.1 - 10_000.0 * 1e-6);
-        let gap = (off + late).as_secs_f64();
         assert!(
             (e.estimated_calls - (20_000.0 + gap * rate)).abs() < 1e-6,
             "the gap at the windows' own pace: {e:?}"

@@ -14,6 +14,7 @@ pub fn pairs(
     count: u64,
     size: usize,
     barrier: Option<&std::path::Path>,
+    outside: bool,
 ) -> Result<ExitCode, String> {
     let r = drv.init();
     if r != Some(0) {
@@ -31,8 +32,6 @@ pub fn pairs(
     if let Some(b) = barrier {
         wait_for_file(b, Duration::from_secs(120))?;
     }
-    type Alloc = unsafe extern "C" fn(*mut u64, usize) -> CUresult;
-    type Free = unsafe extern "C" fn(u64) -> CUresult;
     let (Some(a), Some(f)) = (drv.symbol("cuMemAlloc_v2"), drv.symbol("cuMemFree_v2")) else {
         return Err("cuMemAlloc_v2/cuMemFree_v2 missing".into());
     };
@@ -43,6 +42,9 @@ pub fn pairs(
             std::mem::transmute::<*mut std::ffi::c_void, Free>(f),
         )
     };
+    if outside {
+        return pairs_outside(drv, count, size, (alloc, free));
+    }
     let mut ns: Vec<u64> = Vec::with_capacity(count as usize);
     let mut errors = 0u64;
     let t_all = Instant::now();
@@ -64,6 +66,73 @@ pub fn pairs(
         "pair_median_ns": ns.get(ns.len() / 2).copied().unwrap_or(0),
         "pair_mean_ns": total.checked_div(count).unwrap_or(0),
         "startup_s": startup_s,
+        "limiter": limiter_self_time(),
+    }));
+    Ok(ExitCode::SUCCESS)
+}
+
+type Alloc = unsafe extern "C" fn(*mut u64, usize) -> CUresult;
+type Free = unsafe extern "C" fn(u64) -> CUresult;
+
+fn median(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+/// `pairs --outside`: each call timed alone, minus the time the simulated driver says it spent
+/// inside itself (`simcuda_last_call_ns`, set by calls that sweep: `SIMCUDA_SWEEP`). What is left
+/// is the time spent outside the driver: under a preloaded limiter, its whole self-time per call
+/// (entry, accounting, recording), plus a few nanoseconds of timing that a native run measures
+/// alone.
+fn pairs_outside(
+    drv: &Driver,
+    count: u64,
+    size: usize,
+    (alloc, free): (Alloc, Free),
+) -> Result<ExitCode, String> {
+    let last = drv
+        .symbol("simcuda_last_call_ns")
+        .ok_or("--outside needs the simulated driver (simcuda_last_call_ns)")?;
+    // SAFETY: sim-cuda's `simcuda_last_call_ns` takes nothing and returns a u64.
+    let last =
+        unsafe { std::mem::transmute::<*mut std::ffi::c_void, extern "C" fn() -> u64>(last) };
+    let n = count as usize;
+    let (mut a_out, mut f_out, mut pair_out, mut inside) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut errors = 0u64;
+    for _ in 0..count {
+        let mut p = 0u64;
+        let t0 = Instant::now();
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { alloc(&mut p, size) };
+        let t1 = Instant::now();
+        let a_in = last();
+        let t2 = Instant::now();
+        // SAFETY: the pointer just allocated.
+        let f = unsafe { free(p) };
+        let t3 = Instant::now();
+        let f_in = last();
+        errors += u64::from(r != 0 || f != 0 || a_in == 0 || f_in == 0);
+        let a = ((t1 - t0).as_nanos() as u64).saturating_sub(a_in);
+        let fr = ((t3 - t2).as_nanos() as u64).saturating_sub(f_in);
+        a_out.push(a);
+        f_out.push(fr);
+        pair_out.push(a + fr);
+        inside.push(a_in + f_in);
+    }
+    print(json!({
+        "pid": std::process::id(),
+        "pairs": count,
+        "size": size,
+        "errors": errors,
+        "alloc_outside_median_ns": median(&mut a_out),
+        "free_outside_median_ns": median(&mut f_out),
+        "pair_outside_median_ns": median(&mut pair_out),
+        "pair_inside_median_ns": median(&mut inside),
         "limiter": limiter_self_time(),
     }));
     Ok(ExitCode::SUCCESS)

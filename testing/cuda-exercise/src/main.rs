@@ -156,6 +156,11 @@ enum Command {
         /// A file to wait for between start-up and the timed pairs (a barrier across processes).
         #[arg(long)]
         barrier: Option<PathBuf>,
+        /// Time each call alone and subtract what the simulated driver spent inside itself
+        /// (needs sim-cuda with `SIMCUDA_SWEEP` on both calls): medians of the time outside the
+        /// driver per call and per pair.
+        #[arg(long)]
+        outside: bool,
     },
     /// Call each traced NCCL API (agent_common's `nccl` kind) N times with harmless arguments
     /// (NULL buffers, communicators and streams; one rank; counts and datatypes varied per call)
@@ -299,7 +304,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             count,
             size,
             barrier,
-        } => bench::pairs(&drv, count, size as usize, barrier.as_deref()),
+            outside,
+        } => bench::pairs(&drv, count, size as usize, barrier.as_deref(), outside),
         Command::Steady {
             api,
             rate,

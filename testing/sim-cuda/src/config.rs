@@ -34,6 +34,9 @@ pub struct Config {
     pub log: bool,
     /// Reported by `cuDriverGetVersion` (`SIMCUDA_DRIVER_VERSION`).
     pub driver_version: i32,
+    /// Bytes of a private buffer read at the end of every call of a named symbol or kind
+    /// (`SIMCUDA_SWEEP=name=bytes,...`): a driver whose work evicts the caller's caches.
+    pub sweeps: Vec<Rule<u64>>,
 }
 
 impl Default for Config {
@@ -48,6 +51,7 @@ impl Default for Config {
             fail: Vec::new(),
             log: false,
             driver_version: DEFAULT_DRIVER_VERSION,
+            sweeps: Vec::new(),
         }
     }
 }
@@ -94,6 +98,25 @@ pub fn parse_delays(s: &str) -> Result<(Duration, Vec<Rule<Duration>>), String> 
         }
     }
     Ok((default, rules))
+}
+
+/// Parses `SIMCUDA_SWEEP`: `name=bytes` rules (byte counts as in [`parse_bytes`]), comma
+/// separated.
+pub fn parse_sweeps(s: &str) -> Result<Vec<Rule<u64>>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|part| {
+            let (name, bytes) = part
+                .split_once('=')
+                .ok_or_else(|| format!("bad sweep rule {part:?} (want name=bytes)"))?;
+            let value = parse_bytes(bytes).ok_or_else(|| format!("bad sweep size {part:?}"))?;
+            Ok(Rule {
+                name: name.trim().to_string(),
+                value,
+            })
+        })
+        .collect()
 }
 
 /// Parses `SIMCUDA_FAIL`: `name:every_n` rules, comma separated.
@@ -157,6 +180,12 @@ impl Config {
                 Err(e) => warnings.push(format!("SIMCUDA_FAIL: {e}")),
             }
         }
+        if let Some(v) = get("SIMCUDA_SWEEP") {
+            match parse_sweeps(&v) {
+                Ok(r) => c.sweeps = r,
+                Err(e) => warnings.push(format!("SIMCUDA_SWEEP: {e}")),
+            }
+        }
         if let Some(v) = get("SIMCUDA_LOG") {
             c.log = v.trim() == "1";
         }
@@ -173,6 +202,11 @@ impl Config {
     /// naming its kind, which wins over the global default.
     pub fn delay_for(&self, name: &str, kind: Option<&str>) -> Duration {
         lookup(&self.delays, name, kind).unwrap_or(self.delay_default)
+    }
+
+    /// Bytes swept at the end of each call of `name` (kind `kind`); 0 = none.
+    pub fn sweep_for(&self, name: &str, kind: Option<&str>) -> u64 {
+        lookup(&self.sweeps, name, kind).unwrap_or(0)
     }
 
     /// Every how many calls `name` fails with error 999 (0 = never).
@@ -235,17 +269,32 @@ mod tests {
     }
 
     #[test]
+    fn sweeps() {
+        let env = |k: &str| match k {
+            "SIMCUDA_SWEEP" => Some("alloc=64m, cuMemFree_v2=1k".to_string()),
+            _ => None,
+        };
+        let (c, w) = Config::from_lookup(env);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.sweep_for("cuMemAlloc_v2", Some("alloc")), 64 << 20);
+        assert_eq!(c.sweep_for("cuMemFree_v2", Some("free")), 1024);
+        assert_eq!(c.sweep_for("cuCtxGetDevice", None), 0);
+    }
+
+    #[test]
     fn malformed_values_warn_and_keep_defaults() {
         let env = |k: &str| match k {
             "SIMCUDA_CAPACITY" => Some("lots".to_string()),
             "SIMCUDA_FAIL" => Some("cuInit:0".to_string()),
             "SIMCUDA_REQUIRE_INIT" => Some("0".to_string()),
+            "SIMCUDA_SWEEP" => Some("alloc".to_string()),
             _ => None,
         };
         let (c, w) = Config::from_lookup(env);
-        assert_eq!(w.len(), 2, "{w:?}");
+        assert_eq!(w.len(), 3, "{w:?}");
         assert_eq!(c.capacity, DEFAULT_CAPACITY);
         assert!(c.fail.is_empty());
+        assert!(c.sweeps.is_empty());
         assert!(!c.require_init);
     }
 }

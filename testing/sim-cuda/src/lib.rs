@@ -1152,6 +1152,14 @@ exports! {
     }
 }
 
+/// Not a driver API: the duration of this thread's last call of a symbol that sweeps
+/// (`SIMCUDA_SWEEP`), ns, for benchmarks that subtract the driver's time from a call's.
+// SAFETY: an exported name no driver or other library of the process defines (`simcuda_`).
+#[unsafe(no_mangle)]
+pub extern "C" fn simcuda_last_call_ns() -> u64 {
+    runtime::last_call_ns()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

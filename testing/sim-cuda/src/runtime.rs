@@ -4,6 +4,7 @@
 use crate::config::Config;
 use crate::types::*;
 use agent_common::api::ApiId;
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -104,7 +105,52 @@ pub fn sync_device() {
     wait_until_ns(busy_until());
 }
 
+thread_local! {
+    /// Duration of this thread's last call of a symbol with a sweep, ns.
+    static LAST_CALL_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Duration of the calling thread's last call of a symbol that sweeps (`SIMCUDA_SWEEP`), in ns,
+/// measured inside the library from the start of its common prologue to the end of the sweep:
+/// a benchmark subtracts it from the time it measured around the call to get what was spent
+/// outside the driver (in a preloaded limiter, say).
+pub fn last_call_ns() -> u64 {
+    LAST_CALL_NS.with(Cell::get)
+}
+
+/// The sweep buffer: as large as the largest `SIMCUDA_SWEEP` rule, every page written once (an
+/// untouched page would read as the shared zero page and evict nothing), small pages only (a
+/// huge page would leave the caller's TLB entries alone).
+fn sweep_buffer() -> &'static [u64] {
+    static BUFFER: OnceLock<&'static [u64]> = OnceLock::new();
+    BUFFER.get_or_init(|| {
+        let bytes = config().sweeps.iter().map(|r| r.value).max().unwrap_or(0) as usize;
+        let words = bytes.div_ceil(8).max(1);
+        let buf: &'static mut [u64] = Vec::leak(vec![0u64; words]);
+        // SAFETY: advice on memory this function owns (leaked, never freed); failure is harmless.
+        unsafe { libc::madvise(buf.as_mut_ptr().cast(), words * 8, libc::MADV_NOHUGEPAGE) };
+        for (i, w) in buf.iter_mut().enumerate() {
+            *w = i as u64;
+        }
+        buf
+    })
+}
+
+/// Reads one word of every cache line of the first `bytes` of the sweep buffer.
+fn sweep(bytes: u64) {
+    let buf = sweep_buffer();
+    let lines = (bytes as usize / 64).min(buf.len() / 8);
+    let mut sum = 0u64;
+    for line in 0..lines {
+        // SAFETY: `line * 8 < buf.len()`, an initialised word of a live buffer.
+        sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(buf.as_ptr().add(line * 8)) });
+    }
+    std::hint::black_box(sum);
+}
+
 struct SymCfg {
+    /// `SIMCUDA_SWEEP` bytes for this symbol (0: none, and the call is not timed).
+    sweep: u64,
     delay: Duration,
     fail_every: u64,
     needs_init: bool,
@@ -134,6 +180,7 @@ impl Sym {
                 .and_then(|id| id.spec())
                 .map(|s| s.kind.name());
             SymCfg {
+                sweep: c.sweep_for(self.name, kind),
                 delay: c.delay_for(self.name, kind),
                 fail_every: c.fail_every(self.name, kind),
                 needs_init: c.require_init && !NO_INIT.contains(&self.name),
@@ -142,10 +189,23 @@ impl Sym {
         })
     }
 
-    /// Runs the common part of a call, then `body` unless the call fails early.
+    /// Runs the common part of a call, then `body` unless the call fails early, then the sweep
+    /// if the symbol has one (the call is then timed, see [`last_call_ns`]).
     #[inline(always)]
     pub fn call(&self, body: impl FnOnce() -> CUresult) -> CUresult {
         let cfg = self.cfg();
+        if cfg.sweep == 0 {
+            return self.call_untimed(cfg, body);
+        }
+        let t0 = Instant::now();
+        let r = self.call_untimed(cfg, body);
+        sweep(cfg.sweep);
+        LAST_CALL_NS.with(|c| c.set(t0.elapsed().as_nanos() as u64));
+        r
+    }
+
+    #[inline(always)]
+    fn call_untimed(&self, cfg: &SymCfg, body: impl FnOnce() -> CUresult) -> CUresult {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         wait(cfg.delay);
         let r = if cfg.fail_every != 0 && n.is_multiple_of(cfg.fail_every) {

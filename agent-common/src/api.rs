@@ -455,11 +455,30 @@ const _: () = assert!(API_COUNT <= API_SLOTS);
 pub struct ApiId(pub u16);
 
 impl ApiId {
-    /// The id of a symbol name, if traced.
-    pub fn from_name(name: &str) -> Option<ApiId> {
-        APIS.iter()
-            .position(|s| s.name == name)
-            .map(|i| ApiId(i as u16))
+    /// The id of a symbol name, if traced. A `const fn`, so callers with a constant name (the
+    /// limiter's hooks) get the id at compile time.
+    pub const fn from_name(name: &str) -> Option<ApiId> {
+        const fn same(a: &[u8], b: &[u8]) -> bool {
+            if a.len() != b.len() {
+                return false;
+            }
+            let mut i = 0;
+            while i < a.len() {
+                if a[i] != b[i] {
+                    return false;
+                }
+                i += 1;
+            }
+            true
+        }
+        let mut i = 0;
+        while i < APIS.len() {
+            if same(APIS[i].name.as_bytes(), name.as_bytes()) {
+                return Some(ApiId(i as u16));
+            }
+            i += 1;
+        }
+        None
     }
 
     pub fn spec(self) -> Option<&'static ApiSpec> {

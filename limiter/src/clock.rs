@@ -70,6 +70,15 @@ impl Clock {
         }
     }
 
+    /// About `ns` nanoseconds in this clock's ticks.
+    pub fn ticks(self, ns: u64) -> u64 {
+        if self.tsc_mult != 0 {
+            ((u128::from(ns) << 32) / u128::from(self.tsc_mult)) as u64
+        } else {
+            ns
+        }
+    }
+
     /// Nanoseconds between two timestamps (0 if the second is earlier).
     #[inline(always)]
     pub fn ns_between(self, t0: u64, t1: u64) -> u64 {
@@ -137,6 +146,8 @@ mod tests {
         assert!(c.is_tsc());
         assert_eq!(c.ns_between(0, 3_000), 999); // rounded down by the fixed point
         assert_eq!(c.ns_between(10, 5), 0);
+        assert!(c.ticks(1_000).abs_diff(3_000) <= 1, "{}", c.ticks(1_000));
+        assert_eq!(Clock::MONOTONIC.ticks(1_000), 1_000);
     }
 
     #[test]

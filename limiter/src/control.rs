@@ -1,9 +1,9 @@
 //! Run-time limit changes: the limiter's side of the control block (`region::control`).
 //!
 //! At initialisation the limiter maps `<region>.ctl` read-only (creating it zero-filled if absent)
-//! and applies what it holds. Afterwards every launch and every other hooked call compares the
-//! mapped generation word with the last one applied (a relaxed load and a compare: no clock, no
-//! write); a new generation is read under the block's seqlock, validated, and applied once by the
+//! and applies what it holds. Afterwards every launch, and every other hooked call at most once
+//! per `state::CONTROL_POLL_PERIOD_NS` (10 ms) per process, compares the mapped generation word
+//! with the last one applied (a relaxed load and a compare: no clock, no write); a new generation is read under the block's seqlock, validated, and applied once by the
 //! thread that notices it first: SM shares to the controller ([`crate::sm::CONTROLLER`]), memory
 //! limits into the region's `DeviceState.memory_limit` (the limiter, not the agent, writes the
 //! region). A value the block does not override keeps the environment's.

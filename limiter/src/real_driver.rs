@@ -19,6 +19,8 @@ use std::{
     },
 };
 
+use agent_common::api::ApiId;
+
 use crate::{config::REAL_LIBCUDA, cuda::*, guard::Reentry};
 
 /// glibc's `dlsym`.
@@ -188,7 +190,31 @@ driver_symbols! {
     DeviceGetCount = c"cuDeviceGetCount": PfnDeviceGetCount, hooked: false;
 }
 
+/// An id that no API has: records against it are dropped by the backend's bounds check.
+const NO_API: ApiId = ApiId(u16::MAX);
+
+/// The shared API id of every symbol, computed at compile time (no table to load at run time).
+const API_IDS: [ApiId; Sym::COUNT] = {
+    let mut ids = [NO_API; Sym::COUNT];
+    let mut i = 0;
+    while i < Sym::COUNT {
+        if let Ok(name) = Sym::ALL[i].name().to_str()
+            && let Some(id) = ApiId::from_name(name)
+        {
+            ids[i] = id;
+        }
+        i += 1;
+    }
+    ids
+};
+
 impl Sym {
+    /// The shared API id of this symbol (`agent_common::api`), or an id no API has.
+    #[inline(always)]
+    pub const fn api(self) -> ApiId {
+        API_IDS[self as usize]
+    }
+
     /// The hooked symbol of this exact name.
     pub fn hooked_by_name(name: &[u8]) -> Option<Sym> {
         Sym::ALL

@@ -8,7 +8,10 @@
 //! is what the driver itself answers before a successful `cuInit`: runtimes and frameworks report
 //! "CUDA unavailable / initialisation error" instead of blaming an argument of some later call.
 
-use std::sync::OnceLock;
+use std::sync::{
+    OnceLock,
+    atomic::{AtomicU32, AtomicU64, Ordering},
+};
 
 use agent_common::api::ApiId;
 use region::{InitOutcome, Region, RegionConfig};
@@ -22,8 +25,8 @@ use crate::{
     real_driver::{self, Driver, Sym},
 };
 
-/// An id that no API has: records against it are dropped by the backend's bounds check.
-const NO_API: ApiId = ApiId(u16::MAX);
+/// How often the hooks (other than launches) look at the control block for a limit change.
+pub const CONTROL_POLL_PERIOD_NS: u64 = 10_000_000;
 
 #[derive(Debug)]
 pub struct State {
@@ -39,14 +42,19 @@ pub struct State {
     pub panic_in: Option<Sym>,
     /// `VGPU_DEBUG_HOOK_DELAY_NS`: a known self-time added to every launch hook (tests).
     pub hook_delay_ns: u64,
-    apis: [ApiId; Sym::COUNT],
+    /// Clock reading from which the next hooked call polls the control block.
+    control_due: AtomicU64,
+    /// [`CONTROL_POLL_PERIOD_NS`] in clock ticks.
+    control_period: u64,
+    /// Devices the driver reports (`cuDeviceGetCount`), 0 until known.
+    device_count: AtomicU32,
 }
 
 impl State {
-    /// The shared API id of a hooked symbol.
-    #[inline]
+    /// The shared API id of a hooked symbol (a constant: see [`Sym::api`]).
+    #[inline(always)]
     pub fn api(&self, sym: Sym) -> ApiId {
-        self.apis[sym as usize]
+        sym.api()
     }
 
     /// Panics if `VGPU_DEBUG_PANIC_IN` names `sym` (called inside the hooks' shielded logic).
@@ -63,6 +71,50 @@ impl State {
         if let Some(c) = &self.control {
             c.poll(&self.config, self.region);
         }
+    }
+
+    /// [`State::poll_control`] at most once per [`CONTROL_POLL_PERIOD_NS`] per process: `now` is
+    /// a reading of [`State::clock`]. The control block is a page of its own, a cache line and a
+    /// TLB entry that a process entering the limiter with cold caches need not fetch every time.
+    #[inline(always)]
+    pub fn poll_control_due(&self, now: u64) {
+        // Relaxed: a rate limit; threads that race both poll, which is harmless, and the poll
+        // reads the block under its own seqlock.
+        if now >= self.control_due.load(Ordering::Relaxed) {
+            self.control_due
+                .store(now.saturating_add(self.control_period), Ordering::Relaxed);
+            self.poll_control();
+        }
+    }
+
+    /// Whether the driver has exactly one device, in which case every context is on device 0.
+    /// Asked once (after `cuInit`, when the driver answers), then remembered: the device count of
+    /// a process does not change.
+    #[inline(always)]
+    pub fn single_device(&self) -> bool {
+        // Relaxed: a value that never changes once stored; a stale 0 only asks again.
+        match self.device_count.load(Ordering::Relaxed) {
+            1 => true,
+            0 => self.learn_device_count() == 1,
+            _ => false,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn learn_device_count(&self) -> u32 {
+        let Some(get) = self.driver.get::<crate::real_driver::sym::DeviceGetCount>() else {
+            return 0;
+        };
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: `n` is a valid out-pointer for the duration of the call.
+        if unsafe { get(&mut n) } != crate::cuda::CUDA_SUCCESS || n <= 0 {
+            return 0;
+        }
+        let n = n as u32;
+        // Relaxed: see `single_device`.
+        self.device_count.store(n, Ordering::Relaxed);
+        n
     }
 }
 
@@ -151,10 +203,6 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
             return Err(CUDA_ERROR_NOT_INITIALIZED);
         }
     };
-    let apis = std::array::from_fn(|i| {
-        let name = Sym::ALL[i].name().to_str().unwrap_or_default();
-        ApiId::from_name(name).unwrap_or(NO_API)
-    });
     let panic_in = config
         .debug_panic_in
         .as_deref()
@@ -180,9 +228,11 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
         control,
         panic_in,
         hook_delay_ns: config.debug_hook_delay_ns,
+        control_due: AtomicU64::new(0),
+        control_period: clock.ticks(CONTROL_POLL_PERIOD_NS),
+        device_count: AtomicU32::new(0),
         config,
         driver,
-        apis,
     };
     // A change written before this process started applies from its first call.
     state.poll_control();

@@ -52,8 +52,12 @@ pub fn charged_size(bytes: u64) -> u64 {
     bytes.div_ceil(align).saturating_mul(align)
 }
 
-/// The current context's device, 0 without one.
+/// The current context's device, 0 without one. With a single device that is 0 without asking
+/// the driver (a call into it per allocation, with its own cold cache lines).
 pub fn current_device(state: &State) -> usize {
+    if state.single_device() {
+        return 0;
+    }
     let Some(get) = state.driver.get::<real_driver::sym::CtxGetDevice>() else {
         return 0;
     };

@@ -77,14 +77,15 @@ pub fn enter<S: Symbol>() -> Gate<S::Fn> {
         }
     };
     let (state, process) = state;
+    let entered = state.clock.now();
     // Allocations and other calls notice limit changes too (a process that does not launch).
-    guard::shield(|| state.poll_control());
+    guard::shield(|| state.poll_control_due(entered));
     match state.driver.get::<S>() {
         Some(real) => Gate::Hook(Hooked {
             real,
             state,
             process,
-            entered: state.clock.now(),
+            entered,
             _guard: guard,
         }),
         None => Gate::Fail(CUDA_ERROR_NOT_FOUND),

@@ -5,20 +5,14 @@
 //! configured or it cannot be opened) and `shared::RegionLedger` (the container's region: exact
 //! across processes, statistics in per-thread shards). `process::Ledger` picks one per process.
 //!
-//! [`AllocTable`] remembers what each live allocation charged (address or handle to device and
-//! bytes) so frees release exactly that.
+//! [`AllocTable`] (`alloc_table.rs`) remembers what each live allocation charged (address or
+//! handle to device and bytes) so frees release exactly that.
 
-use std::{
-    collections::HashMap,
-    hash::{BuildHasherDefault, Hasher},
-    sync::{
-        Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
-    },
-};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent_common::api::{API_SLOTS, ApiId};
 
+pub use crate::alloc_table::AllocTable;
 use crate::config::{Config, MAX_DEVICES};
 
 /// A reservation that would pass the limit.
@@ -213,86 +207,9 @@ pub struct Charge {
     pub pool: u64,
 }
 
-/// Fibonacci hashing of a 64-bit key: addresses are aligned, so the multiply spreads the high
-/// entropy bits; a SipHash per allocation would be wasted work.
-#[derive(Default)]
-pub struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, k: u64) {
-        self.0 = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type Shard = Mutex<HashMap<u64, Charge, BuildHasherDefault<AddrHasher>>>;
-
-const SHARDS: usize = 64;
-
-/// Live allocations keyed by address (or handle), in [`SHARDS`] independently locked shards so that
-/// threads allocating concurrently rarely meet. Only allocation and free paths use it, never a
-/// launch.
-#[derive(Debug)]
-pub struct AllocTable {
-    shards: [Shard; SHARDS],
-}
-
-impl Default for AllocTable {
-    fn default() -> AllocTable {
-        AllocTable {
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::default())),
-        }
-    }
-}
-
-impl AllocTable {
-    fn shard(&self, key: u64) -> &Shard {
-        // Device addresses are at least 256-byte aligned and handles are small integers: mixing
-        // before taking the top bits uses all of the key.
-        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        &self.shards[(h >> 58) as usize % SHARDS]
-    }
-
-    /// Records a new allocation; returns the charge it replaced, if the key was (wrongly) live.
-    pub fn insert(&self, key: u64, charge: Charge) -> Option<Charge> {
-        // A panic while holding a shard cannot leave a map half-updated (HashMap operations are
-        // complete or not done), so a poisoned shard is still consistent.
-        self.shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, charge)
-    }
-
-    /// Removes a live allocation.
-    pub fn remove(&self, key: u64) -> Option<Charge> {
-        self.shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::{sync::Barrier, time::Instant};
+    use std::sync::Barrier;
 
     use super::*;
 
@@ -380,67 +297,5 @@ mod tests {
         assert_eq!(s.latency_ns.load(Ordering::Relaxed), 12);
         assert_eq!(s.denied_bytes.load(Ordering::Relaxed), 11);
         assert_eq!(s.hook_ns.load(Ordering::Relaxed), 3);
-    }
-
-    #[test]
-    fn alloc_table_tracks_charges() {
-        let t = AllocTable::default();
-        let c = Charge {
-            device: 1,
-            bytes: 4096,
-            pool: 0,
-        };
-        assert_eq!(t.insert(0x7f00_0000_0000, c), None);
-        assert_eq!(
-            t.insert(
-                0x7f00_0000_0200,
-                Charge {
-                    device: 0,
-                    bytes: 1,
-                    pool: 0,
-                }
-            ),
-            None
-        );
-        assert_eq!(t.len(), 2);
-        assert_eq!(t.remove(0x7f00_0000_0000), Some(c));
-        assert_eq!(t.remove(0x7f00_0000_0000), None);
-        assert_eq!(t.len(), 1);
-    }
-
-    /// The allocation table sits on the cudaMalloc/cudaFree path (budget +0.5 us per pair): measure
-    /// an insert+remove pair with 4 threads contending, and fail far above the budget.
-    #[test]
-    fn alloc_table_pair_is_cheap() {
-        const PAIRS: u64 = 200_000;
-        let t = AllocTable::default();
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for th in 0..4u64 {
-                let t = &t;
-                s.spawn(move || {
-                    for i in 0..PAIRS {
-                        let key = 0x7f00_0000_0000 + (th << 32) + i * 512;
-                        t.insert(
-                            key,
-                            Charge {
-                                device: 0,
-                                bytes: 512,
-                                pool: 0,
-                            },
-                        );
-                        t.remove(key);
-                    }
-                });
-            }
-        });
-        let per_pair = t0.elapsed().as_nanos() as u64 / PAIRS;
-        eprintln!(
-            "alloc table: {per_pair} ns per insert+remove pair per thread (4 threads, debug={})",
-            cfg!(debug_assertions)
-        );
-        // Unoptimised builds on 2 shared cores: a generous ceiling that still catches a pathology.
-        assert!(per_pair < 20_000, "{per_pair} ns");
-        assert_eq!(t.len(), 0);
     }
 }

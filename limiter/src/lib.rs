@@ -21,6 +21,7 @@
 //! initialises everything.
 
 pub mod accounting;
+pub mod alloc_table;
 pub mod clock;
 pub mod config;
 pub mod control;

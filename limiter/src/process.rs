@@ -165,7 +165,8 @@ impl Process {
         Process {
             ledger,
             ptrs: AllocTable::default(),
-            handles: AllocTable::default(),
+            // `cuMemCreate` handles: fewer live at once than addresses.
+            handles: AllocTable::with_buckets(64),
             pools: PoolTable::default(),
             context: std::array::from_fn(|_| AtomicU8::new(CTX_NONE)),
             context_bytes: config.context_bytes,

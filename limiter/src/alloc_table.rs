@@ -1,0 +1,311 @@
+//! Live allocations: what each one charged, keyed by device address (or handle), so that a free
+//! releases exactly that.
+//!
+//! Every allocation inserts a key and every free removes one, and with several processes on a GPU
+//! the driver serialises their calls, so a process comes back to this table every few hundred
+//! microseconds with its caches cold. A lookup therefore touches one cache line:
+//!
+//! - The fast table: [`BUCKETS`] buckets of one cache line each, an overflow mark and three
+//!   entries (key, packed charge). A key lives in its home bucket (a Fibonacci hash of the key)
+//!   or, when that was full at insertion, in one of the next [`PROBE`]` - 1` buckets, which the
+//!   home bucket's overflow mark announces (never cleared: it only makes later lookups of that
+//!   bucket look further). Lock-free: an insertion claims an entry by CAS of its key from 0 to
+//!   `RESERVED`, writes the charge, then publishes the key with a Release store; a removal reads
+//!   the charge and frees the entry by CAS of the key back to 0.
+//! - The fallback: [`SHARDS`] independently locked hash maps, for what the fast table does not
+//!   hold: keys 0 and `RESERVED`, charges that do not pack (a pool, a device from 2^16 on, 2^48
+//!   bytes or more) and keys whose [`PROBE`] buckets were full. A removal looks there only if
+//!   something was ever put there.
+//!
+//! The operations on one key are ordered by the driver (an address is handed out again only after
+//! it was freed, and a free that failed leaves it allocated): the table needs no more than that.
+//! Racing operations on one key (a double free racing an allocation in a buggy application) can
+//! lose or duplicate that key's charge, never corrupt another's.
+
+use std::{
+    collections::HashMap,
+    hash::{BuildHasherDefault, Hasher},
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+};
+
+use crate::accounting::Charge;
+
+/// Buckets of the fast table of device addresses (32 KiB, 1,536 entries).
+pub const BUCKETS: usize = 512;
+/// Buckets a key may live in, from its home bucket on.
+pub const PROBE: usize = 4;
+/// Locked shards of the fallback.
+pub const SHARDS: usize = 16;
+/// A key being written.
+const RESERVED: u64 = u64::MAX;
+const BYTES_BITS: u32 = 48;
+const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[repr(C)]
+struct Entry {
+    /// 0: free; `RESERVED`: being filled; otherwise the key whose charge follows.
+    key: AtomicU64,
+    /// `bytes | device << 48`.
+    charge: AtomicU64,
+}
+
+/// One cache line.
+#[repr(C, align(64))]
+struct Bucket {
+    /// Non-zero: a key whose home is this bucket was put in a later one.
+    overflow: AtomicU64,
+    _spare: AtomicU64,
+    entries: [Entry; 3],
+}
+
+const _: () = assert!(size_of::<Bucket>() == 64);
+
+fn pack(c: Charge) -> Option<u64> {
+    (c.pool == 0 && c.device < 1 << 16 && c.bytes < 1 << BYTES_BITS)
+        .then(|| c.bytes | (c.device as u64) << BYTES_BITS)
+}
+
+fn unpack(v: u64) -> Charge {
+    Charge {
+        device: (v >> BYTES_BITS) as usize,
+        bytes: v & ((1 << BYTES_BITS) - 1),
+        pool: 0,
+    }
+}
+
+/// Fibonacci hashing of a 64-bit key: addresses are aligned, so the multiply spreads the high
+/// entropy bits; a SipHash per allocation would be wasted work.
+#[derive(Default)]
+pub struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(FIB);
+        }
+    }
+    fn write_u64(&mut self, k: u64) {
+        self.0 = k.wrapping_mul(FIB);
+    }
+}
+
+type Shard = Mutex<HashMap<u64, Charge, BuildHasherDefault<AddrHasher>>>;
+
+/// Live allocations keyed by address (or handle). Only allocation and free paths use it, never a
+/// launch.
+pub struct AllocTable {
+    buckets: Box<[Bucket]>,
+    /// Entries in the fallback (read before looking there).
+    in_fallback: AtomicUsize,
+    fallback: [Shard; SHARDS],
+}
+
+impl std::fmt::Debug for AllocTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocTable")
+            .field("buckets", &self.buckets.len())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Default for AllocTable {
+    fn default() -> AllocTable {
+        AllocTable::with_buckets(BUCKETS)
+    }
+}
+
+impl AllocTable {
+    /// A table with `buckets` buckets in its fast part (rounded up to a power of two).
+    pub fn with_buckets(buckets: usize) -> AllocTable {
+        let n = buckets.max(PROBE).next_power_of_two();
+        AllocTable {
+            buckets: (0..n)
+                .map(|_| Bucket {
+                    overflow: AtomicU64::new(0),
+                    _spare: AtomicU64::new(0),
+                    entries: std::array::from_fn(|_| Entry {
+                        key: AtomicU64::new(0),
+                        charge: AtomicU64::new(0),
+                    }),
+                })
+                .collect(),
+            in_fallback: AtomicUsize::new(0),
+            fallback: std::array::from_fn(|_| Mutex::new(HashMap::default())),
+        }
+    }
+
+    #[inline(always)]
+    fn home(&self, key: u64) -> usize {
+        // The top bits of the product: they depend on every bit of the key.
+        (key.wrapping_mul(FIB) >> 32) as usize & (self.buckets.len() - 1)
+    }
+
+    #[inline(always)]
+    fn bucket(&self, home: usize, i: usize) -> &Bucket {
+        &self.buckets[(home + i) & (self.buckets.len() - 1)]
+    }
+
+    /// The buckets a lookup of a key with home `home` must search.
+    #[inline(always)]
+    fn searched(&self, home: usize) -> usize {
+        // Relaxed: a later lookup of a key is ordered after its insertion by whatever ordered
+        // the two operations (the driver handing the address out, the application passing it
+        // on), which also orders the mark set before that insertion.
+        if self.bucket(home, 0).overflow.load(Ordering::Relaxed) != 0 {
+            PROBE
+        } else {
+            1
+        }
+    }
+
+    /// The live entry of `key` in the fast table.
+    #[inline]
+    fn find(&self, key: u64, home: usize) -> Option<&Entry> {
+        (0..self.searched(home))
+            .flat_map(|i| self.bucket(home, i).entries.iter())
+            // Acquire: pairs with the Release store that published the key, after its charge.
+            .find(|e| e.key.load(Ordering::Acquire) == key)
+    }
+
+    /// Records a new allocation; returns the charge it replaced, if the key was (wrongly) live.
+    pub fn insert(&self, key: u64, charge: Charge) -> Option<Charge> {
+        let packed = match pack(charge) {
+            Some(p) if key != 0 && key != RESERVED => p,
+            _ => return self.fallback_insert(key, charge),
+        };
+        let home = self.home(key);
+        if let Some(e) = self.find(key, home) {
+            // AcqRel: as a removal's read of the charge (see `remove`).
+            return Some(unpack(e.charge.swap(packed, Ordering::AcqRel)));
+        }
+        // Relaxed: as in `searched`; the fallback's own lock orders its contents.
+        if self.in_fallback.load(Ordering::Relaxed) != 0
+            && let Some(stale) = self.fallback_remove(key)
+        {
+            // The key was live in the fallback: it moves here (or back there), the stale charge
+            // is returned.
+            if !self.put(key, home, packed) {
+                self.fallback_insert(key, charge);
+            }
+            return Some(stale);
+        }
+        if self.put(key, home, packed) {
+            None
+        } else {
+            self.fallback_insert(key, charge)
+        }
+    }
+
+    /// Claims a free entry for `key` in its home bucket or the next ones; false if all are full.
+    fn put(&self, key: u64, home: usize, packed: u64) -> bool {
+        for i in 0..PROBE {
+            let bucket = self.bucket(home, i);
+            for e in &bucket.entries {
+                // Acquire on success: pairs with the AcqRel CAS that freed the entry, so the
+                // previous owner's read of the charge happens before our write of it.
+                if e.key.load(Ordering::Relaxed) == 0
+                    && e.key
+                        .compare_exchange(0, RESERVED, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    // Relaxed: published by the Release store of the key just below.
+                    e.charge.store(packed, Ordering::Relaxed);
+                    e.key.store(key, Ordering::Release);
+                    return true;
+                }
+            }
+            if i == 0 {
+                // Relaxed: see `searched`. Set before the key is published in a later bucket.
+                self.bucket(home, 0).overflow.store(1, Ordering::Relaxed);
+            }
+        }
+        false
+    }
+
+    /// Removes a live allocation.
+    pub fn remove(&self, key: u64) -> Option<Charge> {
+        if key != 0 && key != RESERVED {
+            let home = self.home(key);
+            while let Some(e) = self.find(key, home) {
+                // Relaxed: ordered after the Acquire load of the key in `find`.
+                let packed = e.charge.load(Ordering::Relaxed);
+                // AcqRel: Release keeps the read of the charge above before the entry is free
+                // for reuse (pairs with the next claimer's Acquire CAS); a failure means another
+                // removal of the same key won (a double free), so look again.
+                if e.key
+                    .compare_exchange(key, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return Some(unpack(packed));
+                }
+            }
+        }
+        // Relaxed: as in `searched`; the fallback's own lock orders its contents.
+        if self.in_fallback.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.fallback_remove(key)
+    }
+
+    fn shard(&self, key: u64) -> &Shard {
+        &self.fallback[(key.wrapping_mul(FIB) >> 60) as usize % SHARDS]
+    }
+
+    fn fallback_insert(&self, key: u64, charge: Charge) -> Option<Charge> {
+        // A panic while holding a shard cannot leave a map half-updated (HashMap operations are
+        // complete or not done), so a poisoned shard is still consistent.
+        let mut map = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = map.insert(key, charge);
+        if old.is_none() {
+            // Relaxed: a counter read as a hint; the lock orders the map itself.
+            self.in_fallback.fetch_add(1, Ordering::Relaxed);
+        }
+        old
+    }
+
+    fn fallback_remove(&self, key: u64) -> Option<Charge> {
+        let mut map = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = map.remove(&key);
+        if old.is_some() {
+            // Relaxed: as in `fallback_insert`.
+            self.in_fallback.fetch_sub(1, Ordering::Relaxed);
+        }
+        old
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Live allocations (a scan of the whole table: for tests and diagnostics).
+    pub fn len(&self) -> usize {
+        let fast = self
+            .buckets
+            .iter()
+            .flat_map(|b| b.entries.iter())
+            // Relaxed: a momentary count.
+            .filter(|e| !matches!(e.key.load(Ordering::Relaxed), 0 | RESERVED))
+            .count();
+        fast + self
+            .fallback
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+use std::time::Instant;
+
+use super::*;
+
+fn charge(device: usize, bytes: u64) -> Charge {
+    Charge {
+        device,
+        bytes,
+        pool: 0,
+    }
+}
+
+/// `n` distinct addresses whose home bucket in `t` is the same.
+fn colliding(t: &AllocTable, n: usize) -> Vec<u64> {
+    let home = t.home(0x7f00_0000_0000);
+    (0..)
+        .map(|i| 0x7f00_0000_0000 + i * 512)
+        .filter(|&k| t.home(k) == home)
+        .take(n)
+        .collect()
+}
+
+#[test]
+fn tracks_charges() {
+    let t = AllocTable::default();
+    let c = charge(1, 4096);
+    assert_eq!(t.insert(0x7f00_0000_0000, c), None);
+    assert_eq!(t.insert(0x7f00_0000_0200, charge(0, 1)), None);
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.remove(0x7f00_0000_0000), Some(c));
+    assert_eq!(t.remove(0x7f00_0000_0000), None);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t.remove(0x7f00_0000_0200), Some(charge(0, 1)));
+    assert!(t.is_empty());
+}
+
+#[test]
+fn a_key_inserted_again_returns_the_stale_charge() {
+    let t = AllocTable::default();
+    assert_eq!(t.insert(0x1000, charge(0, 10)), None);
+    assert_eq!(t.insert(0x1000, charge(0, 20)), Some(charge(0, 10)));
+    assert_eq!(t.remove(0x1000), Some(charge(0, 20)));
+    assert!(t.is_empty());
+}
+
+#[test]
+fn what_does_not_pack_goes_to_the_fallback() {
+    let t = AllocTable::default();
+    let pooled = Charge {
+        device: 0,
+        bytes: 1 << 20,
+        pool: 0xdead,
+    };
+    let odd = [
+        (0, charge(0, 5)),
+        (RESERVED, charge(0, 6)),
+        (0x2000, pooled),
+        (0x3000, charge(1 << 16, 7)),
+        (0x4000, charge(2, 1 << 48)),
+    ];
+    for (k, c) in odd {
+        assert_eq!(t.insert(k, c), None);
+    }
+    assert_eq!(t.in_fallback.load(Ordering::Relaxed), odd.len());
+    assert_eq!(t.len(), odd.len());
+    // A key that moves from the fallback to the fast table on a repeated insert.
+    assert_eq!(t.insert(0x2000, charge(0, 8)), Some(pooled));
+    for (k, c) in odd.into_iter().filter(|(k, _)| *k != 0x2000) {
+        assert_eq!(t.remove(k), Some(c), "{k:#x}");
+    }
+    assert_eq!(t.remove(0x2000), Some(charge(0, 8)));
+    assert!(t.is_empty());
+    assert_eq!(t.in_fallback.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_full_bucket_overflows_into_the_next_ones_then_the_fallback() {
+    let t = AllocTable::with_buckets(64);
+    // Three entries per bucket, PROBE buckets: the rest of the keys go to the fallback.
+    let keys = colliding(&t, 3 * PROBE + 5);
+    for (i, &k) in keys.iter().enumerate() {
+        assert_eq!(t.insert(k, charge(0, i as u64 + 1)), None);
+    }
+    assert_eq!(t.in_fallback.load(Ordering::Relaxed), 5);
+    assert_eq!(t.len(), keys.len());
+    // Stale inserts are found wherever the key lives.
+    for (i, &k) in keys.iter().enumerate() {
+        assert_eq!(
+            t.insert(k, charge(0, 100 + i as u64)),
+            Some(charge(0, i as u64 + 1))
+        );
+    }
+    for (i, &k) in keys.iter().enumerate().rev() {
+        assert_eq!(t.remove(k), Some(charge(0, 100 + i as u64)), "{i}");
+    }
+    assert!(t.is_empty());
+}
+
+#[test]
+fn concurrent_threads_keep_every_charge() {
+    const THREADS: u64 = 4;
+    const KEYS: u64 = 2_000;
+    let t = AllocTable::with_buckets(64);
+    std::thread::scope(|s| {
+        for th in 0..THREADS {
+            let t = &t;
+            s.spawn(move || {
+                for round in 0..3 {
+                    for i in 0..KEYS {
+                        let key = 0x7f00_0000_0000 + (th << 32) + i * 512;
+                        assert_eq!(t.insert(key, charge(th as usize, i + round)), None);
+                    }
+                    for i in 0..KEYS {
+                        let key = 0x7f00_0000_0000 + (th << 32) + i * 512;
+                        assert_eq!(t.remove(key), Some(charge(th as usize, i + round)));
+                    }
+                }
+            });
+        }
+    });
+    assert!(t.is_empty());
+    assert_eq!(t.in_fallback.load(Ordering::Relaxed), 0);
+}
+
+/// The allocation table sits on the cudaMalloc/cudaFree path (budget +0.5 us per pair): measure
+/// an insert+remove pair with 4 threads contending, and fail far above the budget.
+#[test]
+fn alloc_table_pair_is_cheap() {
+    const PAIRS: u64 = 200_000;
+    let t = AllocTable::default();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for th in 0..4u64 {
+            let t = &t;
+            s.spawn(move || {
+                for i in 0..PAIRS {
+                    let key = 0x7f00_0000_0000 + (th << 32) + i * 512;
+                    t.insert(key, charge(0, 512));
+                    t.remove(key);
+                }
+            });
+        }
+    });
+    let per_pair = t0.elapsed().as_nanos() as u64 / PAIRS;
+    eprintln!(
+        "alloc table: {per_pair} ns per insert+remove pair per thread (4 threads, debug={})",
+        cfg!(debug_assertions)
+    );
+    // Unoptimised builds on 2 shared cores: a generous ceiling that still catches a pathology.
+    assert!(per_pair < 20_000, "{per_pair} ns");
+    assert_eq!(t.len(), 0);
+}

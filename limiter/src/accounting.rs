@@ -14,6 +14,7 @@ use agent_common::api::{API_SLOTS, ApiId};
 
 pub use crate::alloc_table::AllocTable;
 use crate::config::{Config, MAX_DEVICES};
+pub use region::Call;
 
 /// A reservation that would pass the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -35,15 +36,25 @@ pub trait Accounting: Sync {
     fn used(&self, device: usize) -> u64;
     /// The limit of `device`, if any.
     fn limit(&self, device: usize) -> Option<u64>;
+    /// One call of `api`, recorded at once (one seqlock section in a region): `hook_ns`, the
+    /// limiter's self-time for it, is computed last, so that a clock read there covers the
+    /// recording too.
+    fn record(&self, api: ApiId, call: Call, hook_ns: impl FnOnce() -> u64);
     /// One call of `api` that took `latency_ns` in the driver and `hook_ns` in the limiter.
-    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool);
-    fn record_alloc(&self, api: ApiId, bytes: u64);
-    fn record_free(&self, api: ApiId, bytes: u64);
+    #[inline(always)]
+    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool) {
+        let call = Call {
+            latency_ns,
+            ok,
+            ..Call::default()
+        };
+        self.record(api, call, || hook_ns);
+    }
     fn record_denied(&self, api: ApiId, bytes: u64);
     /// Time spent in the limiter's own logic around a call.
     fn add_hook_ns(&self, api: ApiId, ns: u64);
-    /// Time the SM controller held a launch back.
-    fn record_throttled(&self, ns: u64);
+    /// Time the SM controller held a call of `api` back.
+    fn record_throttled(&self, api: ApiId, ns: u64);
 }
 
 /// Counters of one API. Every field is an independent statistic: Relaxed throughout.
@@ -152,28 +163,26 @@ impl Accounting for InProcess {
     }
 
     #[inline]
-    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool) {
-        if let Some(s) = self.apis.get(api.0 as usize) {
-            s.calls.fetch_add(1, Ordering::Relaxed);
-            s.latency_ns.fetch_add(latency_ns, Ordering::Relaxed);
-            if hook_ns != 0 {
-                s.hook_ns.fetch_add(hook_ns, Ordering::Relaxed);
-            }
-            if !ok {
-                s.errors.fetch_add(1, Ordering::Relaxed);
-            }
+    fn record(&self, api: ApiId, call: Call, hook_ns: impl FnOnce() -> u64) {
+        let Some(s) = self.apis.get(api.0 as usize) else {
+            return;
+        };
+        // Relaxed (all): independent statistics.
+        s.calls.fetch_add(1, Ordering::Relaxed);
+        s.latency_ns.fetch_add(call.latency_ns, Ordering::Relaxed);
+        if !call.ok {
+            s.errors.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    fn record_alloc(&self, api: ApiId, bytes: u64) {
-        if let Some(s) = self.apis.get(api.0 as usize) {
-            s.alloc_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if call.bytes_allocated != 0 {
+            s.alloc_bytes
+                .fetch_add(call.bytes_allocated, Ordering::Relaxed);
         }
-    }
-
-    fn record_free(&self, api: ApiId, bytes: u64) {
-        if let Some(s) = self.apis.get(api.0 as usize) {
-            s.free_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if call.bytes_freed != 0 {
+            s.free_bytes.fetch_add(call.bytes_freed, Ordering::Relaxed);
+        }
+        let hook = hook_ns();
+        if hook != 0 {
+            s.hook_ns.fetch_add(hook, Ordering::Relaxed);
         }
     }
 
@@ -190,7 +199,7 @@ impl Accounting for InProcess {
         }
     }
 
-    fn record_throttled(&self, ns: u64) {
+    fn record_throttled(&self, _api: ApiId, ns: u64) {
         // Relaxed: a statistic.
         self.throttled_ns.fetch_add(ns, Ordering::Relaxed);
     }

@@ -65,7 +65,7 @@ const _: () = assert!(size_of::<Bucket>() == 64);
 
 fn pack(c: Charge) -> Option<u64> {
     (c.pool == 0 && c.device < 1 << 16 && c.bytes < 1 << BYTES_BITS)
-        .then(|| c.bytes | (c.device as u64) << BYTES_BITS)
+        .then_some(c.bytes | (c.device as u64) << BYTES_BITS)
 }
 
 fn unpack(v: u64) -> Charge {

@@ -18,7 +18,7 @@ use agent_common::api::ApiId;
 use region::{Region, Slot};
 
 use crate::{
-    accounting::{Accounting, AllocTable, Denied, InProcess},
+    accounting::{Accounting, AllocTable, Call, Denied, InProcess},
     config::MAX_DEVICES,
     log,
     pools::PoolTable,
@@ -58,14 +58,8 @@ impl Accounting for Ledger {
         dispatch!(self, l => l.limit(device))
     }
     #[inline(always)]
-    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool) {
-        dispatch!(self, l => l.record_call(api, latency_ns, hook_ns, ok))
-    }
-    fn record_alloc(&self, api: ApiId, bytes: u64) {
-        dispatch!(self, l => l.record_alloc(api, bytes))
-    }
-    fn record_free(&self, api: ApiId, bytes: u64) {
-        dispatch!(self, l => l.record_free(api, bytes))
+    fn record(&self, api: ApiId, call: Call, hook_ns: impl FnOnce() -> u64) {
+        dispatch!(self, l => l.record(api, call, hook_ns))
     }
     fn record_denied(&self, api: ApiId, bytes: u64) {
         dispatch!(self, l => l.record_denied(api, bytes))
@@ -73,8 +67,8 @@ impl Accounting for Ledger {
     fn add_hook_ns(&self, api: ApiId, ns: u64) {
         dispatch!(self, l => l.add_hook_ns(api, ns))
     }
-    fn record_throttled(&self, ns: u64) {
-        dispatch!(self, l => l.record_throttled(ns))
+    fn record_throttled(&self, api: ApiId, ns: u64) {
+        dispatch!(self, l => l.record_throttled(api, ns))
     }
 }
 

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use agent_common::api::ApiId;
 use region::{Region, ReserveError, ShardWriter, Slot};
 
-use crate::accounting::{Accounting, Denied};
+use crate::accounting::{Accounting, Call, Denied};
 
 /// Accounting of one process in the container's region.
 #[derive(Debug)]
@@ -113,16 +113,8 @@ impl Accounting for &'static RegionLedger {
     }
 
     #[inline(always)]
-    fn record_call(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool) {
-        self.with_writer(|w| w.record_call_timed(api, latency_ns, hook_ns, ok));
-    }
-
-    fn record_alloc(&self, api: ApiId, bytes: u64) {
-        self.with_writer(|w| w.record_alloc(api, bytes));
-    }
-
-    fn record_free(&self, api: ApiId, bytes: u64) {
-        self.with_writer(|w| w.record_free(api, bytes));
+    fn record(&self, api: ApiId, call: Call, hook_ns: impl FnOnce() -> u64) {
+        self.with_writer(|w| w.record(api, call, hook_ns));
     }
 
     fn record_denied(&self, api: ApiId, bytes: u64) {
@@ -133,7 +125,7 @@ impl Accounting for &'static RegionLedger {
         self.with_writer(|w| w.add_hook_ns(api, ns));
     }
 
-    fn record_throttled(&self, ns: u64) {
-        self.with_writer(|w| w.add_throttled_ns(ns));
+    fn record_throttled(&self, api: ApiId, ns: u64) {
+        self.with_writer(|w| w.add_throttled_ns(api, ns));
     }
 }

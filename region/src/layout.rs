@@ -7,7 +7,15 @@
 //!
 //! A file is a [`RegionHeader`] (one 4 KiB page) followed by `slot_count` [`SlotRecord`]s. Each
 //! slot holds [`SHARDS_PER_SLOT`] statistics [`Shard`]s: [`THREAD_SHARDS`] owned by one thread
-//! each, and one overflow shard shared by the remaining threads under a try-only writer bit.
+//! each, and one overflow shard shared by the remaining threads under a try-only writer bit. A
+//! shard is one [`ApiRecord`] per API, each under its own seqlock.
+//!
+//! Layout 3 is shaped for a process that enters the limiter with cold caches (several processes
+//! on one GPU, whose calls the driver serialises): a reservation touches one line of the slot
+//! (state, intent and the held words of devices 0..5 share the slot's first line), a recorded
+//! call touches its API record's first line (sequence and counters) and one histogram line, on
+//! one page (records are 512 bytes, 512-aligned). Layouts 1 and 2 (read, never written) are in
+//! `layout_v2`.
 
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -15,11 +23,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use agent_common::api::API_SLOTS;
 use agent_common::hist::HIST_BUCKETS;
 
+use crate::layout_v2::{ApiCountersV2, ShardV2, SlotHeaderV2, SlotRecordV2};
+
 /// `b"VGPUREGN"` read as a little-endian `u64`.
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VGPUREGN");
 /// Layout major version. Writers use only this major; readers also read [`OLDEST_READABLE_MAJOR`]
-/// and later majors up to this one. 2 packs a tag into `reserved` and `held` (see `reserve`).
-pub const LAYOUT_MAJOR: u32 = 2;
+/// and later majors up to this one. 2 packs a tag into `reserved` and `held` (see `reserve`); 3
+/// moves the slot header's hot words into one line and gives every API record its own seqlock.
+pub const LAYOUT_MAJOR: u32 = 3;
 /// The oldest major version the reader still decodes (1: `reserved` and `held` are plain bytes).
 pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// Layout minor version: additions inside reserved fields; readers accept any minor.
@@ -113,9 +124,12 @@ const HEADER_FIXED: usize = 160 + MAX_DEVICES * size_of::<DeviceState>();
 /// Words of padding at the end of the header page.
 pub const HEADER_TAIL_WORDS: usize = (HEADER_SIZE - HEADER_FIXED) / 8;
 
-/// Per-API counters of one shard (one cache line).
+/// The statistics of one API in one shard, under its own seqlock: a call is recorded in one
+/// section that touches the first line (sequence and counters) and one histogram line.
 #[repr(C)]
-pub struct ApiCounters {
+pub struct ApiRecord {
+    /// Seqlock sequence: odd while a write section is open; sections completed = `seq / 2`.
+    pub seq: AtomicU64,
     /// Calls recorded.
     pub calls: AtomicU64,
     /// Calls that returned an error.
@@ -128,29 +142,27 @@ pub struct ApiCounters {
     pub bytes_allocated: AtomicU64,
     /// Bytes freed through this API.
     pub bytes_freed: AtomicU64,
+    /// Time the limiter held calls of this API back (SM limit), ns.
+    pub throttled_ns: AtomicU64,
     /// Allocations denied by the limit.
     pub denied: AtomicU64,
     /// Bytes of the denied allocations.
     pub denied_bytes: AtomicU64,
+    /// Log2 latency histogram (bucketed by `agent_common::hist::bucket_of`).
+    pub hist: [AtomicU64; HIST_BUCKETS],
+    /// Room for growth (minor versions).
+    pub spare: [AtomicU64; API_RECORD_SPARE_WORDS],
 }
 
-/// A single-writer statistics shard, guarded by its own seqlock.
+/// Bytes of an [`ApiRecord`]: a power of two, so that no record straddles a page.
+pub const API_RECORD_SIZE: usize = 512;
+const API_RECORD_SPARE_WORDS: usize = API_RECORD_SIZE / 8 - 10 - HIST_BUCKETS;
+
+/// A single-writer statistics shard: one record per API id.
 #[repr(C)]
 pub struct Shard {
-    /// Seqlock sequence: odd while a write section is open.
-    pub seq: AtomicU64,
-    /// Thread shards: kernel tid of the owning thread, 0 = free. Overflow shard: unused (0).
-    pub owner_tid: AtomicU64,
-    /// Time the limiter throttled launches (SM limit), ns.
-    pub throttled_ns: AtomicU64,
-    /// Write sections completed.
-    pub write_sections: AtomicU64,
-    /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 4],
-    /// Counters per API id.
-    pub apis: [ApiCounters; API_SLOTS],
-    /// Log2 latency histogram per API id (bucketed by `agent_common::hist::bucket_of`).
-    pub hist: [[AtomicU64; HIST_BUCKETS]; API_SLOTS],
+    /// Records per API id.
+    pub apis: [ApiRecord; API_SLOTS],
 }
 
 /// The fixed part of a slot.
@@ -158,6 +170,17 @@ pub struct Shard {
 pub struct SlotHeader {
     /// Slot state word: `generation << 40 | phase << 32 | pid` (see `slots`).
     pub state: AtomicU64,
+    /// The slot's reservation operation in flight: `state | kind << 2 | device << 4 |
+    /// ticket << 8 | seq << 24` (see `reserve`). Zero = none.
+    pub intent: AtomicU64,
+    /// Bytes of the intent (reserve or release).
+    pub intent_bytes: AtomicU64,
+    /// Bytes this process holds per device (reserved and not released), bits 0..48, and the
+    /// ticket of the last operation applied, bits 48..64 (see `reserve`). Devices 0..5 share the
+    /// first line with `state` and the intent.
+    pub held: [AtomicU64; MAX_DEVICES],
+    /// Context (and module) bytes per device, as set by the limiter, for display.
+    pub context_bytes: [AtomicU64; MAX_DEVICES],
     /// Owner's start time, clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: AtomicU64,
     /// Inode of the owner's `/proc/self/ns/pid` (0 if unknown).
@@ -166,24 +189,17 @@ pub struct SlotHeader {
     pub claimed_at_unix_ns: AtomicU64,
     /// `CLOCK_BOOTTIME` milliseconds when the current reclaim started (0 = none).
     pub reclaim_started_ms: AtomicU64,
-    /// Records dropped because the overflow shard was busy.
+    /// Records dropped because the overflow shard's record was busy.
     pub dropped_records: AtomicU64,
     /// Owner's command name (`/proc/self/comm`), 16 bytes, NUL padded.
     pub name: [AtomicU64; 2],
-    /// Bytes this process holds per device (reserved and not released), bits 0..48, and the
-    /// ticket of the last operation applied, bits 48..64 (see `reserve`).
-    pub held: [AtomicU64; MAX_DEVICES],
-    /// Context (and module) bytes per device, as set by the limiter, for display.
-    pub context_bytes: [AtomicU64; MAX_DEVICES],
     /// Bit `i` set once shard `i` has been written (so a reused slot zeroes only those).
     pub used_shards: AtomicU64,
-    /// The slot's reservation operation in flight: `state | kind << 2 | device << 4 |
-    /// ticket << 8 | seq << 24` (see `reserve`). Zero = none.
-    pub intent: AtomicU64,
-    /// Bytes of the intent (reserve or release).
-    pub intent_bytes: AtomicU64,
+    /// Thread shards: kernel tid of each shard's owning thread, 0 = free (the overflow shard's
+    /// entry stays 0).
+    pub shard_owner: [AtomicU64; SHARDS_PER_SLOT],
     /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 5],
+    pub spare: [AtomicU64; 12],
 }
 
 /// One process slot: its header and its shards. Slots never move.
@@ -205,14 +221,36 @@ pub const fn region_size(slots: u32) -> u64 {
     HEADER_SIZE as u64 + slots as u64 * SLOT_SIZE as u64
 }
 
+/// Bytes between slots in a region of layout major `major` (1 and 2: `layout_v2`).
+pub const fn slot_stride_for(major: u32) -> usize {
+    if major < 3 {
+        crate::layout_v2::SLOT_SIZE_V2
+    } else {
+        SLOT_SIZE
+    }
+}
+
+/// Bytes between shards in a region of layout major `major`.
+pub const fn shard_stride_for(major: u32) -> usize {
+    if major < 3 {
+        crate::layout_v2::SHARD_SIZE_V2
+    } else {
+        SHARD_SIZE
+    }
+}
+
+/// Bytes of a region of layout major `major` with `slots` slots.
+pub const fn region_size_for(major: u32, slots: u32) -> u64 {
+    HEADER_SIZE as u64 + slots as u64 * slot_stride_for(major) as u64
+}
+
 // Sizes and offsets are part of the protocol: a change here is a layout version change.
 const _: () = assert!(size_of::<DeviceState>() == 64);
 const _: () = assert!(size_of::<RegionHeader>() == HEADER_SIZE);
-const _: () = assert!(size_of::<ApiCounters>() == 64);
-const _: () = assert!(size_of::<Shard>() == 36_160);
-const _: () = assert!(size_of::<SlotHeader>() == 384);
-const _: () = assert!(size_of::<SlotRecord>() == 325_824);
-const _: () = assert!(SLOT_SIZE.is_multiple_of(64) && SHARD_SIZE.is_multiple_of(64));
+const _: () = assert!(size_of::<ApiRecord>() == API_RECORD_SIZE);
+const _: () = assert!(size_of::<Shard>() == 49_152);
+const _: () = assert!(size_of::<SlotHeader>() == 512);
+const _: () = assert!(size_of::<SlotRecord>() == 442_880);
 const _: () = assert!(offset_of!(RegionHeader, init_state) == 0);
 const _: () = assert!(offset_of!(RegionHeader, magic) == 8);
 const _: () = assert!(offset_of!(RegionHeader, layout_version) == 16);
@@ -222,16 +260,25 @@ const _: () = assert!(offset_of!(RegionHeader, device_count) == 52);
 const _: () = assert!(offset_of!(RegionHeader, slot_stride) == 56);
 const _: () = assert!(offset_of!(RegionHeader, init_takeovers) == 112);
 const _: () = assert!(offset_of!(RegionHeader, devices) == 160);
-const _: () = assert!(offset_of!(Shard, apis) == 64);
-const _: () = assert!(offset_of!(Shard, hist) == 6208);
-const _: () = assert!(offset_of!(SlotHeader, held) == 64);
-const _: () = assert!(offset_of!(SlotHeader, intent) == 328);
-const _: () = assert!(offset_of!(SlotHeader, intent_bytes) == 336);
-const _: () = assert!(offset_of!(SlotHeader, spare) == 344);
-const _: () = assert!(offset_of!(SlotRecord, shards) == 384);
+// A reservation on devices 0..5 touches one line of its slot: state, intent, bytes, held word.
+const _: () = assert!(offset_of!(SlotHeader, state) == 0);
+const _: () = assert!(offset_of!(SlotHeader, intent) == 8);
+const _: () = assert!(offset_of!(SlotHeader, intent_bytes) == 16);
+const _: () = assert!(offset_of!(SlotHeader, held) == 24);
+const _: () = assert!(offset_of!(SlotHeader, shard_owner) == 344);
+const _: () = assert!(offset_of!(SlotRecord, shards) == 512);
+// A call's section touches the record's first line (sequence and the counters a call bumps).
+const _: () = assert!(offset_of!(ApiRecord, throttled_ns) + 8 == 64);
+const _: () = assert!(offset_of!(ApiRecord, hist) == 80);
+// Records never straddle a page: the header page, the slot stride and the slot header are
+// multiples of the record size, and so is everything before a record inside a slot.
+const _: () = assert!(HEADER_SIZE.is_multiple_of(API_RECORD_SIZE));
+const _: () = assert!(SLOT_SIZE.is_multiple_of(API_RECORD_SIZE));
+const _: () = assert!(SHARD_SIZE.is_multiple_of(API_RECORD_SIZE));
+const _: () = assert!(4096usize.is_multiple_of(API_RECORD_SIZE));
 // A region for 64 processes with 8 thread shards each stays far below 64 MiB of (sparse) file.
-const _: () = assert!(region_size(64) < 24 << 20);
-const _: () = assert!(region_size(DEFAULT_SLOTS) < 48 << 20);
+const _: () = assert!(region_size(64) < 32 << 20);
+const _: () = assert!(region_size(DEFAULT_SLOTS) < 64 << 20);
 const _: () = assert!(HEADER_FIXED <= HEADER_SIZE);
 
 macro_rules! field_offsets {
@@ -285,33 +332,62 @@ field_offsets!(
     SlotRecord.header,
     SlotRecord.shards,
     SlotHeader.state,
+    SlotHeader.intent,
+    SlotHeader.intent_bytes,
+    SlotHeader.held,
+    SlotHeader.context_bytes,
     SlotHeader.start_time,
     SlotHeader.pid_ns,
     SlotHeader.claimed_at_unix_ns,
     SlotHeader.reclaim_started_ms,
     SlotHeader.dropped_records,
     SlotHeader.name,
-    SlotHeader.held,
-    SlotHeader.context_bytes,
     SlotHeader.used_shards,
-    SlotHeader.intent,
-    SlotHeader.intent_bytes,
+    SlotHeader.shard_owner,
     SlotHeader.spare,
-    Shard.seq,
-    Shard.owner_tid,
-    Shard.throttled_ns,
-    Shard.write_sections,
-    Shard.spare,
     Shard.apis,
-    Shard.hist,
-    ApiCounters.calls,
-    ApiCounters.errors,
-    ApiCounters.latency_ns,
-    ApiCounters.hook_ns,
-    ApiCounters.bytes_allocated,
-    ApiCounters.bytes_freed,
-    ApiCounters.denied,
-    ApiCounters.denied_bytes,
+    ApiRecord.seq,
+    ApiRecord.calls,
+    ApiRecord.errors,
+    ApiRecord.latency_ns,
+    ApiRecord.hook_ns,
+    ApiRecord.bytes_allocated,
+    ApiRecord.bytes_freed,
+    ApiRecord.throttled_ns,
+    ApiRecord.denied,
+    ApiRecord.denied_bytes,
+    ApiRecord.hist,
+    ApiRecord.spare,
+    SlotRecordV2.header,
+    SlotRecordV2.shards,
+    SlotHeaderV2.state,
+    SlotHeaderV2.start_time,
+    SlotHeaderV2.pid_ns,
+    SlotHeaderV2.claimed_at_unix_ns,
+    SlotHeaderV2.reclaim_started_ms,
+    SlotHeaderV2.dropped_records,
+    SlotHeaderV2.name,
+    SlotHeaderV2.held,
+    SlotHeaderV2.context_bytes,
+    SlotHeaderV2.used_shards,
+    SlotHeaderV2.intent,
+    SlotHeaderV2.intent_bytes,
+    SlotHeaderV2.spare,
+    ShardV2.seq,
+    ShardV2.owner_tid,
+    ShardV2.throttled_ns,
+    ShardV2.write_sections,
+    ShardV2.spare,
+    ShardV2.apis,
+    ShardV2.hist,
+    ApiCountersV2.calls,
+    ApiCountersV2.errors,
+    ApiCountersV2.latency_ns,
+    ApiCountersV2.hook_ns,
+    ApiCountersV2.bytes_allocated,
+    ApiCountersV2.bytes_freed,
+    ApiCountersV2.denied,
+    ApiCountersV2.denied_bytes,
 );
 
 #[cfg(test)]
@@ -353,6 +429,8 @@ mod tests {
     #[test]
     fn region_sizes() {
         assert_eq!(region_size(0), HEADER_SIZE as u64);
-        assert_eq!(region_size(64), 4096 + 64 * 325_824);
+        assert_eq!(region_size(64), 4096 + 64 * 442_880);
+        assert_eq!(region_size_for(2, 64), 4096 + 64 * 325_824);
+        assert_eq!(region_size_for(3, 64), region_size(64));
     }
 }

@@ -2,7 +2,8 @@
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 
-use crate::layout::{ApiCounters, DeviceState, RegionHeader, Shard, SlotHeader, SlotRecord};
+use crate::layout::{ApiRecord, DeviceState, RegionHeader, Shard, SlotHeader, SlotRecord};
+use crate::layout_v2::{ApiCountersV2, ShardV2, SlotHeaderV2, SlotRecordV2};
 
 /// Types that may be placed over bytes of a shared mapping.
 ///
@@ -30,4 +31,12 @@ unsafe impl RegionPod for SlotHeader {}
 // SAFETY: as above.
 unsafe impl RegionPod for Shard {}
 // SAFETY: as above.
-unsafe impl RegionPod for ApiCounters {}
+unsafe impl RegionPod for ApiRecord {}
+// SAFETY: as above.
+unsafe impl RegionPod for SlotRecordV2 {}
+// SAFETY: as above.
+unsafe impl RegionPod for SlotHeaderV2 {}
+// SAFETY: as above.
+unsafe impl RegionPod for ShardV2 {}
+// SAFETY: as above.
+unsafe impl RegionPod for ApiCountersV2 {}

@@ -166,8 +166,15 @@ fn read_with<E>(
     })
 }
 
+/// Layout 3's test of two copies of a record, made in that order with an Acquire fence between
+/// them, whose words only grow (see `reader::shards`): the copy is consistent iff the two are
+/// identical and the sequence (word `seq`) is even.
+pub(crate) fn copies_agree(first: &[u64], second: &[u64], seq: usize) -> bool {
+    first == second && first.get(seq).is_some_and(|s| s & 1 == 0)
+}
+
 #[inline]
-fn backoff(attempt: u32) {
+pub(crate) fn backoff(attempt: u32) {
     #[cfg(not(loom))]
     {
         if attempt < 16 {

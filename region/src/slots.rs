@@ -169,6 +169,8 @@ impl Region {
         // `held` and the intent are left alone: the last reclaim returned the holdings through
         // the protocol, and the tickets in them must keep counting (see `reserve`).
         h.context_bytes.iter().for_each(|w| w.store(0, r));
+        // A dead owner's threads never dropped their writers.
+        h.shard_owner.iter().for_each(|w| w.store(0, r));
         let used = h.used_shards.load(r);
         for (i, shard) in record.shards.iter().enumerate().take(SHARDS_PER_SLOT) {
             if used & (1 << i) != 0 {
@@ -311,32 +313,36 @@ impl Region {
     }
 }
 
-/// Zeroes a shard inside a write section so readers never see a half-reset shard. Only the
-/// claimer of the slot (in `CLAIMING`) calls this, so it is the only writer; a sequence left odd
-/// by a dead writer is closed here.
+/// Zeroes a shard's records, each inside its own write section so readers never see a
+/// half-reset record. Only the claimer of the slot (in `CLAIMING`) calls this, so it is the only
+/// writer; a sequence left odd by a dead writer is closed here. Records never written (sequence
+/// 0) hold zeroes already.
 fn reset_shard(shard: &Shard) {
     let r = Ordering::Relaxed;
-    let odd = seqlock::begin_exclusive(&shard.seq);
-    shard.owner_tid.store(0, r);
-    shard.throttled_ns.store(0, r);
-    shard.write_sections.store(0, r);
-    shard.spare.iter().for_each(|w| w.store(0, r));
-    for api in &shard.apis {
+    for record in &shard.apis {
+        if record.seq.load(r) == 0 {
+            continue;
+        }
+        let odd = seqlock::begin_exclusive(&record.seq);
         for w in [
-            &api.calls,
-            &api.errors,
-            &api.latency_ns,
-            &api.hook_ns,
-            &api.bytes_allocated,
-            &api.bytes_freed,
-            &api.denied,
-            &api.denied_bytes,
-        ] {
+            &record.calls,
+            &record.errors,
+            &record.latency_ns,
+            &record.hook_ns,
+            &record.bytes_allocated,
+            &record.bytes_freed,
+            &record.throttled_ns,
+            &record.denied,
+            &record.denied_bytes,
+        ]
+        .into_iter()
+        .chain(&record.hist)
+        .chain(&record.spare)
+        {
             w.store(0, r);
         }
+        seqlock::end(&record.seq, odd);
     }
-    shard.hist.iter().flatten().for_each(|w| w.store(0, r));
-    seqlock::end(&shard.seq, odd);
 }
 
 #[cfg(test)]

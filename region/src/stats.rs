@@ -1,10 +1,13 @@
-//! Lock-free statistics: a per-thread writer handle over a single-writer seqlocked shard.
+//! Lock-free statistics: a per-thread writer handle over a single-writer shard of per-API
+//! records, each under its own seqlock.
 //!
-//! A thread claims one of the slot's [`THREAD_SHARDS`] once (CAS of `owner_tid` from 0 to its
-//! tid) and is then its only writer. When all are taken, threads share the overflow shard, whose
-//! odd sequence doubles as a try-only writer bit: a contended record is counted in the slot's
-//! `dropped_records` instead of waiting. Recording is a handful of `Relaxed` loads and stores
-//! between two sequence stores: no locks, no allocation, no system calls.
+//! A thread claims one of the slot's [`THREAD_SHARDS`] once (CAS of the slot header's
+//! `shard_owner[i]` from 0 to its tid) and is then the only writer of its records. When all are
+//! taken, threads share the overflow shard, where each record's odd sequence doubles as a
+//! try-only writer bit: a contended record is counted in the slot's `dropped_records` instead of
+//! waiting (threads recording different APIs do not contend). Recording a call is one section
+//! of plain `Relaxed` loads and stores in the API's record: its first cache line (sequence and
+//! counters) and one histogram line, on one page. No locks, no allocation, no system calls.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +15,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use agent_common::api::ApiId;
 use agent_common::hist::bucket_of;
 
-use crate::layout::{ApiCounters, OVERFLOW_SHARD, Shard, SlotHeader, THREAD_SHARDS};
+use crate::layout::{ApiRecord, OVERFLOW_SHARD, Shard, SlotHeader, THREAD_SHARDS};
 use crate::region::Region;
 use crate::seqlock;
 use crate::slots::Slot;
+
+/// One call as a hook records it, in one section of the API's record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Call {
+    /// Latency as the application saw it (the driver's part), ns.
+    pub latency_ns: u64,
+    /// Whether the call succeeded.
+    pub ok: bool,
+    /// Bytes the call allocated.
+    pub bytes_allocated: u64,
+    /// Bytes the call freed.
+    pub bytes_freed: u64,
+}
 
 /// The calling thread's handle for recording statistics into its process's slot.
 ///
@@ -61,11 +77,16 @@ impl Region {
             .expect("a Slot always indexes its region");
         let tid = crate::procfs::current_tid();
         let mut chosen = (OVERFLOW_SHARD, false);
-        for (i, shard) in record.shards.iter().enumerate().take(THREAD_SHARDS) {
+        for (i, owner) in record
+            .header
+            .shard_owner
+            .iter()
+            .enumerate()
+            .take(THREAD_SHARDS)
+        {
             // Acquire on success: pairs with the previous owner's Release store of 0 in `Drop`,
-            // so its last section's data is visible to our load+store increments.
-            if shard
-                .owner_tid
+            // so its last sections' data are visible to our load+store increments.
+            if owner
                 .compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
@@ -100,12 +121,16 @@ impl<'r> ShardWriter<'r> {
         self.exclusive
     }
 
+    /// Runs `write` inside a section of `api`'s record (nothing for an id past the table).
     #[inline(always)]
-    fn section(&self, write: impl FnOnce(&'r Shard)) {
+    fn section(&self, api: ApiId, write: impl FnOnce(&'r ApiRecord)) {
+        let Some(record) = self.shard.apis.get(api.0 as usize) else {
+            return;
+        };
         let odd = if self.exclusive {
-            seqlock::begin_exclusive(&self.shard.seq)
+            seqlock::begin_exclusive(&record.seq)
         } else {
-            match seqlock::try_begin_shared(&self.shard.seq) {
+            match seqlock::try_begin_shared(&record.seq) {
                 Some(odd) => odd,
                 None => {
                     // Relaxed: a statistic.
@@ -114,15 +139,24 @@ impl<'r> ShardWriter<'r> {
                 }
             }
         };
-        write(self.shard);
-        bump(&self.shard.write_sections, 1);
-        seqlock::end(&self.shard.seq, odd);
+        write(record);
+        seqlock::end(&record.seq, odd);
     }
 
-    #[inline(always)]
-    fn api(shard: &Shard, api: ApiId) -> Option<(&ApiCounters, usize)> {
-        let index = api.0 as usize;
-        shard.apis.get(index).map(|counters| (counters, index))
+    /// Records one call of `api`, in one section: counts, latency and its histogram bucket,
+    /// bytes, and the limiter's self-time, which `hook_ns` computes last, inside the section (so
+    /// that a clock read there covers the recording too).
+    #[inline]
+    pub fn record(&self, api: ApiId, call: Call, hook_ns: impl FnOnce() -> u64) {
+        self.section(api, |r| {
+            bump(&r.calls, 1);
+            bump(&r.errors, u64::from(!call.ok));
+            bump(&r.latency_ns, call.latency_ns);
+            bump(&r.bytes_allocated, call.bytes_allocated);
+            bump(&r.bytes_freed, call.bytes_freed);
+            bump(&r.hist[bucket_of(call.latency_ns)], 1);
+            bump(&r.hook_ns, hook_ns());
+        });
     }
 
     /// Records one call of `api` that took `latency_ns` (as the application saw it).
@@ -134,63 +168,45 @@ impl<'r> ShardWriter<'r> {
     /// Records one call and the time spent inside the limiter's hook for it, in one section.
     #[inline]
     pub fn record_call_timed(&self, api: ApiId, latency_ns: u64, hook_ns: u64, ok: bool) {
-        self.section(|shard| {
-            let Some((counters, index)) = Self::api(shard, api) else {
-                return;
-            };
-            bump(&counters.calls, 1);
-            bump(&counters.errors, u64::from(!ok));
-            bump(&counters.latency_ns, latency_ns);
-            bump(&counters.hook_ns, hook_ns);
-            bump(&shard.hist[index][bucket_of(latency_ns)], 1);
-        });
+        let call = Call {
+            latency_ns,
+            ok,
+            ..Call::default()
+        };
+        self.record(api, call, || hook_ns);
     }
 
     /// Records `bytes` allocated through `api`.
     #[inline]
     pub fn record_alloc(&self, api: ApiId, bytes: u64) {
-        self.section(|shard| {
-            if let Some((counters, _)) = Self::api(shard, api) {
-                bump(&counters.bytes_allocated, bytes);
-            }
-        });
+        self.section(api, |r| bump(&r.bytes_allocated, bytes));
     }
 
     /// Records `bytes` freed through `api`.
     #[inline]
     pub fn record_free(&self, api: ApiId, bytes: u64) {
-        self.section(|shard| {
-            if let Some((counters, _)) = Self::api(shard, api) {
-                bump(&counters.bytes_freed, bytes);
-            }
-        });
+        self.section(api, |r| bump(&r.bytes_freed, bytes));
     }
 
     /// Records an allocation of `bytes` through `api` denied by the limit.
     #[inline]
     pub fn record_denied(&self, api: ApiId, bytes: u64) {
-        self.section(|shard| {
-            if let Some((counters, _)) = Self::api(shard, api) {
-                bump(&counters.denied, 1);
-                bump(&counters.denied_bytes, bytes);
-            }
+        self.section(api, |r| {
+            bump(&r.denied, 1);
+            bump(&r.denied_bytes, bytes);
         });
     }
 
-    /// Adds limiter self-time for `api` not covered by `record_call_timed`.
+    /// Adds limiter self-time for `api` not covered by a recorded call.
     #[inline]
     pub fn add_hook_ns(&self, api: ApiId, ns: u64) {
-        self.section(|shard| {
-            if let Some((counters, _)) = Self::api(shard, api) {
-                bump(&counters.hook_ns, ns);
-            }
-        });
+        self.section(api, |r| bump(&r.hook_ns, ns));
     }
 
-    /// Adds time the limiter throttled this thread (SM limit).
+    /// Adds time the limiter held a call of `api` back (SM limit).
     #[inline]
-    pub fn add_throttled_ns(&self, ns: u64) {
-        self.section(|shard| bump(&shard.throttled_ns, ns));
+    pub fn add_throttled_ns(&self, api: ApiId, ns: u64) {
+        self.section(api, |r| bump(&r.throttled_ns, ns));
     }
 }
 
@@ -199,7 +215,7 @@ impl Drop for ShardWriter<'_> {
         // In a forked child the shard still belongs to the parent's thread: leave it alone.
         if self.exclusive && std::process::id() == self.owner_pid {
             // Release: pairs with the next owner's Acquire CAS in `shard_writer`.
-            self.shard.owner_tid.store(0, Ordering::Release);
+            self.slot.shard_owner[self.shard_index as usize].store(0, Ordering::Release);
         }
     }
 }

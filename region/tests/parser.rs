@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use agent_common::api::ApiId;
 use proptest::prelude::*;
 use region::hami::{HAMI_MAGIC, HAMI_V1_SIZE, HamiReader};
 use region::reader::RegionReader;
@@ -38,7 +39,7 @@ fn read_region(bytes: &[u8]) {
         for slot in &snap.slots {
             assert_eq!(slot.held.len(), snap.geometry.device_count as usize);
         }
-        if snap.geometry.major == 2 {
+        if snap.geometry.major >= 2 {
             // Whatever the tags hold, a tagged word decodes to at most 2^48 - 1 bytes.
             let held = snap.slots.iter().flat_map(|s| s.held.iter());
             let reserved = snap.devices.iter().map(|d| &d.reserved);
@@ -173,13 +174,18 @@ fn fuzz_seeds_parse() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r");
     let mut bytes = std::fs::read(seeds.join("vgpu-1-slot")).unwrap();
-    bytes.resize(region::layout::region_size(1) as usize, 0);
+    bytes.resize(region::layout::region_size_for(1, 1) as usize, 0);
     std::fs::write(&path, &bytes).unwrap();
     let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
     assert_eq!(snap.geometry.major, 1, "the seed is a version 1.0 region");
     assert_eq!(snap.slots.len(), 1);
     assert_eq!(snap.slots[0].name, "seed");
     assert_eq!(snap.slots[0].apis[0].calls, 5);
+    let snap = snapshot_of(&v2_image());
+    assert_eq!(snap.geometry.major, 2, "the seed is a version 2.0 region");
+    assert_eq!(snap.slots.len(), 1);
+    assert_eq!(snap.slots[0].apis[0].api, ApiId(40));
+    assert_eq!(snap.slots[0].apis[0].calls, 1);
     let mut bytes = std::fs::read(seeds.join("hami-1-proc")).unwrap();
     bytes.resize(HAMI_V1_SIZE as usize, 0);
     std::fs::write(&path, &bytes).unwrap();
@@ -190,8 +196,30 @@ fn fuzz_seeds_parse() {
 
 const RESERVED_0: usize = 160 + 8;
 const SLOT0: usize = 4096;
-const HELD_0: usize = 64;
-const INTENT: usize = 328;
+
+/// Offsets of slot 0's first held word and its intent in layout `major`.
+fn held_and_intent(major: u32) -> (usize, usize) {
+    use region::layout::SlotHeader;
+    use region::layout_v2::SlotHeaderV2;
+    use std::mem::offset_of;
+    if major >= 3 {
+        (offset_of!(SlotHeader, held), offset_of!(SlotHeader, intent))
+    } else {
+        (
+            offset_of!(SlotHeaderV2, held),
+            offset_of!(SlotHeaderV2, intent),
+        )
+    }
+}
+
+/// The version 2.0 seed (`fuzz/seeds/vgpu-2-slots`, written by the layout 2 writer: 2 slots, 2
+/// devices, slot 0 holding 4096 bytes on device 0 and one call of API 40), at its full size.
+fn v2_image() -> Vec<u8> {
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let mut bytes = std::fs::read(seeds.join("vgpu-2-slots")).unwrap();
+    bytes.resize(region::layout::region_size_for(2, 2) as usize, 0);
+    bytes
+}
 
 fn put(bytes: &mut [u8], offset: usize, value: u64) {
     bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
@@ -204,41 +232,59 @@ fn snapshot_of(bytes: &[u8]) -> region::reader::RegionSnapshot {
     RegionReader::open(&path).unwrap().snapshot().unwrap()
 }
 
-/// Version 2 words carry tags above bit 48: the reader reports bytes only, and garbage in the
-/// tags or in the intent words changes nothing it reports.
+/// Version 2 and 3 words carry tags above bit 48: the reader reports bytes only, and garbage in
+/// the tags or in the intent words changes nothing it reports.
 #[test]
 fn tagged_words_decode_to_bytes_whatever_the_tags_hold() {
-    let image = valid_image();
-    let snap = snapshot_of(image);
-    assert_eq!(snap.geometry.major, 2);
-    assert_eq!(snap.devices[0].reserved, 4096);
-    assert_eq!(snap.slots[0].held[0], 4096);
-    let mut bytes = image.to_vec();
-    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-    let (reserved, held) = (word(RESERVED_0), word(SLOT0 + HELD_0));
-    assert_ne!(reserved >> 48, 0, "the container word carries a tag");
-    put(
-        &mut bytes,
-        RESERVED_0,
-        0xffff << 48 | (reserved & region::MAX_RESERVABLE),
-    );
-    put(
-        &mut bytes,
-        SLOT0 + HELD_0,
-        0xabcd << 48 | (held & region::MAX_RESERVABLE),
-    );
-    put(&mut bytes, SLOT0 + INTENT, u64::MAX);
-    put(&mut bytes, SLOT0 + INTENT + 8, u64::MAX);
-    let garbled = snapshot_of(&bytes);
-    assert_eq!(garbled.devices[0].reserved, 4096);
-    assert_eq!(garbled.slots[0].held[0], 4096);
+    for (major, image) in [(3, valid_image().to_vec()), (2, v2_image())] {
+        let snap = snapshot_of(&image);
+        assert_eq!(snap.geometry.major, major);
+        assert_eq!(snap.devices[0].reserved, 4096);
+        assert_eq!(snap.slots[0].held[0], 4096);
+        let (held_0, intent) = held_and_intent(major);
+        let mut bytes = image.clone();
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        let (reserved, held) = (word(RESERVED_0), word(SLOT0 + held_0));
+        assert_ne!(reserved >> 48, 0, "the container word carries a tag");
+        put(
+            &mut bytes,
+            RESERVED_0,
+            0xffff << 48 | (reserved & region::MAX_RESERVABLE),
+        );
+        put(
+            &mut bytes,
+            SLOT0 + held_0,
+            0xabcd << 48 | (held & region::MAX_RESERVABLE),
+        );
+        put(&mut bytes, SLOT0 + intent, u64::MAX);
+        put(&mut bytes, SLOT0 + intent + 8, u64::MAX);
+        let garbled = snapshot_of(&bytes);
+        assert_eq!(garbled.devices[0].reserved, 4096);
+        assert_eq!(garbled.slots[0].held[0], 4096);
+    }
 }
 
-/// A version 1 file (plain byte counts) still reads, its words undecoded; a version 2 writer
-/// refuses to join it with a typed error; an unknown major is refused by the reader.
+/// Version 1 and 2 files still read (version 1 words undecoded); a version 3 writer refuses to
+/// join them with a typed error; an unknown major is refused by the reader.
 #[test]
 fn older_majors_read_and_writers_refuse_them() {
-    let mut bytes = valid_image().to_vec();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let mut config = RegionConfig::unlimited(2);
+    config.slots = 2;
+    std::fs::write(&path, v2_image()).unwrap();
+    let err = Region::open_or_create(&path, &config).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            region::RegionError::Invalid {
+                source: region::reader::ReadError::UnsupportedVersion { major: 2, .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let mut bytes = v2_image();
     put(&mut bytes, 16, 1 << 32 | 3);
     put(&mut bytes, RESERVED_0, 1 << 50);
     let snap = snapshot_of(&bytes);
@@ -248,11 +294,7 @@ fn older_majors_read_and_writers_refuse_them() {
         1 << 50,
         "major 1 words are plain bytes"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("r");
     std::fs::write(&path, &bytes).unwrap();
-    let mut config = RegionConfig::unlimited(2);
-    config.slots = 2;
     let err = Region::open_or_create(&path, &config).unwrap_err();
     assert!(
         matches!(
@@ -264,10 +306,10 @@ fn older_majors_read_and_writers_refuse_them() {
         ),
         "{err:?}"
     );
-    put(&mut bytes, 16, 3 << 32);
+    put(&mut bytes, 16, 4 << 32);
     std::fs::write(&path, &bytes).unwrap();
     assert!(matches!(
         RegionReader::open(&path),
-        Err(region::reader::ReadError::UnsupportedVersion { major: 3, .. })
+        Err(region::reader::ReadError::UnsupportedVersion { major: 4, .. })
     ));
 }

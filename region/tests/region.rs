@@ -176,7 +176,7 @@ fn statistics_round_trip_through_the_reader() {
     writer.record_free(alloc, 1 << 19);
     writer.record_denied(alloc, 1 << 30);
     writer.add_hook_ns(alloc, 99);
-    writer.add_throttled_ns(5_000);
+    writer.add_throttled_ns(launch(), 5_000);
     // Another thread gets its own shard; with all taken, threads share the overflow shard.
     let first_shard = writer.shard_index();
     std::thread::scope(|s| {
@@ -237,17 +237,23 @@ fn overflow_shard_is_shared_without_interleaving() {
 }
 
 /// A writer that dies inside a section leaves an odd sequence: readers report the shard with
-/// the writer's pid and skip it instead of spinning.
+/// the writer's pid and skip the record instead of spinning; the shard's other records count.
 #[test]
 fn a_stuck_shard_is_reported_not_spun_on() {
+    use region::layout::{API_RECORD_SIZE, HEADER_SIZE, SHARD_SIZE, SlotRecord};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r");
     let (region, _) = Region::open_or_create(&path, &config(0, 1)).unwrap();
     let slot = region.claim_slot().unwrap();
     let w = region.shard_writer(&slot);
     w.record_call(launch(), 1_000, true);
+    let alloc = ApiId::from_name("cuMemAlloc_v2").unwrap();
+    w.record_call(alloc, 2_000, true);
     // Simulate the dead writer by opening a section on the raw file and never closing it.
-    let seq_offset = 4096 + 384 + w.shard_index() * 36_160;
+    let seq_offset = HEADER_SIZE
+        + std::mem::offset_of!(SlotRecord, shards)
+        + w.shard_index() * SHARD_SIZE
+        + usize::from(launch().0) * API_RECORD_SIZE;
     let mut bytes = std::fs::read(&path).unwrap();
     let seq = u64::from_le_bytes(bytes[seq_offset..seq_offset + 8].try_into().unwrap());
     bytes[seq_offset..seq_offset + 8].copy_from_slice(&(seq + 1).to_le_bytes());
@@ -259,9 +265,15 @@ fn a_stuck_shard_is_reported_not_spun_on() {
     assert_eq!(problem.kind, ShardProblemKind::Stuck);
     assert_eq!(problem.pid, std::process::id());
     assert_eq!(snap.counters.shards_skipped, 1);
-    assert!(
-        snap.slots[0].apis.is_empty(),
-        "the stuck shard's values are left out"
+    let apis: Vec<_> = snap.slots[0]
+        .apis
+        .iter()
+        .map(|a| (a.api, a.calls))
+        .collect();
+    assert_eq!(
+        apis,
+        vec![(alloc, 1)],
+        "the stuck record's values are left out, not the others"
     );
 }
 
@@ -289,8 +301,8 @@ fn reader_rejects_what_it_cannot_trust() {
         matches!(e, ReadError::NotReady { .. })
     });
     check(&|b| b[8] ^= 1, &|e| matches!(e, ReadError::BadMagic { .. }));
-    check(&|b| b[20] = 3, &|e| {
-        matches!(e, ReadError::UnsupportedVersion { major: 3, .. })
+    check(&|b| b[20] = 4, &|e| {
+        matches!(e, ReadError::UnsupportedVersion { major: 4, .. })
     });
     check(
         &|b| b[32..36].copy_from_slice(&5000u32.to_le_bytes()),

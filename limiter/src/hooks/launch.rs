@@ -47,7 +47,11 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
         driver: state.driver,
     });
     if throttled != 0 {
-        shield(|| process.ledger.record_throttled(throttled));
+        shield(|| {
+            process
+                .ledger
+                .record_throttled(state.api(S::SYM), throttled)
+        });
     }
     let t0 = clock.now();
     let r = call(real);

@@ -149,13 +149,14 @@ fn allocate<S: Symbol>(
     let t1 = clock.now();
     shield(|| {
         let ok = r == CUDA_SUCCESS;
+        let mut allocated = 0;
         if let Some(c) = charge {
             settle_allocation(state, process, space, c, ok, out);
             if ok {
-                process.ledger.record_alloc(api, c.bytes);
+                allocated = c.bytes;
             }
         }
-        h.record(S::SYM, t0, t1, ok);
+        h.record_bytes(S::SYM, t0, t1, ok, (allocated, 0));
     });
     r
 }
@@ -206,7 +207,7 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
     let r = call(h.real);
     let t1 = state.clock.now();
     shield(|| {
-        let api = state.api(S::SYM);
+        let mut freed = 0;
         match taken.flatten() {
             Some(c) if r == CUDA_SUCCESS => {
                 if c.pool != 0 {
@@ -216,14 +217,15 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
                 } else {
                     process.ledger.release(c.device, c.bytes);
                 }
-                process.ledger.record_free(api, c.bytes);
+                freed = c.bytes;
             }
             Some(c) => {
                 table(process, space).insert(key, c);
             }
             None => {}
         }
-        h.record(S::SYM, t0, t1, r == CUDA_SUCCESS && taken.is_some());
+        let ok = r == CUDA_SUCCESS && taken.is_some();
+        h.record_bytes(S::SYM, t0, t1, ok, (0, freed));
     });
     r
 }

@@ -19,7 +19,7 @@ pub mod procaddress;
 use std::ffi::c_void;
 
 use crate::{
-    accounting::Accounting as _,
+    accounting::{Accounting as _, Call},
     cuda::{CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED, CUresult},
     guard::{self, Reentry},
     process::{self, Process},
@@ -48,12 +48,34 @@ pub struct Hooked<F> {
 
 impl<F> Hooked<F> {
     /// Records a call that spent `t0..t1` in the driver, and the rest since entry in the limiter.
+    #[inline]
     pub fn record(&self, sym: Sym, t0: u64, t1: u64, ok: bool) {
+        self.record_bytes(sym, t0, t1, ok, (0, 0));
+    }
+
+    /// [`Hooked::record`] of a call that allocated and freed `(allocated, freed)` bytes, in one
+    /// record. The self-time runs from entry to the driver call and from its return to the end
+    /// of the record itself.
+    #[inline]
+    pub fn record_bytes(
+        &self,
+        sym: Sym,
+        t0: u64,
+        t1: u64,
+        ok: bool,
+        (allocated, freed): (u64, u64),
+    ) {
         let clock = self.state.clock;
-        let hook = clock.ns_between(self.entered, t0) + clock.ns_between(t1, clock.now());
-        self.process
-            .ledger
-            .record_call(self.state.api(sym), clock.ns_between(t0, t1), hook, ok);
+        let entered = self.entered;
+        let call = Call {
+            latency_ns: clock.ns_between(t0, t1),
+            ok,
+            bytes_allocated: allocated,
+            bytes_freed: freed,
+        };
+        self.process.ledger.record(self.state.api(sym), call, || {
+            clock.ns_between(entered, t0) + clock.ns_between(t1, clock.now())
+        });
     }
 }
 

@@ -14,22 +14,23 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{Ordering, fence};
 
-use agent_common::api::{API_SLOTS, ApiId};
+use agent_common::api::API_SLOTS;
 use agent_common::hist::HIST_BUCKETS;
 
 use crate::init::{PHASE_READY, init_phase, init_pid};
 use crate::layout::{
     HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC,
-    RegionHeader, SHARD_SIZE, SHARDS_PER_SLOT, SLOT_SIZE, Shard, SlotHeader, SlotRecord,
-    region_size,
+    RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord, region_size_for, shard_stride_for,
+    slot_stride_for,
 };
+use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
 use crate::pread::{self, PreadError};
 use crate::procfs::{self, Liveness};
-use crate::seqlock::{self, SeqRead};
 use crate::slots::{
     PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
 };
 
+mod shards;
 mod snapshot;
 pub use snapshot::{
     ApiStats, DeviceSnapshot, ReadCounters, RegionSnapshot, ShardProblem, ShardProblemKind,
@@ -109,7 +110,7 @@ pub struct Geometry {
     pub device_count: u32,
     /// Bytes of the region.
     pub total_size: u64,
-    /// Layout major version (1 or 2: see [`crate::layout::LAYOUT_MAJOR`]).
+    /// Layout major version (1, 2 or 3: see [`crate::layout::LAYOUT_MAJOR`]).
     pub major: u32,
     /// Layout minor version.
     pub minor: u32,
@@ -182,7 +183,7 @@ pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Ge
         "slot_stride",
         56,
         header.slot_stride.load(r),
-        SLOT_SIZE as u64,
+        slot_stride_for(major) as u64,
     )?;
     expect_field(
         "slots_offset",
@@ -194,7 +195,7 @@ pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Ge
         "shard_stride",
         72,
         header.shard_stride.load(r),
-        SHARD_SIZE as u64,
+        shard_stride_for(major) as u64,
     )?;
     let slot_count = header.slot_count.load(r);
     if slot_count == 0 || slot_count > MAX_SLOTS {
@@ -214,7 +215,7 @@ pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Ge
             expected: format!("1..={MAX_DEVICES}"),
         });
     }
-    let total_size = region_size(slot_count);
+    let total_size = region_size_for(major, slot_count);
     expect_field("total_size", 24, header.total_size.load(r), total_size)?;
     if file_len < total_size {
         return Err(ReadError::Truncated {
@@ -364,15 +365,16 @@ impl RegionReader {
             .collect();
         let mut counters = ReadCounters::default();
         let mut slots = Vec::new();
+        let words = shards::SHARD_WORDS.max(shards::SHARD_WORDS_V2);
         let mut scratch = Scratch {
             header: pread::boxed_zeroed(),
-            shard: vec![0u64; SHARD_WORDS]
-                .into_boxed_slice()
-                .try_into()
-                .expect("SHARD_WORDS words"),
+            header_v2: pread::boxed_zeroed(),
+            shard: vec![0u64; words].into_boxed_slice(),
+            shard_b: vec![0u64; words].into_boxed_slice(),
         };
+        let stride = slot_stride_for(geometry.major) as u64;
         for index in 0..geometry.slot_count {
-            let offset = HEADER_SIZE as u64 + u64::from(index) * SLOT_SIZE as u64;
+            let offset = HEADER_SIZE as u64 + u64::from(index) * stride;
             if let Some(slot) =
                 self.read_slot(offset, index, geometry, my_ns, &mut scratch, &mut counters)?
             {
@@ -393,8 +395,9 @@ impl RegionReader {
     }
 
     /// Reads slot `index` (at `offset`): its state word, its header, each shard it has used
-    /// (`used_shards`) under the shard's seqlock, then the state word again; a slot whose word
-    /// changed meanwhile (recycled) is re-read, at most [`SLOT_READ_ATTEMPTS`] times.
+    /// (`used_shards`) under the shard's seqlock or its records' (layout 3), then the state word
+    /// again; a slot whose word changed meanwhile (recycled) is re-read, at most
+    /// [`SLOT_READ_ATTEMPTS`] times.
     fn read_slot(
         &self,
         offset: u64,
@@ -404,8 +407,14 @@ impl RegionReader {
         scratch: &mut Scratch,
         counters: &mut ReadCounters,
     ) -> Result<Option<SlotSnapshot>, ReadError> {
-        let r = Ordering::Relaxed;
-        let shards_at = offset + offset_of!(SlotRecord, shards) as u64;
+        let v3 = geometry.major >= 3;
+        let shards_at = offset
+            + if v3 {
+                offset_of!(SlotRecord, shards)
+            } else {
+                offset_of!(SlotRecordV2, shards)
+            } as u64;
+        let shard_stride = shard_stride_for(geometry.major) as u64;
         for attempt in 0..SLOT_READ_ATTEMPTS {
             let word = self.read_u64(offset)?;
             // Keeps the header copy's loads after the state word's (the claimer publishes LIVE
@@ -419,92 +428,58 @@ impl RegionReader {
                 // Garbage phase in a hostile file: show nothing rather than guess.
                 _ => return Ok(None),
             };
-            self.read_pod(offset, &mut *scratch.header)?;
-            let h = &*scratch.header;
+            let h = if v3 {
+                self.read_pod(offset, &mut *scratch.header)?;
+                HeaderFields::of(&scratch.header)
+            } else {
+                self.read_pod(offset, &mut *scratch.header_v2)?;
+                HeaderFields::of_v2(&scratch.header_v2)
+            };
             let pid = slot_pid(word);
-            let start_time = h.start_time.load(r);
-            let pid_ns = h.pid_ns.load(r);
-            let mut name_bytes = [0u8; 16];
-            name_bytes[..8].copy_from_slice(&h.name[0].load(r).to_le_bytes());
-            name_bytes[8..].copy_from_slice(&h.name[1].load(r).to_le_bytes());
-            let name_len = name_bytes.iter().position(|&b| b == 0).unwrap_or(16);
+            let name_len = h.name.iter().position(|&b| b == 0).unwrap_or(16);
             let devices = geometry.device_count as usize;
             let bytes = byte_decoder(geometry.major);
-            let held = h.held[..devices].iter().map(|w| bytes(w.load(r))).collect();
-            let context_bytes = h.context_bytes[..devices]
-                .iter()
-                .map(|w| w.load(r))
-                .collect();
-            let dropped_records = h.dropped_records.load(r);
-            let header_word = h.state.load(r);
             // Shards never written since the slot was claimed hold zeroes (the claimer reset
             // them): skipping them saves most of the copying. A writer that clears bits only
             // hides its own statistics.
-            let used_shards = h.used_shards.load(r);
-            let mut merged: Vec<Option<ApiStats>> = vec![None; API_SLOTS];
-            let mut throttled_ns = 0u64;
-            let mut shard_problems = Vec::new();
-            for shard_index in (0..SHARDS_PER_SLOT).filter(|i| used_shards & (1 << i) != 0) {
-                let at = shards_at + (shard_index * SHARD_SIZE) as u64;
-                let shard = &mut scratch.shard[..];
-                let outcome = seqlock::read_copied(
-                    || self.read_u64(at),
-                    || {
-                        pread::read_words(&self.file, at, shard)
-                            .map_err(|e| self.pread_error(e))?;
-                        Ok(shard[SHARD_SEQ])
-                    },
-                )?;
-                match outcome {
-                    SeqRead::Consistent { retries } => {
-                        counters.seqlock_retries += u64::from(retries);
-                        throttled_ns = throttled_ns.wrapping_add(shard[SHARD_THROTTLED]);
-                        merge(&mut merged, shard);
-                    }
-                    SeqRead::Stuck { seq } | SeqRead::Busy { seq } => {
-                        let stuck = seq & 1 == 1;
-                        counters.seqlock_retries += u64::from(seqlock::READ_RETRIES);
-                        counters.shards_skipped += 1;
-                        shard_problems.push(ShardProblem {
-                            shard: shard_index,
-                            kind: if stuck {
-                                ShardProblemKind::Stuck
-                            } else {
-                                ShardProblemKind::Busy
-                            },
-                            pid,
-                            tid: self.read_u64(at + offset_of!(Shard, owner_tid) as u64)?,
-                            seq,
-                        });
-                    }
+            let mut totals = shards::Totals::new();
+            for shard_index in (0..SHARDS_PER_SLOT).filter(|i| h.used_shards & (1 << i) != 0) {
+                let at = shards_at + shard_index as u64 * shard_stride;
+                if v3 {
+                    let tid = h.shard_owner[shard_index];
+                    let copies = (&mut scratch.shard[..], &mut scratch.shard_b[..]);
+                    self.read_shard_v3(at, (shard_index, pid, tid), copies, &mut totals, counters)?;
+                } else {
+                    let buf = &mut scratch.shard[..];
+                    self.read_shard_v2(at, (shard_index, pid), buf, &mut totals, counters)?;
                 }
             }
             fence(Ordering::Acquire);
             // The owner may have changed while we copied (a new owner must first move the word
             // through RECLAIMING and FREE): then the copies may mix two owners; read again.
-            if header_word != word || self.read_u64(offset)? != word {
+            if h.state != word || self.read_u64(offset)? != word {
                 counters.slot_rereads += 1;
                 if attempt + 1 == SLOT_READ_ATTEMPTS {
                     counters.slots_skipped += 1;
                 }
                 continue;
             }
-            let alive = (my_ns != 0 && pid_ns == my_ns && phase == SlotPhase::Live)
-                .then(|| procfs::liveness(pid, start_time) == Liveness::Alive);
+            let alive = (my_ns != 0 && h.pid_ns == my_ns && phase == SlotPhase::Live)
+                .then(|| procfs::liveness(pid, h.start_time) == Liveness::Alive);
             return Ok(Some(SlotSnapshot {
                 index,
                 phase,
                 pid,
-                start_time,
-                pid_ns,
+                start_time: h.start_time,
+                pid_ns: h.pid_ns,
                 alive,
-                name: String::from_utf8_lossy(&name_bytes[..name_len]).into_owned(),
-                held,
-                context_bytes,
-                dropped_records,
-                throttled_ns,
-                apis: merged.into_iter().flatten().collect(),
-                shard_problems,
+                name: String::from_utf8_lossy(&h.name[..name_len]).into_owned(),
+                held: h.held[..devices].iter().map(|&w| bytes(w)).collect(),
+                context_bytes: h.context_bytes[..devices].to_vec(),
+                dropped_records: h.dropped_records,
+                throttled_ns: totals.throttled_ns,
+                apis: totals.merged.into_iter().flatten().collect(),
+                shard_problems: totals.problems,
             }));
         }
         Ok(None)
@@ -512,77 +487,72 @@ impl RegionReader {
 }
 
 /// Private buffers for one snapshot's copies. A shard is copied as plain words (it is private,
-/// so the merge can use plain, vectorisable loads); the indices below come from the layout.
+/// so the merge can use plain, vectorisable loads); the indices come from the layout.
 struct Scratch {
     header: Box<SlotHeader>,
-    shard: Box<[u64; SHARD_WORDS]>,
+    header_v2: Box<SlotHeaderV2>,
+    /// Shard copies (layout 3 compares two).
+    shard: Box<[u64]>,
+    shard_b: Box<[u64]>,
 }
 
-const SHARD_WORDS: usize = SHARD_SIZE / 8;
-const SHARD_SEQ: usize = offset_of!(Shard, seq) / 8;
-const SHARD_THROTTLED: usize = offset_of!(Shard, throttled_ns) / 8;
-const SHARD_APIS: usize = offset_of!(Shard, apis) / 8;
-const SHARD_HIST: usize = offset_of!(Shard, hist) / 8;
-/// Words of one `ApiCounters`, in field order (calls, errors, latency, hook, allocated, freed,
-/// denied, denied bytes).
-const API_WORDS: usize = size_of::<crate::layout::ApiCounters>() / 8;
-const _: () = assert!(SHARD_SIZE.is_multiple_of(8) && API_WORDS == 8);
-const _: () = assert!(SHARD_APIS + API_SLOTS * API_WORDS <= SHARD_HIST);
-const _: () = assert!(SHARD_HIST + API_SLOTS * HIST_BUCKETS == SHARD_WORDS);
+/// The slot header fields a snapshot shows, from a private copy of either layout.
+struct HeaderFields {
+    state: u64,
+    start_time: u64,
+    pid_ns: u64,
+    name: [u8; 16],
+    held: [u64; MAX_DEVICES],
+    context_bytes: [u64; MAX_DEVICES],
+    dropped_records: u64,
+    used_shards: u64,
+    /// Owning thread of each shard (layout 3; layouts 1 and 2 keep it in the shard).
+    shard_owner: [u64; SHARDS_PER_SLOT],
+}
+
+macro_rules! header_fields {
+    ($h:expr, $owner:expr) => {{
+        let h = $h;
+        // Relaxed: loads from a private copy.
+        let r = Ordering::Relaxed;
+        let mut name = [0u8; 16];
+        name[..8].copy_from_slice(&h.name[0].load(r).to_le_bytes());
+        name[8..].copy_from_slice(&h.name[1].load(r).to_le_bytes());
+        HeaderFields {
+            state: h.state.load(r),
+            start_time: h.start_time.load(r),
+            pid_ns: h.pid_ns.load(r),
+            name,
+            held: std::array::from_fn(|d| h.held[d].load(r)),
+            context_bytes: std::array::from_fn(|d| h.context_bytes[d].load(r)),
+            dropped_records: h.dropped_records.load(r),
+            used_shards: h.used_shards.load(r),
+            shard_owner: $owner,
+        }
+    }};
+}
+
+impl HeaderFields {
+    fn of(h: &SlotHeader) -> HeaderFields {
+        header_fields!(
+            h,
+            std::array::from_fn(|i| h.shard_owner[i].load(Ordering::Relaxed))
+        )
+    }
+
+    fn of_v2(h: &SlotHeaderV2) -> HeaderFields {
+        header_fields!(h, [0; SHARDS_PER_SLOT])
+    }
+}
 
 const SLOT_READ_ATTEMPTS: u32 = 3;
 
-/// How `reserved` and `held` words hold bytes: major 1 plain, major 2 in bits 0..48 under a tag
+/// How `reserved` and `held` words hold bytes: major 1 plain, majors 2 and 3 in bits 0..48 under a tag
 /// (whatever the tag holds, the bytes are at most 2^48 - 1).
 fn byte_decoder(major: u32) -> fn(u64) -> u64 {
     if major == 1 {
         |w| w
     } else {
         crate::reserve::word_bytes
-    }
-}
-
-/// Adds a consistent private copy of a shard to the per-API totals.
-fn merge(merged: &mut [Option<ApiStats>], shard: &[u64]) {
-    let apis = shard[SHARD_APIS..SHARD_APIS + API_SLOTS * API_WORDS]
-        .as_chunks::<API_WORDS>()
-        .0
-        .iter();
-    let hists = shard[SHARD_HIST..SHARD_HIST + API_SLOTS * HIST_BUCKETS]
-        .as_chunks::<HIST_BUCKETS>()
-        .0
-        .iter();
-    for (index, (fields, hist)) in apis.zip(hists).enumerate() {
-        if fields.iter().all(|&v| v == 0) && hist.iter().all(|&v| v == 0) {
-            continue;
-        }
-        let stats = merged[index].get_or_insert(ApiStats {
-            api: ApiId(index as u16),
-            calls: 0,
-            errors: 0,
-            latency_ns: 0,
-            hook_ns: 0,
-            bytes_allocated: 0,
-            bytes_freed: 0,
-            denied: 0,
-            denied_bytes: 0,
-            histogram: [0; HIST_BUCKETS],
-        });
-        let targets = [
-            &mut stats.calls,
-            &mut stats.errors,
-            &mut stats.latency_ns,
-            &mut stats.hook_ns,
-            &mut stats.bytes_allocated,
-            &mut stats.bytes_freed,
-            &mut stats.denied,
-            &mut stats.denied_bytes,
-        ];
-        for (t, &v) in targets.into_iter().zip(fields) {
-            *t = t.wrapping_add(v);
-        }
-        for (t, &v) in stats.histogram.iter_mut().zip(hist) {
-            *t = t.wrapping_add(v);
-        }
     }
 }

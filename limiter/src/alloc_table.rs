@@ -98,7 +98,8 @@ impl Hasher for AddrHasher {
 type Shard = Mutex<HashMap<u64, Charge, BuildHasherDefault<AddrHasher>>>;
 
 /// Live allocations keyed by address (or handle). Only allocation and free paths use it, never a
-/// launch.
+/// launch. `repr(C)`: the fast table's pointer and the fallback's count come first.
+#[repr(C)]
 pub struct AllocTable {
     buckets: Box<[Bucket]>,
     /// Entries in the fallback (read before looking there).
@@ -172,6 +173,12 @@ impl AllocTable {
             .flat_map(|i| self.bucket(home, i).entries.iter())
             // Acquire: pairs with the Release store that published the key, after its charge.
             .find(|e| e.key.load(Ordering::Acquire) == key)
+    }
+
+    /// Hints that `key` is about to be inserted or removed: its home bucket's line is fetched.
+    #[inline(always)]
+    pub fn prefetch(&self, key: u64) {
+        region::prefetch::line(self.bucket(self.home(key), 0));
     }
 
     /// Records a new allocation; returns the charge it replaced, if the key was (wrongly) live.

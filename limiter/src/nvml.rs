@@ -194,7 +194,7 @@ fn limited(state: &State, nvml: &Nvml, dev: NvmlDevice, total: u64) -> Option<(u
     let Ordinal::Cuda(d) = ordinal(state, nvml, dev)? else {
         return None;
     };
-    let (limit, used) = match (state.region, process::ready()) {
+    let (limit, used) = match (state.region(), process::ready()) {
         (Some(r), _) => {
             let l = r.limit(u32::try_from(d).ok()?);
             (l, r.reserved(d as u32))

@@ -146,18 +146,20 @@ macro_rules! driver_symbols {
     };
 }
 
+// The order is the driver table's: the allocation and free a process makes most often first,
+// so that both pointers sit in the table's first cache line.
 driver_symbols! {
+    MemAllocV2 = c"cuMemAlloc_v2": PfnMemAlloc, hooked: true;
+    MemFreeV2 = c"cuMemFree_v2": PfnMemFree, hooked: true;
     Init = c"cuInit": PfnInit, hooked: true;
     GetProcAddress = c"cuGetProcAddress": PfnGetProcAddress, hooked: true;
     GetProcAddressV2 = c"cuGetProcAddress_v2": PfnGetProcAddressV2, hooked: true;
-    MemAllocV2 = c"cuMemAlloc_v2": PfnMemAlloc, hooked: true;
     MemAllocPitchV2 = c"cuMemAllocPitch_v2": PfnMemAllocPitch, hooked: true;
     MemAllocManaged = c"cuMemAllocManaged": PfnMemAllocManaged, hooked: true;
     MemAllocAsync = c"cuMemAllocAsync": PfnMemAllocAsync, hooked: true;
     MemAllocAsyncPtsz = c"cuMemAllocAsync_ptsz": PfnMemAllocAsync, hooked: true;
     MemAllocFromPoolAsync = c"cuMemAllocFromPoolAsync": PfnMemAllocFromPoolAsync, hooked: true;
     MemAllocFromPoolAsyncPtsz = c"cuMemAllocFromPoolAsync_ptsz": PfnMemAllocFromPoolAsync, hooked: true;
-    MemFreeV2 = c"cuMemFree_v2": PfnMemFree, hooked: true;
     MemFreeAsync = c"cuMemFreeAsync": PfnMemFreeAsync, hooked: true;
     MemFreeAsyncPtsz = c"cuMemFreeAsync_ptsz": PfnMemFreeAsync, hooked: true;
     MemCreate = c"cuMemCreate": PfnMemCreate, hooked: true;
@@ -248,11 +250,12 @@ unsafe fn typed<S: Symbol>(p: usize) -> Option<S::Fn> {
     Some(unsafe { mem::transmute_copy::<usize, S::Fn>(&p) })
 }
 
-/// The bound driver: its handle and one real pointer per [`Sym`] (0 where the driver lacks it).
+/// The bound driver: one real pointer per [`Sym`] (0 where the driver lacks it) and its handle.
 #[derive(Debug)]
+#[repr(C)]
 pub struct Driver {
-    handle: usize,
     ptrs: [usize; Sym::COUNT],
+    handle: usize,
 }
 
 impl Driver {

@@ -15,7 +15,7 @@ use region::{Region, ReserveError, ShardWriter, Slot};
 
 use crate::accounting::{Accounting, Call, Denied};
 
-/// Accounting of one process in the container's region.
+/// Accounting of one process in the container's region (inside its leaked `Process`).
 #[derive(Debug)]
 pub struct RegionLedger {
     pub region: &'static Region,
@@ -37,7 +37,7 @@ impl RegionLedger {
     /// Runs `f` with this thread's writer for this ledger, claiming one the first time. Does
     /// nothing while the thread is being torn down (its thread-locals are gone).
     #[inline(always)]
-    fn with_writer(&'static self, f: impl FnOnce(&ShardWriter<'static>)) {
+    fn with_writer(&self, f: impl FnOnce(&ShardWriter<'static>)) {
         let me: *const RegionLedger = self;
         let _ = WRITER.try_with(|cell| {
             // A record never calls back into another record: the borrow cannot be taken already.
@@ -82,9 +82,9 @@ fn denied(device: usize, e: ReserveError, bytes: u64) -> Denied {
     }
 }
 
-/// `Accounting` for a ledger that lives as long as the process (it is leaked: slots and writers
-/// refer to it until exit).
-impl Accounting for &'static RegionLedger {
+/// `Accounting` for a ledger that lives as long as the process (inside the leaked `Process`;
+/// writers refer to the region, which lives in the process-wide state).
+impl Accounting for RegionLedger {
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<(), Denied> {
         let Ok(d) = u32::try_from(device) else {
             return Ok(());
@@ -119,6 +119,18 @@ impl Accounting for &'static RegionLedger {
 
     fn record_denied(&self, api: ApiId, bytes: u64) {
         self.with_writer(|w| w.record_denied(api, bytes));
+    }
+
+    #[inline(always)]
+    fn prefetch_record(&self, api: ApiId, latency_ns: u64) {
+        self.with_writer(|w| w.prefetch(api, latency_ns));
+    }
+
+    #[inline(always)]
+    fn prefetch_reserve(&self, device: usize) {
+        if let Ok(d) = u32::try_from(device) {
+            self.region.prefetch_owner_op(&self.slot, d);
+        }
     }
 
     fn add_hook_ns(&self, api: ApiId, ns: u64) {

@@ -28,26 +28,30 @@ use crate::{
 /// How often the hooks (other than launches) look at the control block for a limit change.
 pub const CONTROL_POLL_PERIOD_NS: u64 = 10_000_000;
 
+/// The process-wide state. `repr(C)`, what every hooked call reads first: with the region's
+/// mapping and counts inline, a call that finds its caches cold fetches one or two lines of
+/// this static, not a chain of heap objects.
 #[derive(Debug)]
+#[repr(C)]
 pub struct State {
-    pub config: Config,
-    pub driver: &'static Driver,
-    /// The container's region (leaked: it stays mapped for the life of the process, and a forked
-    /// child keeps the shared mapping). `None`: accounting stays in each process.
-    pub region: Option<&'static Region>,
-    /// The control block beside the region (run-time limit changes).
-    pub control: Option<crate::control::Control>,
     pub clock: Clock,
-    /// `VGPU_DEBUG_PANIC_IN`: the hook whose logic panics on purpose (tests).
-    pub panic_in: Option<Sym>,
-    /// `VGPU_DEBUG_HOOK_DELAY_NS`: a known self-time added to every launch hook (tests).
-    pub hook_delay_ns: u64,
+    pub driver: &'static Driver,
     /// Clock reading from which the next hooked call polls the control block.
     control_due: AtomicU64,
     /// [`CONTROL_POLL_PERIOD_NS`] in clock ticks.
     control_period: u64,
     /// Devices the driver reports (`cuDeviceGetCount`), 0 until known.
     device_count: AtomicU32,
+    /// `VGPU_DEBUG_PANIC_IN`: the hook whose logic panics on purpose (tests).
+    pub panic_in: Option<Sym>,
+    /// `VGPU_DEBUG_HOOK_DELAY_NS`: a known self-time added to every launch hook (tests).
+    pub hook_delay_ns: u64,
+    /// The container's region (it stays mapped for the life of the process, inside this static,
+    /// and a forked child keeps the shared mapping). `None`: accounting stays in each process.
+    region: Option<Region>,
+    /// The control block beside the region (run-time limit changes).
+    pub control: Option<crate::control::Control>,
+    pub config: Config,
 }
 
 impl State {
@@ -65,11 +69,17 @@ impl State {
         }
     }
 
+    /// The container's region, if this process accounts in one.
+    #[inline(always)]
+    pub fn region(&self) -> Option<&Region> {
+        self.region.as_ref()
+    }
+
     /// Applies a run-time limit change if the control block has one (see `control.rs`).
     #[inline(always)]
     pub fn poll_control(&self) {
         if let Some(c) = &self.control {
-            c.poll(&self.config, self.region);
+            c.poll(&self.config, self.region.as_ref());
         }
     }
 
@@ -133,7 +143,7 @@ pub fn region_config(config: &Config) -> RegionConfig {
 
 /// Opens (or creates) the region; `None` (logged) if there is none or it cannot be used, in which
 /// case each process enforces its limit alone.
-fn open_region(config: &Config) -> Option<&'static Region> {
+fn open_region(config: &Config) -> Option<Region> {
     let path = config.region_path()?;
     match Region::open_or_create(&path, &region_config(config)) {
         Ok((region, outcome)) => {
@@ -149,7 +159,7 @@ fn open_region(config: &Config) -> Option<&'static Region> {
                 );
             }
             log::debug!("region {}: {outcome:?}", path.display());
-            Some(Box::leak(Box::new(region)))
+            Some(region)
         }
         Err(e) => {
             log::write(
@@ -210,7 +220,7 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
     let region = open_region(&config);
     crate::sm::CONTROLLER.set_limits(&config.sm_limit, config.sm_period_ms);
     crate::sm_feedback::ensure_started(config.sm_feedback);
-    let control = region.and_then(crate::control::Control::open);
+    let control = region.as_ref().and_then(crate::control::Control::open);
     crate::process::register_handlers();
     let clock = Clock::calibrate();
     // Start-up cost figures (`scripts/gpu/bench-limiter.sh` reads them).

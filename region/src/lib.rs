@@ -21,6 +21,7 @@ mod layout_types;
 pub mod layout_v2;
 mod mapping;
 mod pread;
+pub mod prefetch;
 pub mod procfs;
 pub mod reader;
 mod region;

@@ -101,12 +101,14 @@ pub enum InitOutcome {
     ConfigMismatch(Box<ConfigMismatch>),
 }
 
-/// A region mapped read-write by a writer (limiter) process.
+/// A region mapped read-write by a writer (limiter) process. What every reservation and record
+/// reads comes first (`repr(C)`): the mapping and the counts, in one cache line.
+#[repr(C)]
 pub struct Region {
     pub(crate) map: Mapping,
-    pub(crate) path: PathBuf,
     pub(crate) slot_count: u32,
     pub(crate) device_count: u32,
+    pub(crate) path: PathBuf,
     /// Kept open so the file can be grown if another process shrank it.
     pub(crate) _file: File,
 }
@@ -277,6 +279,18 @@ impl Region {
             || self.owns(slot, record),
             stop,
         )
+    }
+
+    /// Prefetches the lines a reservation or release by `slot` on `device` will touch: the
+    /// slot's first line (state, intent, held words of devices 0..5), the held word's own line
+    /// for later devices, and the device's container word.
+    #[inline]
+    pub fn prefetch_owner_op(&self, slot: &Slot, device: u32) {
+        if let (Some(record), Some(dev)) = (self.slot_record(slot.index()), self.device(device)) {
+            crate::prefetch::line(&record.header.state);
+            crate::prefetch::line(&record.header.held[device as usize]);
+            crate::prefetch::line(&dev.reserved);
+        }
     }
 
     /// Whether a denial may trigger a dead-slot sweep now: at most one per

@@ -121,6 +121,16 @@ impl<'r> ShardWriter<'r> {
         self.exclusive
     }
 
+    /// Prefetches the two lines a record of a call of `api` that took `latency_ns` will touch:
+    /// the record's first line and the histogram bucket's.
+    #[inline]
+    pub fn prefetch(&self, api: ApiId, latency_ns: u64) {
+        if let Some(record) = self.shard.apis.get(api.0 as usize) {
+            crate::prefetch::line(&record.seq);
+            crate::prefetch::line(&record.hist[bucket_of(latency_ns)]);
+        }
+    }
+
     /// Runs `write` inside a section of `api`'s record (nothing for an id past the table).
     #[inline(always)]
     fn section(&self, api: ApiId, write: impl FnOnce(&'r ApiRecord)) {

@@ -120,6 +120,7 @@ fn allocate<S: Symbol>(
     let reserved = shield(|| {
         state.debug_panic(S::SYM);
         let charge = plan(state)?;
+        process.ledger.prefetch_reserve(charge.device);
         Some(reserve(state, process, charge).map(|()| charge))
     });
     let charge = match reserved {
@@ -149,6 +150,13 @@ fn allocate<S: Symbol>(
     let t1 = clock.now();
     shield(|| {
         let ok = r == CUDA_SUCCESS;
+        process
+            .ledger
+            .prefetch_record(api, clock.ns_between(t0, t1));
+        if ok && charge.is_some() && !out.is_null() {
+            // SAFETY: the driver succeeded, so it wrote the new address/handle to `out`.
+            table(process, space).prefetch(unsafe { out.read() });
+        }
         let mut allocated = 0;
         if let Some(c) = charge {
             settle_allocation(state, process, space, c, ok, out);
@@ -207,6 +215,15 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
     let r = call(h.real);
     let t1 = state.clock.now();
     shield(|| {
+        process
+            .ledger
+            .prefetch_record(state.api(S::SYM), state.clock.ns_between(t0, t1));
+        if let Some(Some(c)) = taken
+            && r == CUDA_SUCCESS
+            && c.pool == 0
+        {
+            process.ledger.prefetch_reserve(c.device);
+        }
         let mut freed = 0;
         match taken.flatten() {
             Some(c) if r == CUDA_SUCCESS => {

@@ -54,7 +54,7 @@ fn container_processes(state: &State, nvml: &Nvml, dev: NvmlDevice) -> Option<Ve
     let Ordinal::Cuda(d) = ordinal(state, nvml, dev)? else {
         return None;
     };
-    match (state.region, process::ready()) {
+    match (state.region(), process::ready()) {
         (Some(region), _) => {
             let device = u32::try_from(d).ok()?;
             if region.limit(device) == 0 {

@@ -1,0 +1,16 @@
+//! Software prefetch: a hint that a cache line will be used soon, so that the misses of several
+//! independent lines overlap instead of waiting for one another. Never faults, never changes
+//! memory; a no-op where the target has no prefetch instruction.
+
+/// Hints that the cache line holding `p` will be read or written soon.
+#[inline(always)]
+pub fn line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint: it accesses no memory architecturally and cannot fault,
+    // whatever the address (SSE, part of the x86_64 baseline).
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

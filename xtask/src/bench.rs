@@ -2,7 +2,7 @@
 
 use anyhow::{Result, bail};
 
-const BENCHES: &str = "region, agent, limiter, pairs-cold, export";
+const BENCHES: &str = "region, agent, limiter, pairs-cold, startup, export";
 
 pub fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
@@ -10,6 +10,7 @@ pub fn run(args: &[String]) -> Result<()> {
         Some("agent") => crate::bench_agent::run(),
         Some("limiter") => crate::bench_limiter::run(),
         Some("pairs-cold") => crate::bench_cold::run(&args[1..]),
+        Some("startup") => crate::bench_startup::run(&args[1..]),
         Some("export") => crate::bench_export::run(),
         Some(other) => bail!("unknown benchmark {other:?}; available: {BENCHES}"),
         None => bail!("which benchmark? available: {BENCHES}"),

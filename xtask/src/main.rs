@@ -9,6 +9,7 @@ mod bench_agent;
 mod bench_cold;
 mod bench_export;
 mod bench_limiter;
+mod bench_startup;
 mod demo;
 mod setup;
 mod util;
@@ -29,7 +30,8 @@ commands:
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: top)
   demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
   bundle           build release binaries into .carry/ for the GPU machine
-  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, export (see docs/benchmarks.md)";
+  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export
+                   (see docs/benchmarks.md)";
 
 fn main() {
     // The error's chain without a backtrace (CI sets RUST_BACKTRACE, and a backtrace of xtask

@@ -126,17 +126,11 @@ impl AllocTable {
     /// A table with `buckets` buckets in its fast part (rounded up to a power of two).
     pub fn with_buckets(buckets: usize) -> AllocTable {
         let n = buckets.max(PROBE).next_power_of_two();
+        // SAFETY: a `Bucket` is atomics only, and all zeroes is a valid (empty) bucket. Zeroed
+        // memory from the allocator: its pages are touched when used, not at start-up.
+        let buckets = unsafe { Box::<[Bucket]>::new_zeroed_slice(n).assume_init() };
         AllocTable {
-            buckets: (0..n)
-                .map(|_| Bucket {
-                    overflow: AtomicU64::new(0),
-                    _spare: AtomicU64::new(0),
-                    entries: std::array::from_fn(|_| Entry {
-                        key: AtomicU64::new(0),
-                        charge: AtomicU64::new(0),
-                    }),
-                })
-                .collect(),
+            buckets,
             in_fallback: AtomicUsize::new(0),
             fallback: std::array::from_fn(|_| Mutex::new(HashMap::default())),
         }

@@ -1,10 +1,15 @@
 //! The launch path's clock: one read before and one after the driver call.
 //!
-//! On x86_64 with an invariant TSC (`constant_tsc` and `nonstop_tsc` in `/proc/cpuinfo`) a read is
-//! `rdtsc` (~7-25 ns, no system call, no vDSO page) and ticks become nanoseconds by one 128-bit
-//! multiply with a factor calibrated once at initialisation against `CLOCK_MONOTONIC` (100 us of
-//! wall time; preemption during the calibration affects both clocks alike). Elsewhere, or when the
-//! calibration looks wrong, reads are `CLOCK_MONOTONIC` through the vDSO (~20-65 ns on the CI VM).
+//! On x86_64 with an invariant TSC (CPUID leaf 0x80000007, EDX bit 8: what Linux shows as
+//! `constant_tsc` and `nonstop_tsc`) a read is `rdtsc` (~7-25 ns, no system call, no vDSO page)
+//! and ticks become nanoseconds by one 128-bit multiply with a factor calibrated once at
+//! initialisation against `CLOCK_MONOTONIC`, over the initialisation itself (at least 100 us of
+//! wall time: [`Calibration`] is started first and finished last, and only waits for what is left
+//! of the 100 us; preemption during the calibration affects both clocks alike). Elsewhere, or when
+//! the calibration looks wrong, reads are `CLOCK_MONOTONIC` through the vDSO (~20-65 ns on the CI
+//! VM). Neither the check nor the calibration reads `/proc/cpuinfo` (text the kernel builds for
+//! every CPU, tens of microseconds on a large machine) or spins when initialisation takes longer
+//! than the calibration needs.
 //! `CLOCK_MONOTONIC_COARSE` is cheaper still but ticks in milliseconds: useless for microsecond
 //! latencies.
 
@@ -18,24 +23,45 @@ pub struct Clock {
     tsc_mult: u64,
 }
 
-/// Calibration window.
+/// Shortest calibration window.
 const CALIBRATION: Duration = Duration::from_micros(100);
 
-impl Clock {
-    /// `CLOCK_MONOTONIC` in nanoseconds.
-    pub const MONOTONIC: Clock = Clock { tsc_mult: 0 };
+/// A calibration in progress: a first reading of both clocks.
+#[derive(Debug, Clone, Copy)]
+pub struct Calibration {
+    /// `None`: no invariant TSC, the clock is `CLOCK_MONOTONIC`.
+    start: Option<(Instant, u64)>,
+}
 
-    /// The cheapest trustworthy clock of this machine.
-    pub fn calibrate() -> Clock {
-        if !invariant_tsc() {
-            return Clock::MONOTONIC;
+impl Calibration {
+    /// The cheapest trustworthy clock of this machine, calibrated from now to
+    /// [`Calibration::finish`].
+    pub fn start() -> Calibration {
+        Calibration {
+            start: invariant_tsc().then(|| (Instant::now(), tsc())),
         }
-        let (t0, c0) = (Instant::now(), tsc());
+    }
+
+    /// The clock: waits for what is left of the 100 us window, if anything.
+    pub fn finish(self) -> Clock {
+        let Some((t0, c0)) = self.start else {
+            return Clock::MONOTONIC;
+        };
         while t0.elapsed() < CALIBRATION {
             std::hint::spin_loop();
         }
         let (ns, ticks) = (t0.elapsed().as_nanos(), tsc().wrapping_sub(c0));
         Clock::from_sample(ns, ticks)
+    }
+}
+
+impl Clock {
+    /// `CLOCK_MONOTONIC` in nanoseconds.
+    pub const MONOTONIC: Clock = Clock { tsc_mult: 0 };
+
+    /// The cheapest trustworthy clock of this machine, calibrated for 100 us from now.
+    pub fn calibrate() -> Clock {
+        Calibration::start().finish()
     }
 
     /// The clock for a calibration sample of `ticks` TSC ticks in `ns` nanoseconds; falls back to
@@ -91,6 +117,20 @@ impl Clock {
     }
 }
 
+/// CPU time of the calling thread, ns (a system call: for start-up figures, not hot paths). It
+/// tells time spent working from time spent waiting (descheduled, or for another process).
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
 #[inline(always)]
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -117,20 +157,20 @@ fn tsc() -> u64 {
     monotonic_ns()
 }
 
-/// Whether the TSC ticks at a constant rate through frequency changes and sleep states.
+/// Whether the TSC ticks at a constant rate through frequency changes and sleep states: the
+/// invariant TSC bit, CPUID leaf 0x80000007 EDX bit 8 (from which Linux derives `constant_tsc` and
+/// `nonstop_tsc`).
+#[cfg(target_arch = "x86_64")]
 fn invariant_tsc() -> bool {
-    if !cfg!(target_arch = "x86_64") {
-        return false;
-    }
-    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-        return false;
-    };
-    info.lines()
-        .find(|l| l.starts_with("flags"))
-        .is_some_and(|flags| {
-            let has = |w: &str| flags.split_ascii_whitespace().any(|f| f == w);
-            has("constant_tsc") && has("nonstop_tsc")
-        })
+    use core::arch::x86_64::__cpuid;
+    // Leaf 0x80000000 reports the highest extended leaf, so 0x80000007 is read only where it
+    // exists.
+    __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn invariant_tsc() -> bool {
+    false
 }
 
 #[cfg(test)]

@@ -138,21 +138,26 @@ impl Process {
     fn new(state: &'static State) -> Process {
         let config = &state.config;
         let ledger = match state.region() {
-            Some(region) => match (std::time::Instant::now(), region.claim_slot()) {
-                (started, Ok(slot)) => {
+            Some(region) => match (
+                std::time::Instant::now(),
+                crate::clock::thread_cpu_ns(),
+                region.claim_slot(),
+            ) {
+                (started, cpu, Ok(slot)) => {
                     // Start-up cost figures (`scripts/gpu/bench-limiter.sh` reads them).
                     log::write(
                         log::Level::Info,
                         format_args!(
-                            "claimed slot {} of {} in {} us",
+                            "claimed slot {} of {} in {} us (cpu {} us)",
                             slot.index(),
                             region.path().display(),
-                            started.elapsed().as_micros()
+                            started.elapsed().as_micros(),
+                            crate::clock::thread_cpu_ns().saturating_sub(cpu) / 1000
                         ),
                     );
                     Ledger::Region(RegionLedger { region, slot })
                 }
-                (_, Err(e)) => {
+                (_, _, Err(e)) => {
                     log::write(
                         log::Level::Error,
                         format_args!(
@@ -270,4 +275,3 @@ pub fn register_handlers() {
         }
     }
 }
-

@@ -80,6 +80,14 @@ fn read(block: &ControlBlock) -> Result<Option<ControlSnapshot>, ControlError> {
 /// Opens `path` for the given access, creating a zero-filled block if it does not exist, and
 /// makes sure it is at least a block long.
 fn open_sized(path: &Path, write: bool) -> Result<File, ControlError> {
+    // Most openers find the block there already: open it without `O_CREAT` first, which would
+    // take the directory's lock exclusively even for an existing file (a container's processes
+    // starting together would queue on it).
+    match OpenOptions::new().read(true).write(write).open(path) {
+        Ok(f) => return sized(f, path, write),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("open", path, e)),
+    }
     match OpenOptions::new()
         .read(true)
         .write(true)
@@ -90,9 +98,8 @@ fn open_sized(path: &Path, write: bool) -> Result<File, ControlError> {
         Ok(f) => {
             f.set_len(CONTROL_SIZE as u64)
                 .map_err(|e| io("ftruncate", path, e))?;
-            if write {
-                return Ok(f);
-            }
+            // A reader maps it read-only whatever the descriptor allows.
+            return Ok(f);
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io("open", path, e)),
@@ -102,9 +109,16 @@ fn open_sized(path: &Path, write: bool) -> Result<File, ControlError> {
         .write(write)
         .open(path)
         .map_err(|e| io("open", path, e))?;
-    // A file just created by another process may not have its size yet: wait briefly (mapping
-    // past the end would fault on access).
+    sized(f, path, write)
+}
+
+/// `f`, once it is at least [`CONTROL_SIZE`] long. A file just created by another process may
+/// not have its size yet (creating and sizing are two calls): a writer sizes it, a reader waits
+/// for the creator, yielding then sleeping 50 us at a time (a creator is microseconds away from
+/// sizing it unless descheduled), at most 100 ms (mapping past the end would fault on access).
+fn sized(f: File, path: &Path, write: bool) -> Result<File, ControlError> {
     let t0 = Instant::now();
+    let mut round = 0u32;
     loop {
         let len = f.metadata().map_err(|e| io("fstat", path, e))?.len();
         if len >= CONTROL_SIZE as u64 {
@@ -118,7 +132,12 @@ fn open_sized(path: &Path, write: bool) -> Result<File, ControlError> {
         if t0.elapsed() > Duration::from_millis(100) {
             return Err(ControlError::TooShort { len: len as usize });
         }
-        std::thread::sleep(Duration::from_millis(1));
+        if round < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        round += 1;
     }
 }
 
@@ -362,6 +381,22 @@ mod tests {
             r.snapshot().unwrap().unwrap().settings.sm_percent[0],
             Some(20)
         );
+    }
+
+    /// A reader that opens a block another process has created but not sized yet waits for the
+    /// size (briefly) instead of failing or mapping past the end.
+    #[test]
+    fn a_reader_waits_for_a_block_being_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.ctl");
+        let f = std::fs::File::create(&path).unwrap();
+        let sizer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            f.set_len(CONTROL_SIZE as u64).unwrap();
+        });
+        let r = ControlReader::open_or_create(&path).unwrap();
+        sizer.join().unwrap();
+        assert_eq!(r.snapshot().unwrap(), None, "zero-filled: never written");
     }
 
     #[test]

@@ -82,14 +82,26 @@ pub(crate) fn open_or_create(
     config: &RegionConfig,
 ) -> Result<(Region, InitOutcome), RegionError> {
     config.validate()?;
-    let file = OpenOptions::new()
+    // Every process of a container but the first finds the file: open it without `O_CREAT`
+    // first, which would take the directory's lock exclusively even for an existing file (64
+    // processes starting together would queue on it).
+    let existing = OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .mode(0o666)
         .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map_err(io("open", path))?;
+        .open(path);
+    let file = match existing {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o666)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io("open", path))?,
+        Err(e) => return Err(io("open", path)(e)),
+    };
     let meta = file.metadata().map_err(io("fstat", path))?;
     // The mode passed to open is filtered by the umask; make a file we just created (empty, ours)
     // world-writable with fchmod instead of touching the process-wide umask.
@@ -163,7 +175,9 @@ fn initialise(
 ) -> Result<InitOutcome, RegionError> {
     let header: &RegionHeader = map.get(0).expect("the mapping is at least one header long");
     let pid = std::process::id();
-    let my_ns = procfs::pid_namespace_inode().unwrap_or(0);
+    // Read from `/proc` only when the region is not ready yet (a process joining a ready region,
+    // the common case, needs none of it).
+    let mut my_ns = None;
     let started = Instant::now();
     let mut spins = 0u32;
     loop {
@@ -172,6 +186,8 @@ fn initialise(
         match init_phase(word) {
             PHASE_READY => return Ok(InitOutcome::Joined),
             PHASE_UNINIT | PHASE_INITIALISING => {
+                let my_ns =
+                    *my_ns.get_or_insert_with(|| procfs::pid_namespace_inode().unwrap_or(0));
                 let stale_pid = init_pid(word);
                 let take = word == 0 || initialiser_is_stale(header, word, my_ns);
                 if take {

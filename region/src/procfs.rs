@@ -52,8 +52,21 @@ pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
 }
 
 pub(crate) fn read_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
+    use std::io::Read;
+    // One buffer that holds any stat line (52 numeric fields and a 16-byte name), read until
+    // EOF: `read_to_string` starts from 32 bytes and doubles, six `read` calls for a stat line.
+    let mut buf = [0u8; 2048];
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    parse_stat(std::str::from_utf8(&buf[..len]).ok()?)
 }
 
 /// Whether a slot's or initialiser's owner still runs.
@@ -85,13 +98,12 @@ pub fn pid_namespace_inode() -> Option<u64> {
     std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }
 
+/// The calling thread's command name (`/proc/self/comm` for the main thread), NUL padded: one
+/// `prctl`, not a file to open and read.
 fn own_name() -> [u8; 16] {
     let mut name = [0u8; 16];
-    if let Ok(comm) = std::fs::read("/proc/self/comm") {
-        let comm = comm.strip_suffix(b"\n").unwrap_or(&comm);
-        let n = comm.len().min(16);
-        name[..n].copy_from_slice(&comm[..n]);
-    }
+    // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) into the buffer, which has 16.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
     name
 }
 

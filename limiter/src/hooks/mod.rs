@@ -56,27 +56,34 @@ impl<F> Hooked<F> {
     /// [`Hooked::record`] of a call that allocated and freed `(allocated, freed)` bytes, in one
     /// record. The self-time runs from entry to the driver call and from its return to the end
     /// of the record itself.
-    #[inline]
-    pub fn record_bytes(
-        &self,
-        sym: Sym,
-        t0: u64,
-        t1: u64,
-        ok: bool,
-        (allocated, freed): (u64, u64),
-    ) {
-        let clock = self.state.clock;
-        let entered = self.entered;
-        let call = Call {
-            latency_ns: clock.ns_between(t0, t1),
-            ok,
-            bytes_allocated: allocated,
-            bytes_freed: freed,
-        };
-        self.process.ledger.record(self.state.api(sym), call, || {
-            clock.ns_between(entered, t0) + clock.ns_between(t1, clock.now())
-        });
+    #[inline(always)]
+    pub fn record_bytes(&self, sym: Sym, t0: u64, t1: u64, ok: bool, bytes: (u64, u64)) {
+        // The API id is a constant where `sym` is (every hook): one shared, non-generic body.
+        let times = [self.entered, t0, t1];
+        record_call(self.state, self.process, sym.api(), times, ok, bytes);
     }
+}
+
+/// The body of [`Hooked::record_bytes`], once for every hook (not once per hook signature).
+#[inline(never)]
+fn record_call(
+    state: &State,
+    process: &Process,
+    api: agent_common::api::ApiId,
+    [entered, t0, t1]: [u64; 3],
+    ok: bool,
+    (allocated, freed): (u64, u64),
+) {
+    let clock = state.clock;
+    let call = Call {
+        latency_ns: clock.ns_between(t0, t1),
+        ok,
+        bytes_allocated: allocated,
+        bytes_freed: freed,
+    };
+    process.ledger.record(api, call, || {
+        clock.ns_between(entered, t0) + clock.ns_between(t1, clock.now())
+    });
 }
 
 #[inline]

@@ -414,3 +414,30 @@ fn limits_past_what_a_counter_holds_are_refused() {
     );
     Region::open_or_create(&dir.path().join("r"), &config(region::MAX_RESERVABLE, 2)).unwrap();
 }
+
+/// A writer that died inside its very first section of a record, before storing anything, leaves
+/// an odd sequence over zeroes: the reader still reports it (it skips only records that are all
+/// zero with an even sequence).
+#[test]
+fn a_writer_stuck_in_its_first_section_is_reported() {
+    use region::layout::{API_RECORD_SIZE, HEADER_SIZE, SHARD_SIZE, SlotRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let (region, _) = Region::open_or_create(&path, &config(0, 1)).unwrap();
+    let slot = region.claim_slot().unwrap();
+    let w = region.shard_writer(&slot);
+    w.record_call(launch(), 1_000, true);
+    let seq_offset = HEADER_SIZE
+        + std::mem::offset_of!(SlotRecord, shards)
+        + w.shard_index() * SHARD_SIZE
+        + usize::from(ApiId::from_name("cuMemAlloc_v2").unwrap().0) * API_RECORD_SIZE;
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[seq_offset..seq_offset + 8].copy_from_slice(&1u64.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+    let s = &snap.slots[0];
+    assert_eq!(s.shard_problems.len(), 1);
+    assert_eq!(s.shard_problems[0].kind, ShardProblemKind::Stuck);
+    assert_eq!(s.shard_problems[0].seq, 1);
+    assert_eq!(s.apis.len(), 1, "the launch record still counts");
+}

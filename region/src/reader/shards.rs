@@ -2,17 +2,20 @@
 //!
 //! - Layouts 1 and 2: one seqlock per shard ([`seqlock::read_copied`]): the sequence, a copy of
 //!   the shard, the sequence again; a shard that stays inconsistent is left out whole.
-//! - Layout 3: one seqlock per API record, read by comparing copies. The shard is copied twice
-//!   (one `pread` each, an Acquire fence between them); a record is consistent when both copies
-//!   are identical, word for word, and its sequence is even. Every word of a record only grows
-//!   (sums and counts; the claimer's reset runs inside a section, and a slot whose state word
-//!   changed during the read is read again), so a word equal in both copies held that value
-//!   throughout, at the fence in between in particular; the sequence, equal and even, says no
-//!   section was open then. So the copy is the record as it was at one instant with no writer
-//!   inside. No order of the copy's words is assumed. Records that differ are copied again alone
-//!   (512 bytes) and compared with their previous copy, at most [`seqlock::READ_RETRIES`] copies
-//!   in all; the loom model `loom_record_copies_that_agree_are_consistent` checks the argument.
-
+//! - Layout 3: one seqlock per API record, read by comparing copies. The shard is copied once
+//!   (one `pread`). Every word of a record only grows (sums and counts; the claimer's reset runs
+//!   inside a section, and a slot whose state word changed during the read is read again), so a
+//!   record whose statistics words all read as zero was empty at the instant of the copy's first
+//!   read, whatever its sequence said: it holds nothing and is skipped (unless the sequence is
+//!   odd: a writer stuck in its first section is still reported). Each other record is
+//!   copied again alone (512 bytes, an Acquire fence before the copy) and taken when the two
+//!   copies are identical, word for word, with an even sequence: a word equal in both copies
+//!   held that value throughout, at the fence in between in particular, and the sequence, equal
+//!   and even, says no section was open then; so the copy is the record as it was at one
+//!   instant with no writer inside. No order of a copy's words is assumed. A record that differs
+//!   is copied again and compared with its previous copy, at most [`seqlock::READ_RETRIES`]
+//!   copies in all; the loom model `loom_record_copies_that_agree_are_consistent` checks the
+//!   argument.
 use std::mem::offset_of;
 use std::sync::atomic::{Ordering, fence};
 
@@ -165,30 +168,33 @@ impl RegionReader {
     ) -> Result<(), ReadError> {
         let (last, fresh) = (&mut last[..SHARD_WORDS], &mut fresh[..SHARD_WORDS]);
         self.read_words(at, last)?;
-        // Acquire: orders the first copy's loads before the second's (see the module docs).
-        fence(Ordering::Acquire);
-        self.read_words(at, fresh)?;
-        // (record, its sequence was odd in every copy so far)
-        let mut pending = Vec::new();
-        for k in 0..API_SLOTS {
-            let words = k * RECORD_WORDS..(k + 1) * RECORD_WORDS;
-            let (a, b) = (&last[words.clone()], &fresh[words.clone()]);
-            if seqlock::copies_agree(a, b, R_SEQ) {
-                add_record(totals, k, b);
-            } else {
-                pending.push((k, a[R_SEQ] & 1 == 1 && b[R_SEQ] & 1 == 1));
-                last[words.clone()].copy_from_slice(&fresh[words]);
-            }
-        }
-        // Two copies so far: one attempt. Each further attempt copies the pending records again.
+        // (record, its sequence was odd in every copy so far). A record whose statistics are all
+        // zero in this copy holds nothing (see the module docs) and is not copied again unless
+        // its sequence is odd (a writer stuck in its first section is still reported): a thread
+        // records a handful of APIs, so the second copies are a few 512-byte reads.
+        let mut pending: Vec<(usize, bool)> = (0..API_SLOTS)
+            .filter(|&k| {
+                let record = &last[k * RECORD_WORDS..(k + 1) * RECORD_WORDS];
+                record[R_SEQ] & 1 == 1
+                    || record
+                        .iter()
+                        .enumerate()
+                        .any(|(i, &w)| i != R_SEQ && w != 0)
+            })
+            .map(|k| (k, last[k * RECORD_WORDS + R_SEQ] & 1 == 1))
+            .collect();
+        // Each attempt copies the pending records once more and compares each with its previous
+        // copy: at most READ_RETRIES copies in all, the whole-shard one included.
         let mut attempt = 1;
         while !pending.is_empty() && attempt < seqlock::READ_RETRIES {
-            seqlock::backoff(attempt);
-            counters.seqlock_retries += pending.len() as u64;
+            if attempt > 1 {
+                seqlock::backoff(attempt);
+                counters.seqlock_retries += pending.len() as u64;
+            }
             let mut still = Vec::new();
             for (k, odd_always) in pending {
                 let words = k * RECORD_WORDS..(k + 1) * RECORD_WORDS;
-                // Acquire: orders the previous copy's loads before this one's.
+                // Acquire: orders the previous copy's loads before this one's (module docs).
                 fence(Ordering::Acquire);
                 self.read_words(at + (k * API_RECORD_SIZE) as u64, &mut fresh[words.clone()])?;
                 let (a, b) = (&last[words.clone()], &fresh[words.clone()]);

@@ -126,13 +126,14 @@ impl Tracer {
                         || matches!(t.opts.launches, LaunchProbes::Sampled { .. })
                 })
                 .collect();
-            // Kinds attached all along: a pace reference for the sampled ones.
-            let always_on: Vec<_> = agent_common::ApiKind::PROBED
+            // Kinds attached all along that can set the pace of the sampled ones: launches when
+            // they are always probed. (Allocations, frees and lifecycle calls are attached all
+            // along too, but come in phases, at start-up or when a batch size changes: as a
+            // reference they would make a gap that spans a phase change look full of launches.)
+            let always_on: Vec<_> = (t.opts.launches == LaunchProbes::On)
+                .then_some(agent_common::ApiKind::Launch)
                 .into_iter()
                 .filter(|k| !kinds.contains(k))
-                .filter(|k| {
-                    *k != agent_common::ApiKind::Launch || t.opts.launches == LaunchProbes::On
-                })
                 .collect();
             let schedule = Schedule::new(budget, &kinds, &always_on, Instant::now());
             for k in schedule.initially_on() {

@@ -96,8 +96,9 @@ struct KindState {
 }
 
 /// A pace clock for the detached gaps that the probes themselves do not disturb: the calls of
-/// kinds attached all along (allocations, frees and lifecycle calls always; synchronisations or
-/// copies while they fit the budget). Each window gives, per process, the ratio of the sampled
+/// the other sampled kinds while they fit the budget whole and stay attached (synchronisations
+/// and copies, which a training step makes at a steady ratio to its launches), and launches when
+/// they are always probed. Each window gives, per process, the ratio of the sampled
 /// kind's calls to the reference kinds' calls; the gap after it is estimated as the reference
 /// calls made in the gap times the ratio. Unlike a rate per second, the ratio does not move when
 /// the probes slow the process down (both kinds slow alike), nor when it is descheduled, and a

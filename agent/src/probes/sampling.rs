@@ -319,7 +319,7 @@ impl Schedule {
                 let between = gap_estimates(k, &self.detached_at, Some((&reference, &rates)));
                 let provisional = std::mem::take(&mut k.provisional);
                 log::debug!(
-                    "sampling {}: window of {:?} saw {seen:?}; gap of {:?} before it: {between:?}",
+                    "sampling {}: window of {:?} saw {seen:?} (own-pace rates {rates:?}); gap of {:?} before it: {between:?}",
                     k.kind.name(),
                     open,
                     k.gap,

@@ -17,12 +17,11 @@
 //! built from an earlier commit; `this` is the tree's own release build). Prints a table and a
 //! JSON line (`bench-pairs-cold: {...}`).
 
+use crate::bench::SimFixtures;
 use std::{collections::BTreeMap, fs, path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-
-use crate::util::{self, cmd, repo_root};
 
 struct Options {
     sweeps: Vec<String>,
@@ -125,25 +124,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
-    util::step("building release cuda-exercise, sim-cuda and the limiter");
-    util::run(&mut cmd(
-        "cargo",
-        [
-            "build",
-            "--release",
-            "-p",
-            "cuda-exercise",
-            "-p",
-            "sim-cuda",
-            "-p",
-            "limiter",
-        ],
-    ))?;
-    let bin = repo_root().join("target/release");
-    let tmp = std::env::temp_dir().join(format!("bench-pairs-cold-{}", std::process::id()));
-    fs::create_dir_all(&tmp)?;
-    let libcuda = tmp.join("libcuda.so.1");
-    fs::copy(bin.join("libsimcuda.so"), &libcuda)?;
+    let SimFixtures { bin, tmp, libcuda } = crate::bench::sim_fixtures("bench-pairs-cold")?;
     let exercise = bin.join("cuda-exercise");
     let region = PathBuf::from("/dev/shm").join(format!("bench-pairs-cold-{}", std::process::id()));
     let mut configs: Vec<(String, Option<PathBuf>)> = vec![

@@ -13,6 +13,7 @@
 //! Prints a table and a JSON line (`bench-limiter: {...}`). `scripts/gpu/bench-limiter.sh` runs
 //! the same comparison against the real driver on the GPU machine.
 
+use crate::bench::SimFixtures;
 use std::{
     fs,
     path::PathBuf,
@@ -22,8 +23,6 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
-
-use crate::util::{self, cmd, repo_root};
 
 const RUNS: usize = 3;
 const LAUNCHES: u64 = 1_000_000;
@@ -158,25 +157,7 @@ fn compare(name: &str, unit: &str, mut f: impl FnMut(bool, usize) -> Result<f64>
 }
 
 pub fn run() -> Result<()> {
-    util::step("building release cuda-exercise, sim-cuda and the limiter");
-    util::run(&mut cmd(
-        "cargo",
-        [
-            "build",
-            "--release",
-            "-p",
-            "cuda-exercise",
-            "-p",
-            "sim-cuda",
-            "-p",
-            "limiter",
-        ],
-    ))?;
-    let bin = repo_root().join("target/release");
-    let tmp = std::env::temp_dir().join(format!("bench-limiter-{}", std::process::id()));
-    fs::create_dir_all(&tmp)?;
-    let libcuda = tmp.join("libcuda.so.1");
-    fs::copy(bin.join("libsimcuda.so"), &libcuda)?;
+    let SimFixtures { bin, tmp, libcuda } = crate::bench::sim_fixtures("bench-limiter")?;
     let env = Env {
         exercise: bin.join("cuda-exercise"),
         limiter: bin.join("libvgpu_limiter.so"),

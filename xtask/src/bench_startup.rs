@@ -13,6 +13,7 @@
 //! `libvgpu_limiter.so` to compare; `this` is the tree's own release build). Prints a table and a
 //! JSON line (`bench-startup: {...}`).
 
+use crate::bench::SimFixtures;
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -21,8 +22,6 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-
-use crate::util::{self, cmd, repo_root};
 
 /// One process's start-up figures, microseconds.
 #[derive(Clone, Copy, Debug, Default)]
@@ -149,25 +148,7 @@ pub fn run(args: &[String]) -> Result<()> {
             other => bail!("unknown option {other:?} (--procs, --rounds, --precreate, --limiter)"),
         }
     }
-    util::step("building release cuda-exercise, sim-cuda and the limiter");
-    util::run(&mut cmd(
-        "cargo",
-        [
-            "build",
-            "--release",
-            "-p",
-            "cuda-exercise",
-            "-p",
-            "sim-cuda",
-            "-p",
-            "limiter",
-        ],
-    ))?;
-    let bin = repo_root().join("target/release");
-    let tmp = std::env::temp_dir().join(format!("bench-startup-{}", std::process::id()));
-    fs::create_dir_all(&tmp)?;
-    let libcuda = tmp.join("libcuda.so.1");
-    fs::copy(bin.join("libsimcuda.so"), &libcuda)?;
+    let SimFixtures { bin, tmp, libcuda } = crate::bench::sim_fixtures("bench-startup")?;
     let exercise = bin.join("cuda-exercise");
     // Regions on tmpfs, as in production (docs/region.md, "Start-up").
     let region =

@@ -28,6 +28,15 @@ fn process_of(report: &Value, pid: u32) -> &Value {
         .unwrap_or_else(|| panic!("pid {pid} missing: {report:#}"))
 }
 
+/// A process's row of one API in the report.
+fn api_of<'a>(process: &'a Value, api: &str) -> Option<&'a Value> {
+    process["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["api"] == api)
+}
+
 /// `Err` describes the miss.
 fn within(got: f64, truth: f64, tolerance: f64, what: &str) -> Result<(), String> {
     let err = (got - truth).abs() / truth;
@@ -267,12 +276,7 @@ fn a_known_limiter_hook_delay_is_attributed_to_the_limiter() {
         let _ = workload.finish();
         let report = stat.finish();
         let p = process_of(&report, pid);
-        let launch = p["apis"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["api"] == "cuLaunchKernel")
-            .expect("launches in the report");
+        let launch = api_of(p, "cuLaunchKernel").expect("launches in the report");
         assert_eq!(
             (launch["calls"].as_u64(), launch["measured_by"].as_str()),
             (Some(LAUNCHES), Some("limiter")),
@@ -362,12 +366,7 @@ fn probe_cost_is_attributed_close_to_the_slowdown_it_causes() {
             .iter()
             .map(|pid| {
                 let p = process_of(&report, *pid);
-                let calls = p["apis"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|a| a["api"] == "cuStreamSynchronize")
-                    .unwrap()["calls"]
+                let calls = api_of(p, "cuStreamSynchronize").unwrap()["calls"]
                     .as_u64()
                     .unwrap();
                 assert_eq!(calls, CALLS, "every call probed and counted");
@@ -463,12 +462,7 @@ fn launch_heavy(sync_every: u64) {
         let _ = workload.finish();
         let report = stat.finish();
         let p = process_of(&report, pid);
-        let launch = p["apis"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["api"] == "cuLaunchKernel")
-            .expect("launches in the report");
+        let launch = api_of(p, "cuLaunchKernel").expect("launches in the report");
         assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
         let sampled = report["sampling"]["sampled_kinds"].as_array().unwrap();
         let launches = sampled
@@ -645,12 +639,7 @@ fn a_library_whose_process_exited_does_not_stop_sampling_elsewhere() {
     let _ = second.finish();
     stat.wait_for("is gone: detached", Duration::from_secs(20));
     let report = stat.finish();
-    let launch = process_of(&report, pid)["apis"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["api"] == "cuLaunchKernel")
-        .cloned()
+    let launch = api_of(process_of(&report, pid), "cuLaunchKernel")
         .expect("the second process's launches were probed");
     assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
     // Its launches were probed in windows all along (stuck off, they would be a few hundred).

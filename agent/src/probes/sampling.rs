@@ -285,15 +285,6 @@ impl Schedule {
             .filter(|k| k.on && k.duty >= 1.0)
             .map(|k| k.kind)
             .collect();
-        let sum_of = |kinds: &[ApiKind], counted: &mut dyn FnMut(ApiKind) -> BTreeMap<u32, u64>| {
-            let mut sum: BTreeMap<u32, u64> = BTreeMap::new();
-            for k in kinds {
-                for (pid, n) in counted(*k) {
-                    *sum.entry(pid).or_default() += n;
-                }
-            }
-            sum
-        };
         for (k, seen) in self.kinds.iter_mut().zip(&seen) {
             if now < k.until {
                 continue;
@@ -313,7 +304,7 @@ impl Schedule {
                     &k.refs,
                     k.opened_at,
                     &k.ref_at_open,
-                    sum_of(&k.refs, &mut counted),
+                    calls_of_kinds(&k.refs, &mut counted),
                     seen,
                 );
                 let between = gap_estimates(k, &self.detached_at, Some((&reference, &rates)));
@@ -340,7 +331,7 @@ impl Schedule {
                     // that starts calling is caught within one).
                     k.calls_at_open = counted(k.kind);
                     k.refs = reference_kinds(&self.always_on, &whole, k.kind);
-                    k.ref_at_open = sum_of(&k.refs, &mut counted);
+                    k.ref_at_open = calls_of_kinds(&k.refs, &mut counted);
                     k.opened_at = now;
                     k.attached += now.duration_since(k.since);
                     k.since = now;
@@ -357,7 +348,7 @@ impl Schedule {
             } else {
                 k.calls_at_open = counted(k.kind);
                 k.refs = reference_kinds(&self.always_on, &whole, k.kind);
-                k.ref_at_open = sum_of(&k.refs, &mut counted);
+                k.ref_at_open = calls_of_kinds(&k.refs, &mut counted);
                 k.opened_at = now;
                 k.on = true;
                 k.since = now;
@@ -383,13 +374,7 @@ impl Schedule {
             k.since = at;
             k.opened_at = at;
             k.calls_at_open = calls(kind);
-            let mut refs: BTreeMap<u32, u64> = BTreeMap::new();
-            for r in &k.refs {
-                for (pid, n) in calls(*r) {
-                    *refs.entry(pid).or_default() += n;
-                }
-            }
-            k.ref_at_open = refs;
+            k.ref_at_open = calls_of_kinds(&k.refs, &mut calls);
             k.gap = k
                 .closed_at
                 .map(|c| at.saturating_duration_since(c))
@@ -454,6 +439,20 @@ fn own_rate(open: f64, n: u64, per_hit_ns: f64) -> f64 {
         .max(open * 0.1)
         .max(1e-9);
     n as f64 / own
+}
+
+/// Each process's calls of `kinds` together.
+fn calls_of_kinds(
+    kinds: &[ApiKind],
+    calls: &mut impl FnMut(ApiKind) -> BTreeMap<u32, u64>,
+) -> BTreeMap<u32, u64> {
+    let mut sum: BTreeMap<u32, u64> = BTreeMap::new();
+    for k in kinds {
+        for (pid, n) in calls(*k) {
+            *sum.entry(pid).or_default() += n;
+        }
+    }
+    sum
 }
 
 /// The reference kinds of a window of `kind` opening now.

@@ -72,3 +72,12 @@ pub fn sim_fixtures(tag: &str) -> Result<SimFixtures> {
     std::fs::copy(bin.join("libsimcuda.so"), &libcuda)?;
     Ok(SimFixtures { bin, tmp, libcuda })
 }
+
+/// Removes a benchmark's region file and the control block the limiter creates beside it
+/// (`<region>.ctl`), so that runs leave nothing behind in `/dev/shm`.
+pub fn remove_region(region: &std::path::Path) {
+    let mut ctl = region.as_os_str().to_owned();
+    ctl.push(".ctl");
+    let _ = std::fs::remove_file(region);
+    let _ = std::fs::remove_file(ctl);
+}

@@ -87,7 +87,7 @@ fn one_run(
     }
     c.env("SIMCUDA_SWEEP", format!("alloc={sweep},free={sweep}"));
     if let Some(lib) = limiter {
-        let _ = fs::remove_file(region);
+        crate::bench::remove_region(region);
         c.env("LD_PRELOAD", lib)
             .env("CUDA_DEVICE_MEMORY_LIMIT", "64g")
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
@@ -186,7 +186,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "bench-pairs-cold: {}",
         json!({"device": "sim-cuda (release)", "pairs": o.pairs, "runs": o.runs, "sweeps": report})
     );
-    let _ = fs::remove_file(&region);
+    crate::bench::remove_region(&region);
     let _ = fs::remove_dir_all(&tmp);
     Ok(())
 }

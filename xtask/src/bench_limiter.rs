@@ -47,7 +47,7 @@ impl Env {
         }
         if limited {
             let region = self.tmp.join(format!("{tag}.region"));
-            let _ = fs::remove_file(&region);
+            crate::bench::remove_region(&region);
             c.env("LD_PRELOAD", &self.limiter)
                 .env("CUDA_DEVICE_MEMORY_LIMIT", "64g")
                 .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)

@@ -62,8 +62,7 @@ fn round(
     (procs, precreate): (usize, bool),
     region: &Path,
 ) -> Result<Vec<Startup>> {
-    let _ = fs::remove_file(region);
-    let _ = fs::remove_file(region.with_extension("region.ctl"));
+    crate::bench::remove_region(region);
     // `--precreate`: one process initialises the region (and the control block) and exits
     // first, so that no one waits for an initialiser.
     let spawn = |n: usize| {
@@ -196,7 +195,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "bench-startup: {}",
         json!({"device": "sim-cuda (release)", "rounds": rounds, "procs": report})
     );
-    let _ = fs::remove_file(&region);
+    crate::bench::remove_region(&region);
     let _ = fs::remove_dir_all(&tmp);
     Ok(())
 }

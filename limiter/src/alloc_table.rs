@@ -122,6 +122,20 @@ impl Default for AllocTable {
     }
 }
 
+/// The home bucket of `key` in a table of `buckets` buckets (a power of two): the top bits of the
+/// product, which depend on every bit of the key.
+#[inline(always)]
+fn home_of(key: u64, buckets: usize) -> usize {
+    (key.wrapping_mul(FIB) >> 32) as usize & (buckets - 1)
+}
+
+/// The address of `key`'s home bucket in a table whose [`AllocTable::layout`] is
+/// `(base, buckets)` (`buckets` > 0).
+#[inline(always)]
+pub fn home_bucket_addr((base, buckets): (usize, usize), key: u64) -> usize {
+    base + home_of(key, buckets) * size_of::<Bucket>()
+}
+
 impl AllocTable {
     /// A table with `buckets` buckets in its fast part (rounded up to a power of two).
     pub fn with_buckets(buckets: usize) -> AllocTable {
@@ -138,8 +152,13 @@ impl AllocTable {
 
     #[inline(always)]
     fn home(&self, key: u64) -> usize {
-        // The top bits of the product: they depend on every bit of the key.
-        (key.wrapping_mul(FIB) >> 32) as usize & (self.buckets.len() - 1)
+        home_of(key, self.buckets.len())
+    }
+
+    /// Where the buckets are and how many: with [`home_bucket_addr`], the address of a key's
+    /// home bucket without reading the table first (`entry_lines` prefetches it).
+    pub fn layout(&self) -> (usize, usize) {
+        (self.buckets.as_ptr() as usize, self.buckets.len())
     }
 
     #[inline(always)]
@@ -172,10 +191,12 @@ impl AllocTable {
     /// Hints that `key` is about to be inserted or removed: its home bucket's line is fetched.
     #[inline(always)]
     pub fn prefetch(&self, key: u64) {
-        region::prefetch::line(self.bucket(self.home(key), 0));
+        region::prefetch::line_for_write(self.bucket(self.home(key), 0));
     }
 
     /// Records a new allocation; returns the charge it replaced, if the key was (wrongly) live.
+    #[unsafe(link_section = ".text.hot.vgpu")]
+    #[inline]
     pub fn insert(&self, key: u64, charge: Charge) -> Option<Charge> {
         let packed = match pack(charge) {
             Some(p) if key != 0 && key != RESERVED => p,
@@ -205,6 +226,8 @@ impl AllocTable {
     }
 
     /// Claims a free entry for `key` in its home bucket or the next ones; false if all are full.
+    #[unsafe(link_section = ".text.hot.vgpu")]
+    #[inline]
     fn put(&self, key: u64, home: usize, packed: u64) -> bool {
         for i in 0..PROBE {
             let bucket = self.bucket(home, i);
@@ -231,6 +254,8 @@ impl AllocTable {
     }
 
     /// Removes a live allocation.
+    #[unsafe(link_section = ".text.hot.vgpu")]
+    #[inline]
     pub fn remove(&self, key: u64) -> Option<Charge> {
         if key != 0 && key != RESERVED {
             let home = self.home(key);

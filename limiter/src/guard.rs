@@ -3,56 +3,55 @@
 //! A hook that is entered while the same thread is already inside the limiter (the driver calling
 //! one of its own exported functions through our interposed name, a `dlsym` made by the dynamic
 //! loader while we load libcuda) must go straight to the real function: [`Reentry`] tracks that with
-//! a `const`-initialised thread-local flag, which has no destructor and needs no allocation.
+//! a flag in the thread's words (`thread_words`: initial-exec TLS, no destructor, no allocation).
 //!
 //! Panics never cross the FFI boundary: the accounting logic around a driver call runs inside
 //! [`shield`], and a caught panic is counted and the call falls through to the driver.
 
 use std::{
-    cell::Cell,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::atomic::{AtomicU64, Ordering},
 };
 
-thread_local! {
-    static IN_LIMITER: Cell<bool> = const { Cell::new(false) };
-}
+use crate::thread_words::{self, ThreadWords};
 
 /// Whether this thread is already inside the limiter.
 #[inline]
 pub fn active() -> bool {
-    IN_LIMITER.with(Cell::get)
+    thread_words::current().inside.get()
 }
 
-/// Marks this thread as inside the limiter until dropped. Holds this thread's flag, so that
-/// leaving costs no second thread-local lookup (`__tls_get_addr` in a shared library). Not
-/// `Send`: it is dropped on the thread that made it.
+/// Marks this thread as inside the limiter until dropped. Holds this thread's words, so that
+/// leaving costs no second lookup. Not `Send`: it is dropped on the thread that made it.
 #[derive(Debug)]
 pub struct Reentry {
-    flag: *const Cell<bool>,
+    words: &'static ThreadWords,
 }
 
 impl Reentry {
     /// Enters, or returns `None` if the thread is already inside the limiter.
-    #[inline]
+    #[inline(always)]
     pub fn enter() -> Option<Reentry> {
-        IN_LIMITER.with(|f| {
-            if f.get() {
-                None
-            } else {
-                f.set(true);
-                Some(Reentry { flag: f })
-            }
-        })
+        let words = thread_words::current();
+        if words.inside.get() {
+            None
+        } else {
+            words.inside.set(true);
+            Some(Reentry { words })
+        }
+    }
+
+    /// This thread's words (its statistics writer is beside the flag).
+    #[inline(always)]
+    pub fn words(&self) -> &'static ThreadWords {
+        self.words
     }
 }
 
 impl Drop for Reentry {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: `flag` is this thread's `IN_LIMITER` (a `Reentry` never leaves its thread),
-        // which has no destructor and lives until the thread exits, after this drop.
-        unsafe { (*self.flag).set(false) };
+        self.words.inside.set(false);
     }
 }
 

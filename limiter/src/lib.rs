@@ -8,7 +8,7 @@
 //! - [`dlsym`]: the `dlsym` override that hands out hooks for lookups through libcuda's handle.
 //! - [`hooks`]: the exported hooks (memory, launch, information, `cuGetProcAddress`, `cuInit`);
 //!   [`nvml`]: NVML's memory information under the limit.
-//! - [`guard`]: re-entrancy and panic guards; [`state`]: lazy process-wide state;
+//! - [`guard`]: re-entrancy and panic guards; [`thread_words`]: the per-thread words hooks read; [`state`]: lazy process-wide state;
 //!   [`config`]: environment parsing; [`log`]: stderr diagnostics without allocation; [`cuda`]:
 //!   the `cuda.h` subset; [`clock`]: the launch path's clock.
 //! - [`accounting`]: the accounting boundary and the in-process backend; [`shared`]: the region
@@ -26,9 +26,13 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod cuda;
+#[macro_use]
+pub mod direct;
 pub mod dlsym;
+pub mod entry_lines;
 pub mod guard;
 pub mod hooks;
+pub mod hot;
 pub mod log;
 pub mod nvml;
 pub mod pools;
@@ -38,3 +42,4 @@ pub mod shared;
 pub mod sm;
 pub mod sm_feedback;
 pub mod state;
+pub mod thread_words;

@@ -11,7 +11,7 @@
 
 use std::{
     ptr,
-    sync::atomic::{AtomicPtr, AtomicU8, Ordering},
+    sync::atomic::{AtomicU8, Ordering},
 };
 
 use agent_common::api::ApiId;
@@ -20,6 +20,7 @@ use region::{Region, Slot};
 use crate::{
     accounting::{Accounting, AllocTable, Call, Denied, InProcess},
     config::MAX_DEVICES,
+    hot::hot,
     log,
     pools::PoolTable,
     shared::RegionLedger,
@@ -45,9 +46,11 @@ macro_rules! dispatch {
 }
 
 impl Accounting for Ledger {
+    #[inline]
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<(), Denied> {
         dispatch!(self, l => l.try_reserve(device, bytes))
     }
+    #[inline]
     fn release(&self, device: usize, bytes: u64) {
         dispatch!(self, l => l.release(device, bytes))
     }
@@ -101,28 +104,35 @@ pub struct Process {
     context_bytes: u64,
 }
 
-/// The current process's accounting; null before its first CUDA call and in a freshly forked
-/// child. Published with Release after the `Process` is fully built, read with Acquire (the
-/// pairing makes its fields visible).
-static CURRENT: AtomicPtr<Process> = AtomicPtr::new(ptr::null_mut());
-
 /// This process's accounting if it exists already (the launch path).
 #[inline(always)]
 pub fn ready() -> Option<&'static Process> {
     // SAFETY: a non-null pointer was leaked from a `Box<Process>` and is never freed.
-    unsafe { CURRENT.load(Ordering::Acquire).as_ref() }
+    unsafe { hot().process.load(Ordering::Acquire).as_ref() }
 }
 
 /// This process's accounting, created at the first call (again in a forked child).
+#[inline(always)]
 pub fn current(state: &'static State) -> &'static Process {
-    if let Some(p) = ready() {
-        return p;
+    match ready() {
+        Some(p) => p,
+        None => create(state),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn create(state: &'static State) -> &'static Process {
     let fresh: *mut Process = Box::into_raw(Box::new(Process::new(state)));
     // AcqRel: Release publishes `fresh`; Acquire on failure makes the winner's fields visible.
-    match CURRENT.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-        // SAFETY: just leaked, never freed.
-        Ok(_) => unsafe { &*fresh },
+    let current = &hot().process;
+    match current.compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            // SAFETY: just leaked, never freed.
+            let process = unsafe { &*fresh };
+            crate::entry_lines::publish(process);
+            process
+        }
         Err(winner) => {
             // Another thread created it first: give our slot back and use theirs.
             // SAFETY: `fresh` was never published, so this thread owns it exclusively.
@@ -192,10 +202,20 @@ impl Process {
 
     /// Charges this process's context memory on `device` once, before its first allocation
     /// there. Denied if the context itself does not fit (the allocation is then refused too).
+    #[inline(always)]
     pub fn ensure_context(&self, device: usize) -> Result<(), Denied> {
-        let Some(flag) = self.context.get(device) else {
-            return Ok(());
-        };
+        match self.context.get(device) {
+            // Acquire: pairs with the Release store of CHARGED in `charge_context`.
+            Some(flag) if flag.load(Ordering::Acquire) != CTX_CHARGED => {
+                self.charge_context(device, flag)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn charge_context(&self, device: usize, flag: &AtomicU8) -> Result<(), Denied> {
         loop {
             // Acquire: pairs with the Release store of CHARGED, after which the charge is held.
             match flag.load(Ordering::Acquire) {
@@ -251,7 +271,7 @@ const _: () = assert!(!std::mem::needs_drop::<Slot>());
 /// accounting (never touching its locks) and builds its own at its first CUDA call.
 extern "C" fn on_fork_child() {
     // Relaxed: the child has one thread; the next creation publishes with Release.
-    CURRENT.store(ptr::null_mut(), Ordering::Relaxed);
+    hot().process.store(ptr::null_mut(), Ordering::Relaxed);
 }
 
 /// `atexit` handler: retires this process's slot. Runs in a forked child too, for the child's own

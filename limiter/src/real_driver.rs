@@ -342,6 +342,7 @@ fn find_real_dlsym() -> usize {
 }
 
 /// The bound driver, or why it could not be bound.
+#[unsafe(link_section = ".data.hot.vgpu")]
 static DRIVER: OnceLock<Result<Driver, BindError>> = OnceLock::new();
 
 /// The driver if already bound, without binding.

@@ -3,7 +3,8 @@
 //!
 //! Each thread caches one [`ShardWriter`] in a thread-local, claimed at the thread's first recorded
 //! call (threads created before and after initialisation alike) and released by the thread-local's
-//! destructor when the thread exits. A record is then a thread-local access and a seqlock section
+//! destructor when the thread exits; the hooks find it through the thread's words
+//! (`thread_words`). A record is then a thread-local access and a seqlock section
 //! of plain loads and stores: no lock, no allocation, no read-modify-write instruction. The cached
 //! writer remembers which ledger it belongs to; after `fork()` the child has a new ledger (its own
 //! slot), so the inherited writer is replaced at the child's first record.
@@ -13,7 +14,10 @@ use std::cell::RefCell;
 use agent_common::api::ApiId;
 use region::{Region, ReserveError, ShardWriter, Slot};
 
-use crate::accounting::{Accounting, Call, Denied};
+use crate::{
+    accounting::{Accounting, Call, Denied},
+    thread_words,
+};
 
 /// Accounting of one process in the container's region (inside its leaked `Process`).
 #[derive(Debug)]
@@ -27,35 +31,53 @@ struct Cached {
     ledger: *const RegionLedger,
 }
 
+impl Drop for Cached {
+    fn drop(&mut self) {
+        // The thread's words point at this writer: they must not outlive it.
+        thread_words::clear_writer();
+    }
+}
+
 thread_local! {
-    /// This thread's statistics writer. `const`-initialised: no lazy-init branch beyond the
-    /// destructor registration at the first access.
+    /// Owns this thread's statistics writer (its destructor frees the shard when the thread
+    /// exits). `const`-initialised. The hooks reach the writer through the pointer in the
+    /// thread's words instead (`thread_words`: no `__tls_get_addr`, no `RefCell` check).
     static WRITER: RefCell<Option<Cached>> = const { RefCell::new(None) };
 }
 
 impl RegionLedger {
-    /// Runs `f` with this thread's writer for this ledger, claiming one the first time. Does
-    /// nothing while the thread is being torn down (its thread-locals are gone).
+    /// Runs `f` with this thread's writer for this ledger, claiming one the first time.
     #[inline(always)]
     fn with_writer(&self, f: impl FnOnce(&ShardWriter<'static>)) {
+        let me = std::ptr::from_ref(self).cast::<()>();
+        match thread_words::current().writer_for(me) {
+            Some(w) => f(w),
+            None => self.with_writer_slow(f),
+        }
+    }
+
+    /// Claims this thread's writer for this ledger (first record of the thread, or the first
+    /// in a forked child, whose inherited writer is the parent's) and runs `f` with it. Does
+    /// nothing while the thread is being torn down (its thread-locals are gone).
+    #[cold]
+    #[inline(never)]
+    fn with_writer_slow(&self, f: impl FnOnce(&ShardWriter<'static>)) {
         let me: *const RegionLedger = self;
         let _ = WRITER.try_with(|cell| {
             // A record never calls back into another record: the borrow cannot be taken already.
             let Ok(mut cached) = cell.try_borrow_mut() else {
                 return;
             };
-            match &*cached {
-                Some(c) if std::ptr::eq(c.ledger, me) => {}
-                _ => {
-                    // A writer of another ledger is the parent's (this is a forked child): its
-                    // `Drop` leaves the parent's shard alone.
-                    *cached = Some(Cached {
-                        writer: self.region.shard_writer(&self.slot),
-                        ledger: me,
-                    });
-                }
+            if !matches!(&*cached, Some(c) if std::ptr::eq(c.ledger, me)) {
+                // A writer of another ledger is the parent's (this is a forked child): its
+                // `Drop` leaves the parent's shard alone.
+                *cached = Some(Cached {
+                    writer: self.region.shard_writer(&self.slot),
+                    ledger: me,
+                });
             }
             if let Some(c) = &*cached {
+                thread_words::current().set_writer(&c.writer, me.cast());
                 f(&c.writer);
             }
         });
@@ -85,6 +107,7 @@ fn denied(device: usize, e: ReserveError, bytes: u64) -> Denied {
 /// `Accounting` for a ledger that lives as long as the process (inside the leaked `Process`;
 /// writers refer to the region, which lives in the process-wide state).
 impl Accounting for RegionLedger {
+    #[inline]
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<(), Denied> {
         let Ok(d) = u32::try_from(device) else {
             return Ok(());
@@ -97,6 +120,7 @@ impl Accounting for RegionLedger {
         }
     }
 
+    #[inline]
     fn release(&self, device: usize, bytes: u64) {
         if let Ok(d) = u32::try_from(device) {
             self.region.release(&self.slot, d, bytes);

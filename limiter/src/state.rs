@@ -21,6 +21,7 @@ use crate::{
     config::{Config, MAX_DEVICES},
     cuda::{CUDA_ERROR_NOT_INITIALIZED, CUresult},
     guard::Reentry,
+    hot::hot,
     log,
     real_driver::{self, Driver, Sym},
 };
@@ -171,16 +172,33 @@ fn open_region(config: &Config) -> Option<Region> {
     }
 }
 
+#[unsafe(link_section = ".data.hot.vgpu")]
 static STATE: OnceLock<Result<State, CUresult>> = OnceLock::new();
 
 /// The state, initialised by the first caller. The guard proves the caller is inside the limiter,
 /// so that a hooked call made by the driver while it loads on this thread does not re-enter here.
 #[inline]
 pub fn get(guard: &Reentry) -> Result<&'static State, CUresult> {
-    match STATE.get() {
-        Some(s) => s.as_ref().map_err(|&c| c),
-        None => STATE.get_or_init(|| init(guard)).as_ref().map_err(|&c| c),
+    // Acquire: pairs with the Release store in `get_slow` (the state's fields are visible).
+    let ready = hot().state.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer points into `STATE`, initialised and never changed again.
+    match unsafe { ready.as_ref() } {
+        Some(s) => Ok(s),
+        None => get_slow(guard),
     }
+}
+
+/// [`get`] before the state is published in the hot line: initialises it (the first caller),
+/// or returns the initialisation's error.
+#[cold]
+#[inline(never)]
+fn get_slow(guard: &Reentry) -> Result<&'static State, CUresult> {
+    let state = STATE.get_or_init(|| init(guard)).as_ref().map_err(|&c| c)?;
+    // Release: pairs with the Acquire load in `get`.
+    hot()
+        .state
+        .store(std::ptr::from_ref(state).cast_mut(), Ordering::Release);
+    Ok(state)
 }
 
 /// The state if initialised successfully, without initialising it.

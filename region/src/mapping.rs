@@ -52,6 +52,7 @@ impl Mapping {
 
     /// A reference to a `T` at `offset`, or `None` if it does not fit or is misaligned.
     /// `T` must be a layout type (all atomics, valid for any bit pattern).
+    #[inline(always)]
     pub(crate) fn get<T: crate::layout_types::RegionPod>(&self, offset: usize) -> Option<&T> {
         let end = offset.checked_add(size_of::<T>())?;
         if end > self.len || !offset.is_multiple_of(align_of::<T>()) {

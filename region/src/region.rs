@@ -133,12 +133,14 @@ impl Region {
         crate::init::open_or_create(path, config)
     }
 
+    #[inline(always)]
     pub(crate) fn header(&self) -> &RegionHeader {
         self.map
             .get(0)
             .expect("mapping holds the header: checked at open")
     }
 
+    #[inline(always)]
     pub(crate) fn device(&self, device: u32) -> Option<&DeviceState> {
         if device >= self.device_count {
             return None;
@@ -146,6 +148,7 @@ impl Region {
         self.header().devices.get(device as usize)
     }
 
+    #[inline(always)]
     pub(crate) fn slot_record(&self, index: u32) -> Option<&SlotRecord> {
         if index >= self.slot_count {
             return None;
@@ -200,6 +203,8 @@ impl Region {
     /// limit, and a SIGKILL at any instruction leaves it equal to what the slots hold once the
     /// dead slot is reclaimed (see `reserve`). When denied, dead processes' slots are reclaimed
     /// once and the reservation retried.
+    #[unsafe(link_section = ".text.hot.vgpu")]
+    #[inline]
     pub fn try_reserve(&self, slot: &Slot, device: u32, bytes: u64) -> Result<(), ReserveError> {
         let dev = self.device(device).ok_or(ReserveError::NoSuchDevice {
             device,
@@ -207,16 +212,7 @@ impl Region {
         })?;
         // Relaxed: written once before READY (acquired at open).
         let limit = dev.memory_limit.load(Ordering::Relaxed);
-        let result = match self.owner_op(slot, device, Kind::Reserve, bytes, limit) {
-            Err(OpError::Denied(_))
-                if self.sweep_due() && self.reclaim_dead_slots().slots_reclaimed > 0 =>
-            {
-                self.owner_op(slot, device, Kind::Reserve, bytes, limit)
-            }
-            other => other,
-        };
-        let index = slot.index();
-        match result {
+        match self.owner_op(slot, device, Kind::Reserve, bytes, limit) {
             Ok(applied) => {
                 // Relaxed: a statistic. Load first: the peak rarely moves, and a locked
                 // read-modify-write on every reservation costs more than the load.
@@ -224,6 +220,44 @@ impl Region {
                     dev.peak_reserved
                         .fetch_max(applied.total, Ordering::Relaxed);
                 }
+                Ok(())
+            }
+            // Out of line (the match over every outcome would be a jump table in .rodata,
+            // one more page for a reservation that finds its caches cold).
+            Err(e) => self.reserve_failed(slot, device, bytes, limit, e),
+        }
+    }
+
+    /// A reservation that was refused: when denied, dead processes' slots are reclaimed (at
+    /// most once per sweep interval) and the reservation retried once.
+    #[cold]
+    #[inline(never)]
+    fn reserve_failed(
+        &self,
+        slot: &Slot,
+        device: u32,
+        bytes: u64,
+        limit: u64,
+        first: OpError,
+    ) -> Result<(), ReserveError> {
+        let result = match first {
+            OpError::Denied(_)
+                if self.sweep_due() && self.reclaim_dead_slots().slots_reclaimed > 0 =>
+            {
+                self.owner_op(slot, device, Kind::Reserve, bytes, limit)
+            }
+            other => Err(other),
+        };
+        let dev = self.device(device).ok_or(ReserveError::NoSuchDevice {
+            device,
+            devices: self.device_count,
+        })?;
+        let index = slot.index();
+        match result {
+            Ok(applied) => {
+                // Relaxed: a statistic (as in `try_reserve`).
+                dev.peak_reserved
+                    .fetch_max(applied.total, Ordering::Relaxed);
                 Ok(())
             }
             Err(OpError::Denied(denied)) => {
@@ -238,12 +272,16 @@ impl Region {
 
     /// Releases `bytes` on `device` held by the process owning `slot`. Releases more than held
     /// are clamped to what the slot holds (so the counters never wrap).
+    #[unsafe(link_section = ".text.hot.vgpu")]
+    #[inline]
     pub fn release(&self, slot: &Slot, device: u32, bytes: u64) {
         // A lost slot has nothing to release; a busy one keeps holding the bytes (both counters
         // unchanged, so they stay equal): ignored like a release of a stale handle.
         let _ = self.owner_op(slot, device, Kind::Release, bytes, 0);
     }
 
+    #[unsafe(link_section = ".text.hot.vgpu")]
+    #[inline]
     pub(crate) fn owner_op(
         &self,
         slot: &Slot,
@@ -256,6 +294,8 @@ impl Region {
     }
 
     /// [`Region::owner_op`] that a test can stop where a SIGKILL would.
+    #[unsafe(link_section = ".text.hot.vgpu")]
+    #[inline]
     pub(crate) fn owner_op_until(
         &self,
         slot: &Slot,
@@ -287,10 +327,22 @@ impl Region {
     #[inline]
     pub fn prefetch_owner_op(&self, slot: &Slot, device: u32) {
         if let (Some(record), Some(dev)) = (self.slot_record(slot.index()), self.device(device)) {
-            crate::prefetch::line(&record.header.state);
-            crate::prefetch::line(&record.header.held[device as usize]);
-            crate::prefetch::line(&dev.reserved);
+            crate::prefetch::line_for_write(&record.header.state);
+            crate::prefetch::line_for_write(&record.header.held[device as usize]);
+            crate::prefetch::line_for_write(&dev.reserved);
         }
+    }
+
+    /// The addresses of the lines a reservation or release by `slot` on `device` touches first
+    /// (the slot's first line, the device's container word), for a caller that keeps them to
+    /// prefetch before it has the region at hand. `None` for an index or device out of range.
+    pub fn reservation_lines(&self, slot: &Slot, device: u32) -> Option<[*const u8; 2]> {
+        let record = self.slot_record(slot.index())?;
+        let dev = self.device(device)?;
+        Some([
+            (&raw const record.header.state).cast(),
+            (&raw const dev.reserved).cast(),
+        ])
     }
 
     /// Whether a denial may trigger a dead-slot sweep now: at most one per
@@ -328,11 +380,25 @@ impl Region {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn owns(&self, slot: &Slot, record: &SlotRecord) -> bool {
         // Acquire: after the slot's intent is taken, pairs with a reclaimer's state change
         // (published by its Release seal of the intent, which the lock's Acquire read).
         record.header.state.load(Ordering::Acquire) == slot.state_word()
     }
+}
+
+/// Yields, then sleeps, while another thread of the process holds the slot's intent. Out of line:
+/// the hot path would otherwise load `yield_now`'s address from the GOT on every reservation.
+#[cold]
+#[inline(never)]
+fn wait_longer(round: u32) -> bool {
+    match round {
+        0..=255 => std::thread::yield_now(),
+        256..=5_255 => std::thread::sleep(std::time::Duration::from_micros(200)),
+        _ => return false,
+    }
+    true
 }
 
 /// The region's cells for the reservation protocol.
@@ -373,14 +439,14 @@ impl reserve::Cells for Region {
         self.device_count
     }
 
+    #[inline(always)]
     fn pause(&self, round: u32) -> bool {
         // Spin, yield, then sleep 200 us per round: about a second in all.
-        match round {
-            0..=63 => std::hint::spin_loop(),
-            64..=255 => std::thread::yield_now(),
-            256..=5_255 => std::thread::sleep(std::time::Duration::from_micros(200)),
-            _ => return false,
+        if round < 64 {
+            std::hint::spin_loop();
+            true
+        } else {
+            wait_longer(round)
         }
-        true
     }
 }

@@ -126,8 +126,8 @@ impl<'r> ShardWriter<'r> {
     #[inline]
     pub fn prefetch(&self, api: ApiId, latency_ns: u64) {
         if let Some(record) = self.shard.apis.get(api.0 as usize) {
-            crate::prefetch::line(&record.seq);
-            crate::prefetch::line(&record.hist[bucket_of(latency_ns)]);
+            crate::prefetch::line_for_write(&record.seq);
+            crate::prefetch::line_for_write(&record.hist[bucket_of(latency_ns)]);
         }
     }
 

@@ -26,6 +26,7 @@ use super::{Gate, Hooked, enter, passthrough};
 use crate::{
     accounting::{Accounting as _, AllocTable, Charge, Denied},
     cuda::*,
+    entry_lines,
     guard::shield,
     log, pools,
     process::{self, Process},
@@ -88,6 +89,7 @@ fn table(process: &Process, space: Space) -> &AllocTable {
 /// Reserves `charge` (and, the first time on its device, the context) in the process's ledger.
 /// A denial first settles the process's pools (memory they returned at a synchronisation) and
 /// retries once.
+#[unsafe(link_section = ".text.hot.vgpu")]
 fn reserve(state: &State, process: &Process, charge: Charge) -> Result<(), Denied> {
     process.ensure_context(charge.device)?;
     match process.ledger.try_reserve(charge.device, charge.bytes) {
@@ -109,6 +111,7 @@ fn allocate<S: Symbol>(
     plan: impl FnOnce(&State) -> Option<Charge>,
     call: impl FnOnce(S::Fn) -> CUresult,
 ) -> CUresult {
+    entry_lines::before_alloc();
     let h: Hooked<S::Fn> = match enter::<S>() {
         Gate::Direct(f) => return call(f),
         Gate::Fail(code) => return code,
@@ -124,26 +127,10 @@ fn allocate<S: Symbol>(
         Some(reserve(state, process, charge).map(|()| charge))
     });
     let charge = match reserved {
-        // A panic before the driver call: the call goes through unaccounted, and is counted as
-        // an error of the API (the limiter failed it) besides the process-wide panic counter.
-        None => {
-            let t0 = clock.now();
-            let r = call(h.real);
-            let t1 = clock.now();
-            shield(|| h.record(S::SYM, t0, t1, false));
-            return r;
-        }
         Some(None) => None,
         Some(Some(Ok(c))) => Some(c),
-        Some(Some(Err(denied))) => {
-            shield(|| {
-                process.ledger.record_denied(api, denied.requested);
-                let now = clock.now();
-                h.record(S::SYM, now, now, false);
-                log::debug!("{}: denied: {denied}", S::SYM.name().to_string_lossy());
-            });
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
+        None => return call_unaccounted(&h, S::SYM, call),
+        Some(Some(Err(denied))) => return deny(&h, S::SYM, denied),
     };
     let t0 = clock.now();
     let r = call(h.real);
@@ -169,7 +156,39 @@ fn allocate<S: Symbol>(
     r
 }
 
+/// A panic before the driver call: the call goes through unaccounted, and is counted as an error
+/// of the API (the limiter failed it) besides the process-wide panic counter.
+#[cold]
+#[inline(never)]
+fn call_unaccounted<F: Copy>(
+    h: &Hooked<F>,
+    sym: Sym,
+    call: impl FnOnce(F) -> CUresult,
+) -> CUresult {
+    let clock = h.state.clock;
+    let t0 = clock.now();
+    let r = call(h.real);
+    let t1 = clock.now();
+    shield(|| h.record(sym, t0, t1, false));
+    r
+}
+
+/// An allocation refused at the limit: counted, and the caller gets
+/// `CUDA_ERROR_OUT_OF_MEMORY` without the driver being called.
+#[cold]
+#[inline(never)]
+fn deny<F>(h: &Hooked<F>, sym: Sym, denied: Denied) -> CUresult {
+    shield(|| {
+        h.process.ledger.record_denied(sym.api(), denied.requested);
+        let now = h.state.clock.now();
+        h.record(sym, now, now, false);
+        log::debug!("{}: denied: {denied}", sym.name().to_string_lossy());
+    });
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
 /// After the driver call: keeps, corrects or returns an allocation's reservation.
+#[unsafe(link_section = ".text.hot.vgpu")]
 fn settle_allocation(
     state: &State,
     process: &Process,
@@ -201,6 +220,9 @@ fn settle_allocation(
 
 /// Calls the driver's free for `key`, releasing the key's charge if it succeeds.
 fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
+    if matches!(space, Space::Ptr) {
+        entry_lines::before_free(key);
+    }
     let h: Hooked<S::Fn> = match enter::<S>() {
         Gate::Direct(f) => return call(f),
         Gate::Fail(code) => return code,
@@ -276,6 +298,7 @@ fn from_pool(bytes: usize, pool: Option<CUmemoryPool>) -> impl FnOnce(&State) ->
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemAlloc_v2`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.vgpu")]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     // SAFETY: forwards the caller's arguments unchanged.
     allocate::<sym::MemAllocV2>(dptr, Space::Ptr, on_current(bytesize), |real| unsafe {
@@ -453,6 +476,7 @@ pub unsafe extern "C" fn cuMemCreate(
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemFree_v2`.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.hot.vgpu")]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     // SAFETY: forwards the caller's argument unchanged.
     free::<sym::MemFreeV2>(dptr, Space::Ptr, |real| unsafe { real(dptr) })

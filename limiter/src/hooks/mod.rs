@@ -64,8 +64,10 @@ impl<F> Hooked<F> {
     }
 }
 
-/// The body of [`Hooked::record_bytes`], once for every hook (not once per hook signature).
-#[inline(never)]
+/// The body of [`Hooked::record_bytes`], once per module of hooks, not once per hook signature
+/// (`#[inline]` makes a local copy per codegen unit, called directly rather than through the GOT).
+#[inline]
+#[unsafe(link_section = ".text.hot.vgpu")]
 fn record_call(
     state: &State,
     process: &Process,

@@ -264,7 +264,35 @@ pub(crate) struct Applied {
 
 /// Takes the slot's intent (`DONE -> BUSY`): the lock that serialises the threads of one
 /// process. Returns the new intent's seq.
+#[unsafe(link_section = ".text.hot.vgpu")]
+#[inline(always)]
 fn lock<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
+    // Relaxed: a guess for the CAS, which re-validates it.
+    let w = word.load(Relaxed);
+    if Intent::decode(w).state == STATE_DONE {
+        let seq = (Intent::decode(w).seq + 1) & SEQ_MASK;
+        let busy = Intent {
+            state: STATE_BUSY,
+            kind: 0,
+            device: 0,
+            ticket: 0,
+            seq,
+        }
+        .encode();
+        // AcqRel: as in `lock_contended`.
+        if word.compare_exchange(w, busy, AcqRel, Relaxed).is_ok() {
+            return Ok(seq);
+        }
+    }
+    lock_contended(cells, word)
+}
+
+/// [`lock`] when another thread of the process holds the intent (or took it first): spins, then
+/// waits. Out of line, so the uncontended path has no call into the waiting code (whose address
+/// would otherwise be loaded from the GOT on every reservation).
+#[cold]
+#[inline(never)]
+fn lock_contended<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
     let mut round = 0;
     loop {
         // Relaxed: a guess for the CAS, which re-validates it.
@@ -299,6 +327,7 @@ fn lock<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
 /// the slot's intent is taken (a reclaimer seals the intent after changing the slot state).
 #[inline]
 #[allow(clippy::too_many_arguments)]
+#[unsafe(link_section = ".text.hot.vgpu")]
 pub(crate) fn owner_op<C: Cells>(
     cells: &C,
     slot: u32,
@@ -415,6 +444,7 @@ pub(crate) fn owner_op<C: Cells>(
 /// Applies ticket `ticket` to a held word: `{x, t-1} -> {x ± amount, t}` (return-all: `{0, t}`).
 /// Does nothing if the word's tag is not `t - 1` (already applied).
 #[inline]
+#[unsafe(link_section = ".text.hot.vgpu")]
 fn apply<A: Atomic64>(held: &A, kind: Kind, ticket: u64, amount: u64) {
     // Acquire: pairs with the AcqRel CAS of the previous apply.
     let h = held.load(Acquire);
@@ -443,6 +473,7 @@ enum Helped {
 /// Makes sure the operation that container word `c` of `device` names is applied, so that a
 /// CAS from `c` keeps invariant I.
 #[inline]
+#[unsafe(link_section = ".text.hot.vgpu")]
 fn help<C: Cells>(cells: &C, device: u32, c: u64) -> Helped {
     if c & APPLIED != 0 {
         // Its owner applied it and said so (Release CAS of APPLIED, acquired with `c`).

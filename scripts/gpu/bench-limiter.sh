@@ -24,6 +24,8 @@ T=$(mktemp -d)
 # Regions live on tmpfs, as they should in production (docs/region.md: first writes to a
 # disk-backed shared mapping cost milliseconds).
 TS=$(mktemp -d -p /dev/shm)
+# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
+trap 'rm -rf "$T" "$TS"' EXIT
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -12,6 +12,8 @@ mkdir -p "$OUT"
 BIN=$PWD/.carry/bin
 T=$(mktemp -d)
 TS=$(mktemp -d -p /dev/shm)
+# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
+trap 'rm -rf "$T" "$TS"' EXIT
 { date -u +"date: %Y-%m-%dT%H:%M:%SZ"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$OUT/env.txt"
 run8() { # run8 MODE TAG
   local mode=$1 tag=$2 i pids=()

@@ -23,6 +23,8 @@ read -r -a XARGS <<< "${EXERCISE_ARGS:-}"
 mkdir -p "$OUT/raw"
 T=$(mktemp -d)
 TS=$(mktemp -d -p /dev/shm)
+# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
+trap 'rm -rf "$T" "$TS"' EXIT
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"

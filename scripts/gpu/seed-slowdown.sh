@@ -18,6 +18,8 @@ DELAY_NS=${DELAY_NS:-2000}
 mkdir -p "$OUT"
 BIN=$PWD/.carry/bin
 TS=$(mktemp -d -p /dev/shm)
+# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
+trap 'rm -rf "$TS"' EXIT
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

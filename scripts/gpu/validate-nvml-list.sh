@@ -15,6 +15,8 @@ mkdir -p "$OUT"
 BIN=$PWD/.carry/bin
 LIM=$BIN/libvgpu_limiter.so
 TS=$(mktemp -d -p /dev/shm)
+# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
+trap 'rm -rf "$TS"' EXIT
 REGION=$TS/ctr.cache
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"

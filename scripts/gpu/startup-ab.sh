@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The limiter's own start-up time with N processes starting together (issue 4, point 5), for
+# several limiter builds side by side, interleaved round by round (the order rotates), so that
+# builds are compared on the same host. Per process, as scripts/gpu/bench-limiter.sh counts it:
+# initialisation + slot claim (from the limiter's log) + its hooks' self-time, and the CPU time
+# of initialisation + claim; per round the slowest process, and the wall time of the slowest.
+#   LIMITERS="after=.carry/bin/libvgpu_limiter.so before=.carry/before/libvgpu_limiter.so" \
+#   N=64 ROUNDS=3 bash scripts/gpu/startup-ab.sh
+# EXERCISE_ARGS="--lib .../libsimcuda.so" runs it on the simulated driver (a dry run off the GPU).
+# Results: $OUT/startup-ab.json and a table on stdout.
+set -euo pipefail
+OUT=${OUT:-/tmp/out-startup-ab}
+ROUNDS=${ROUNDS:-3}
+N=${N:-64}
+LIMITERS=${LIMITERS:-"after=$PWD/.carry/bin/libvgpu_limiter.so"}
+BIN=$PWD/.carry/bin
+read -r -a XARGS <<< "${EXERCISE_ARGS:-}"
+mkdir -p "$OUT/raw"
+T=$(mktemp -d)
+TS=$(mktemp -d -p /dev/shm)
+# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
+trap 'rm -rf "$T" "$TS"' EXIT
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
+  uname -r
+  echo "rounds=$ROUNDS n=$N limiters=$LIMITERS"
+} | tee "$OUT/env.txt"
+
+builds=()
+declare -A lib
+for kv in $LIMITERS; do
+  name=${kv%%=*}; path=${kv#*=}
+  [ -f "$path" ] || { echo "no limiter build at $path" >&2; exit 1; }
+  lib[$name]=$(realpath "$path")
+  builds+=("$name")
+done
+
+run() { # run BUILD TAG: N processes at once; raw/TAG.jsonl has one line per process
+  local build=$1 tag=$2 pids=() i t0
+  t0=$(date +%s.%N)
+  for i in $(seq "$N"); do
+    ( LD_PRELOAD=${lib[$build]} CUDA_DEVICE_MEMORY_LIMIT=64g LIBCUDA_LOG_LEVEL=3 \
+        CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/$tag.region" \
+        "$BIN/cuda-exercise" "${XARGS[@]}" pairs --count 1 > "$T/$tag.$i.json" 2> "$T/$tag.$i.err"
+      date +%s.%N > "$T/$tag.$i.end" ) &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  python3 - "$T" "$tag" "$N" "$t0" > "$OUT/raw/$tag.jsonl" <<'PY'
+import json, re, sys
+t, tag, n, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+for i in range(1, n + 1):
+    j = json.loads(open(f"{t}/{tag}.{i}.json").read() or "{}")
+    err = open(f"{t}/{tag}.{i}.err").read()
+    init = re.search(r"initialised in (\d+) us \(cpu (\d+) us\)", err)
+    claim = re.search(r"claimed slot \d+ of \S+ in (\d+) us \(cpu (\d+) us\)", err)
+    own = (int(init.group(1)) if init else 0) + (int(claim.group(1)) if claim else 0)
+    own += ((j.get("limiter") or {}).get("hook_ns_total", 0)) / 1000
+    cpu = (int(init.group(2)) if init else 0) + (int(claim.group(2)) if claim else 0)
+    wall = float(open(f"{t}/{tag}.{i}.end").read()) - t0
+    print(json.dumps({"own_us": own, "cpu_us": cpu, "wall_s": wall, "errors": j.get("errors")}))
+PY
+}
+
+for r in $(seq "$ROUNDS"); do
+  k=${#builds[@]}
+  for j in $(seq 0 $((k - 1))); do
+    build=${builds[$(( (j + r) % k ))]}
+    run "$build" "$build-r$r"
+    echo "round $r $build done"
+  done
+done
+
+python3 - "$OUT" "${builds[@]}" <<'PY'
+import glob, json, statistics, sys
+out, builds = sys.argv[1], sys.argv[2:]
+summary = {}
+print(f"{'build':10} {'slowest own us per round':>34} {'median':>8} {'its cpu us':>18} {'slowest wall s':>22}")
+for b in builds:
+    own, cpu, wall = [], [], []
+    for f in sorted(glob.glob(f"{out}/raw/{b}-r*.jsonl")):
+        rows = [json.loads(l) for l in open(f) if l.strip()]
+        slowest = max(rows, key=lambda x: x["own_us"])
+        own.append(slowest["own_us"]); cpu.append(slowest["cpu_us"]); wall.append(max(x["wall_s"] for x in rows))
+    summary[b] = {"slowest_own_us": own, "median_own_us": statistics.median(own), "its_cpu_us": cpu, "slowest_wall_s": wall}
+    print(f"{b:10} {' '.join('%.0f' % o for o in own):>34} {statistics.median(own):>8.0f} "
+          f"{' '.join('%d' % c for c in cpu):>18} {' '.join('%.2f' % w for w in wall):>22}")
+json.dump(summary, open(f"{out}/startup-ab.json", "w"), indent=1)
+PY

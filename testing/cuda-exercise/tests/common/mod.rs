@@ -65,6 +65,10 @@ pub fn sim_lib() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("simcuda-test-{}", std::process::id()));
+        // Fresh: a directory left by an earlier run whose process had the same pid (pids wrap at
+        // 32768 on the test VM) holds its files, such as a test's wait file, which then does not
+        // gate anything.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating the test directory");
         let dst = dir.join("libcuda.so.1");
         std::fs::copy(sim_build(), &dst).expect("copying libsimcuda.so");

@@ -18,28 +18,10 @@ ROUNDS=${ROUNDS:-5}
 PAIRS=${PAIRS:-2000}
 PROCS=${PROCS:-"1 8"}
 LIMITERS=${LIMITERS:-"after=$PWD/.carry/bin/libvgpu_limiter.so"}
-BIN=$PWD/.carry/bin
-read -r -a XARGS <<< "${EXERCISE_ARGS:-}"
-mkdir -p "$OUT/raw"
-T=$(mktemp -d)
-TS=$(mktemp -d -p /dev/shm)
-# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
-trap 'rm -rf "$T" "$TS"' EXIT
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
-  uname -r
-  echo "rounds=$ROUNDS pairs=$PAIRS procs=$PROCS pin=${PIN:-0} limiters=$LIMITERS"
-} | tee "$OUT/env.txt"
-
-builds=(native)
-declare -A lib
-for kv in $LIMITERS; do
-  name=${kv%%=*}; path=${kv#*=}
-  [ -f "$path" ] || { echo "no limiter build at $path" >&2; exit 1; }
-  lib[$name]=$(realpath "$path")
-  builds+=("$name")
-done
+SETTINGS="rounds=$ROUNDS pairs=$PAIRS procs=$PROCS pin=${PIN:-0}"
+# shellcheck source=ab-common.sh
+source "$(dirname "$0")/ab-common.sh"
+builds=(native "${builds[@]}")
 
 run() { # run BUILD N TAG: N processes after a barrier, one JSON line each in raw/TAG.jsonl
   local build=$1 n=$2 tag=$3 pids=() i region

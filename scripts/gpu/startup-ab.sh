@@ -13,28 +13,9 @@ OUT=${OUT:-/tmp/out-startup-ab}
 ROUNDS=${ROUNDS:-3}
 N=${N:-64}
 LIMITERS=${LIMITERS:-"after=$PWD/.carry/bin/libvgpu_limiter.so"}
-BIN=$PWD/.carry/bin
-read -r -a XARGS <<< "${EXERCISE_ARGS:-}"
-mkdir -p "$OUT/raw"
-T=$(mktemp -d)
-TS=$(mktemp -d -p /dev/shm)
-# Scratch files and regions go when the script ends (a dry run must not leave them in /dev/shm).
-trap 'rm -rf "$T" "$TS"' EXIT
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
-  uname -r
-  echo "rounds=$ROUNDS n=$N limiters=$LIMITERS"
-} | tee "$OUT/env.txt"
-
-builds=()
-declare -A lib
-for kv in $LIMITERS; do
-  name=${kv%%=*}; path=${kv#*=}
-  [ -f "$path" ] || { echo "no limiter build at $path" >&2; exit 1; }
-  lib[$name]=$(realpath "$path")
-  builds+=("$name")
-done
+SETTINGS="rounds=$ROUNDS n=$N"
+# shellcheck source=ab-common.sh
+source "$(dirname "$0")/ab-common.sh"
 
 run() { # run BUILD TAG: N processes at once; raw/TAG.jsonl has one line per process
   local build=$1 tag=$2 pids=() i t0

@@ -267,24 +267,37 @@ pub(crate) struct Applied {
 #[unsafe(link_section = ".text.hot.vgpu")]
 #[inline(always)]
 fn lock<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
+    match try_lock(word) {
+        Ok(seq) => Ok(seq),
+        Err(_) => lock_contended(cells, word),
+    }
+}
+
+/// One attempt at `DONE -> BUSY`: the new intent's seq, or `Err(true)` when the intent was DONE
+/// but another thread took it first (try again at once), `Err(false)` when it is held.
+#[inline(always)]
+fn try_lock<A: Atomic64>(word: &A) -> Result<u64, bool> {
     // Relaxed: a guess for the CAS, which re-validates it.
     let w = word.load(Relaxed);
-    if Intent::decode(w).state == STATE_DONE {
-        let seq = (Intent::decode(w).seq + 1) & SEQ_MASK;
-        let busy = Intent {
-            state: STATE_BUSY,
-            kind: 0,
-            device: 0,
-            ticket: 0,
-            seq,
-        }
-        .encode();
-        // AcqRel: as in `lock_contended`.
-        if word.compare_exchange(w, busy, AcqRel, Relaxed).is_ok() {
-            return Ok(seq);
-        }
+    if Intent::decode(w).state != STATE_DONE {
+        return Err(false);
     }
-    lock_contended(cells, word)
+    let seq = (Intent::decode(w).seq + 1) & SEQ_MASK;
+    let busy = Intent {
+        state: STATE_BUSY,
+        kind: 0,
+        device: 0,
+        ticket: 0,
+        seq,
+    }
+    .encode();
+    // AcqRel: Acquire pairs with the Release/AcqRel write of DONE (the previous operation's held
+    // update, or a reclaimer's seal after its state change, become visible); Release orders
+    // nothing before it but keeps the word's RMW chain whole.
+    match word.compare_exchange(w, busy, AcqRel, Relaxed) {
+        Ok(_) => Ok(seq),
+        Err(_) => Err(true),
+    }
 }
 
 /// [`lock`] when another thread of the process holds the intent (or took it first): spins, then
@@ -295,25 +308,10 @@ fn lock<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
 fn lock_contended<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
     let mut round = 0;
     loop {
-        // Relaxed: a guess for the CAS, which re-validates it.
-        let w = word.load(Relaxed);
-        if Intent::decode(w).state == STATE_DONE {
-            let seq = (Intent::decode(w).seq + 1) & SEQ_MASK;
-            let busy = Intent {
-                state: STATE_BUSY,
-                kind: 0,
-                device: 0,
-                ticket: 0,
-                seq,
-            }
-            .encode();
-            // AcqRel: Acquire pairs with the Release/AcqRel write of DONE (the previous
-            // operation's held update, or a reclaimer's seal after its state change, become
-            // visible); Release orders nothing before it but keeps the word's RMW chain whole.
-            if word.compare_exchange(w, busy, AcqRel, Relaxed).is_ok() {
-                return Ok(seq);
-            }
-            continue;
+        match try_lock(word) {
+            Ok(seq) => return Ok(seq),
+            Err(true) => continue,
+            Err(false) => {}
         }
         if !cells.pause(round) {
             return Err(OpError::Busy);

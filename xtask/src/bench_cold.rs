@@ -14,8 +14,11 @@
 //!
 //! Options: `--sweep 2m,64m` (buffer sizes, each a separate table), `--pairs N` per run,
 //! `--runs R`, `--limiter NAME=PATH` (more builds of `libvgpu_limiter.so` to compare, e.g. one
-//! built from an earlier commit; `this` is the tree's own release build). Prints a table and a
-//! JSON line (`bench-pairs-cold: {...}`).
+//! built from an earlier commit; `this` is the tree's own release build), `--sleep-us N` (every
+//! alloc and free also sleeps N us inside the driver, as a call does that waits there for other
+//! processes' calls: the thread leaves its core, and the kernel's and other work on that core
+//! evict what the limiter left in the caches; the sweep still times the call). Prints a table
+//! and a JSON line (`bench-pairs-cold: {...}`).
 
 use crate::bench::SimFixtures;
 use std::{collections::BTreeMap, fs, path::PathBuf, process::Command};
@@ -28,6 +31,7 @@ struct Options {
     pairs: u64,
     runs: usize,
     limiters: Vec<(String, PathBuf)>,
+    sleep_us: u64,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -36,6 +40,7 @@ fn parse(args: &[String]) -> Result<Options> {
         pairs: 400,
         runs: 5,
         limiters: Vec::new(),
+        sleep_us: 0,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -49,7 +54,10 @@ fn parse(args: &[String]) -> Result<Options> {
                 let (name, path) = v.split_once('=').context("--limiter NAME=PATH")?;
                 o.limiters.push((name.to_string(), PathBuf::from(path)));
             }
-            other => bail!("unknown option {other:?} (--sweep, --pairs, --runs, --limiter)"),
+            "--sleep-us" => o.sleep_us = value()?.parse()?,
+            other => {
+                bail!("unknown option {other:?} (--sweep, --pairs, --runs, --limiter, --sleep-us)")
+            }
         }
     }
     ensure!(
@@ -74,7 +82,7 @@ fn one_run(
     libcuda: &PathBuf,
     limiter: Option<&PathBuf>,
     sweep: &str,
-    pairs: u64,
+    o: &Options,
     region: &PathBuf,
 ) -> Result<Sample> {
     let mut c = Command::new(exercise);
@@ -86,6 +94,10 @@ fn one_run(
         }
     }
     c.env("SIMCUDA_SWEEP", format!("alloc={sweep},free={sweep}"));
+    if o.sleep_us > 0 {
+        let us = o.sleep_us;
+        c.env("SIMCUDA_DELAY_US", format!("alloc={us},free={us}"));
+    }
     if let Some(lib) = limiter {
         crate::bench::remove_region(region);
         c.env("LD_PRELOAD", lib)
@@ -93,7 +105,7 @@ fn one_run(
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
             .env("VGPU_CONTEXT_BYTES", "0");
     }
-    c.args(["pairs", "--outside", "--count", &pairs.to_string()]);
+    c.args(["pairs", "--outside", "--count", &o.pairs.to_string()]);
     let out = c.output()?;
     ensure!(
         out.status.success(),
@@ -135,13 +147,14 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut report = serde_json::Map::new();
     for sweep in &o.sweeps {
         println!(
-            "\nsweep {sweep} per call, {} pairs per run, {} interleaved runs (medians over runs, ns)",
-            o.pairs, o.runs
+            "\nsweep {sweep} per call, sleep {} us per call, {} pairs per run, {} interleaved runs \
+             (medians over runs, ns)",
+            o.sleep_us, o.pairs, o.runs
         );
         let mut samples: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
         for _ in 0..o.runs {
             for (name, lib) in &configs {
-                let s = one_run(&exercise, &libcuda, lib.as_ref(), sweep, o.pairs, &region)?;
+                let s = one_run(&exercise, &libcuda, lib.as_ref(), sweep, &o, &region)?;
                 samples.entry(name.as_str()).or_default().push(s);
             }
         }
@@ -184,7 +197,8 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     println!(
         "bench-pairs-cold: {}",
-        json!({"device": "sim-cuda (release)", "pairs": o.pairs, "runs": o.runs, "sweeps": report})
+        json!({"device": "sim-cuda (release)", "pairs": o.pairs, "runs": o.runs,
+            "sleep_us": o.sleep_us, "sweeps": report})
     );
     crate::bench::remove_region(&region);
     let _ = fs::remove_dir_all(&tmp);

@@ -162,7 +162,7 @@ fn limiter_self_time() -> serde_json::Value {
         .map(|a| {
             (
                 a.api.name().to_string(),
-                json!({ "calls": a.calls, "hook_ns": a.hook_ns }),
+                json!({ "calls": a.calls, "hook_ns": a.hook_ns, "latency_hist": a.histogram.to_vec() }),
             )
         })
         .collect();

@@ -163,7 +163,11 @@ impl AllocTable {
 
     #[inline(always)]
     fn bucket(&self, home: usize, i: usize) -> &Bucket {
-        &self.buckets[(home + i) & (self.buckets.len() - 1)]
+        let index = (home + i) & (self.buckets.len() - 1);
+        debug_assert!(index < self.buckets.len());
+        // SAFETY: the length is a power of two (`with_buckets`), so the mask keeps the index
+        // below it.
+        unsafe { self.buckets.get_unchecked(index) }
     }
 
     /// The buckets a lookup of a key with home `home` must search.
@@ -182,10 +186,16 @@ impl AllocTable {
     /// The live entry of `key` in the fast table.
     #[inline]
     fn find(&self, key: u64, home: usize) -> Option<&Entry> {
-        (0..self.searched(home))
-            .flat_map(|i| self.bucket(home, i).entries.iter())
-            // Acquire: pairs with the Release store that published the key, after its charge.
-            .find(|e| e.key.load(Ordering::Acquire) == key)
+        for i in 0..self.searched(home) {
+            for e in &self.bucket(home, i).entries {
+                // Acquire: pairs with the Release store that published the key, after its
+                // charge.
+                if e.key.load(Ordering::Acquire) == key {
+                    return Some(e);
+                }
+            }
+        }
+        None
     }
 
     /// Hints that `key` is about to be inserted or removed: its home bucket's line is fetched.
@@ -195,12 +205,62 @@ impl AllocTable {
     }
 
     /// Records a new allocation; returns the charge it replaced, if the key was (wrongly) live.
+    ///
+    /// The common case is one pass over the home bucket: a charge that packs, a home bucket that
+    /// never overflowed (so the key can only be there), an empty fallback, a free entry. Anything
+    /// else goes to [`AllocTable::insert_slow`], out of line and out of the hot section, so that
+    /// the code an allocation runs stays in few cache lines.
     #[unsafe(link_section = ".text.hot.vgpu")]
     #[inline]
     pub fn insert(&self, key: u64, charge: Charge) -> Option<Charge> {
+        // Relaxed (both): as in `searched`; the fallback's own lock orders its contents.
+        if let Some(packed) = pack(charge)
+            && key != 0
+            && key != RESERVED
+            && self.in_fallback.load(Ordering::Relaxed) == 0
+        {
+            let bucket = self.bucket(self.home(key), 0);
+            if bucket.overflow.load(Ordering::Relaxed) == 0 {
+                let mut free = None;
+                for e in &bucket.entries {
+                    // Acquire: as in `find`.
+                    match e.key.load(Ordering::Acquire) {
+                        // Live already (a free the table did not see): the slow path returns it.
+                        k if k == key => return self.insert_slow(key, charge),
+                        0 if free.is_none() => free = Some(e),
+                        _ => {}
+                    }
+                }
+                // Acquire on success: as in `put`.
+                if let Some(e) = free
+                    && e.key
+                        .compare_exchange(0, RESERVED, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    // Relaxed: published by the Release store of the key just below.
+                    e.charge.store(packed, Ordering::Relaxed);
+                    e.key.store(key, Ordering::Release);
+                    return None;
+                }
+            }
+        }
+        self.insert_slow(key, charge)
+    }
+
+    /// [`AllocTable::insert`] in general: probing past the home bucket, the fallback, a key
+    /// found live.
+    #[cold]
+    #[inline(never)]
+    fn insert_slow(&self, key: u64, charge: Charge) -> Option<Charge> {
         let packed = match pack(charge) {
             Some(p) if key != 0 && key != RESERVED => p,
-            _ => return self.fallback_insert(key, charge),
+            _ => {
+                // The charge goes to the fallback; a live fast entry of the same key is stale
+                // (a key lives in one place).
+                let stale = self.take_fast(key);
+                let old = self.fallback_insert(key, charge);
+                return stale.or(old);
+            }
         };
         let home = self.home(key);
         if let Some(e) = self.find(key, home) {
@@ -226,8 +286,6 @@ impl AllocTable {
     }
 
     /// Claims a free entry for `key` in its home bucket or the next ones; false if all are full.
-    #[unsafe(link_section = ".text.hot.vgpu")]
-    #[inline]
     fn put(&self, key: u64, home: usize, packed: u64) -> bool {
         for i in 0..PROBE {
             let bucket = self.bucket(home, i);
@@ -253,31 +311,75 @@ impl AllocTable {
         false
     }
 
-    /// Removes a live allocation.
+    /// Removes a live allocation. The common case (see [`AllocTable::insert`]) looks at the home
+    /// bucket only; [`AllocTable::remove_slow`] does the rest.
     #[unsafe(link_section = ".text.hot.vgpu")]
     #[inline]
     pub fn remove(&self, key: u64) -> Option<Charge> {
         if key != 0 && key != RESERVED {
-            let home = self.home(key);
-            while let Some(e) = self.find(key, home) {
-                // Relaxed: ordered after the Acquire load of the key in `find`.
-                let packed = e.charge.load(Ordering::Relaxed);
-                // AcqRel: Release keeps the read of the charge above before the entry is free
-                // for reuse (pairs with the next claimer's Acquire CAS); a failure means another
-                // removal of the same key won (a double free), so look again.
-                if e.key
-                    .compare_exchange(key, 0, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Some(unpack(packed));
+            let bucket = self.bucket(self.home(key), 0);
+            // Relaxed: as in `searched`.
+            if bucket.overflow.load(Ordering::Relaxed) == 0 {
+                let mut seen = false;
+                for e in &bucket.entries {
+                    // Acquire: as in `find`.
+                    if e.key.load(Ordering::Acquire) == key {
+                        // Relaxed, AcqRel: as in `remove_slow`.
+                        let packed = e.charge.load(Ordering::Relaxed);
+                        if e.key
+                            .compare_exchange(key, 0, Ordering::AcqRel, Ordering::Relaxed)
+                            .is_ok()
+                        {
+                            return Some(unpack(packed));
+                        }
+                        // Another removal of the key won (a double free): look again, slowly.
+                        seen = true;
+                        break;
+                    }
+                }
+                // Relaxed: as in `remove_slow`.
+                if !seen && self.in_fallback.load(Ordering::Relaxed) == 0 {
+                    return None;
                 }
             }
+        }
+        self.remove_slow(key)
+    }
+
+    /// [`AllocTable::remove`] in general.
+    #[cold]
+    #[inline(never)]
+    fn remove_slow(&self, key: u64) -> Option<Charge> {
+        if let Some(c) = self.take_fast(key) {
+            return Some(c);
         }
         // Relaxed: as in `searched`; the fallback's own lock orders its contents.
         if self.in_fallback.load(Ordering::Relaxed) == 0 {
             return None;
         }
         self.fallback_remove(key)
+    }
+
+    /// Removes `key` from the fast table, wherever its probe put it.
+    fn take_fast(&self, key: u64) -> Option<Charge> {
+        if key == 0 || key == RESERVED {
+            return None;
+        }
+        let home = self.home(key);
+        while let Some(e) = self.find(key, home) {
+            // Relaxed: ordered after the Acquire load of the key in `find`.
+            let packed = e.charge.load(Ordering::Relaxed);
+            // AcqRel: Release keeps the read of the charge above before the entry is free for
+            // reuse (pairs with the next claimer's Acquire CAS); a failure means another removal
+            // of the same key won (a double free), so look again.
+            if e.key
+                .compare_exchange(key, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(unpack(packed));
+            }
+        }
+        None
     }
 
     fn shard(&self, key: u64) -> &Shard {

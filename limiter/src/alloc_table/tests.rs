@@ -122,6 +122,30 @@ fn concurrent_threads_keep_every_charge() {
     assert_eq!(t.in_fallback.load(Ordering::Relaxed), 0);
 }
 
+proptest::proptest! {
+    /// Any sequence of inserts and removes on a small table (keys that collide, so buckets
+    /// overflow; charges that do not pack, so the fallback fills and empties) gives what a map
+    /// gives: the one-bucket fast paths of `insert` and `remove` and their slow paths agree.
+    #[test]
+    fn the_table_behaves_as_a_map(ops in proptest::collection::vec((0u8..3, 0usize..20, 1u64..1000), 1..300)) {
+        let t = AllocTable::with_buckets(4);
+        let keys: Vec<u64> = (0..20u64).map(|i| 0x7f00_0000_0000 + i * 0x20_0000).collect();
+        let mut model = std::collections::HashMap::new();
+        for (op, k, bytes) in ops {
+            let key = keys[k];
+            match op {
+                0 | 1 => {
+                    // One insert in eight does not pack (a pool allocation): it goes to the fallback.
+                    let c = Charge { device: 0, bytes, pool: u64::from(bytes % 8 == 0) };
+                    proptest::prop_assert_eq!(t.insert(key, c), model.insert(key, c), "insert {:#x}", key);
+                }
+                _ => proptest::prop_assert_eq!(t.remove(key), model.remove(&key), "remove {:#x}", key),
+            }
+            proptest::prop_assert_eq!(t.len(), model.len());
+        }
+    }
+}
+
 /// The allocation table sits on the cudaMalloc/cudaFree path (budget +0.5 us per pair): measure
 /// an insert+remove pair with 4 threads contending, and fail far above the budget.
 #[test]

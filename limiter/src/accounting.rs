@@ -109,13 +109,40 @@ impl InProcess {
         self.underflows.load(Ordering::Relaxed)
     }
 
+    /// One call of `api` and the limiter's self-time for it, `hook_ns`.
+    #[inline(never)]
+    pub fn record_now(&self, api: ApiId, call: Call, hook_ns: u64) {
+        let Some(s) = self.apis.get(api.0 as usize) else {
+            return;
+        };
+        // Relaxed (all): independent statistics.
+        s.calls.fetch_add(1, Ordering::Relaxed);
+        s.latency_ns.fetch_add(call.latency_ns, Ordering::Relaxed);
+        if !call.ok {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if call.bytes_allocated != 0 {
+            s.alloc_bytes
+                .fetch_add(call.bytes_allocated, Ordering::Relaxed);
+        }
+        if call.bytes_freed != 0 {
+            s.free_bytes.fetch_add(call.bytes_freed, Ordering::Relaxed);
+        }
+        if hook_ns != 0 {
+            s.hook_ns.fetch_add(hook_ns, Ordering::Relaxed);
+        }
+    }
+
     pub fn throttled_ns(&self) -> u64 {
         // Relaxed: a statistic.
         self.throttled_ns.load(Ordering::Relaxed)
     }
 }
 
+/// Out of line (`inline(never)`): a process with a region, the common case, never calls these, and
+/// inlined into every hook they would sit between the hot lines of the region path.
 impl Accounting for InProcess {
+    #[inline(never)]
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<(), Denied> {
         // Devices beyond the table are not limited (no configuration can name them).
         let (Some(used), Some(&limit)) = (self.used.get(device), self.limit.get(device)) else {
@@ -143,6 +170,7 @@ impl Accounting for InProcess {
         }
     }
 
+    #[inline(never)]
     fn release(&self, device: usize, bytes: u64) {
         let Some(used) = self.used.get(device) else {
             return;
@@ -169,28 +197,9 @@ impl Accounting for InProcess {
         self.limit.get(device).copied().filter(|&l| l != u64::MAX)
     }
 
-    #[inline]
+    #[inline(always)]
     fn record(&self, api: ApiId, call: Call, hook_ns: impl FnOnce() -> u64) {
-        let Some(s) = self.apis.get(api.0 as usize) else {
-            return;
-        };
-        // Relaxed (all): independent statistics.
-        s.calls.fetch_add(1, Ordering::Relaxed);
-        s.latency_ns.fetch_add(call.latency_ns, Ordering::Relaxed);
-        if !call.ok {
-            s.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        if call.bytes_allocated != 0 {
-            s.alloc_bytes
-                .fetch_add(call.bytes_allocated, Ordering::Relaxed);
-        }
-        if call.bytes_freed != 0 {
-            s.free_bytes.fetch_add(call.bytes_freed, Ordering::Relaxed);
-        }
-        let hook = hook_ns();
-        if hook != 0 {
-            s.hook_ns.fetch_add(hook, Ordering::Relaxed);
-        }
+        self.record_now(api, call, hook_ns());
     }
 
     fn record_denied(&self, api: ApiId, bytes: u64) {

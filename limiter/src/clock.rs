@@ -131,7 +131,10 @@ pub fn thread_cpu_ns() -> u64 {
         .wrapping_add(ts.tv_nsec as u64)
 }
 
-#[inline(always)]
+/// Out of line: on machines with an invariant TSC (the common case) it is never called, and
+/// its code stays out of the hooks' hot lines.
+#[cold]
+#[inline(never)]
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -62,7 +62,12 @@ impl Accounting for Ledger {
     }
     #[inline(always)]
     fn record(&self, api: ApiId, call: Call, hook_ns: impl FnOnce() -> u64) {
-        dispatch!(self, l => l.record(api, call, hook_ns))
+        match self {
+            Ledger::Region(l) => l.record(api, call, hook_ns),
+            // The self-time is taken before the record here: the in-process counters are the
+            // fallback, and the hot path passes nothing to this out-of-line call but values.
+            Ledger::Local(l) => l.record_now(api, call, hook_ns()),
+        }
     }
     fn record_denied(&self, api: ApiId, bytes: u64) {
         dispatch!(self, l => l.record_denied(api, bytes))
@@ -165,7 +170,7 @@ impl Process {
                             crate::clock::thread_cpu_ns().saturating_sub(cpu) / 1000
                         ),
                     );
-                    Ledger::Region(RegionLedger { region, slot })
+                    Ledger::Region(RegionLedger::new(region, slot))
                 }
                 (_, _, Err(e)) => {
                     log::write(

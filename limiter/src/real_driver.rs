@@ -400,6 +400,8 @@ fn open_driver() -> Result<Driver, BindError> {
 /// The real function of `S` for a call made while this thread is already inside the limiter: the
 /// bound table if there is one, else the next definition after this library (the driver is being
 /// bound on this very thread).
+#[cold]
+#[inline(never)]
 pub fn reentrant<S: Symbol>() -> Option<S::Fn> {
     if let Some(d) = bound() {
         return d.get::<S>();

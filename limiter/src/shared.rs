@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 
 use agent_common::api::ApiId;
-use region::{Region, ReserveError, ShardWriter, Slot};
+use region::{Region, ReserveError, Reserver, ShardWriter, Slot};
 
 use crate::{
     accounting::{Accounting, Call, Denied},
@@ -24,6 +24,54 @@ use crate::{
 pub struct RegionLedger {
     pub region: &'static Region,
     pub slot: Slot,
+    /// Device 0's reservations with their cells looked up once (the device nearly every process
+    /// on a shared GPU allocates on); other devices go through the region's lookups.
+    device0: Option<Reserver<'static>>,
+}
+
+impl RegionLedger {
+    pub fn new(region: &'static Region, slot: Slot) -> RegionLedger {
+        RegionLedger {
+            device0: region.reserver(&slot, 0),
+            region,
+            slot,
+        }
+    }
+
+    /// [`Accounting::try_reserve`] on a device other than the kept one: through the region's
+    /// lookups, out of line.
+    #[cold]
+    #[inline(never)]
+    fn try_reserve_other(&self, device: usize, bytes: u64) -> Result<(), Denied> {
+        let Ok(d) = u32::try_from(device) else {
+            return Ok(());
+        };
+        match self.region.try_reserve(&self.slot, d, bytes) {
+            Ok(()) => Ok(()),
+            // Devices beyond the region's table are not limited (no configuration names them).
+            Err(ReserveError::NoSuchDevice { .. }) => Ok(()),
+            Err(e) => Err(denied(device, e, bytes)),
+        }
+    }
+
+    /// [`Accounting::release`] on a device other than the kept one.
+    #[cold]
+    #[inline(never)]
+    fn release_other(&self, device: usize, bytes: u64) {
+        if let Ok(d) = u32::try_from(device) {
+            self.region.release(&self.slot, d, bytes);
+        }
+    }
+
+    /// The reserver of `device`, if it is the one kept.
+    #[inline(always)]
+    fn kept(&self, device: usize) -> Option<&Reserver<'static>> {
+        if device == 0 {
+            self.device0.as_ref()
+        } else {
+            None
+        }
+    }
 }
 
 struct Cached {
@@ -49,38 +97,52 @@ impl RegionLedger {
     /// Runs `f` with this thread's writer for this ledger, claiming one the first time.
     #[inline(always)]
     fn with_writer(&self, f: impl FnOnce(&ShardWriter<'static>)) {
+        if let Some(w) = self.writer() {
+            f(w);
+        }
+    }
+
+    /// This thread's writer for this ledger, claiming one the first time (`None` while the
+    /// thread is being torn down). Nothing is passed to the out-of-line claim, so a record's
+    /// values stay in registers on the common path.
+    #[inline(always)]
+    fn writer(&self) -> Option<&'static ShardWriter<'static>> {
         let me = std::ptr::from_ref(self).cast::<()>();
         match thread_words::current().writer_for(me) {
-            Some(w) => f(w),
-            None => self.with_writer_slow(f),
+            Some(w) => Some(w),
+            None => self.claim_writer(),
         }
     }
 
     /// Claims this thread's writer for this ledger (first record of the thread, or the first
-    /// in a forked child, whose inherited writer is the parent's) and runs `f` with it. Does
-    /// nothing while the thread is being torn down (its thread-locals are gone).
+    /// in a forked child, whose inherited writer is the parent's) and keeps a copy in the
+    /// thread's words. Does nothing while the thread is being torn down (its thread-locals are
+    /// gone).
     #[cold]
     #[inline(never)]
-    fn with_writer_slow(&self, f: impl FnOnce(&ShardWriter<'static>)) {
+    fn claim_writer(&self) -> Option<&'static ShardWriter<'static>> {
         let me: *const RegionLedger = self;
-        let _ = WRITER.try_with(|cell| {
-            // A record never calls back into another record: the borrow cannot be taken already.
-            let Ok(mut cached) = cell.try_borrow_mut() else {
-                return;
-            };
-            if !matches!(&*cached, Some(c) if std::ptr::eq(c.ledger, me)) {
-                // A writer of another ledger is the parent's (this is a forked child): its
-                // `Drop` leaves the parent's shard alone.
-                *cached = Some(Cached {
-                    writer: self.region.shard_writer(&self.slot),
-                    ledger: me,
-                });
-            }
-            if let Some(c) = &*cached {
-                thread_words::current().set_writer(&c.writer, me.cast());
-                f(&c.writer);
-            }
-        });
+        WRITER
+            .try_with(|cell| {
+                // A record never calls back into another record: the borrow cannot be taken
+                // already.
+                let Ok(mut cached) = cell.try_borrow_mut() else {
+                    return;
+                };
+                if !matches!(&*cached, Some(c) if std::ptr::eq(c.ledger, me)) {
+                    // A writer of another ledger is the parent's (this is a forked child): its
+                    // `Drop` leaves the parent's shard alone.
+                    *cached = Some(Cached {
+                        writer: self.region.shard_writer(&self.slot),
+                        ledger: me,
+                    });
+                }
+                if let Some(c) = &*cached {
+                    thread_words::current().set_writer(&c.writer, me.cast());
+                }
+            })
+            .ok()?;
+        thread_words::current().writer_for(me.cast())
     }
 }
 
@@ -108,22 +170,24 @@ fn denied(device: usize, e: ReserveError, bytes: u64) -> Denied {
 /// writers refer to the region, which lives in the process-wide state).
 impl Accounting for RegionLedger {
     #[inline]
+    #[unsafe(link_section = ".text.hot.vgpu")]
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<(), Denied> {
-        let Ok(d) = u32::try_from(device) else {
-            return Ok(());
+        let result = match self.kept(device) {
+            Some(r) => r.try_reserve(bytes),
+            None => return self.try_reserve_other(device, bytes),
         };
-        match self.region.try_reserve(&self.slot, d, bytes) {
+        match result {
             Ok(()) => Ok(()),
-            // Devices beyond the region's table are not limited (no configuration names them).
-            Err(ReserveError::NoSuchDevice { .. }) => Ok(()),
             Err(e) => Err(denied(device, e, bytes)),
         }
     }
 
     #[inline]
+    #[unsafe(link_section = ".text.hot.vgpu")]
     fn release(&self, device: usize, bytes: u64) {
-        if let Ok(d) = u32::try_from(device) {
-            self.region.release(&self.slot, d, bytes);
+        match self.kept(device) {
+            Some(r) => r.release(bytes),
+            None => self.release_other(device, bytes),
         }
     }
 
@@ -152,7 +216,9 @@ impl Accounting for RegionLedger {
 
     #[inline(always)]
     fn prefetch_reserve(&self, device: usize) {
-        if let Ok(d) = u32::try_from(device) {
+        if let Some(r) = self.kept(device) {
+            r.prefetch();
+        } else if let Ok(d) = u32::try_from(device) {
             self.region.prefetch_owner_op(&self.slot, d);
         }
     }

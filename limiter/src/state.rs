@@ -31,9 +31,10 @@ pub const CONTROL_POLL_PERIOD_NS: u64 = 10_000_000;
 
 /// The process-wide state. `repr(C)`, what every hooked call reads first: with the region's
 /// mapping and counts inline, a call that finds its caches cold fetches one or two lines of
-/// this static, not a chain of heap objects.
+/// this static, not a chain of heap objects. Aligned to a line, so that the fields every hook
+/// reads (the clock to the panic switch, 42 bytes) share one.
 #[derive(Debug)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub struct State {
     pub clock: Clock,
     pub driver: &'static Driver,
@@ -54,6 +55,12 @@ pub struct State {
     pub control: Option<crate::control::Control>,
     pub config: Config,
 }
+
+// The fields every hook reads share the state's first line.
+const _: () = assert!(
+    std::mem::offset_of!(State, panic_in) + size_of::<Option<Sym>>() <= 64
+        && std::mem::offset_of!(State, device_count) < 64
+);
 
 impl State {
     /// The shared API id of a hooked symbol (a constant: see [`Sym::api`]).
@@ -94,8 +101,16 @@ impl State {
         if now >= self.control_due.load(Ordering::Relaxed) {
             self.control_due
                 .store(now.saturating_add(self.control_period), Ordering::Relaxed);
-            self.poll_control();
+            self.poll_control_shielded();
         }
+    }
+
+    /// [`State::poll_control`] inside [`crate::guard::shield`], out of line: the hooks call it
+    /// outside their own shields, and its unwinding landing pad stays out of their hot code.
+    #[cold]
+    #[inline(never)]
+    fn poll_control_shielded(&self) {
+        crate::guard::shield(|| self.poll_control());
     }
 
     /// Whether the driver has exactly one device, in which case every context is on device 0.
@@ -179,13 +194,19 @@ static STATE: OnceLock<Result<State, CUresult>> = OnceLock::new();
 /// so that a hooked call made by the driver while it loads on this thread does not re-enter here.
 #[inline]
 pub fn get(guard: &Reentry) -> Result<&'static State, CUresult> {
-    // Acquire: pairs with the Release store in `get_slow` (the state's fields are visible).
-    let ready = hot().state.load(Ordering::Acquire);
-    // SAFETY: a non-null pointer points into `STATE`, initialised and never changed again.
-    match unsafe { ready.as_ref() } {
+    match ready_fast() {
         Some(s) => Ok(s),
         None => get_slow(guard),
     }
+}
+
+/// The state if it is published in the hot line already: one load, nothing that can panic.
+#[inline(always)]
+pub fn ready_fast() -> Option<&'static State> {
+    // Acquire: pairs with the Release store in `get_slow` (the state's fields are visible).
+    let ready = hot().state.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer points into `STATE`, initialised and never changed again.
+    unsafe { ready.as_ref() }
 }
 
 /// [`get`] before the state is published in the hot line: initialises it (the first caller),

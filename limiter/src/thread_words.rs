@@ -54,7 +54,7 @@ const _: () = assert!(align_of::<ThreadWords>() == 64);
 impl ThreadWords {
     /// The writer for `ledger`, if this thread's copy is one.
     #[inline(always)]
-    pub fn writer_for(&self, ledger: *const ()) -> Option<&ShardWriter<'static>> {
+    pub fn writer_for(&'static self, ledger: *const ()) -> Option<&'static ShardWriter<'static>> {
         if self.ledger.get() == ledger && !ledger.is_null() {
             // SAFETY: a non-null `ledger` means `writer` holds a copy made by `set_writer` of
             // the thread-local writer, which is still alive (its destructor clears `ledger`).

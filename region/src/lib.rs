@@ -40,7 +40,7 @@ pub use error::{RegionError, ReserveError};
 pub use holdings::Holding;
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT};
 pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS};
-pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, SWEEP_INTERVAL_MS};
+pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, Reserver, SWEEP_INTERVAL_MS};
 pub use reserve::{Denied, MAX_RESERVABLE};
 pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};
 pub use stats::{Call, ShardWriter};

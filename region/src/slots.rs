@@ -78,6 +78,14 @@ impl Slot {
     pub(crate) fn state_word(&self) -> u64 {
         self.word
     }
+    /// A second handle of the same claim, for a [`crate::Reserver`] (not public: a process keeps
+    /// one handle, which retiring consumes; a reserver's operations check the claim is current).
+    pub(crate) fn duplicate(&self) -> Slot {
+        Slot {
+            index: self.index,
+            word: self.word,
+        }
+    }
 }
 
 /// What a sweep of dead slots returned.

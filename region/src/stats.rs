@@ -140,17 +140,26 @@ impl<'r> ShardWriter<'r> {
         let odd = if self.exclusive {
             seqlock::begin_exclusive(&record.seq)
         } else {
-            match seqlock::try_begin_shared(&record.seq) {
+            match self.begin_shared(record) {
                 Some(odd) => odd,
-                None => {
-                    // Relaxed: a statistic.
-                    self.slot.dropped_records.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
+                None => return,
             }
         };
         write(record);
         seqlock::end(&record.seq, odd);
+    }
+
+    /// Opens a section on a record of the overflow shard (threads past [`THREAD_SHARDS`]), or
+    /// counts a dropped record. Out of line: most threads own a shard.
+    #[cold]
+    #[inline(never)]
+    fn begin_shared(&self, record: &ApiRecord) -> Option<u64> {
+        let odd = seqlock::try_begin_shared(&record.seq);
+        if odd.is_none() {
+            // Relaxed: a statistic.
+            self.slot.dropped_records.fetch_add(1, Ordering::Relaxed);
+        }
+        odd
     }
 
     /// Records one call of `api`, in one section: counts, latency and its histogram bucket,

@@ -85,6 +85,45 @@ fn reservations_are_exact_and_released() {
 }
 
 #[test]
+fn a_reserver_reserves_and_releases_like_the_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let (region, _) = Region::open_or_create(&dir.path().join("r"), &config(1000, 4)).unwrap();
+    let slot = region.claim_slot().unwrap();
+    let other = region.claim_slot().unwrap();
+    assert!(region.reserver(&slot, 2).is_none(), "no device 2");
+    let r = region.reserver(&slot, 0).unwrap();
+    r.try_reserve(600).unwrap();
+    // Another process's reservations count against the same limit.
+    region.try_reserve(&other, 0, 300).unwrap();
+    match r.try_reserve(101) {
+        Err(ReserveError::Denied { device: 0, denied }) => {
+            assert_eq!(
+                (denied.limit, denied.reserved, denied.requested),
+                (1000, 900, 101)
+            );
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+    r.try_reserve(100).unwrap();
+    assert_eq!((region.reserved(0), region.held(&slot, 0)), (1000, 700));
+    r.release(200);
+    // Releasing more than held is clamped.
+    r.release(10_000);
+    assert_eq!((region.reserved(0), region.held(&slot, 0)), (300, 0));
+    // Operations through the reserver and through the region interleave (one ticket sequence).
+    r.try_reserve(50).unwrap();
+    region.release(&slot, 0, 20);
+    r.try_reserve(70).unwrap();
+    assert_eq!((region.reserved(0), region.held(&slot, 0)), (400, 100));
+    let report = region.retire_slot(slot);
+    assert_eq!(report.bytes_returned[0], 100);
+    // Once the slot is retired, its reserver changes nothing.
+    assert!(r.try_reserve(1).is_err());
+    r.release(1);
+    assert_eq!(region.reserved(0), 300);
+}
+
+#[test]
 fn a_retired_handle_cannot_touch_the_slot() {
     let dir = tempfile::tempdir().unwrap();
     let (region, _) = Region::open_or_create(&dir.path().join("r"), &config(0, 2)).unwrap();

@@ -59,6 +59,14 @@ pub fn current_device(state: &State) -> usize {
     if state.single_device() {
         return 0;
     }
+    context_device(state)
+}
+
+/// [`current_device`] with several devices: asks the driver. Out of line (a single device is the
+/// common case on a shared GPU).
+#[cold]
+#[inline(never)]
+fn context_device(state: &State) -> usize {
     let Some(get) = state.driver.get::<real_driver::sym::CtxGetDevice>() else {
         return 0;
     };
@@ -93,13 +101,24 @@ fn table(process: &Process, space: Space) -> &AllocTable {
 fn reserve(state: &State, process: &Process, charge: Charge) -> Result<(), Denied> {
     process.ensure_context(charge.device)?;
     match process.ledger.try_reserve(charge.device, charge.bytes) {
-        Err(_)
-            if process.pools.any_charged()
-                && process.pools.settle_all(state, &process.ledger) > 0 =>
-        {
-            process.ledger.try_reserve(charge.device, charge.bytes)
-        }
-        other => other,
+        Ok(()) => Ok(()),
+        Err(denied) => reserve_after_pools(state, process, charge, denied),
+    }
+}
+
+/// [`reserve`] after a denial: settles the pools and retries once if that returned anything.
+#[cold]
+#[inline(never)]
+fn reserve_after_pools(
+    state: &State,
+    process: &Process,
+    charge: Charge,
+    denied: Denied,
+) -> Result<(), Denied> {
+    if process.pools.any_charged() && process.pools.settle_all(state, &process.ledger) > 0 {
+        process.ledger.try_reserve(charge.device, charge.bytes)
+    } else {
+        Err(denied)
     }
 }
 
@@ -187,9 +206,31 @@ fn deny<F>(h: &Hooked<F>, sym: Sym, denied: Denied) -> CUresult {
     CUDA_ERROR_OUT_OF_MEMORY
 }
 
-/// After the driver call: keeps, corrects or returns an allocation's reservation.
+/// After the driver call: keeps, corrects or returns an allocation's reservation. The common
+/// case (a plain allocation that succeeded) is a table insert; the rest is out of line.
 #[unsafe(link_section = ".text.hot.vgpu")]
 fn settle_allocation(
+    state: &State,
+    process: &Process,
+    space: Space,
+    c: Charge,
+    ok: bool,
+    out: *const u64,
+) {
+    if c.pool != 0 || !ok || out.is_null() {
+        return settle_unusual(state, process, space, c, ok, out);
+    }
+    // SAFETY: the driver succeeded, so it wrote the new address/handle to the caller's `out`.
+    let key = unsafe { out.read() };
+    if let Some(stale) = table(process, space).insert(key, c) {
+        release_stale(process, stale);
+    }
+}
+
+/// [`settle_allocation`] of a pool allocation, a failed one, or one without an address.
+#[cold]
+#[inline(never)]
+fn settle_unusual(
     state: &State,
     process: &Process,
     space: Space,
@@ -210,10 +251,16 @@ fn settle_allocation(
     }
     // SAFETY: the driver succeeded, so it wrote the new address/handle to the caller's `out`.
     let key = unsafe { out.read() };
-    if let Some(stale) = table(process, space).insert(key, c)
-        && stale.pool == 0
-    {
-        // The driver reused a key we still held: the earlier free was not seen. Its bytes are gone.
+    if let Some(stale) = table(process, space).insert(key, c) {
+        release_stale(process, stale);
+    }
+}
+
+/// The driver reused a key we still held: the earlier free was not seen. Its bytes are gone.
+#[cold]
+#[inline(never)]
+fn release_stale(process: &Process, stale: Charge) {
+    if stale.pool == 0 {
         process.ledger.release(stale.device, stale.bytes);
     }
 }
@@ -248,25 +295,39 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
         }
         let mut freed = 0;
         match taken.flatten() {
-            Some(c) if r == CUDA_SUCCESS => {
-                if c.pool != 0 {
-                    process
-                        .pools
-                        .settle(state, &process.ledger, c.pool, c.device, 0, true);
-                } else {
-                    process.ledger.release(c.device, c.bytes);
-                }
+            Some(c) if r == CUDA_SUCCESS && c.pool == 0 => {
+                process.ledger.release(c.device, c.bytes);
                 freed = c.bytes;
             }
-            Some(c) => {
-                table(process, space).insert(key, c);
-            }
+            Some(c) => freed = settle_free_unusual(state, process, space, key, c, r),
             None => {}
         }
         let ok = r == CUDA_SUCCESS && taken.is_some();
         h.record_bytes(S::SYM, t0, t1, ok, (0, freed));
     });
     r
+}
+
+/// After a free of a pool allocation (its pool is settled), or one the driver refused (the key
+/// stays live: its charge goes back into the table). Returns the bytes freed.
+#[cold]
+#[inline(never)]
+fn settle_free_unusual(
+    state: &State,
+    process: &Process,
+    space: Space,
+    key: u64,
+    c: Charge,
+    r: CUresult,
+) -> u64 {
+    if r != CUDA_SUCCESS {
+        table(process, space).insert(key, c);
+        return 0;
+    }
+    process
+        .pools
+        .settle(state, &process.ledger, c.pool, c.device, 0, true);
+    c.bytes
 }
 
 fn on_current(bytes: usize) -> impl FnOnce(&State) -> Option<Charge> {

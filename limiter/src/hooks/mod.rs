@@ -91,11 +91,53 @@ fn record_call(
 #[inline]
 pub fn enter<S: Symbol>() -> Gate<S::Fn> {
     let Some(guard) = Reentry::enter() else {
-        return match real_driver::reentrant::<S>() {
-            Some(f) => Gate::Direct(f),
-            None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
-        };
+        return reentered::<S>();
     };
+    // The common case, once the state and this process exist: two loads of the hot line, nothing
+    // that can panic (so no unwinding landing pad in every hook's hot code).
+    let (Some(state), Some(process)) = (state::ready_fast(), process::ready()) else {
+        return enter_slow::<S>(guard);
+    };
+    hooked::<S>(state, process, guard)
+}
+
+/// The rest of [`enter`] once the state and the process are at hand.
+#[inline(always)]
+fn hooked<S: Symbol>(
+    state: &'static State,
+    process: &'static Process,
+    guard: Reentry,
+) -> Gate<S::Fn> {
+    let entered = state.clock.now();
+    // Allocations and other calls notice limit changes too (a process that does not launch).
+    state.poll_control_due(entered);
+    match state.driver.get::<S>() {
+        Some(real) => Gate::Hook(Hooked {
+            real,
+            state,
+            process,
+            entered,
+            _guard: guard,
+        }),
+        None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
+    }
+}
+
+/// [`enter`] on a thread already inside the limiter: straight to the driver.
+#[cold]
+#[inline(never)]
+fn reentered<S: Symbol>() -> Gate<S::Fn> {
+    match real_driver::reentrant::<S>() {
+        Some(f) => Gate::Direct(f),
+        None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
+    }
+}
+
+/// [`enter`] before the state or this process exists (the first calls, or the first in a
+/// forked child): initialises them, inside [`guard::shield`].
+#[cold]
+#[inline(never)]
+fn enter_slow<S: Symbol>(guard: Reentry) -> Gate<S::Fn> {
     let state = match guard::shield(|| state::get(&guard).map(|s| (s, process::current(s)))) {
         Some(Ok(s)) => s,
         Some(Err(code)) => return Gate::Fail(code),
@@ -108,19 +150,7 @@ pub fn enter<S: Symbol>() -> Gate<S::Fn> {
         }
     };
     let (state, process) = state;
-    let entered = state.clock.now();
-    // Allocations and other calls notice limit changes too (a process that does not launch).
-    guard::shield(|| state.poll_control_due(entered));
-    match state.driver.get::<S>() {
-        Some(real) => Gate::Hook(Hooked {
-            real,
-            state,
-            process,
-            entered,
-            _guard: guard,
-        }),
-        None => Gate::Fail(CUDA_ERROR_NOT_FOUND),
-    }
+    hooked::<S>(state, process, guard)
 }
 
 /// A pass-through hook: the call is counted and timed, nothing else.

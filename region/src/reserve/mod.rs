@@ -320,12 +320,41 @@ fn lock_contended<C: Cells>(cells: &C, word: &C::A) -> Result<u64, OpError> {
     }
 }
 
+/// The cells an owner's operations on one device touch, looked up once: a writer keeps them for
+/// the device it allocates on, so an operation does no bounds checks or address arithmetic.
+#[derive(Debug)]
+pub(crate) struct OwnerCells<'a, A> {
+    pub(crate) slot: u32,
+    pub(crate) device: u32,
+    /// Bits of the slot index in a container tag.
+    pub(crate) slot_bits: u32,
+    pub(crate) intent: &'a A,
+    pub(crate) intent_bytes: &'a A,
+    pub(crate) held: &'a A,
+    pub(crate) container: &'a A,
+}
+
+impl<'a, A: Atomic64> OwnerCells<'a, A> {
+    /// The cells of `slot` on `device` (`None` past the slot or device count).
+    #[inline]
+    pub(crate) fn resolve<C: Cells<A = A>>(cells: &'a C, slot: u32, device: u32) -> Option<Self> {
+        Some(OwnerCells {
+            slot,
+            device,
+            slot_bits: cells.slot_bits(),
+            intent: cells.intent(slot)?,
+            intent_bytes: cells.intent_bytes(slot)?,
+            held: cells.held(slot, device)?,
+            container: cells.container(device)?,
+        })
+    }
+}
+
 /// Reserves (`Kind::Reserve`, refused past `limit`, 0 = unlimited) or releases (clamped to what
 /// the slot holds) `bytes` on `device` for the owner of `slot`. `still_owned` is checked after
 /// the slot's intent is taken (a reclaimer seals the intent after changing the slot state).
 #[inline]
 #[allow(clippy::too_many_arguments)]
-#[unsafe(link_section = ".text.hot.vgpu")]
 pub(crate) fn owner_op<C: Cells>(
     cells: &C,
     slot: u32,
@@ -336,14 +365,27 @@ pub(crate) fn owner_op<C: Cells>(
     still_owned: impl Fn() -> bool,
     stop: Stop,
 ) -> Result<Applied, OpError> {
-    let (Some(word), Some(amount_cell), Some(held), Some(container)) = (
-        cells.intent(slot),
-        cells.intent_bytes(slot),
-        cells.held(slot, device),
-        cells.container(device),
-    ) else {
+    let Some(own) = OwnerCells::resolve(cells, slot, device) else {
         return Err(OpError::Lost);
     };
+    owner_op_on(cells, &own, kind, bytes, limit, still_owned, stop)
+}
+
+/// [`owner_op`] on cells looked up before.
+#[inline]
+#[unsafe(link_section = ".text.hot.vgpu")]
+pub(crate) fn owner_op_on<C: Cells>(
+    cells: &C,
+    own: &OwnerCells<'_, C::A>,
+    kind: Kind,
+    bytes: u64,
+    limit: u64,
+    still_owned: impl Fn() -> bool,
+    stop: Stop,
+) -> Result<Applied, OpError> {
+    let (slot, device) = (own.slot, own.device);
+    let (word, amount_cell, held, container) =
+        (own.intent, own.intent_bytes, own.held, own.container);
     let seq = lock(cells, word)?;
     let busy = Intent {
         state: STATE_BUSY,
@@ -389,7 +431,7 @@ pub(crate) fn owner_op<C: Cells>(
     if stop == Stop::AfterIntent {
         return Err(OpError::Stopped);
     }
-    let tag = last_tag(slot, ticket, cells.slot_bits());
+    let tag = last_tag(slot, ticket, own.slot_bits);
     let total = loop {
         // Acquire: pairs with the AcqRel commit that wrote it, so the help below sees the
         // committer's intent.
@@ -470,13 +512,21 @@ enum Helped {
 
 /// Makes sure the operation that container word `c` of `device` names is applied, so that a
 /// CAS from `c` keeps invariant I.
-#[inline]
-#[unsafe(link_section = ".text.hot.vgpu")]
+#[inline(always)]
 fn help<C: Cells>(cells: &C, device: u32, c: u64) -> Helped {
     if c & APPLIED != 0 {
         // Its owner applied it and said so (Release CAS of APPLIED, acquired with `c`).
         return Helped::Clear;
     }
+    help_named(cells, device, c)
+}
+
+/// [`help`] when the word does not say its operation is applied: reads the named slot's intent.
+/// Out of line (only when another process is between its commit and its `APPLIED`): the owner's
+/// path keeps one copy of it instead of one per inlined operation.
+#[inline(never)]
+#[unsafe(link_section = ".text.hot.vgpu")]
+fn help_named<C: Cells>(cells: &C, device: u32, c: u64) -> Helped {
     let bits = cells.slot_bits();
     let tag = container_tag(c);
     let slot = (tag & ((1 << bits) - 1)) as u32;

@@ -53,6 +53,26 @@ fn measured(attempt: impl FnMut() -> Result<(), String>) {
     measured_n(ATTEMPTS, attempt)
 }
 
+/// Runs `attempt`, which makes several checks from one measurement, until every check has been
+/// within its tolerance in some attempt, at most [`ATTEMPTS`] times (each check must be within
+/// its tolerance once, as the module says; a burst of steal time rarely spares all of one run).
+fn measured_each<const N: usize>(mut attempt: impl FnMut() -> [Result<(), String>; N]) {
+    let mut passed = [false; N];
+    let mut misses = Vec::new();
+    for _ in 0..ATTEMPTS {
+        for (ok, check) in passed.iter_mut().zip(attempt()) {
+            match check {
+                Ok(()) => *ok = true,
+                Err(e) => misses.push(e),
+            }
+        }
+        if passed.iter().all(|&ok| ok) {
+            return;
+        }
+    }
+    panic!("some check never within tolerance ({passed:?}): {misses:#?}");
+}
+
 /// Runs `attempt` until it succeeds, at most `attempts` times.
 fn measured_n(attempts: usize, mut attempt: impl FnMut() -> Result<(), String>) {
     let mut misses = Vec::new();
@@ -116,7 +136,7 @@ fn driver_copy_and_sync_time_are_attributed_within_ten_percent() {
         sim_own_ns(&lib, "cuMemcpyHtoD_v2"),
     );
     let calls = CALLS.to_string();
-    measured(|| {
+    measured_each(|| {
         let run = dir.path().join(format!("run-{}", rand_suffix()));
         let mut alloc = exercise(&lib);
         alloc.env("SIMCUDA_DELAY_US", "cuMemAlloc_v2=45").args([
@@ -225,9 +245,6 @@ fn driver_copy_and_sync_time_are_attributed_within_ten_percent() {
             CALLS + 1
         );
         checks
-            .into_iter()
-            .collect::<Result<Vec<()>, String>>()
-            .map(|_| ())
     });
 }
 

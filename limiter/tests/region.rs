@@ -270,6 +270,24 @@ fn every_thread_records_into_its_own_shard() {
 }
 
 #[test]
+fn failed_allocations_and_frees_keep_the_charge_exact() {
+    let region = fresh_region("failing");
+    let out = preloaded(caller())
+        .arg("failing")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &region)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .env("SIMCUDA_FAIL", "cuMemAlloc_v2:2,cuMemFree_v2:2")
+        .output()
+        .unwrap();
+    let (out, _) = expect_ok(out);
+    assert!(
+        out.contains("ok: failing: nothing charged at the end"),
+        "{out}"
+    );
+    assert_eq!(snapshot(&region).devices[0].reserved, 0);
+}
+
+#[test]
 fn pools_are_charged_what_they_hold() {
     let region = fresh_region("pool");
     let out = preloaded(caller())

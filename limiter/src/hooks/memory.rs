@@ -220,6 +220,12 @@ fn settle_allocation(
     if c.pool != 0 || !ok || out.is_null() {
         return settle_unusual(state, process, space, c, ok, out);
     }
+    keep(process, space, c, out);
+}
+
+/// Records a successful allocation's charge under the key the driver wrote to `out` (non-null).
+#[inline(always)]
+fn keep(process: &Process, space: Space, c: Charge, out: *const u64) {
     // SAFETY: the driver succeeded, so it wrote the new address/handle to the caller's `out`.
     let key = unsafe { out.read() };
     if let Some(stale) = table(process, space).insert(key, c) {
@@ -227,7 +233,8 @@ fn settle_allocation(
     }
 }
 
-/// [`settle_allocation`] of a pool allocation, a failed one, or one without an address.
+/// [`settle_allocation`] of a pool allocation (its pool is settled), or of a plain one that
+/// failed or has no address (its reservation is returned).
 #[cold]
 #[inline(never)]
 fn settle_unusual(
@@ -238,21 +245,15 @@ fn settle_unusual(
     ok: bool,
     out: *const u64,
 ) {
-    if c.pool != 0 {
-        process
-            .pools
-            .settle(state, &process.ledger, c.pool, c.device, c.bytes, ok);
-    } else if !ok || out.is_null() {
+    if c.pool == 0 {
         process.ledger.release(c.device, c.bytes);
         return;
     }
-    if !ok || out.is_null() {
-        return;
-    }
-    // SAFETY: the driver succeeded, so it wrote the new address/handle to the caller's `out`.
-    let key = unsafe { out.read() };
-    if let Some(stale) = table(process, space).insert(key, c) {
-        release_stale(process, stale);
+    process
+        .pools
+        .settle(state, &process.ledger, c.pool, c.device, c.bytes, ok);
+    if ok && !out.is_null() {
+        keep(process, space, c, out);
     }
 }
 

@@ -13,6 +13,9 @@
  *                               for stdin EOF
  *   region_caller pool          cuMemAllocAsync 96 MiB twice, cuMemFreeAsync both, print the pool's
  *                               reserved size and the limiter's view (cuMemGetInfo_v2) at each step
+ *   region_caller failing       under SIMCUDA_FAIL=cuMemAlloc_v2:2,cuMemFree_v2:2: four 1 MiB
+ *                               allocations (the 2nd and 4th fail), frees of the two that succeeded
+ *                               (the second fails), that one again; the limiter's view after each
  * Prints "ok: ..." / "FAIL: ..." per check; exits 1 if any check failed. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -177,12 +180,33 @@ static int do_pool(void) {
     return failures;
 }
 
+/* A failed allocation returns its reservation; a failed free keeps its charge until a free of
+ * the same address succeeds. */
+static int do_failing(void) {
+    CUdeviceptr p[4] = {0};
+    CHECK(cuInit(0) == 0, "failing: cuInit");
+    size_t base = used_now();
+    for (int i = 0; i < 4; i++) {
+        CUresult r = cuMemAlloc_v2(&p[i], MIB);
+        CHECK((r == 0) == (i % 2 == 0), "failing: allocation %d returned %d", i + 1, r);
+    }
+    CHECK(used_now() - base == 2 * MIB, "failing: 2 of 4 allocations charged (%zu)", used_now() - base);
+    CHECK(cuMemFree_v2(p[0]) == 0, "failing: first free");
+    CHECK(cuMemFree_v2(p[2]) != 0, "failing: the second free fails");
+    CHECK(used_now() - base == MIB, "failing: the address the driver did not free stays charged (%zu)",
+          used_now() - base);
+    CHECK(cuMemFree_v2(p[2]) == 0, "failing: freeing it again");
+    CHECK(used_now() == base, "failing: nothing charged at the end (%zu)", used_now() - base);
+    return failures;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "fork")) return do_fork(argv[2]);
     if (argc >= 3 && !strcmp(argv[1], "hold")) return do_hold(strtoull(argv[2], NULL, 0));
     if (argc >= 3 && !strcmp(argv[1], "grab")) return do_grab(strtoull(argv[2], NULL, 0));
     if (argc >= 2 && !strcmp(argv[1], "threads")) return do_threads();
     if (argc >= 2 && !strcmp(argv[1], "pool")) return do_pool();
-    fprintf(stderr, "usage: region_caller fork DIR | hold BYTES | grab BLOCK | threads | pool\n");
+    if (argc >= 2 && !strcmp(argv[1], "failing")) return do_failing();
+    fprintf(stderr, "usage: region_caller fork DIR | hold BYTES | grab BLOCK | threads | pool | failing\n");
     return 2;
 }

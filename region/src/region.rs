@@ -205,25 +205,18 @@ impl Region {
     /// once and the reservation retried.
     #[inline]
     pub fn try_reserve(&self, slot: &Slot, device: u32, bytes: u64) -> Result<(), ReserveError> {
-        let dev = self.device(device).ok_or(ReserveError::NoSuchDevice {
-            device,
-            devices: self.device_count,
-        })?;
-        // Relaxed: written once before READY (acquired at open).
-        let limit = dev.memory_limit.load(Ordering::Relaxed);
-        match self.owner_op(slot, device, Kind::Reserve, bytes, limit) {
-            Ok(applied) => {
-                // Relaxed: a statistic. Load first: the peak rarely moves, and a locked
-                // read-modify-write on every reservation costs more than the load.
-                if applied.total > dev.peak_reserved.load(Ordering::Relaxed) {
-                    dev.peak_reserved
-                        .fetch_max(applied.total, Ordering::Relaxed);
-                }
-                Ok(())
-            }
-            // Out of line (the match over every outcome would be a jump table in .rodata,
-            // one more page for a reservation that finds its caches cold).
-            Err(e) => self.reserve_failed(slot, device, bytes, limit, e),
+        if device >= self.device_count {
+            return Err(ReserveError::NoSuchDevice {
+                device,
+                devices: self.device_count,
+            });
+        }
+        match self.reserver(slot, device) {
+            Some(r) => r.try_reserve(bytes),
+            // A slot index past the region's: not a claim of it.
+            None => Err(ReserveError::SlotLost {
+                index: slot.index(),
+            }),
         }
     }
 
@@ -273,9 +266,9 @@ impl Region {
     /// are clamped to what the slot holds (so the counters never wrap).
     #[inline]
     pub fn release(&self, slot: &Slot, device: u32, bytes: u64) {
-        // A lost slot has nothing to release; a busy one keeps holding the bytes (both counters
-        // unchanged, so they stay equal): ignored like a release of a stale handle.
-        let _ = self.owner_op(slot, device, Kind::Release, bytes, 0);
+        if let Some(r) = self.reserver(slot, device) {
+            r.release(bytes);
+        }
     }
 
     #[inline]
@@ -335,10 +328,8 @@ impl Region {
     /// for later devices, and the device's container word.
     #[inline]
     pub fn prefetch_owner_op(&self, slot: &Slot, device: u32) {
-        if let (Some(record), Some(dev)) = (self.slot_record(slot.index()), self.device(device)) {
-            crate::prefetch::line_for_write(&record.header.state);
-            crate::prefetch::line_for_write(&record.header.held[device as usize]);
-            crate::prefetch::line_for_write(&dev.reserved);
+        if let Some(r) = self.reserver(slot, device) {
+            r.prefetch();
         }
     }
 
@@ -475,7 +466,9 @@ impl Reserver<'_> {
         }
     }
 
-    /// [`Region::release`] for this slot and device.
+    /// [`Region::release`] for this slot and device. A lost slot has nothing to release; a busy
+    /// one keeps holding the bytes (both counters unchanged, so they stay equal): ignored like a
+    /// release of a stale handle.
     #[unsafe(link_section = ".text.hot.vgpu")]
     #[inline]
     pub fn release(&self, bytes: u64) {

@@ -167,6 +167,17 @@ impl Intent {
             | (self.ticket & TAG_MASK) << 8
             | (self.seq & SEQ_MASK) << 24
     }
+    /// The intent of a slot whose lock a thread holds, before it states its operation.
+    fn busy(seq: u64) -> u64 {
+        Intent {
+            state: STATE_BUSY,
+            kind: 0,
+            device: 0,
+            ticket: 0,
+            seq,
+        }
+        .encode()
+    }
     fn pending(kind: Kind, device: u32, ticket: u64, seq: u64) -> u64 {
         Intent {
             state: STATE_PENDING,
@@ -283,14 +294,7 @@ fn try_lock<A: Atomic64>(word: &A) -> Result<u64, bool> {
         return Err(false);
     }
     let seq = (Intent::decode(w).seq + 1) & SEQ_MASK;
-    let busy = Intent {
-        state: STATE_BUSY,
-        kind: 0,
-        device: 0,
-        ticket: 0,
-        seq,
-    }
-    .encode();
+    let busy = Intent::busy(seq);
     // AcqRel: Acquire pairs with the Release/AcqRel write of DONE (the previous operation's held
     // update, or a reclaimer's seal after its state change, become visible); Release orders
     // nothing before it but keeps the word's RMW chain whole.
@@ -387,14 +391,7 @@ pub(crate) fn owner_op_on<C: Cells>(
     let (word, amount_cell, held, container) =
         (own.intent, own.intent_bytes, own.held, own.container);
     let seq = lock(cells, word)?;
-    let busy = Intent {
-        state: STATE_BUSY,
-        kind: 0,
-        device: 0,
-        ticket: 0,
-        seq,
-    }
-    .encode();
+    let busy = Intent::busy(seq);
     // A plain store: while the owner holds the intent (busy or pending) nobody else writes it
     // (helpers only apply; a reclaimer writes it only when the owner is dead, or when it is
     // DONE). Release: publishes this operation's apply to the next locker's Acquire CAS.

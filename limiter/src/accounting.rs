@@ -51,13 +51,15 @@ pub trait Accounting: Sync {
         self.record(api, call, || hook_ns);
     }
     fn record_denied(&self, api: ApiId, bytes: u64);
-    /// Hints that a call of `api` that took `latency_ns` is about to be recorded (the lines it
-    /// will touch are fetched meanwhile).
-    #[inline(always)]
-    fn prefetch_record(&self, _api: ApiId, _latency_ns: u64) {}
     /// Hints that a reservation or release on `device` is about to be made.
     #[inline(always)]
     fn prefetch_reserve(&self, _device: usize) {}
+    /// The shared-memory record a call of `api` is written into, if the backend has one (for
+    /// `wake_lines`, which prefetches it after the driver call without this backend at hand).
+    #[inline(always)]
+    fn stats_record(&self, _api: ApiId) -> Option<&'static region::layout::ApiRecord> {
+        None
+    }
     /// Time spent in the limiter's own logic around a call.
     fn add_hook_ns(&self, api: ApiId, ns: u64);
     /// Time the SM controller held a call of `api` back.

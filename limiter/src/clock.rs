@@ -1,19 +1,23 @@
-//! The launch path's clock: one read before and one after the driver call.
+//! The hooks' clock: one read before and one after the driver call.
 //!
 //! On x86_64 with an invariant TSC (CPUID leaf 0x80000007, EDX bit 8: what Linux shows as
 //! `constant_tsc` and `nonstop_tsc`) a read is `rdtsc` (~7-25 ns, no system call, no vDSO page)
-//! and ticks become nanoseconds by one 128-bit multiply with a factor calibrated once at
-//! initialisation against `CLOCK_MONOTONIC`, over the initialisation itself (at least 100 us of
-//! wall time: [`Calibration`] is started first and finished last, and only waits for what is left
-//! of the 100 us; preemption during the calibration affects both clocks alike). Elsewhere, or when
-//! the calibration looks wrong, reads are `CLOCK_MONOTONIC` through the vDSO (~20-65 ns on the CI
-//! VM). Neither the check nor the calibration reads `/proc/cpuinfo` (text the kernel builds for
-//! every CPU, tens of microseconds on a large machine) or spins when initialisation takes longer
-//! than the calibration needs.
-//! `CLOCK_MONOTONIC_COARSE` is cheaper still but ticks in milliseconds: useless for microsecond
-//! latencies.
+//! and ticks become nanoseconds by one 128-bit multiply with a factor calibrated against
+//! `CLOCK_MONOTONIC`. Elsewhere, or when the calibration looks wrong, reads are `CLOCK_MONOTONIC`
+//! through the vDSO (~20-65 ns on the CI VM). Neither the check nor the calibration reads
+//! `/proc/cpuinfo` (text the kernel builds for every CPU, tens of microseconds on a large
+//! machine). `CLOCK_MONOTONIC_COARSE` is cheaper still but ticks in milliseconds: useless for
+//! microsecond latencies.
+//!
+//! The process-wide clock is a [`LazyClock`]: its calibration starts at initialisation and
+//! finishes at the first conversion of ticks to nanoseconds, which comes after the first driver
+//! call (`cuInit`, milliseconds later), so the window is long and nobody waits for it. Until then
+//! reads are already TSC ticks. Initialisation used to spin out a 100 us window: most of its
+//! CPU time, and the time during which 64 processes starting together got preempted
+//! (docs/benchmarks.md, "start-up").
 
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// How time is read.
 #[derive(Debug, Clone, Copy)]
@@ -26,33 +30,107 @@ pub struct Clock {
 /// Shortest calibration window.
 const CALIBRATION: Duration = Duration::from_micros(100);
 
-/// A calibration in progress: a first reading of both clocks.
-#[derive(Debug, Clone, Copy)]
-pub struct Calibration {
-    /// `None`: no invariant TSC, the clock is `CLOCK_MONOTONIC`.
-    start: Option<(Instant, u64)>,
+/// [`LazyClock::mult`] while the calibration is still open.
+const PENDING: u64 = u64::MAX;
+
+/// Largest spread, in ticks, of the two TSC reads around a `CLOCK_MONOTONIC` read for a
+/// calibration sample (a few microseconds at any plausible frequency): a sample whose reads
+/// were split by a preemption or an interrupt is taken again.
+const SAMPLE_SPREAD_TICKS: u64 = 20_000;
+
+/// The process-wide clock: reads are available at once, conversions from the first
+/// [`LazyClock::get`] on (see the module documentation).
+#[derive(Debug)]
+pub struct LazyClock {
+    /// The calibrated [`Clock`]'s factor; [`PENDING`] while calibrating (reads are TSC ticks);
+    /// 0 for `CLOCK_MONOTONIC`. Relaxed: a value that changes once, from `PENDING` to the factor
+    /// every thread agrees on (the first one stored, by compare-and-swap).
+    mult: AtomicU64,
+    /// The calibration's first sample: (`CLOCK_MONOTONIC` ns, TSC ticks).
+    start: (u64, u64),
 }
 
-impl Calibration {
-    /// The cheapest trustworthy clock of this machine, calibrated from now to
-    /// [`Calibration::finish`].
-    pub fn start() -> Calibration {
-        Calibration {
-            start: invariant_tsc().then(|| (Instant::now(), tsc())),
+impl LazyClock {
+    /// Starts calibrating (or settles on `CLOCK_MONOTONIC` without an invariant TSC).
+    pub fn start() -> LazyClock {
+        if !invariant_tsc() {
+            return LazyClock {
+                mult: AtomicU64::new(0),
+                start: (0, 0),
+            };
+        }
+        LazyClock {
+            mult: AtomicU64::new(PENDING),
+            start: sample(),
         }
     }
 
-    /// The clock: waits for what is left of the 100 us window, if anything.
-    pub fn finish(self) -> Clock {
-        let Some((t0, c0)) = self.start else {
-            return Clock::MONOTONIC;
-        };
-        while t0.elapsed() < CALIBRATION {
+    /// A timestamp in this clock's ticks (TSC ticks from the start if there is an invariant TSC).
+    #[inline(always)]
+    pub fn now(&self) -> u64 {
+        // Relaxed: see the field.
+        if self.mult.load(Ordering::Relaxed) != 0 {
+            tsc()
+        } else {
+            monotonic_ns()
+        }
+    }
+
+    /// The calibrated clock, finishing the calibration if it is still open.
+    #[inline(always)]
+    pub fn get(&self) -> Clock {
+        // Relaxed: see the field.
+        match self.mult.load(Ordering::Relaxed) {
+            PENDING => self.finish(),
+            tsc_mult => Clock { tsc_mult },
+        }
+    }
+
+    /// Whether the calibration is still open (tests and start-up figures).
+    pub fn is_pending(&self) -> bool {
+        self.mult.load(Ordering::Relaxed) == PENDING
+    }
+
+    /// Closes the calibration: waits for what is left of the shortest window (only if the first
+    /// conversion comes within 100 us of the start), then keeps the first factor stored. A
+    /// calibration that looks wrong falls back to `CLOCK_MONOTONIC`; a call timed across that
+    /// switch has one meaningless latency (saturated at 0 or huge), nothing worse.
+    #[cold]
+    #[inline(never)]
+    fn finish(&self) -> Clock {
+        let (ns0, c0) = self.start;
+        while monotonic_ns().saturating_sub(ns0) < CALIBRATION.as_nanos() as u64 {
             std::hint::spin_loop();
         }
-        let (ns, ticks) = (t0.elapsed().as_nanos(), tsc().wrapping_sub(c0));
-        Clock::from_sample(ns, ticks)
+        let (ns1, c1) = sample();
+        let clock = Clock::from_sample(u128::from(ns1 - ns0), c1.wrapping_sub(c0));
+        // Relaxed: see the field; on failure another thread's factor is used.
+        match self.mult.compare_exchange(
+            PENDING,
+            clock.tsc_mult,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => clock,
+            Err(tsc_mult) => Clock { tsc_mult },
+        }
     }
+}
+
+/// One calibration sample, (`CLOCK_MONOTONIC` ns, TSC ticks): the monotonic read between two
+/// TSC reads close together (retried a few times; the last one is taken whatever its spread).
+fn sample() -> (u64, u64) {
+    let mut best = (0, 0);
+    for _ in 0..4 {
+        let a = tsc();
+        let ns = monotonic_ns();
+        let b = tsc();
+        best = (ns, a / 2 + b / 2);
+        if b.wrapping_sub(a) <= SAMPLE_SPREAD_TICKS {
+            break;
+        }
+    }
+    best
 }
 
 impl Clock {
@@ -61,7 +139,7 @@ impl Clock {
 
     /// The cheapest trustworthy clock of this machine, calibrated for 100 us from now.
     pub fn calibrate() -> Clock {
-        Calibration::start().finish()
+        LazyClock::start().get()
     }
 
     /// The clock for a calibration sample of `ticks` TSC ticks in `ns` nanoseconds; falls back to
@@ -178,6 +256,8 @@ fn invariant_tsc() -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
 
     #[test]
@@ -191,6 +271,34 @@ mod tests {
         assert_eq!(c.ns_between(10, 5), 0);
         assert!(c.ticks(1_000).abs_diff(3_000) <= 1, "{}", c.ticks(1_000));
         assert_eq!(Clock::MONOTONIC.ticks(1_000), 1_000);
+    }
+
+    #[test]
+    fn a_lazy_clock_reads_before_it_converts_and_agrees_with_monotonic() {
+        let lazy = LazyClock::start();
+        let (t0, i0) = (lazy.now(), Instant::now());
+        if invariant_tsc() {
+            assert!(lazy.is_pending(), "reading must not close the calibration");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let (t1, d) = (lazy.now(), i0.elapsed().as_nanos() as u64);
+        let clock = lazy.get();
+        assert!(!lazy.is_pending());
+        // The factor is kept: a second conversion uses the same one.
+        assert_eq!(lazy.get().tsc_mult, clock.tsc_mult);
+        let ns = clock.ns_between(t0, t1);
+        assert!(ns.abs_diff(d) < d / 20, "clock {ns} ns vs Instant {d} ns");
+    }
+
+    #[test]
+    fn an_early_conversion_waits_out_the_shortest_window() {
+        let lazy = LazyClock::start();
+        let started = Instant::now();
+        let clock = lazy.get();
+        if invariant_tsc() {
+            assert!(started.elapsed() >= CALIBRATION, "{:?}", started.elapsed());
+            assert!(clock.is_tsc());
+        }
     }
 
     #[test]

@@ -43,3 +43,4 @@ pub mod sm;
 pub mod sm_feedback;
 pub mod state;
 pub mod thread_words;
+pub mod wake_lines;

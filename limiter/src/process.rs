@@ -73,12 +73,12 @@ impl Accounting for Ledger {
         dispatch!(self, l => l.record_denied(api, bytes))
     }
     #[inline(always)]
-    fn prefetch_record(&self, api: ApiId, latency_ns: u64) {
-        dispatch!(self, l => l.prefetch_record(api, latency_ns))
-    }
-    #[inline(always)]
     fn prefetch_reserve(&self, device: usize) {
         dispatch!(self, l => l.prefetch_reserve(device))
+    }
+    #[inline(always)]
+    fn stats_record(&self, api: ApiId) -> Option<&'static region::layout::ApiRecord> {
+        dispatch!(self, l => l.stats_record(api))
     }
     fn add_hook_ns(&self, api: ApiId, ns: u64) {
         dispatch!(self, l => l.add_hook_ns(api, ns))

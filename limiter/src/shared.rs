@@ -210,17 +210,22 @@ impl Accounting for RegionLedger {
     }
 
     #[inline(always)]
-    fn prefetch_record(&self, api: ApiId, latency_ns: u64) {
-        self.with_writer(|w| w.prefetch(api, latency_ns));
-    }
-
-    #[inline(always)]
     fn prefetch_reserve(&self, device: usize) {
         if let Some(r) = self.kept(device) {
             r.prefetch();
         } else if let Ok(d) = u32::try_from(device) {
             self.region.prefetch_owner_op(&self.slot, d);
         }
+    }
+
+    /// Without claiming a writer: a thread's first record finds none, and nothing to prefetch
+    /// (the claim is out of line and may fail; this runs outside the hooks' shields).
+    #[inline(always)]
+    fn stats_record(&self, api: ApiId) -> Option<&'static region::layout::ApiRecord> {
+        let me = std::ptr::from_ref(self).cast::<()>();
+        thread_words::current()
+            .writer_for(me)
+            .and_then(|w| w.record_of(api))
     }
 
     fn add_hook_ns(&self, api: ApiId, ns: u64) {

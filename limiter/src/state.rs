@@ -17,7 +17,7 @@ use agent_common::api::ApiId;
 use region::{InitOutcome, Region, RegionConfig};
 
 use crate::{
-    clock::Clock,
+    clock::LazyClock,
     config::{Config, MAX_DEVICES},
     cuda::{CUDA_ERROR_NOT_INITIALIZED, CUresult},
     guard::Reentry,
@@ -36,12 +36,10 @@ pub const CONTROL_POLL_PERIOD_NS: u64 = 10_000_000;
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub struct State {
-    pub clock: Clock,
+    pub clock: LazyClock,
     pub driver: &'static Driver,
     /// Clock reading from which the next hooked call polls the control block.
     control_due: AtomicU64,
-    /// [`CONTROL_POLL_PERIOD_NS`] in clock ticks.
-    control_period: u64,
     /// Devices the driver reports (`cuDeviceGetCount`), 0 until known.
     device_count: AtomicU32,
     /// `VGPU_DEBUG_PANIC_IN`: the hook whose logic panics on purpose (tests).
@@ -99,17 +97,20 @@ impl State {
         // Relaxed: a rate limit; threads that race both poll, which is harmless, and the poll
         // reads the block under its own seqlock.
         if now >= self.control_due.load(Ordering::Relaxed) {
-            self.control_due
-                .store(now.saturating_add(self.control_period), Ordering::Relaxed);
-            self.poll_control_shielded();
+            self.poll_control_shielded(now);
         }
     }
 
     /// [`State::poll_control`] inside [`crate::guard::shield`], out of line: the hooks call it
     /// outside their own shields, and its unwinding landing pad stays out of their hot code.
+    /// Sets the next poll [`CONTROL_POLL_PERIOD_NS`] after `now`.
     #[cold]
     #[inline(never)]
-    fn poll_control_shielded(&self) {
+    fn poll_control_shielded(&self, now: u64) {
+        let period = self.clock.get().ticks(CONTROL_POLL_PERIOD_NS);
+        // Relaxed: see `poll_control_due`.
+        self.control_due
+            .store(now.saturating_add(period), Ordering::Relaxed);
         crate::guard::shield(|| self.poll_control());
     }
 
@@ -230,8 +231,8 @@ pub fn ready() -> Option<&'static State> {
 fn init(guard: &Reentry) -> Result<State, CUresult> {
     let started = std::time::Instant::now();
     let cpu = crate::clock::thread_cpu_ns();
-    // Calibrated over the rest of the initialisation, instead of 100 us of spinning.
-    let calibration = crate::clock::Calibration::start();
+    // Calibrated until the first conversion (after this call's driver call), not spun out here.
+    let clock = LazyClock::start();
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -264,7 +265,6 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
     crate::sm_feedback::ensure_started(config.sm_feedback);
     let control = region.as_ref().and_then(crate::control::Control::open);
     crate::process::register_handlers();
-    let clock = calibration.finish();
     // Start-up cost figures (`scripts/gpu/bench-limiter.sh` reads them): wall time, and the
     // thread's CPU time (the rest is waiting: descheduled, or for another process).
     log::write(
@@ -276,14 +276,17 @@ fn init(guard: &Reentry) -> Result<State, CUresult> {
             config.memory_limit
         ),
     );
+    // The next poll after the one below: a period of ticks counted as nanoseconds (the clock
+    // is not converted yet, and would have to wait for its calibration); a TSC of at least 1 GHz
+    // makes that at most the period. Later polls use the calibrated clock.
+    let control_due = AtomicU64::new(clock.now().saturating_add(CONTROL_POLL_PERIOD_NS));
     let state = State {
         clock,
         region,
         control,
         panic_in,
         hook_delay_ns: config.debug_hook_delay_ns,
-        control_due: AtomicU64::new(0),
-        control_period: clock.ticks(CONTROL_POLL_PERIOD_NS),
+        control_due,
         device_count: AtomicU32::new(0),
         config,
         driver,

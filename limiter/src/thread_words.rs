@@ -103,6 +103,13 @@ mod imp {
         if offset == 0 {
             offset = read_offset();
         }
+        thread_pointer().wrapping_add_signed(offset) as *const ThreadWords
+    }
+
+    /// The thread pointer: the address of the thread's control block, whose first line every
+    /// [`words`] reads.
+    #[inline(always)]
+    pub fn thread_pointer() -> usize {
         let tp: usize;
         // SAFETY: on x86_64 Linux `fs:0` holds the thread pointer itself (the TCB's self pointer,
         // glibc's `tcbhead_t.tcb`); reading it has no other effect.
@@ -113,7 +120,7 @@ mod imp {
                 options(nostack, readonly, preserves_flags, pure)
             );
         }
-        tp.wrapping_add_signed(offset) as *const ThreadWords
+        tp
     }
 
     #[cold]
@@ -160,6 +167,17 @@ mod imp {
     pub fn words() -> *const ThreadWords {
         WORDS.with(|w| w as *const ThreadWords)
     }
+
+    #[inline(always)]
+    pub fn thread_pointer() -> usize {
+        0
+    }
+}
+
+/// The address of the thread's control block (0 where it is not known): a line every hook reads.
+#[inline(always)]
+pub fn thread_pointer() -> usize {
+    imp::thread_pointer()
 }
 
 /// The calling thread's words. Valid until the thread exits (after its thread-local

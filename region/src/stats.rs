@@ -68,6 +68,16 @@ fn bump(counter: &AtomicU64, value: u64) {
     );
 }
 
+impl ApiRecord {
+    /// Prefetches the two lines a record of a call that took `latency_ns` touches: the first
+    /// (sequence and counters) and the histogram bucket's.
+    #[inline(always)]
+    pub fn prefetch(&self, latency_ns: u64) {
+        crate::prefetch::line_for_write(&self.seq);
+        crate::prefetch::line_for_write(&self.hist[bucket_of(latency_ns)]);
+    }
+}
+
 impl Region {
     /// A statistics writer for the calling thread in `slot`: claims a free thread shard, or
     /// falls back to the shared overflow shard.
@@ -121,14 +131,11 @@ impl<'r> ShardWriter<'r> {
         self.exclusive
     }
 
-    /// Prefetches the two lines a record of a call of `api` that took `latency_ns` will touch:
-    /// the record's first line and the histogram bucket's.
-    #[inline]
-    pub fn prefetch(&self, api: ApiId, latency_ns: u64) {
-        if let Some(record) = self.shard.apis.get(api.0 as usize) {
-            crate::prefetch::line_for_write(&record.seq);
-            crate::prefetch::line_for_write(&record.hist[bucket_of(latency_ns)]);
-        }
+    /// The record a call of `api` is written into (`None` for an id past the table): for a
+    /// caller that prefetches its lines later, without this writer at hand.
+    #[inline(always)]
+    pub fn record_of(&self, api: ApiId) -> Option<&'r ApiRecord> {
+        self.shard.apis.get(api.0 as usize)
     }
 
     /// Runs `write` inside a section of `api`'s record (nothing for an id past the table).

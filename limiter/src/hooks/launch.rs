@@ -35,10 +35,10 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
     let Some(real) = state.driver.get::<S>() else {
         return passthrough::<S>(call);
     };
-    let clock = state.clock;
+    let clock = &state.clock;
     // Off (0) in production: one predictable branch on a field already loaded.
     let hook_ns = if state.hook_delay_ns != 0 {
-        debug_hook_delay(clock, state.hook_delay_ns)
+        debug_hook_delay(clock.get(), state.hook_delay_ns)
     } else {
         0
     };
@@ -59,7 +59,7 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
     shield(|| {
         process.ledger.record_call(
             state.api(S::SYM),
-            clock.ns_between(t0, t1),
+            clock.get().ns_between(t0, t1),
             hook_ns,
             r == CUDA_SUCCESS,
         )

@@ -38,6 +38,7 @@ use crate::{
     process::Process,
     real_driver::{Symbol, sym},
     state::State,
+    wake_lines::WakeLines,
 };
 
 /// Pitch alignment assumed when reserving for `cuMemAllocPitch_v2` before the driver chooses the
@@ -110,7 +111,7 @@ fn allocate<S: Symbol>(
     };
     let (state, process) = (h.state, h.process);
     let api = state.api(S::SYM);
-    let clock = state.clock;
+    let clock = &state.clock;
     let reserved = shield(|| {
         state.debug_panic(S::SYM);
         let charge = plan(state)?;
@@ -123,14 +124,14 @@ fn allocate<S: Symbol>(
         None => return call_unaccounted(&h, S::SYM, call),
         Some(Some(Err(denied))) => return deny(&h, S::SYM, denied),
     };
+    let wake = WakeLines::for_allocation(state, process, api);
     let t0 = clock.now();
     let r = call(h.real);
     let t1 = clock.now();
+    let latency = clock.get().ns_between(t0, t1);
+    wake.fetch(latency);
     shield(|| {
         let ok = r == CUDA_SUCCESS;
-        process
-            .ledger
-            .prefetch_record(api, clock.ns_between(t0, t1));
         if ok && charge.is_some() && !out.is_null() {
             // SAFETY: the driver succeeded, so it wrote the new address/handle to `out`.
             table(process, space).prefetch(unsafe { out.read() });
@@ -189,19 +190,14 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
         state.debug_panic(S::SYM);
         table(process, space).remove(key)
     });
+    let releases = matches!(taken, Some(Some(c)) if c.device == 0 && c.pool == 0);
+    let wake = WakeLines::for_free(state, process, state.api(S::SYM), releases);
     let t0 = state.clock.now();
     let r = call(h.real);
     let t1 = state.clock.now();
+    let latency = state.clock.get().ns_between(t0, t1);
+    wake.fetch(latency);
     shield(|| {
-        process
-            .ledger
-            .prefetch_record(state.api(S::SYM), state.clock.ns_between(t0, t1));
-        if let Some(Some(c)) = taken
-            && r == CUDA_SUCCESS
-            && c.pool == 0
-        {
-            process.ledger.prefetch_reserve(c.device);
-        }
         let mut freed = 0;
         match taken.flatten() {
             Some(c) if r == CUDA_SUCCESS && c.pool == 0 => {

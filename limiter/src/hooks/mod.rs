@@ -76,7 +76,7 @@ fn record_call(
     ok: bool,
     (allocated, freed): (u64, u64),
 ) {
-    let clock = state.clock;
+    let clock = state.clock.get();
     let call = Call {
         latency_ns: clock.ns_between(t0, t1),
         ok,

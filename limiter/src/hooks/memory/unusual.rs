@@ -58,7 +58,7 @@ pub(super) fn call_unaccounted<F: Copy>(
     sym: Sym,
     call: impl FnOnce(F) -> CUresult,
 ) -> CUresult {
-    let clock = h.state.clock;
+    let clock = &h.state.clock;
     let t0 = clock.now();
     let r = call(h.real);
     let t1 = clock.now();

@@ -3,7 +3,8 @@
 # several limiter builds side by side, interleaved round by round (the order rotates), so that
 # builds are compared on the same host. Per process, as scripts/gpu/bench-limiter.sh counts it:
 # initialisation + slot claim (from the limiter's log) + its hooks' self-time, and the CPU time
-# of initialisation + claim; per round the slowest process, and the wall time of the slowest.
+# of initialisation + claim; per round the slowest process (largest own time: its init, claim and
+# hooks apart), the own time of the process that finished last, and the wall time of the slowest.
 #   LIMITERS="after=.carry/bin/libvgpu_limiter.so before=.carry/before/libvgpu_limiter.so" \
 #   N=64 ROUNDS=3 bash scripts/gpu/startup-ab.sh
 # EXERCISE_ARGS="--lib .../libsimcuda.so" runs it on the simulated driver (a dry run off the GPU).
@@ -36,11 +37,14 @@ for i in range(1, n + 1):
     err = open(f"{t}/{tag}.{i}.err").read()
     init = re.search(r"initialised in (\d+) us \(cpu (\d+) us\)", err)
     claim = re.search(r"claimed slot \d+ of \S+ in (\d+) us \(cpu (\d+) us\)", err)
-    own = (int(init.group(1)) if init else 0) + (int(claim.group(1)) if claim else 0)
-    own += ((j.get("limiter") or {}).get("hook_ns_total", 0)) / 1000
+    init_us = int(init.group(1)) if init else 0
+    claim_us = int(claim.group(1)) if claim else 0
+    hooks_us = ((j.get("limiter") or {}).get("hook_ns_total", 0)) / 1000
+    own = init_us + claim_us + hooks_us
     cpu = (int(init.group(2)) if init else 0) + (int(claim.group(2)) if claim else 0)
     wall = float(open(f"{t}/{tag}.{i}.end").read()) - t0
-    print(json.dumps({"own_us": own, "cpu_us": cpu, "wall_s": wall, "errors": j.get("errors")}))
+    print(json.dumps({"own_us": own, "init_us": init_us, "claim_us": claim_us, "hooks_us": hooks_us,
+                      "cpu_us": cpu, "wall_s": wall, "errors": j.get("errors")}))
 PY
 }
 
@@ -59,13 +63,23 @@ out, builds = sys.argv[1], sys.argv[2:]
 summary = {}
 print(f"{'build':10} {'slowest own us per round':>34} {'median':>8} {'its cpu us':>18} {'slowest wall s':>22}")
 for b in builds:
-    own, cpu, wall = [], [], []
+    own, cpu, wall, parts, last = [], [], [], [], []
     for f in sorted(glob.glob(f"{out}/raw/{b}-r*.jsonl")):
         rows = [json.loads(l) for l in open(f) if l.strip()]
         slowest = max(rows, key=lambda x: x["own_us"])
         own.append(slowest["own_us"]); cpu.append(slowest["cpu_us"]); wall.append(max(x["wall_s"] for x in rows))
-    summary[b] = {"slowest_own_us": own, "median_own_us": statistics.median(own), "its_cpu_us": cpu, "slowest_wall_s": wall}
+        # Where the slowest process's own time went: initialisation, slot claim, hooks.
+        parts.append([round(slowest.get(k, 0)) for k in ("init_us", "claim_us", "hooks_us")])
+        # The limiter's own time in the process that finished last (the start-up's slowest
+        # process end to end), beside the largest own time of any process above.
+        last.append(max(rows, key=lambda x: x["wall_s"])["own_us"])
+    summary[b] = {"slowest_own_us": own, "median_own_us": statistics.median(own), "its_cpu_us": cpu,
+                  "its_init_claim_hooks_us": parts, "slowest_wall_s": wall,
+                  "last_finished_own_us": last, "median_last_finished_own_us": statistics.median(last)}
     print(f"{b:10} {' '.join('%.0f' % o for o in own):>34} {statistics.median(own):>8.0f} "
           f"{' '.join('%d' % c for c in cpu):>18} {' '.join('%.2f' % w for w in wall):>22}")
+    print(f"{'':10} its init/claim/hooks us per round: {' '.join('/'.join(map(str, p)) for p in parts)}")
+    print(f"{'':10} own us in the process that finished last, per round: {' '.join('%.0f' % x for x in last)}"
+          f" (median {statistics.median(last):.0f})")
 json.dump(summary, open(f"{out}/startup-ab.json", "w"), indent=1)
 PY

@@ -201,9 +201,15 @@ pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode
         .ok_or("cuLaunchKernel missing")?;
     // SAFETY: the driver's cuLaunchKernel has this cuda.h signature.
     let launch = unsafe { std::mem::transmute::<*mut std::ffi::c_void, Launch>(p) };
+    // The simulated driver's own timing of each launch (launches it delays), if it is one.
+    let inside_of = drv.symbol("simcuda_last_call_ns").map(|f| {
+        // SAFETY: sim-cuda's `simcuda_last_call_ns` takes nothing and returns a u64.
+        unsafe { std::mem::transmute::<*mut std::ffi::c_void, extern "C" fn() -> u64>(f) }
+    });
     let null = std::ptr::null_mut();
     let mut ns: Vec<u64> = Vec::with_capacity(count as usize);
     let mut errors = 0u64;
+    let mut inside = 0u64;
     let t_all = Instant::now();
     for _ in 0..count {
         let t = Instant::now();
@@ -211,6 +217,9 @@ pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode
         let r = unsafe { launch(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast()) };
         ns.push(t.elapsed().as_nanos() as u64);
         errors += u64::from(r != 0);
+        if let Some(f) = inside_of {
+            inside += f();
+        }
         if sync_every > 0 && (ns.len() as u64).is_multiple_of(sync_every) {
             errors += u64::from(drv.ctx_synchronize() != Some(0));
         }
@@ -224,6 +233,7 @@ pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode
         "errors": errors,
         "launch_ns": ns.get(ns.len() / 2).copied().unwrap_or(0),
         "launch_mean_ns": total.checked_div(count).unwrap_or(0),
+        "inside_total_ns": inside_of.map(|_| inside),
     }));
     Ok(ExitCode::SUCCESS)
 }

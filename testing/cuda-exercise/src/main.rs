@@ -814,13 +814,22 @@ fn latency(
     if init {
         drv.init();
     }
+    // The simulated driver's own timing of each call (calls it delays or sweeps), if it is one.
+    let inside_of = drv.symbol("simcuda_last_call_ns").map(|f| {
+        // SAFETY: sim-cuda's `simcuda_last_call_ns` takes nothing and returns a u64.
+        unsafe { std::mem::transmute::<*mut std::ffi::c_void, extern "C" fn() -> u64>(f) }
+    });
     let mut ns: Vec<u64> = Vec::with_capacity(calls as usize);
     let mut errors = 0u64;
+    let mut inside = 0u64;
     for _ in 0..calls {
         let t = Instant::now();
         let r = drv.call_default(api, size)?;
         ns.push(t.elapsed().as_nanos() as u64);
         errors += u64::from(r != Some(0));
+        if let Some(f) = inside_of {
+            inside += f();
+        }
     }
     ns.sort_unstable();
     let total: u64 = ns.iter().sum();
@@ -840,6 +849,7 @@ fn latency(
         "p50_ns": pct(0.5),
         "p99_ns": pct(0.99),
         "max_ns": ns.last().copied().unwrap_or(0),
+        "inside_total_ns": inside_of.map(|_| inside),
     }));
     Ok(ExitCode::SUCCESS)
 }

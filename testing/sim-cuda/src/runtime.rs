@@ -106,14 +106,16 @@ pub fn sync_device() {
 }
 
 thread_local! {
-    /// Duration of this thread's last call of a symbol with a sweep, ns.
+    /// Duration of this thread's last call of a symbol with a sweep or a delay, ns.
     static LAST_CALL_NS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Duration of the calling thread's last call of a symbol that sweeps (`SIMCUDA_SWEEP`), in ns,
-/// measured inside the library from the start of its common prologue to the end of the sweep:
-/// a benchmark subtracts it from the time it measured around the call to get what was spent
-/// outside the driver (in a preloaded limiter, say).
+/// Duration of the calling thread's last call of a symbol that sweeps (`SIMCUDA_SWEEP`) or
+/// waits (`SIMCUDA_DELAY_US`), in ns, measured inside the library from the start of its common
+/// prologue to the end of the sweep: a benchmark subtracts it from the time it measured around
+/// the call to get what was spent outside the driver (in a preloaded limiter, say), and a test
+/// of attribution compares it with the time attributed to the driver (it includes whatever the
+/// machine took from the call while it waited, as the attributed time does).
 pub fn last_call_ns() -> u64 {
     LAST_CALL_NS.with(Cell::get)
 }
@@ -190,11 +192,11 @@ impl Sym {
     }
 
     /// Runs the common part of a call, then `body` unless the call fails early, then the sweep
-    /// if the symbol has one (the call is then timed, see [`last_call_ns`]).
+    /// if the symbol has one (a call with a sweep or a delay is timed, see [`last_call_ns`]).
     #[inline(always)]
     pub fn call(&self, body: impl FnOnce() -> CUresult) -> CUresult {
         let cfg = self.cfg();
-        if cfg.sweep == 0 {
+        if cfg.sweep == 0 && cfg.delay.is_zero() {
             return self.call_untimed(cfg, body);
         }
         let t0 = Instant::now();

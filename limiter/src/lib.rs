@@ -10,7 +10,9 @@
 //!   [`nvml`]: NVML's memory information under the limit.
 //! - [`guard`]: re-entrancy and panic guards; [`thread_words`]: the per-thread words hooks read; [`state`]: lazy process-wide state;
 //!   [`config`]: environment parsing; [`log`]: stderr diagnostics without allocation; [`cuda`]:
-//!   the `cuda.h` subset; [`clock`]: the launch path's clock.
+//!   the `cuda.h` subset; [`clock`]: the hooks' clock.
+//! - Cold calls: [`hot`] (the line of statics every hook reads first), [`entry_lines`] and
+//!   [`wake_lines`] (what an allocation or free prefetches on entry and after its driver call).
 //! - [`accounting`]: the accounting boundary and the in-process backend; [`shared`]: the region
 //!   backend with per-thread shards; [`process`]: per-process accounting, fork and exit;
 //!   [`pools`]: stream-ordered pool charges.

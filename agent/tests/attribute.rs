@@ -2,126 +2,15 @@
 //! in the simulated driver's delayed calls (busy-waits; the truth is the time the driver itself
 //! measured inside those calls in the same run, which includes what the machine took from them
 //! meanwhile, as the attributed time does), device work that a synchronisation must wait for, a
-//! known limiter hook delay, and the slowdown the probes themselves cause (measured by the test:
-//! probed and unprobed runs interleaved, medians).
-//!
-//! The test machines' vCPUs are shared: one burst of steal time during a 50 ms measurement moves
-//! it by more than 10%. Each check is therefore measured up to three times and must be within
-//! its tolerance once; every attempt is printed.
+//! known limiter hook delay and a known SM throttle. The probes' own cost and sampling under a
+//! budget are in `attribute_sampling.rs`; what both share is `support/attribute.rs`.
 
 mod support;
 
-use std::{
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 
 use serde_json::Value;
-use support::*;
-
-const ATTEMPTS: usize = 3;
-
-fn process_of(report: &Value, pid: u32) -> &Value {
-    report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} missing: {report:#}"))
-}
-
-/// A process's row of one API in the report.
-fn api_of<'a>(process: &'a Value, api: &str) -> Option<&'a Value> {
-    process["apis"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["api"] == api)
-}
-
-/// `Err` describes the miss.
-fn within(got: f64, truth: f64, tolerance: f64, what: &str) -> Result<(), String> {
-    let err = (got - truth).abs() / truth;
-    let line = format!(
-        "{what}: attributed {got:.6}s, truth {truth:.6}s ({:.1}% off)",
-        err * 100.0
-    );
-    eprintln!("{line}");
-    if err <= tolerance { Ok(()) } else { Err(line) }
-}
-
-/// Runs `attempt` until it succeeds, at most [`ATTEMPTS`] times.
-fn measured(attempt: impl FnMut() -> Result<(), String>) {
-    measured_n(ATTEMPTS, attempt)
-}
-
-/// Runs `attempt`, which makes several checks from one measurement, until every check has been
-/// within its tolerance in some attempt, at most [`ATTEMPTS`] times (each check must be within
-/// its tolerance once, as the module says; a burst of steal time rarely spares all of one run).
-fn measured_each<const N: usize>(mut attempt: impl FnMut() -> [Result<(), String>; N]) {
-    let mut passed = [false; N];
-    let mut misses = Vec::new();
-    for _ in 0..ATTEMPTS {
-        for (ok, check) in passed.iter_mut().zip(attempt()) {
-            match check {
-                Ok(()) => *ok = true,
-                Err(e) => misses.push(e),
-            }
-        }
-        if passed.iter().all(|&ok| ok) {
-            return;
-        }
-    }
-    panic!("some check never within tolerance ({passed:?}): {misses:#?}");
-}
-
-/// Runs `attempt` until it succeeds, at most `attempts` times.
-fn measured_n(attempts: usize, mut attempt: impl FnMut() -> Result<(), String>) {
-    let mut misses = Vec::new();
-    for _ in 0..attempts {
-        match attempt() {
-            Ok(()) => return,
-            Err(e) => misses.push(e),
-        }
-    }
-    panic!("no attempt within tolerance: {misses:#?}");
-}
-
-fn attribute_cmd(extra: &[&str]) -> Command {
-    let mut agent = Command::new(agent_bin());
-    agent
-        .args([
-            "attribute",
-            "--json",
-            "--no-daemon",
-            "--no-nvml",
-            "--duration",
-            "120s",
-            "--poll-interval",
-            "100ms",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    agent
-}
-
-/// The median per-call time of `api` in the simulated driver, natively (no probes, no delay).
-fn sim_own_ns(lib: &std::path::Path, api: &str) -> f64 {
-    let mut runs: Vec<f64> = (0..3)
-        .map(|_| {
-            let out = exercise(lib)
-                .args(["latency", "--api", api, "--calls", "1000", "--init"])
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            let v: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-            v["p50_ns"].as_f64().unwrap()
-        })
-        .collect();
-    runs.sort_by(f64::total_cmp);
-    runs[1]
-}
+use support::{attribute::*, *};
 
 #[test]
 fn driver_copy_and_sync_time_are_attributed_within_ten_percent() {
@@ -259,13 +148,6 @@ fn driver_copy_and_sync_time_are_attributed_within_ten_percent() {
     });
 }
 
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
-
 #[test]
 fn a_known_limiter_hook_delay_is_attributed_to_the_limiter() {
     let _serial = serial();
@@ -276,7 +158,10 @@ fn a_known_limiter_hook_delay_is_attributed_to_the_limiter() {
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 20_000;
     const DELAY_NS: u64 = 20_000;
-    measured(|| {
+    // The delay is a busy-wait timed by the limiter itself: time stolen from the vCPU while it
+    // spins lengthens it, and 0.4 s of spinning read 2-85 % long on the test VM (2026-11-22,
+    // sixth session; half the attempts within 10 %). Five attempts, not three.
+    measured_n(5, || {
         let run = dir.path().join(format!("run-{}", rand_suffix()));
         let regions = run.join("regions");
         std::fs::create_dir_all(&regions).unwrap();
@@ -316,232 +201,6 @@ fn a_known_limiter_hook_delay_is_attributed_to_the_limiter() {
             0.10,
             "limiter hook self-time",
         )
-    });
-}
-
-/// The median of `v` (odd lengths; the upper middle otherwise).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-#[test]
-fn probe_cost_is_attributed_close_to_the_slowdown_it_causes() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
-    let dir = tempdir();
-    let lib = sim_lib(&dir.path().join("lib"));
-    // The same simulated driver under a name the agent never probes (not `libcuda.so*`).
-    let unprobed = dir.path().join("native/libsimnative.so.1");
-    std::fs::create_dir_all(unprobed.parent().unwrap()).unwrap();
-    std::fs::copy(&lib, &unprobed).unwrap();
-    const CALLS: u64 = 20_000;
-    const ROUNDS: usize = 7;
-    let latency_args = [
-        "latency",
-        "--api",
-        "cuStreamSynchronize",
-        "--calls",
-        "20000",
-        "--init",
-    ];
-    let p50 = |v: &Value| v["p50_ns"].as_f64().unwrap();
-    // Five attempts: on the test VM each process's calls run in one of two modes (the same call's
-    // median 1.1 or 1.9 us natively, 2.7 or 4.0 us probed: a hit costs 1.6 or 2.1 us), so the
-    // truth moves by 15-30% with how the rounds happen to pair up.
-    measured_n(5, || {
-        let run = dir.path().join(format!("run-{}", rand_suffix()));
-        let probed_run = |round: usize| {
-            let d = run.join(format!("probed-{round}"));
-            std::fs::create_dir_all(&d).unwrap();
-            let mut cmd = exercise(&lib);
-            cmd.args(["--linger-ms", "300"]).args(latency_args);
-            Workload::start(cmd, &d)
-        };
-        // The first probed run is waiting when the agent starts: the agent finds the library in it.
-        let mut next = Some(probed_run(0));
-        let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
-        stat.wait_for(&attached(&lib), Duration::from_secs(20));
-        stat.wait_for("recording for", Duration::from_secs(20));
-        // Unprobed and probed runs interleaved, so that a burst of steal time or a frequency
-        // change hits both sides; each run's median call, and the median over the rounds of
-        // their differences. (A mean would carry every preemption of the 2-vCPU VM into the
-        // figure.)
-        let (mut native, mut probed, mut pids) = (vec![], vec![], vec![]);
-        for round in 0..ROUNDS {
-            let out = exercise(&unprobed).args(latency_args).output().unwrap();
-            assert!(out.status.success());
-            let text = String::from_utf8_lossy(&out.stdout);
-            native.push(p50(
-                &serde_json::from_str(text.lines().last().unwrap()).unwrap()
-            ));
-            let w = next.take().unwrap_or_else(|| {
-                let w = probed_run(round);
-                // Seen by a poll (every 100 ms) before it runs.
-                std::thread::sleep(Duration::from_millis(300));
-                w
-            });
-            pids.push(w.pid());
-            w.go();
-            probed.push(p50(&w.finish()));
-        }
-        let report = stat.finish();
-        // Attributed per call: each run's probe cost over its probed calls (cuInit is one of
-        // them); the cost is re-measured at every poll, so runs differ as the machine does.
-        let attributed: Vec<f64> = pids
-            .iter()
-            .map(|pid| {
-                let p = process_of(&report, *pid);
-                let calls = api_of(p, "cuStreamSynchronize").unwrap()["calls"]
-                    .as_u64()
-                    .unwrap();
-                assert_eq!(calls, CALLS, "every call probed and counted");
-                p["components"]["probe_cost"].as_f64().unwrap() * 1e9 / (CALLS + 1) as f64
-            })
-            .collect();
-        eprintln!(
-            "unprobed p50s {native:?}, probed p50s {probed:?}, attributed ns/call {attributed:?}"
-        );
-        // Each round's probed run against the unprobed run just before it, then the median.
-        let paired: Vec<f64> = probed.iter().zip(&native).map(|(p, n)| p - n).collect();
-        let truth = median(paired) * CALLS as f64 / 1e9;
-        within(
-            median(attributed) * CALLS as f64 / 1e9,
-            truth,
-            0.10,
-            "probe cost",
-        )
-    });
-}
-
-#[test]
-fn a_launch_heavy_job_is_sampled_under_the_probe_budget_and_scaled_back() {
-    launch_heavy(0);
-}
-
-/// The same job with a synchronisation every 64 launches (synchronisations fit the budget and
-/// stay attached; a 10 ms window sees a few dozen): the detached gaps are estimated from them.
-#[test]
-fn a_launch_heavy_job_with_synchronisations_is_scaled_back_by_them() {
-    launch_heavy(64);
-}
-
-/// A launch-heavy job (`sync_every`: a cuCtxSynchronize after every that many launches, 0: none)
-/// under a 2% probe budget: within it, and scaled back to within 10% (by pace, without
-/// synchronisations: 20% for the count, 15% for the driver time).
-fn launch_heavy(sync_every: u64) {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
-    let sync_every_arg = sync_every.to_string();
-    let dir = tempdir();
-    let lib = sim_lib(&dir.path().join("lib"));
-    // Launches as costly as the real driver's (~3 us of host time each), back to back for about
-    // 3.5 s: probed always, they would cost the process more than half its time (a hit costs
-    // 2-4 us on the test VM). 10 ms windows give a run this short a few dozen of them.
-    const LAUNCHES: u64 = 1_000_000;
-    const LAUNCH_DELAY: &str = "cuLaunchKernel=3";
-    const BUDGET: f64 = 0.02;
-    measured(|| {
-        let run = dir.path().join(format!("run-{}", rand_suffix()));
-        std::fs::create_dir_all(&run).unwrap();
-        let mut cmd = exercise(&lib);
-        cmd.env("SIMCUDA_DELAY_US", LAUNCH_DELAY).args([
-            "--linger-ms",
-            "300",
-            "launch-loop",
-            "--count",
-            &LAUNCHES.to_string(),
-            "--sync-every",
-            &sync_every_arg,
-        ]);
-        let workload = Workload::start(cmd, &run);
-        let mut stat = Stat::from_command(attribute_cmd(&[
-            "--probe-budget",
-            "2%",
-            "--sample-window",
-            "10ms",
-        ]));
-        stat.wait_for(&attached(&lib), Duration::from_secs(20));
-        stat.wait_for("recording for", Duration::from_secs(20));
-        let pid = workload.pid();
-        workload.go();
-        let made = workload.finish();
-        let report = stat.finish();
-        let p = process_of(&report, pid);
-        let launch = api_of(p, "cuLaunchKernel").expect("launches in the report");
-        assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
-        let sampled = report["sampling"]["sampled_kinds"].as_array().unwrap();
-        let launches = sampled
-            .iter()
-            .find(|k| k["kind"] == "launch")
-            .unwrap_or_else(|| panic!("{:#}", report["sampling"]));
-        // How the gaps were estimated: from the synchronisations when there are any.
-        let by_reference = launches["gaps_by_reference"].as_f64().unwrap();
-        if sync_every == 0 {
-            assert_eq!(by_reference, 0.0, "{launches}");
-        } else if by_reference < 0.5 {
-            // Most gaps: those around a change of the synchronisations' own duty cycle at the
-            // start (they are sampled for a moment until their rate is known) fall back to pace.
-            return Err(format!("gaps {:.0}% by reference", by_reference * 100.0));
-        }
-        assert_eq!(report["sampling"]["budget_share"].as_f64(), Some(BUDGET));
-        // The simulated driver's entry points start with `push %rbp`: charged at that class.
-        let push = &report["sampling"]["probe_cost_per_class_ns"]["push"];
-        assert!(
-            push.as_f64().is_some_and(|ns| ns > 0.0),
-            "{}",
-            report["sampling"]
-        );
-        let share = report["sampling"]["probe_cost_share"].as_f64().unwrap();
-        eprintln!(
-            "probe cost share {:.2}% (budget {:.0}%), sampling {}",
-            share * 100.0,
-            BUDGET * 100.0,
-            report["sampling"]
-        );
-        if !(share > 0.0 && share <= BUDGET) {
-            return Err(format!(
-                "probe cost {:.2}% of the time, budget {:.0}% (and more than 0)",
-                share * 100.0,
-                BUDGET * 100.0
-            ));
-        }
-        // Scaled back from the windows: the count and the driver time. The driver time's truth
-        // is the launches' time inside the simulated driver in this very run, as it measured it
-        // (a separate native run differed from it by up to 30% on the test VM: its pace drifts).
-        let inside_s = made["inside_total_ns"].as_f64().unwrap() / 1e9;
-        assert!(
-            inside_s >= LAUNCHES as f64 * 3e-6 * 0.95,
-            "inside {inside_s}s"
-        );
-        // By reference the estimate is a ratio of counts: 10%. By pace it rests on the calibrated
-        // cost of a hit, which reads 1.5-2x a hit's real cost in this loop on some days of the test
-        // VM (count 6-16% over in every run of 2026-11-22, fourth session; 0.4-8.8% the day
-        // before): 20% for the count, 15% for the driver time. A broken estimate is far outside
-        // either (before the per-class calibration: 43-47% short, once 209% over).
-        let (count_tolerance, time_tolerance) = if sync_every == 0 {
-            (0.20, 0.15)
-        } else {
-            (0.10, 0.10)
-        };
-        let scaled = launch["calls"].as_f64().unwrap();
-        let calls = within(
-            scaled,
-            LAUNCHES as f64,
-            count_tolerance,
-            "sampled launch count",
-        );
-        let driver = within(
-            launch["seconds"].as_f64().unwrap(),
-            inside_s,
-            time_tolerance,
-            "sampled launch driver time",
-        );
-        calls.and(driver)
     });
 }
 
@@ -618,65 +277,4 @@ fn a_known_throttle_is_attributed_within_ten_percent() {
             "throttled time",
         )
     });
-}
-
-/// A library attached through a process that exited (its `/proc/PID/root/...` path is gone) is
-/// dropped at the next switch of the sampled probes, and does not keep them from another
-/// process's library: that one's launches are still sampled and scaled back.
-#[test]
-fn a_library_whose_process_exited_does_not_stop_sampling_elsewhere() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
-    let dir = tempdir();
-    // Two copies: two files (inodes), each attached through its own process.
-    let (lib_a, lib_b) = (
-        sim_lib(&dir.path().join("a")),
-        sim_lib(&dir.path().join("b")),
-    );
-    const LAUNCHES: u64 = 300_000;
-    let run = dir.path().join("run");
-    let (wa, wb) = (run.join("a"), run.join("b"));
-    std::fs::create_dir_all(&wa).unwrap();
-    std::fs::create_dir_all(&wb).unwrap();
-    let mut first = exercise(&lib_a);
-    first.args(["launch-loop", "--count", "1000"]);
-    let first = Workload::start(first, &wa);
-    let mut stat = Stat::from_command(attribute_cmd(&[
-        "--probe-budget",
-        "2%",
-        "--sample-window",
-        "10ms",
-    ]));
-    stat.wait_for(&attached(&lib_a), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
-    first.go();
-    let _ = first.finish();
-    let mut second = exercise(&lib_b);
-    second.env("SIMCUDA_DELAY_US", "cuLaunchKernel=3").args([
-        "--linger-ms",
-        "300",
-        "launch-loop",
-        "--count",
-        &LAUNCHES.to_string(),
-    ]);
-    let second = Workload::start(second, &wb);
-    stat.wait_for(&attached(&lib_b), Duration::from_secs(20));
-    let pid = second.pid();
-    second.go();
-    let _ = second.finish();
-    stat.wait_for("is gone: detached", Duration::from_secs(20));
-    let report = stat.finish();
-    let launch = api_of(process_of(&report, pid), "cuLaunchKernel")
-        .expect("the second process's launches were probed");
-    assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
-    // Its launches were probed in windows all along (stuck off, they would be a few hundred).
-    // (The scaled count is not checked here: in some runs of this test it came out 1.7-10x
-    // over, which is still to be explained; the launch-heavy tests check the count.)
-    let calls = launch["calls"].as_f64().unwrap();
-    assert!(
-        calls > 0.5 * LAUNCHES as f64,
-        "{calls} of {LAUNCHES}: {launch}"
-    );
 }

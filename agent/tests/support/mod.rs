@@ -2,6 +2,8 @@
 //! running `vgpu-agent stat` beside a workload.
 #![allow(dead_code)] // Each test binary uses part of this module.
 
+pub mod attribute;
+
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},

@@ -1,7 +1,8 @@
 //! What the `vgpu-agent attribute` tests share: running the command, finding a process or an API
 //! in its report, and checking a figure against its truth with retries (the test machines'
 //! vCPUs are shared: one burst of steal time during a 50 ms measurement moves it by more than
-//! 10%, so each check is measured up to three times and must be within its tolerance once).
+//! 10%, so each check is measured up to three times, five where a test says why, and must be
+//! within its tolerance once).
 
 use std::process::{Command, Stdio};
 

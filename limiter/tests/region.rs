@@ -2,7 +2,7 @@
 //! slot, exit returns a process's bytes, SIGKILLed processes are reclaimed, statistics reach the
 //! slot's thread shards, pools are charged what they hold, and a panic in the hook logic falls
 //! through to the driver and is counted. The region is read with `region::reader`, as the agent
-//! reads it.
+//! reads it; the GPU validation script's own parser is checked against that reader.
 
 mod support;
 
@@ -357,4 +357,60 @@ fn the_first_initialiser_wins_and_a_mismatch_is_logged_once() {
     assert_eq!(se.matches("created with other limits").count(), 1, "{se}");
     drop(first.stdin.take());
     assert!(first.wait().unwrap().success());
+}
+
+/// The GPU machine's validation script reads regions with its own parser
+/// (`scripts/gpu/limiter_region.py`, no agent needed there): it must agree with the region
+/// crate's reader, or the script reports nothing (it parsed layout 1.0 until the sixth session).
+#[test]
+fn the_gpu_scripts_region_parser_agrees_with_the_reader() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/limiter_region.py");
+    let parse = |region: &Path| -> String {
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(region)
+            .output()
+            .expect("python3 runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let region = fresh_region("script-parser");
+    let bytes = (96 * MIB).to_string();
+    let mut holder = spawn(&["hold", &bytes], &region, "1g", &[]);
+    assert_eq!(first_line(&mut holder).trim(), "held 0");
+    let s = snapshot(&region);
+    let slot = live(&s)[0];
+    let d = &s.devices[0];
+    // The parser's JSON, compared field by field with what the reader saw (written the same way:
+    // Python's json.dumps with its default separators).
+    let expected_device = format!(
+        "{{\"index\": 0, \"limit\": {}, \"reserved\": {}, \"peak\": {}, \"denied\": {}}}",
+        d.memory_limit, d.reserved, d.peak_reserved, d.denied
+    );
+    let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    let expected_slot = format!(
+        "{{\"index\": {}, \"pid\": {}, \"held\": [{}], \"context\": [{}]}}",
+        slot.index,
+        slot.pid,
+        list(&slot.held),
+        list(&slot.context_bytes)
+    );
+    let text = parse(&region);
+    assert!(
+        text.contains(&expected_device),
+        "{text}\nexpected {expected_device}"
+    );
+    assert!(
+        text.contains(&expected_slot),
+        "{text}\nexpected {expected_slot}"
+    );
+    assert!(
+        d.reserved >= 96 * MIB && slot.held[0] == d.reserved,
+        "{d:?}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    let text = parse(&region);
+    assert!(text.contains("\"reserved\": 0,"), "{text}");
+    assert!(text.contains("\"slots\": []"), "{text}");
 }

@@ -1,5 +1,6 @@
 //! Unit tests of the sampling schedule and the gap estimators.
 
+use super::gaps::pace_gap_calls;
 use super::*;
 
 #[test]

@@ -1,6 +1,7 @@
-//! The one place where cuda-exercise touches unsafe code: loading a driver library with
-//! `dlopen`, resolving entry points with `dlsym` and calling them with the C signatures of
-//! CUDA 12's `cuda.h`. Everything outside this module is safe.
+//! Loading a driver library with `dlopen`, resolving entry points with `dlsym` and calling them
+//! with the C signatures of CUDA 12's `cuda.h`: the typed calls every command uses. The
+//! benchmarks (`bench.rs`), NCCL (`nccl.rs`), `latency` (`timing.rs`) and the SIGTERM handler
+//! (`memory.rs`) have a few `unsafe` blocks of their own, each with its SAFETY comment.
 
 use std::ffi::{CStr, CString, c_int, c_uint, c_void};
 

@@ -1,0 +1,241 @@
+//! The CUDA driver API probes: what the entry probe keeps per call, and what the return probe
+//! aggregates (stats, allocation sizes, live allocations and device memory per process).
+
+use agent_common::{
+    MemEffect,
+    api::{ALLOC_SPACE_HANDLE, ALLOC_SPACE_PTR},
+    maps::{AllocKey, AllocSizeKey, AllocVal, Health, Inflight, InflightKey, StatsKey},
+};
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    programs::{ProbeContext, RetProbeContext},
+};
+
+use crate::{
+    maps::{ALLOC_SIZES, ALLOCS, INFLIGHT, LIVE, STATS, ZERO_LIVE, ZERO_SIZES, ZERO_STATS},
+    shared::{account, add, arg_at, args, cookie_of, count, pick, read_user_u64, regs_and_sp},
+    span::{Call, maybe_span},
+};
+
+#[inline(always)]
+pub(crate) fn on_entry(ctx: &ProbeContext) {
+    let cookie = cookie_of(ctx);
+    let key = InflightKey {
+        pid_tgid: bpf_get_current_pid_tgid(),
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    let a = args(ctx);
+    let mut rec = Inflight {
+        start_ns: 0,
+        arg: 0,
+        out_ptr: 0,
+        pitch_ptr: 0,
+        height: 0,
+        stream: 0,
+    };
+    if let Some(l) = cookie.stream() {
+        let (regs, sp) = regs_and_sp(ctx);
+        rec.stream = arg_at(&regs, sp, l);
+    }
+    if let Some(i) = cookie.size_arg() {
+        rec.arg = pick(&a, i);
+    }
+    match cookie.effect() {
+        MemEffect::AllocPtr | MemEffect::AllocHandle => rec.out_ptr = a[0],
+        MemEffect::AllocPitch => {
+            rec.out_ptr = a[0];
+            rec.pitch_ptr = a[1];
+            rec.height = a[3];
+        }
+        MemEffect::FreePtr | MemEffect::FreeHandle => rec.arg = a[0],
+        MemEffect::None => {}
+    }
+    // Taken last so the latency excludes this program's own work.
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    rec.start_ns = unsafe { bpf_ktime_get_ns() };
+    if INFLIGHT.insert(&key, &rec, BPF_ANY as u64).is_err() {
+        count(Health::InflightDropped);
+    }
+}
+
+#[inline(always)]
+fn live_add(tgid: u32, bytes: u64, allocations: u64) {
+    let mut p = LIVE.get_ptr_mut(&tgid);
+    if p.is_none() {
+        // NOEXIST: if another CPU created the row first, ours fails and we use theirs.
+        let _ = LIVE.insert(&tgid, &ZERO_LIVE, BPF_NOEXIST as u64);
+        p = LIVE.get_ptr_mut(&tgid);
+    }
+    if let Some(p) = p {
+        // SAFETY: `p` is a live map value; fields are only changed by atomic adds.
+        unsafe {
+            add(&raw mut (*p).bytes, bytes);
+            add(&raw mut (*p).allocations, allocations);
+        }
+    }
+}
+
+/// Counts a successful allocation in its size class.
+#[inline(always)]
+fn size_class(tgid: u32, api: u16, bytes: u64) {
+    let log2 = if bytes == 0 {
+        0
+    } else {
+        (63 - bytes.leading_zeros()) as u8
+    };
+    let key = AllocSizeKey {
+        tgid,
+        api,
+        log2,
+        _pad: 0,
+    };
+    let mut row = ALLOC_SIZES.get_ptr_mut(&key);
+    if row.is_none() {
+        // NOEXIST: if another CPU created the row first, ours fails and we use theirs.
+        let _ = ALLOC_SIZES.insert(&key, &ZERO_SIZES, BPF_NOEXIST as u64);
+        row = ALLOC_SIZES.get_ptr_mut(&key);
+    }
+    if let Some(row) = row {
+        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
+        unsafe {
+            add(&raw mut (*row).count, 1);
+            add(&raw mut (*row).bytes, bytes);
+        }
+    }
+}
+
+/// Records a new live allocation. Bytes reach `LIVE` only once the `ALLOCS` entry exists.
+#[inline(always)]
+fn track(tgid: u32, space: u32, addr: u64, bytes: u64, api: u16) {
+    let key = AllocKey { tgid, space, addr };
+    // SAFETY: the value is copied out before any other map operation on this key.
+    let stale = unsafe { ALLOCS.get(&key) }.map(|v| v.bytes);
+    if ALLOCS
+        .insert(
+            &key,
+            &AllocVal {
+                bytes,
+                api: api as u32,
+                _pad: 0,
+            },
+            BPF_ANY as u64,
+        )
+        .is_err()
+    {
+        count(Health::AllocTableFull);
+        return;
+    }
+    match stale {
+        // The address was live in the table: its free was missed. Replace, don't double count.
+        Some(old) => live_add(tgid, bytes.wrapping_sub(old), 0),
+        None => live_add(tgid, bytes, 1),
+    }
+}
+
+/// Forgets a freed allocation; returns its size if the table held it.
+#[inline(always)]
+fn untrack(tgid: u32, space: u32, addr: u64) -> u64 {
+    let key = AllocKey { tgid, space, addr };
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(bytes) = (unsafe { ALLOCS.get(&key) }).map(|v| v.bytes) else {
+        count(Health::FreeUnknown);
+        return 0;
+    };
+    // Only the remover that actually deleted the entry subtracts, so a racing duplicate free
+    // cannot subtract twice.
+    if ALLOCS.remove(&key).is_ok() {
+        live_add(tgid, bytes.wrapping_neg(), u64::MAX);
+        bytes
+    } else {
+        0
+    }
+}
+
+#[inline(always)]
+pub(crate) fn on_return(ctx: &RetProbeContext) {
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cookie = cookie_of(ctx);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let key = InflightKey {
+        pid_tgid,
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    // SAFETY: the record is copied out before the entry is removed.
+    let Some(rec) = (unsafe { INFLIGHT.get(&key) }).copied() else {
+        count(Health::ReturnWithoutEntry);
+        return;
+    };
+    let _ = INFLIGHT.remove(&key);
+
+    let tgid = (pid_tgid >> 32) as u32;
+    // CUresult is a C int: only the low 32 bits of rax are defined.
+    let result = ctx.ret::<u64>() as u32;
+    let ok = result == 0;
+    let mut bytes = if cookie.size_arg().is_some() {
+        rec.arg
+    } else {
+        0
+    };
+    let api = cookie.api();
+    match cookie.effect() {
+        MemEffect::AllocPtr if ok => {
+            size_class(tgid, api, rec.arg);
+            if let Some(addr) = read_user_u64(rec.out_ptr) {
+                track(tgid, ALLOC_SPACE_PTR, addr, rec.arg, api);
+            }
+        }
+        MemEffect::AllocHandle if ok => {
+            size_class(tgid, api, rec.arg);
+            if let Some(handle) = read_user_u64(rec.out_ptr) {
+                track(tgid, ALLOC_SPACE_HANDLE, handle, rec.arg, api);
+            }
+        }
+        MemEffect::AllocPitch if ok => {
+            if let (Some(addr), Some(pitch)) =
+                (read_user_u64(rec.out_ptr), read_user_u64(rec.pitch_ptr))
+            {
+                bytes = pitch.wrapping_mul(rec.height);
+                size_class(tgid, api, bytes);
+                track(tgid, ALLOC_SPACE_PTR, addr, bytes, api);
+            }
+        }
+        MemEffect::FreePtr if ok => bytes = untrack(tgid, ALLOC_SPACE_PTR, rec.arg),
+        MemEffect::FreeHandle if ok => bytes = untrack(tgid, ALLOC_SPACE_HANDLE, rec.arg),
+        _ => {}
+    }
+
+    // SAFETY: reads the current task's cgroup id; no memory is touched.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let skey = StatsKey {
+        cgroup_id,
+        tgid,
+        api,
+        _pad: 0,
+    };
+    let mut row = STATS.get_ptr_mut(&skey);
+    if row.is_none() {
+        let _ = STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
+        row = STATS.get_ptr_mut(&skey);
+    }
+    if let Some(row) = row {
+        account(row, ok, bytes, now.saturating_sub(rec.start_ns));
+    } else {
+        count(Health::StatsDropped);
+    }
+    let call = Call {
+        start_ns: rec.start_ns,
+        end_ns: now,
+        cgroup_id,
+        bytes,
+        comm: 0,
+        stream: rec.stream,
+        pid_tgid,
+        result,
+        api,
+    };
+    maybe_span(&call, false);
+}

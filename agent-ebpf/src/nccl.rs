@@ -1,0 +1,181 @@
+//! The NCCL probes: per-communicator call aggregation, and the communicators that
+//! ncclCommInit* calls create and ncclCommDestroy marks destroyed.
+
+use agent_common::{
+    api::{NcclOp, nccl_datatype_size},
+    maps::{
+        Health, InflightKey, NCCL_INIT_ALL_MAX, NcclCommInfo, NcclCommKey, NcclInflight,
+        NcclStatsKey,
+    },
+};
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    programs::{ProbeContext, RetProbeContext},
+};
+
+use crate::{
+    maps::{NCCL_COMMS, NCCL_INFLIGHT, NCCL_STATS, ZERO_STATS},
+    shared::{account, arg_at, cookie_of, count, read_user_u64, regs_and_sp},
+    span::{Call, maybe_span},
+};
+
+#[inline(always)]
+pub(crate) fn on_nccl_entry(ctx: &ProbeContext) {
+    let cookie = cookie_of(ctx);
+    let key = InflightKey {
+        pid_tgid: bpf_get_current_pid_tgid(),
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    let (regs, sp) = regs_and_sp(ctx);
+    let mut rec = NcclInflight {
+        start_ns: 0,
+        bytes: 0,
+        comm: 0,
+        out_ptr: 0,
+        nranks: 0,
+        rank: 0,
+        stream: 0,
+    };
+    if let Some(l) = cookie.stream() {
+        rec.stream = arg_at(&regs, sp, l);
+    }
+    if let (Some(c), Some(d)) = (cookie.nccl_count(), cookie.nccl_datatype()) {
+        let elements = arg_at(&regs, sp, c);
+        // ncclDataType_t is a C enum (int): only the low 32 bits are defined.
+        match nccl_datatype_size(arg_at(&regs, sp, d) as u32) {
+            Some(size) => rec.bytes = elements.wrapping_mul(size),
+            None => count(Health::NcclUnknownDatatype),
+        }
+    }
+    if let Some(l) = cookie.nccl_comm() {
+        rec.comm = arg_at(&regs, sp, l);
+    }
+    match cookie.nccl_op() {
+        NcclOp::InitOne => {
+            rec.out_ptr = regs[0];
+            rec.nranks = regs[1] as u32;
+            rec.rank = regs[2] as u32;
+        }
+        NcclOp::InitAll => {
+            rec.out_ptr = regs[0];
+            rec.nranks = regs[1] as u32;
+        }
+        NcclOp::Call | NcclOp::Destroy => {}
+    }
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    rec.start_ns = unsafe { bpf_ktime_get_ns() };
+    if NCCL_INFLIGHT.insert(&key, &rec, BPF_ANY as u64).is_err() {
+        count(Health::InflightDropped);
+    }
+}
+
+#[inline(always)]
+fn comm_created(tgid: u32, comm: u64, rank: u32, nranks: u32, api: u16) {
+    let key = NcclCommKey {
+        tgid,
+        _pad: 0,
+        comm,
+    };
+    let info = NcclCommInfo {
+        rank,
+        nranks,
+        init_api: api,
+        destroyed: 0,
+        _pad: 0,
+    };
+    if NCCL_COMMS.insert(&key, &info, BPF_ANY as u64).is_err() {
+        count(Health::NcclDropped);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn on_nccl_return(ctx: &RetProbeContext) {
+    // SAFETY: reads the monotonic clock; no memory is touched.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cookie = cookie_of(ctx);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let key = InflightKey {
+        pid_tgid,
+        api: cookie.api() as u32,
+        _pad: 0,
+    };
+    // SAFETY: the record is copied out before the entry is removed.
+    let Some(rec) = (unsafe { NCCL_INFLIGHT.get(&key) }).copied() else {
+        count(Health::ReturnWithoutEntry);
+        return;
+    };
+    let _ = NCCL_INFLIGHT.remove(&key);
+
+    let tgid = (pid_tgid >> 32) as u32;
+    // ncclResult_t is a C enum: only the low 32 bits of rax are defined; ncclSuccess is 0.
+    let result = ctx.ret::<u64>() as u32;
+    let ok = result == 0;
+    let api = cookie.api();
+    let mut comm = rec.comm;
+    match cookie.nccl_op() {
+        NcclOp::InitOne if ok => {
+            if let Some(c) = read_user_u64(rec.out_ptr) {
+                comm = c;
+                comm_created(tgid, c, rec.rank, rec.nranks, api);
+            }
+        }
+        NcclOp::InitAll if ok => {
+            for i in 0..NCCL_INIT_ALL_MAX {
+                if i >= rec.nranks {
+                    break;
+                }
+                if let Some(c) = read_user_u64(rec.out_ptr.wrapping_add(8 * i as u64))
+                    && c != 0
+                {
+                    comm_created(tgid, c, i, rec.nranks, api);
+                }
+            }
+        }
+        NcclOp::Destroy if ok => {
+            let ckey = NcclCommKey {
+                tgid,
+                _pad: 0,
+                comm,
+            };
+            if let Some(info) = NCCL_COMMS.get_ptr_mut(&ckey) {
+                // SAFETY: a live map value; a racing writer can only store the same 1.
+                unsafe { core::ptr::write_volatile(&raw mut (*info).destroyed, 1) };
+            }
+        }
+        _ => {}
+    }
+
+    // SAFETY: reads the current task's cgroup id; no memory is touched.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let skey = NcclStatsKey {
+        cgroup_id,
+        tgid,
+        api,
+        _pad: 0,
+        comm,
+    };
+    let mut row = NCCL_STATS.get_ptr_mut(&skey);
+    if row.is_none() {
+        let _ = NCCL_STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
+        row = NCCL_STATS.get_ptr_mut(&skey);
+    }
+    if let Some(row) = row {
+        account(row, ok, rec.bytes, now.saturating_sub(rec.start_ns));
+    } else {
+        count(Health::NcclDropped);
+    }
+    let call = Call {
+        start_ns: rec.start_ns,
+        end_ns: now,
+        cgroup_id,
+        bytes: rec.bytes,
+        comm,
+        stream: rec.stream,
+        pid_tgid,
+        result,
+        api,
+    };
+    maybe_span(&call, true);
+}

@@ -86,7 +86,8 @@ impl LazyClock {
         }
     }
 
-    /// Whether the calibration is still open (tests and start-up figures).
+    /// Whether the calibration is still open.
+    #[cfg(test)]
     pub fn is_pending(&self) -> bool {
         self.mult.load(Ordering::Relaxed) == PENDING
     }
@@ -138,6 +139,7 @@ impl Clock {
     pub const MONOTONIC: Clock = Clock { tsc_mult: 0 };
 
     /// The cheapest trustworthy clock of this machine, calibrated for 100 us from now.
+    #[cfg(test)]
     pub fn calibrate() -> Clock {
         LazyClock::start().get()
     }

@@ -175,11 +175,11 @@ fn check_name(
     Ok(())
 }
 
-/// Bytes in the largest binary unit that divides them (`4g`, `1536m`, `4096`): what the
+/// Bytes in the largest binary unit that divides them (`4g`, `1536m`, `4097`): what the
 /// limiter and HAMi-core read, and what a person reads back.
 pub fn format_bytes(bytes: u64) -> String {
     for (shift, suffix) in [(40, 't'), (30, 'g'), (20, 'm'), (10, 'k')] {
-        if bytes != 0 && bytes % (1 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
             return format!("{}{suffix}", bytes >> shift);
         }
     }

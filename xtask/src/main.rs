@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <setup|build|test|run|bundle|bench>`.
+//! Project tasks: `cargo xtask <setup|build|test|run|demo|bundle|image|bench>`.
 //!
 //! `setup` installs every prerequisite on a fresh Debian 12 machine and is idempotent: when
 //! everything is present it only checks, in well under 5 s. `test` and `run` call it first, so a

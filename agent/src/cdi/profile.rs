@@ -105,7 +105,8 @@ impl FromStr for Profile {
 }
 
 fn parse_memory(value: &str) -> Result<u64, String> {
-    let bytes = crate::limit::parse_memory(value).map_err(|e| format!("mem={e}"))?;
+    let bytes = crate::limit::parse_memory(value)
+        .map_err(|_| format!("mem={value:?}: expected a size such as 4g or 1536m"))?;
     if bytes == 0 {
         return Err(format!(
             "mem={value} is no limit; leave mem out for a device without a memory limit"

@@ -47,7 +47,7 @@ fn bad_profiles_say_what_is_wrong() {
         ("a b:mem=4g", "may not contain ' '"),
         (
             "x:mem=4x",
-            "expected bytes with an optional k, m, g or t suffix",
+            "mem=\"4x\": expected a size such as 4g or 1536m",
         ),
         ("x:mem=0", "mem=0 is no limit"),
         ("x:mem=1000000t", "above the largest limit a region holds"),

@@ -20,12 +20,15 @@ pub struct HostPaths {
     pub containerd_tasks_dir: PathBuf,
     /// CRI-O's container directories (`<id>/userdata/config.json`).
     pub crio_containers_dir: PathBuf,
+    /// The `containers/storage` graph root that podman and CRI-O keep containers in.
+    pub container_storage: PathBuf,
 }
 
 const DOCKER_SOCKET: &str = "/var/run/docker.sock";
 const POD_LOGS_DIR: &str = "/var/log/pods";
 const CONTAINERD_TASKS_DIR: &str = "/run/containerd/io.containerd.runtime.v2.task";
 const CRIO_CONTAINERS_DIR: &str = "/run/containers/storage/overlay-containers";
+const CONTAINER_STORAGE: &str = "/var/lib/containers/storage";
 
 impl HostPaths {
     pub fn system() -> HostPaths {
@@ -41,6 +44,7 @@ impl HostPaths {
             pod_logs_dir: PathBuf::from(POD_LOGS_DIR),
             containerd_tasks_dir: PathBuf::from(CONTAINERD_TASKS_DIR),
             crio_containers_dir: PathBuf::from(CRIO_CONTAINERS_DIR),
+            container_storage: PathBuf::from(CONTAINER_STORAGE),
         }
     }
 
@@ -54,6 +58,7 @@ impl HostPaths {
             pod_logs_dir: under(POD_LOGS_DIR),
             containerd_tasks_dir: under(CONTAINERD_TASKS_DIR),
             crio_containers_dir: under(CRIO_CONTAINERS_DIR),
+            container_storage: under(CONTAINER_STORAGE),
             root,
             ..self
         }
@@ -81,6 +86,10 @@ mod tests {
         assert_eq!(
             paths.crio_containers_dir,
             Path::new("/host/run/containers/storage/overlay-containers")
+        );
+        assert_eq!(
+            paths.container_storage,
+            Path::new("/host/var/lib/containers/storage")
         );
         assert_eq!(paths.ld_so_cache, Path::new("/host/etc/ld.so.cache"));
     }

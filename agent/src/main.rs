@@ -1,6 +1,7 @@
 //! `vgpu-agent`: observability and enforcement for shared NVIDIA GPUs.
 
 mod attribute;
+mod cdi;
 mod collector;
 mod daemon;
 mod discovery;
@@ -266,6 +267,11 @@ enum Command {
         #[command(subcommand)]
         action: LimitAction,
     },
+    /// Inject the limiter into containers through CDI (`--device vgpu-agent.dev/limit=NAME`).
+    Cdi {
+        #[command(subcommand)]
+        command: cdi::CdiCommand,
+    },
     /// Run the agent daemon: collect at an interval and serve the model on a Unix socket.
     Run {
         /// Where to serve snapshots (JSON; docs/model.md).
@@ -456,6 +462,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             for l in lines {
                 println!("{l}");
+            }
+            Ok(())
+        }
+        Command::Cdi { command } => {
+            for line in cdi::run(command)? {
+                eprintln!("vgpu-agent: {line}");
             }
             Ok(())
         }

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <setup|build|test|run|bundle|bench>`.
+//! Project tasks: `cargo xtask <setup|build|test|run|demo|bundle|image|bench>`.
 //!
 //! `setup` installs every prerequisite on a fresh Debian 12 machine and is idempotent: when
 //! everything is present it only checks, in well under 5 s. `test` and `run` call it first, so a
@@ -11,6 +11,7 @@ mod bench_export;
 mod bench_limiter;
 mod bench_startup;
 mod demo;
+mod image;
 mod setup;
 mod util;
 
@@ -30,6 +31,7 @@ commands:
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: top)
   demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
   bundle           build release binaries into .carry/ for the GPU machine
+  image            build the agent's OCI image into target/image/ (podman load -i ...)
   bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export
                    (see docs/benchmarks.md)";
 
@@ -59,6 +61,7 @@ fn xtask_main() -> Result<()> {
         "run" => run(rest),
         "demo" => demo::run(),
         "bundle" => bundle(),
+        "image" => image::run(rest),
         "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");

@@ -6,9 +6,16 @@
 //!    `/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/config.json` and CRI-O's
 //!    `/run/containers/storage/overlay-containers/<id>/userdata/config.json` carry the pod
 //!    name, namespace and container name as annotations (no gRPC client needed);
-//! 3. the kubelet's `/var/log/pods/<namespace>_<pod>_<uid>/<container>/` directories, on every
+//! 3. podman's and CRI-O's `containers/storage` list,
+//!    `/var/lib/containers/storage/overlay-containers/containers.json`: the name given with
+//!    `podman run --name` (or CRI-O's `k8s_<container>_<pod>_<namespace>_...`), see [`storage`];
+//! 4. the kubelet's `/var/log/pods/<namespace>_<pod>_<uid>/<container>/` directories, on every
 //!    kubelet host and for every runtime: they map a pod UID to its namespace and name, and give
 //!    the container name when the pod has one container.
+//!
+//! containerd's bundles are looked for in every namespace (`k8s.io` first): containerd's CRI
+//! plugin annotates pod containers, and nerdctl writes its `--name` as the `nerdctl/name`
+//! annotation. Containers made with `ctr` carry no name but their id.
 //!
 //! Lookups are cached (bounded, with a TTL, misses included) and the socket has a deadline, so a
 //! missing or hung runtime costs at most one short wait per container per TTL. When nothing
@@ -28,6 +35,8 @@ use super::{
     docker_api,
 };
 use crate::host::HostPaths;
+
+pub mod storage;
 
 /// Names found for a container.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -173,10 +182,24 @@ pub fn names_from_bundle(config_json: &Path) -> Result<ContainerNames, NameLooku
     let annotations = doc
         .get("annotations")
         .and_then(serde_json::Value::as_object);
-    Ok(annotations
-        .map(|a| names_from_labels(|k| a.get(k).and_then(serde_json::Value::as_str)))
-        .unwrap_or_default())
+    let Some(annotations) = annotations else {
+        return Ok(ContainerNames::default());
+    };
+    let get = |k: &str| annotations.get(k).and_then(serde_json::Value::as_str);
+    let mut names = names_from_labels(get);
+    if names.container_name.is_none() {
+        names.container_name = get(NERDCTL_NAME)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned);
+    }
+    Ok(names)
 }
+
+/// The annotation nerdctl puts its `--name` in (its labels are copied to the OCI bundle).
+const NERDCTL_NAME: &str = "nerdctl/name";
+
+/// containerd namespaces searched for a bundle at most (`k8s.io` is always tried first).
+const MAX_CONTAINERD_NAMESPACES: usize = 64;
 
 /// How lookups behave.
 #[derive(Clone, Debug)]
@@ -206,6 +229,8 @@ pub struct NameSources {
     pub pod_logs_dir: PathBuf,
     pub containerd_tasks_dir: PathBuf,
     pub crio_containers_dir: PathBuf,
+    /// The `containers/storage` graph root of podman and CRI-O.
+    pub container_storage: PathBuf,
 }
 
 impl NameSources {
@@ -215,6 +240,7 @@ impl NameSources {
             pod_logs_dir: paths.pod_logs_dir.clone(),
             containerd_tasks_dir: paths.containerd_tasks_dir.clone(),
             crio_containers_dir: paths.crio_containers_dir.clone(),
+            container_storage: paths.container_storage.clone(),
         }
     }
 }
@@ -226,6 +252,7 @@ pub struct RuntimeNames {
     by_key: HashMap<CacheKey, (Instant, Option<ContainerNames>)>,
     pod_logs: HashMap<PodUid, PodLogEntry>,
     pod_logs_read_at: Option<Instant>,
+    storage: storage::StorageNames,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -237,6 +264,7 @@ enum CacheKey {
 impl RuntimeNames {
     pub fn new(sources: NameSources, config: NameLookupConfig) -> RuntimeNames {
         RuntimeNames {
+            storage: storage::StorageNames::new(&sources.container_storage),
             sources,
             config,
             by_key: HashMap::new(),
@@ -284,8 +312,11 @@ impl RuntimeNames {
     fn resolve(&mut self, identity: &ContainerIdentity, now: Instant) -> Option<ContainerNames> {
         let mut found = ContainerNames::default();
         if let Some(id) = &identity.container_id {
+            let from_bundle = self.read_bundle(identity.runtime, id);
+            let from_storage = self.read_storage(identity.runtime, id);
             for names in [
-                self.read_bundle(identity.runtime, id),
+                from_bundle,
+                from_storage,
                 self.ask_docker(identity.runtime, id),
             ]
             .into_iter()
@@ -330,15 +361,43 @@ impl RuntimeNames {
             .ok()
     }
 
+    /// podman's and CRI-O's storage names; the list is re-read only when it changed.
+    fn read_storage(
+        &mut self,
+        runtime: Option<Runtime>,
+        id: &ContainerId,
+    ) -> Option<ContainerNames> {
+        if !matches!(
+            runtime,
+            Some(Runtime::Podman | Runtime::CriO | Runtime::Unknown)
+        ) {
+            return None;
+        }
+        self.storage.lookup(id)
+    }
+
+    /// containerd's bundle directories of `id`: `k8s.io` first, then every other namespace.
+    fn containerd_bundles(&self, id: &ContainerId) -> Vec<PathBuf> {
+        let tasks = &self.sources.containerd_tasks_dir;
+        let mut namespaces: Vec<String> = fs::read_dir(tasks)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .filter(|n| n != "k8s.io")
+                    .take(MAX_CONTAINERD_NAMESPACES)
+                    .collect()
+            })
+            .unwrap_or_default();
+        namespaces.sort();
+        std::iter::once("k8s.io".to_owned())
+            .chain(namespaces)
+            .map(|ns| tasks.join(ns).join(id.as_str()).join("config.json"))
+            .collect()
+    }
+
     fn read_bundle(&self, runtime: Option<Runtime>, id: &ContainerId) -> Option<ContainerNames> {
         let candidates = match runtime {
-            Some(Runtime::Containerd) => vec![
-                self.sources
-                    .containerd_tasks_dir
-                    .join("k8s.io")
-                    .join(id.as_str())
-                    .join("config.json"),
-            ],
+            Some(Runtime::Containerd) => self.containerd_bundles(id),
             Some(Runtime::CriO) => vec![
                 self.sources
                     .crio_containers_dir

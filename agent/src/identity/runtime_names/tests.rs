@@ -244,3 +244,151 @@ fn labels_and_missing_sources() {
         Err(NameLookupError::Json { .. })
     ));
 }
+
+fn podman_identity() -> ContainerIdentity {
+    // podman's cgroupfs manager (hosts without systemd as pid 1).
+    ContainerIdentity::from_path(&format!("/libpod_parent/libpod-{CONTAINER}"))
+}
+
+/// Writes `containers.json` the way containers/storage does: a new file renamed over the old.
+fn write_storage(root: &Path, json: &str) -> PathBuf {
+    let dir = root.join("var/lib/containers/storage/overlay-containers");
+    fs::create_dir_all(&dir).unwrap();
+    let tmp = dir.join(".containers.json.tmp");
+    fs::write(&tmp, json).unwrap();
+    let file = dir.join("containers.json");
+    fs::rename(&tmp, &file).unwrap();
+    file
+}
+
+fn storage_entry(id: &str, name: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","names":["{name}"],"image":"","layer":"7e42d4f0d85a","metadata":"{{\"name\":\"{name}\"}}","created":"2026-11-25T13:29:56Z","flags":{{"MountLabel":"","ProcessLabel":""}}}}"#
+    )
+}
+
+#[test]
+fn podman_names_come_from_containers_storage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let other = "ab".repeat(32);
+    write_storage(
+        tmp.path(),
+        &format!(
+            "[{},{}]",
+            storage_entry(&other, "someone-else"),
+            storage_entry(CONTAINER, "trainer-1")
+        ),
+    );
+    let config = NameLookupConfig {
+        ttl: Duration::ZERO,
+        ..NameLookupConfig::default()
+    };
+    let mut names = RuntimeNames::new(sources(tmp.path()), config);
+    let now = Instant::now();
+    let found = names.lookup(&podman_identity(), now).unwrap();
+    assert_eq!(podman_identity().display_name(Some(&found)), "trainer-1");
+    // `podman rename` rewrites the file: the new name is read at the next lookup.
+    write_storage(
+        tmp.path(),
+        &format!("[{}]", storage_entry(CONTAINER, "trainer-renamed")),
+    );
+    let found = names.lookup(&podman_identity(), now).unwrap();
+    assert_eq!(found.container_name.as_deref(), Some("trainer-renamed"));
+    // Removed from the store: no name.
+    write_storage(tmp.path(), "[]");
+    assert_eq!(names.lookup(&podman_identity(), now), None);
+}
+
+#[test]
+fn crio_storage_names_give_the_pod_when_the_bundle_is_gone() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_storage(
+        tmp.path(),
+        &format!(
+            "[{}]",
+            storage_entry(CONTAINER, &format!("k8s_trainer_resnet-0_ml_{POD_UID}_2"))
+        ),
+    );
+    let identity = ContainerIdentity::from_path(&format!(
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/crio-{CONTAINER}.scope",
+        POD_UID.replace('-', "_")
+    ));
+    let mut names = RuntimeNames::new(sources(tmp.path()), NameLookupConfig::default());
+    let found = names.lookup(&identity, Instant::now()).unwrap();
+    assert_eq!(identity.display_name(Some(&found)), "ml/resnet-0/trainer");
+    // Not CRI-O's shape: the whole name is the container's.
+    for name in ["k8s_only_three", "k8s_a_b_c_d_notanumber", "plain_name"] {
+        assert_eq!(
+            storage::names_from_storage_name(name),
+            ContainerNames {
+                container_name: Some(name.into()),
+                pod: None
+            }
+        );
+    }
+}
+
+#[test]
+fn a_hostile_or_broken_storage_list_is_an_error_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("overlay-containers");
+    fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("containers.json");
+    // A FIFO: opened without blocking, refused as not a regular file.
+    let c = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let err = storage::read_containers_json(&file).unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    fs::remove_file(&file).unwrap();
+    // A symlink at the last component is not followed.
+    let target = tmp.path().join("elsewhere.json");
+    fs::write(&target, format!("[{}]", storage_entry(CONTAINER, "x"))).unwrap();
+    std::os::unix::fs::symlink(&target, &file).unwrap();
+    assert!(storage::read_containers_json(&file).is_err());
+    fs::remove_file(&file).unwrap();
+    // Too large: refused after reading at most the bound.
+    let big = vec![b' '; storage::MAX_BYTES as usize + 1];
+    fs::write(&file, big).unwrap();
+    let err = storage::read_containers_json(&file).unwrap_err();
+    assert!(err.to_string().contains("larger than 8 MiB"), "{err}");
+    // Not the expected JSON; entries without a valid id or name are skipped.
+    fs::write(&file, r#"{"id":1}"#).unwrap();
+    assert!(matches!(
+        storage::read_containers_json(&file),
+        Err(NameLookupError::Json { .. })
+    ));
+    fs::write(
+        &file,
+        format!(
+            r#"[{{"id":"short","names":["a"]}},{{"id":"{CONTAINER}","names":[]}},{{"id":"{}","names":["","{}","ok"]}}]"#,
+            "cd".repeat(32),
+            "n".repeat(300)
+        ),
+    )
+    .unwrap();
+    let listed = storage::read_containers_json(&file).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[&ContainerId::parse(&"cd".repeat(32)).unwrap()], "ok");
+}
+
+#[test]
+fn nerdctl_names_from_a_bundle_in_any_containerd_namespace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tasks = tmp
+        .path()
+        .join("run/containerd/io.containerd.runtime.v2.task");
+    fs::create_dir_all(tasks.join("k8s.io")).unwrap();
+    let bundle = tasks.join("default").join(CONTAINER);
+    fs::create_dir_all(&bundle).unwrap();
+    fs::write(
+        bundle.join("config.json"),
+        r#"{"annotations":{"nerdctl/name":"jupyter","nerdctl/namespace":"default"}}"#,
+    )
+    .unwrap();
+    let identity = ContainerIdentity::from_path(&format!("/default/{CONTAINER}"));
+    assert_eq!(identity.runtime, Some(Runtime::Containerd));
+    let mut names = RuntimeNames::new(sources(tmp.path()), NameLookupConfig::default());
+    let found = names.lookup(&identity, Instant::now()).unwrap();
+    assert_eq!(identity.display_name(Some(&found)), "jupyter");
+}

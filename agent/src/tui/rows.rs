@@ -17,12 +17,53 @@ pub enum Limit {
     Bytes(u64),
 }
 
+/// A utilisation figure from NVML's per-process samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Util {
+    /// Nothing measured yet (no NVML, or the first snapshot).
+    #[default]
+    Unknown,
+    /// The device gives no per-process utilisation (MIG, vGPU, an older GPU): not 0.
+    NotAvailable,
+    /// Percent of one device's time, summed over devices (two busy GPUs: 200%).
+    Pct(f64),
+}
+
+impl Util {
+    fn sort_value(self) -> f64 {
+        match self {
+            Util::Pct(v) => v,
+            Util::NotAvailable | Util::Unknown => -1.0,
+        }
+    }
+}
+
+/// SM and memory-bandwidth use of some processes in the latest window.
+fn utils(snap: &Snapshot, keys: &[ProcessKey]) -> (Util, Util) {
+    let m = snap.gpu_use_of(keys);
+    if !m.devices.is_empty() {
+        let sum = |f: fn(&crate::model::gpu_use::DeviceUse) -> f64| m.devices.iter().map(f).sum();
+        (
+            Util::Pct(sum(|d| d.sm_util_pct)),
+            Util::Pct(sum(|d| d.mem_util_pct)),
+        )
+    } else if !m.unavailable.is_empty() {
+        (Util::NotAvailable, Util::NotAvailable)
+    } else {
+        (Util::Unknown, Util::Unknown)
+    }
+}
+
 /// The figures of one row, a container's or a process's.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Figures {
     pub processes: usize,
     /// GPU memory used (limiter accounting, else NVML, else what the probes tracked).
     pub memory: Option<u64>,
+    /// SM busy share in the latest NVML window (always measured, limit or not).
+    pub sm: Util,
+    /// Memory-bandwidth busy share in the latest NVML window.
+    pub mem_bw: Util,
     pub allocs_per_s: Option<f64>,
     pub launches_per_s: Option<f64>,
     /// p99 of all CUDA API calls seen so far, ns.
@@ -41,6 +82,9 @@ pub struct ContainerRow<'a> {
     pub container: &'a Container,
     pub figures: Figures,
     pub limit: Limit,
+    /// (limit, context charge) of a device whose limit is smaller than one process's context
+    /// charge: every allocation there is denied.
+    pub limit_below_context: Option<(u64, u64)>,
 }
 
 /// One process's memory as the table shows it (an exited process holds none).
@@ -83,9 +127,26 @@ fn p99_of(hist: Vec<u64>) -> Option<u64> {
 pub fn process_figures(p: &Process) -> Figures {
     let apis = p.effective_apis();
     let r = p.rates.as_ref();
+    let measured: Vec<_> = p
+        .nvml
+        .iter()
+        .filter_map(|n| n.sm_util_pct.zip(n.use_window))
+        .collect();
+    let (sm, mem_bw) = if !measured.is_empty() {
+        (
+            Util::Pct(measured.iter().map(|m| m.0).sum()),
+            Util::Pct(p.nvml.iter().filter_map(|n| n.mem_util_pct).sum()),
+        )
+    } else if p.nvml.iter().any(|n| n.use_unavailable.is_some()) {
+        (Util::NotAvailable, Util::NotAvailable)
+    } else {
+        (Util::Unknown, Util::Unknown)
+    };
     Figures {
         processes: usize::from(p.alive),
         memory: process_memory(p),
+        sm,
+        mem_bw,
         allocs_per_s: r.map(|r| r.allocations_per_s),
         launches_per_s: r.map(|r| r.launches_per_s),
         p99_ns: p99_of(merged_hist(&apis)),
@@ -136,6 +197,7 @@ pub fn container_row<'a>(snap: &Snapshot, c: &'a Container) -> ContainerRow<'a> 
         all_apis.extend(p.effective_apis());
     }
     f.p99_ns = p99_of(merged_hist(&all_apis));
+    (f.sm, f.mem_bw) = utils(snap, &c.processes);
     let devices: Vec<_> = c.regions.iter().flat_map(|r| &r.devices).collect();
     let limit = if devices.is_empty() {
         Limit::None
@@ -148,10 +210,15 @@ pub fn container_row<'a>(snap: &Snapshot, c: &'a Container) -> ContainerRow<'a> 
             Limit::Bytes(devices.iter().map(|d| d.memory_limit).sum())
         }
     };
+    let limit_below_context = devices
+        .iter()
+        .find(|d| d.limit_below_context())
+        .and_then(|d| Some((d.memory_limit, d.context_charge?)));
     ContainerRow {
         container: c,
         figures: f,
         limit,
+        limit_below_context,
     }
 }
 
@@ -180,6 +247,7 @@ pub enum SortKey {
     Name,
     Processes,
     Memory,
+    Sm,
     Allocs,
     Launches,
     P99,
@@ -190,10 +258,11 @@ pub enum SortKey {
 }
 
 impl SortKey {
-    pub const ALL: [SortKey; 10] = [
+    pub const ALL: [SortKey; 11] = [
         SortKey::Name,
         SortKey::Processes,
         SortKey::Memory,
+        SortKey::Sm,
         SortKey::Allocs,
         SortKey::Launches,
         SortKey::P99,
@@ -215,6 +284,7 @@ impl SortKey {
             SortKey::Name => 0.0,
             SortKey::Processes => f.processes as f64,
             SortKey::Memory => f.memory.map(|m| m as f64).unwrap_or(-1.0),
+            SortKey::Sm => f.sm.sort_value(),
             SortKey::Allocs => o(f.allocs_per_s),
             SortKey::Launches => o(f.launches_per_s),
             SortKey::P99 => f.p99_ns.map(|m| m as f64).unwrap_or(-1.0),

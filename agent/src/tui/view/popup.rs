@@ -63,6 +63,11 @@ pub fn footer(frame: &mut Frame, area: Rect, state: &ViewState, t: &Theme) {
             spans.push(Span::styled(*k, t.key()));
             spans.push(Span::raw(format!(" {what}  ")));
         }
+        // Where there is room: what the header's counters mean is one key away.
+        if area.width >= 100 {
+            spans.push(Span::styled("e", t.key()));
+            spans.push(Span::raw(" lost/errors  "));
+        }
         spans.push(Span::styled("s", t.key()));
         spans.push(Span::raw(format!(
             " sort:{}{}",

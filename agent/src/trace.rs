@@ -88,6 +88,9 @@ pub struct Tracer {
     attached_at: HashMap<FileId, u64>,
     /// Problems worth telling the user (also logged as they happen).
     pub warnings: Vec<String>,
+    /// Returns without an entry made by attaching and detaching sampled kinds (see
+    /// [`Tracer::at_window_edge`]), kept out of `return_without_entry`.
+    edge_returns: u64,
 }
 
 impl Tracer {
@@ -113,6 +116,7 @@ impl Tracer {
             pid_files: HashMap::new(),
             attached_at: HashMap::new(),
             warnings: Vec::new(),
+            edge_returns: 0,
         };
         if t.opts.launches == LaunchProbes::On {
             let r = t.set_launches(true);
@@ -322,9 +326,24 @@ impl Tracer {
         let r = if kind == agent_common::ApiKind::Launch {
             self.set_launches(on)
         } else {
-            self.probes.set_kind(kind, on)
+            self.at_window_edge(|t| t.probes.set_kind(kind, on))
         };
         self.settle(r)
+    }
+
+    /// Runs a switch of sampled probes. Switching a kind while its calls run makes returns
+    /// without an entry: calls in flight when the probes attach, and calls that begin between
+    /// the detach of the entry probe and that of the return probe (tens of milliseconds on a
+    /// busy host: a hundred launches). They are the sampling window's edges, calls outside it,
+    /// not lost events, so what the switch adds is kept out of `return_without_entry`.
+    fn at_window_edge<T>(&mut self, switch: impl FnOnce(&mut Self) -> T) -> T {
+        let before = self.probes.read_health().ok();
+        let r = switch(self);
+        if let (Some(b), Ok(a)) = (before, self.probes.read_health()) {
+            let i = agent_common::maps::Health::ReturnWithoutEntry as usize;
+            self.edge_returns += a[i].saturating_sub(b[i]);
+        }
+        r
     }
 
     fn set_launches(&mut self, on: bool) -> Result<(), Vec<(FileId, ProbeError)>> {
@@ -332,7 +351,7 @@ impl Tracer {
             return Ok(());
         }
         // The other libraries are switched even where one fails.
-        let r = self.probes.set_launch_probes(on);
+        let r = self.at_window_edge(|t| t.probes.set_launch_probes(on));
         if on {
             self.launch_on_since = Some(Instant::now());
         } else if let Some(since) = self.launch_on_since.take() {
@@ -451,7 +470,7 @@ impl Tracer {
     /// Reads the kernel maps, then re-measures the probe cost and charges each process's probed
     /// calls since the last reading at it.
     pub fn read(&mut self) -> Result<RawReading, ProbeError> {
-        let r = RawReading {
+        let mut r = RawReading {
             stats: self.probes.read_stats()?,
             live: self.probes.read_live()?,
             nccl_stats: self.probes.read_nccl_stats()?,
@@ -459,6 +478,8 @@ impl Tracer {
             alloc_sizes: self.probes.read_alloc_sizes()?,
             health: self.probes.read_health()?,
         };
+        let i = agent_common::maps::Health::ReturnWithoutEntry as usize;
+        r.health[i] = r.health[i].saturating_sub(self.edge_returns);
         if self.calibrator.is_some() {
             let mut calls: std::collections::BTreeMap<(u32, Prologue), u64> = Default::default();
             let probed = r

@@ -1,8 +1,12 @@
 //! `vgpu-agent top` end to end (root): the real binary in a detached tmux session of fixed size
 //! beside simulated-driver workloads in two cgroups shaped like a docker container and a
-//! Kubernetes pod, driven with keys; the captured screen is checked after each.
+//! Kubernetes pod, driven with keys; the captured screen is checked after each. The demo's own
+//! workloads (`cargo xtask demo`, shared through `demo_workloads`) are checked the same way.
 
 mod support;
+// The demo's workloads and top command line, so that this test checks what the demo shows.
+#[path = "../../xtask/src/demo_workloads.rs"]
+mod demo_workloads;
 
 use std::{
     process::{Command, Stdio},
@@ -182,6 +186,8 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
         line_of(s, docker_short) < line_of(s, k8s_short) && s.contains("GPU MEM / LIMIT▲")
     });
     tmux.keys(&["s"]);
+    tmux.wait("sorting by SM use", |s| s.contains("SM%▲"));
+    tmux.keys(&["s"]);
     tmux.wait("sorting by allocations", |s| s.contains("ALLOC/s▲"));
     tmux.keys(&["r", "s", "s", "s", "s", "s", "s", "s", "s", "s"]);
     tmux.wait("back to memory", |s| s.contains("GPU MEM / LIMIT▼"));
@@ -229,6 +235,160 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
         drop(child.stdin.take());
         let _ = child.wait();
     }
+}
+
+/// The demo's cgroups and workloads, ended and removed when dropped.
+struct DemoRun {
+    top: std::path::PathBuf,
+    children: Vec<std::process::Child>,
+}
+
+impl Drop for DemoRun {
+    fn drop(&mut self) {
+        use demo_workloads::{Group, cgroup};
+        for g in [Group::Plain, Group::Limited] {
+            let _ = std::fs::write(cgroup(&self.top, g).join("cgroup.kill"), "1");
+        }
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for g in [Group::Plain, Group::Limited] {
+            let mut p = cgroup(&self.top, g);
+            for _ in 0..50 {
+                if std::fs::remove_dir(&p).is_ok() || !p.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            while p.pop() && p.starts_with(&self.top) && std::fs::remove_dir(&p).is_ok() {}
+        }
+    }
+}
+
+/// `512M`, `1.3G` (as `top` writes sizes) in bytes.
+fn parse_short(s: &str) -> Option<u64> {
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
+    let shift = match unit {
+        "B" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return None,
+    };
+    Some((num.parse::<f64>().ok()? * (1u64 << shift) as f64) as u64)
+}
+
+/// The pod's row: (memory used, limit, DENIED), from `... ██░░ 1.3G/2.0G  SM% ... DENIED`.
+fn pod_row(screen: &str) -> Option<(u64, u64, u64)> {
+    let line = screen
+        .lines()
+        .find(|l| l.contains(&demo_workloads::LIMITED_ID[..12]))?;
+    let tokens: Vec<&str> = line.split_whitespace().collect();
+    let at = tokens
+        .iter()
+        .position(|t| t.contains('/') && t.ends_with('G'))?;
+    let (used, limit) = tokens[at].split_once('/')?;
+    // SM%, ALLOC/s, LAUNCH/s, API P99, SYNC, NCCL/s, THROTL, DENIED.
+    let denied = tokens.get(at + 8)?.parse().ok()?;
+    Some((parse_short(used)?, parse_short(limit)?, denied))
+}
+
+/// What `cargo xtask demo` shows: the limited pod works near its limit (memory above zero and
+/// under the limit, the bar drawn, denials as it crosses), no warning about the limit, `SM%`
+/// says `-` without NVML, and `e` explains the header's lost and errors and lists them.
+#[test]
+fn top_in_tmux_shows_the_demo_truthfully() {
+    use demo_workloads as demo;
+    let _serial = serial();
+    if !privileged() || !tmux_present() {
+        return;
+    }
+    let dir = tempdir();
+    let paths = demo::Paths {
+        exercise: exercise_bin(),
+        lib: sim_lib(&dir.path().join("lib")),
+        limiter: limiter_lib(),
+        regions: dir.path().join("regions"),
+    };
+    demo::prepare(&paths).unwrap();
+    let mut run = DemoRun {
+        top: cgroup2_root().join(format!("vgpu-top-demo-{}", std::process::id())),
+        children: Vec::new(),
+    };
+    for g in [demo::Group::Plain, demo::Group::Limited] {
+        std::fs::create_dir_all(demo::cgroup(&run.top, g)).unwrap();
+    }
+    for w in demo::workloads(&paths) {
+        run.children
+            .push(demo::start(&paths, &run.top, &w).expect("a demo workload starts"));
+    }
+    let mut args = demo::top_args(&paths);
+    args.extend(["--no-calibrate".into(), "--interval".into(), "300ms".into()]);
+    let command = format!(
+        "{} {} 2>{}; echo TOP-EXITED $?; sleep 60",
+        agent_bin().display(),
+        args.join(" "),
+        dir.path().join("top.stderr").display(),
+    );
+    let tmux = Tmux::start(format!("vgpu-top-demo-{}", std::process::id()), &command);
+
+    // The pod holds memory under its limit, with the bar drawn, and its allocations are denied
+    // as it crosses the limit.
+    let s = tmux.wait("the pod near its limit, with denials", |s| {
+        pod_row(s).is_some_and(|(used, _, denied)| used > 0 && denied > 0)
+    });
+    let (used, limit, _) = pod_row(&s).unwrap();
+    assert_eq!(limit, demo::LIMIT_BYTES, "{s}");
+    assert!(
+        used > demo::CONTEXT_CHARGE_BYTES && used < limit,
+        "the context and some allocations, under the limit: {used}\n{s}"
+    );
+    let line = s
+        .lines()
+        .find(|l| l.contains(&demo::LIMITED_ID[..12]))
+        .unwrap();
+    assert!(line.contains('█'), "the bar: {line}");
+    assert!(!s.contains('⚠'), "no limit below a context charge: {s}");
+    assert!(s.contains("SM%"), "{s}");
+    // The docker container's memory is seen too (the probes see its allocations).
+    tmux.wait("the docker container's memory", |s| {
+        s.lines()
+            .find(|l| l.contains(&demo::PLAIN_ID[..12]))
+            .and_then(|l| l.split_whitespace().find_map(parse_short))
+            .is_some_and(|b| b > 0)
+    });
+
+    // e: what lost and errors count, and each of them; the numbers match the header's.
+    tmux.keys(&["e"]);
+    let s = tmux.wait("the counters explained", |s| {
+        s.contains("the header's lost and errors")
+    });
+    // The first `word N` in `s` (the dialog's title says "lost and errors").
+    let number_after = |s: &str, word: &str| -> Option<u64> {
+        s.match_indices(word)
+            .find_map(|(i, _)| s[i + word.len()..].split_whitespace().next()?.parse().ok())
+    };
+    let header = s.lines().nth(2).unwrap_or_default();
+    let lost = number_after(header, "lost ");
+    let errors = number_after(header, "errors ");
+    let dialog: String = s.lines().skip(3).collect::<Vec<_>>().join("\n");
+    assert_eq!(number_after(&dialog, "lost "), lost, "{s}");
+    assert_eq!(number_after(&dialog, "errors "), errors, "{s}");
+    assert!(dialog.contains("probe events lost or unmatched"), "{s}");
+    if lost.unwrap_or(0) > 0 {
+        assert!(
+            dialog.contains("free_unknown") || dialog.contains("return_without_entry"),
+            "each cause is listed: {s}"
+        );
+    }
+    tmux.keys(&["Escape"]);
+    tmux.wait("the table again", |s| s.contains("CONTAINER / PROCESS"));
+    tmux.keys(&["q"]);
+    let s = tmux.wait("top to exit", |s| s.contains("TOP-EXITED"));
+    assert!(s.contains("TOP-EXITED 0"), "{s}");
+    drop(tmux);
+    drop(run);
 }
 
 #[test]

@@ -1,21 +1,20 @@
 //! `cargo xtask demo`: `vgpu-agent top` on a machine without a GPU. Starts simulated-driver
 //! workloads (`testing/`) in two cgroups shaped like a docker container and a Kubernetes pod, one
-//! of them under the limiter with a limit it keeps hitting, opens `top` on them in this terminal,
-//! and removes everything (processes, cgroups, files) when `top` exits.
+//! of them under the limiter working near its limit (`demo_workloads`, which the end-to-end test
+//! of `top` shares), opens `top` on them in this terminal, and removes everything (processes,
+//! cgroups, files) when `top` exits.
 
 use std::{
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::PathBuf,
+    process::{Child, Command},
 };
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{self, cmd, repo_root};
-
-const PLAIN_ID: &str = "de30a1b2c3d4e5f60718293a4b5c6d7e8f901234567890123456789012345678";
-const LIMITED_ID: &str = "de30f1e2d3c4b5a69788796a5b4c3d2e1f0fedcba9876543210fedcba9876543";
-const POD_UID: &str = "5eed0000-de30-4000-8000-00000000de30";
-const LIMIT: &str = "512m";
+use crate::{
+    demo_workloads::{self as w, Group, Paths},
+    util::{self, cmd, repo_root},
+};
 
 fn cgroup2_root() -> Result<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
@@ -73,24 +72,6 @@ impl Drop for Demo {
     }
 }
 
-/// Starts `script` with `sh`, in `cgroup` (the shell moves itself there before running anything,
-/// so every process it starts is in the cgroup from its first instruction).
-fn start_in(cgroup: &Path, script: &str, env: &[(&str, String)]) -> Result<Child> {
-    let full = format!(
-        "echo $$ > '{}/cgroup.procs' || exit 1\n{script}",
-        cgroup.display()
-    );
-    let mut c = Command::new("sh");
-    c.args(["-c", &full])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
-    // Its own process group: keys typed into top never reach it.
-    std::os::unix::process::CommandExt::process_group(&mut c, 0);
-    c.spawn().context("starting a workload")
-}
-
 pub fn run() -> Result<()> {
     if !util::is_root() {
         bail!(
@@ -117,117 +98,57 @@ pub fn run() -> Result<()> {
     let bin = repo_root().join("target/release");
     let root = cgroup2_root()?;
     let top_cgroup = root.join(format!("vgpu-demo-{}", std::process::id()));
-    let plain_cg = top_cgroup.join("docker").join(PLAIN_ID);
-    let limited_cg = top_cgroup
-        .join("kubepods/burstable")
-        .join(format!("pod{POD_UID}"))
-        .join(LIMITED_ID);
     let dir = std::env::temp_dir().join(format!("vgpu-demo-{}", std::process::id()));
     let mut demo = Demo {
         dir: dir.clone(),
-        cgroups: vec![plain_cg.clone(), limited_cg.clone()],
-        top_cgroup,
+        cgroups: vec![
+            w::cgroup(&top_cgroup, Group::Plain),
+            w::cgroup(&top_cgroup, Group::Limited),
+        ],
+        top_cgroup: top_cgroup.clone(),
         children: Vec::new(),
     };
     for cg in &demo.cgroups {
         std::fs::create_dir_all(cg).with_context(|| format!("creating {}", cg.display()))?;
     }
     let lib_dir = dir.join("lib");
-    let regions = dir.join("regions");
-    let region_dir = regions.join(format!("pod{POD_UID}"));
     std::fs::create_dir_all(&lib_dir)?;
-    std::fs::create_dir_all(&region_dir)?;
-    let lib = lib_dir.join("libcuda.so.1");
-    std::fs::copy(bin.join("libsimcuda.so"), &lib).context("copying the simulated driver")?;
-
-    let exercise = format!(
-        "'{}' --lib '{}'",
-        bin.join("cuda-exercise").display(),
-        lib.display()
-    );
-    // The sim: 8 GiB per device; launches keep the device busy for 200 us; synchronisation waits.
-    let sim = vec![
-        ("SIMCUDA_CAPACITY", "8g".to_string()),
-        ("SIMCUDA_LAUNCH_US", "200".to_string()),
-        ("SIMCUDA_DELAY_US", "alloc=40,free=20".to_string()),
-    ];
-    // "train": kernel launches for hours (each call takes 500 us in the sim), long-lived so the
-    // table is not flooded with short-lived processes.
-    let mut launching = sim.clone();
-    launching.push((
-        "SIMCUDA_DELAY_US",
-        "launch=500,alloc=40,free=20".to_string(),
-    ));
-    launching.retain(|(k, v)| *k != "SIMCUDA_DELAY_US" || v.starts_with("launch"));
-    demo.children.push(start_in(
-        &plain_cg,
-        &format!("exec {exercise} launches --count 10000000"),
-        &launching,
-    )?);
-    // A long-lived process that fills the simulated device (8 GiB) and frees half, again and
-    // again (`--seconds`: it must not watch its stdin, which is /dev/null).
-    demo.children.push(start_in(
-        &plain_cg,
-        &format!("exec {exercise} pressure --chunk 256m --delay-ms 500 --seconds 86400"),
-        &sim,
-    )?);
-    // "serve", under the limiter: allocates until refused, frees half, again, forever.
-    let mut limited = sim.clone();
-    limited.extend([
-        (
-            "LD_PRELOAD",
-            bin.join("libvgpu_limiter.so").display().to_string(),
-        ),
-        ("VGPU_REAL_LIBCUDA", lib.display().to_string()),
-        ("CUDA_DEVICE_MEMORY_LIMIT", LIMIT.to_string()),
-        (
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-            region_dir.join("vgpu.cache").display().to_string(),
-        ),
-    ]);
-    demo.children.push(start_in(
-        &limited_cg,
-        &format!("exec {exercise} pressure --chunk 48m --delay-ms 250 --seconds 86400"),
-        &limited,
-    )?);
-    let mut limited_launching = limited.clone();
-    limited_launching.retain(|(k, _)| *k != "SIMCUDA_DELAY_US");
-    limited_launching.push(("SIMCUDA_DELAY_US", "launch=1000".to_string()));
-    demo.children.push(start_in(
-        &limited_cg,
-        &format!("exec {exercise} launches --count 10000000"),
-        &limited_launching,
-    )?);
-
+    let paths = Paths {
+        exercise: bin.join("cuda-exercise"),
+        lib: lib_dir.join("libcuda.so.1"),
+        limiter: bin.join("libvgpu_limiter.so"),
+        regions: dir.join("regions"),
+    };
+    std::fs::copy(bin.join("libsimcuda.so"), &paths.lib).context("copying the simulated driver")?;
+    w::prepare(&paths)?;
+    for workload in w::workloads(&paths) {
+        demo.children
+            .push(w::start(&paths, &top_cgroup, &workload).context("starting a workload")?);
+    }
     println!(
-        "demo: two containers on a simulated GPU (testing/sim-cuda, 8 GiB):\n\
-         - docker container {}: a process launching kernels and a \
-         process that fills the simulated device and frees half, again and again, no limiter;\n\
-         - pod {POD_UID} container {}: under the limiter (libvgpu_limiter.so) with a {LIMIT} limit \
-         that it keeps hitting: its allocations are denied every round.\n\
-         The limiter's region is {}: when the limiter writes it, top shows the pod's limit as a \
-         bar, its denials and throttling. A limiter that does not write regions yet still \
-         enforces the limit inside the process (allocations past it fail), but top cannot see \
-         that: the pod's row then says `no limiter` and shows what the probes see.\n\
-         There is no NVIDIA driver here, so top's header says so. Press ? for help, q to quit.",
-        &PLAIN_ID[..12],
-        &LIMITED_ID[..12],
-        region_dir.join("vgpu.cache").display()
+        "demo: two containers on a simulated GPU (testing/sim-cuda, {cap} of memory, no NVIDIA \
+         driver: top's header says so, and the SM% column stays `-`):\n\
+         - docker container {plain}: a process launching kernels and a process that fills the \
+         device and frees the older half, again and again, no limiter;\n\
+         - pod {pod} container {limited}: under the limiter (libvgpu_limiter.so) with a {limit} \
+         limit. The limiter charges each process {ctx} for its context before its first \
+         allocation, then one process allocates {chunk} at a time until the limiter refuses one \
+         and frees the older half: the bar moves between about 60% and 95% of the limit and \
+         DENIED grows every round.\n\
+         The limiter's region is {region}. Press ? for help, e for what the header's lost and \
+         errors count, q to quit.",
+        cap = w::CAPACITY,
+        plain = &w::PLAIN_ID[..12],
+        pod = w::POD_UID,
+        limited = &w::LIMITED_ID[..12],
+        limit = w::LIMIT,
+        ctx = w::CONTEXT_CHARGE,
+        chunk = w::LIMITED_CHUNK,
+        region = paths.region_file().display(),
     );
     std::thread::sleep(std::time::Duration::from_secs(3));
     let status = Command::new(bin.join("vgpu-agent"))
-        .args([
-            "top",
-            "--no-daemon",
-            "--probe-launches",
-            "sampled",
-            "--launch-window",
-            "2s",
-            "--launch-period",
-            "6s",
-            "--region-dir",
-        ])
-        .arg(&regions)
+        .args(w::top_args(&paths))
         .status()
         .context("starting vgpu-agent top")?;
     drop(demo);

@@ -11,6 +11,7 @@ mod bench_export;
 mod bench_limiter;
 mod bench_startup;
 mod demo;
+mod demo_workloads;
 mod image;
 mod setup;
 mod util;

@@ -5,6 +5,7 @@
 //! cost, and optionally compares with a baseline recording.
 
 mod components;
+mod gpu_use;
 mod html;
 mod render;
 pub mod report;
@@ -196,6 +197,7 @@ mod tests {
             }],
             baseline: None,
             notes: vec![],
+            gpu_use: vec![],
         }
     }
 

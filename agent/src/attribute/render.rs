@@ -30,6 +30,7 @@ pub fn table(r: &AttributionReport) -> String {
     for n in &r.notes {
         let _ = writeln!(out, "note: {n}");
     }
+    out.push_str(&super::gpu_use::table(&r.gpu_use));
     if r.processes.is_empty() {
         let _ = writeln!(out, "\nno CUDA or NCCL calls were seen in the window.");
         return out;

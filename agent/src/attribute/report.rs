@@ -130,6 +130,9 @@ pub struct AttributionReport {
     pub processes: Vec<ProcessAttribution>,
     pub baseline: Option<BaselineComparison>,
     pub notes: Vec<String>,
+    /// Which tenant used the GPU during the window (NVML; empty without it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_use: Vec<super::gpu_use::TenantUse>,
 }
 
 fn classes(now: &Process, before: Option<&Process>) -> Vec<SizeClass> {
@@ -185,7 +188,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn keeps(&self, p: &Process, container_name: &str) -> bool {
+    pub(super) fn keeps(&self, p: &Process, container_name: &str) -> bool {
         self.pid.is_none_or(|pid| p.key.pid == pid)
             && self
                 .container
@@ -386,6 +389,7 @@ pub fn build(
         processes,
         baseline: None,
         notes,
+        gpu_use: super::gpu_use::build(first, last, filter),
     }
 }
 

@@ -60,7 +60,7 @@ struct SlotView {
     apis: Vec<ApiUsage>,
 }
 
-fn own_pid_namespace() -> Option<u64> {
+pub(super) fn own_pid_namespace() -> Option<u64> {
     std::fs::read_link("/proc/self/ns/pid")
         .ok()
         .and_then(|l| super::processes::namespace_inode(&l.to_string_lossy()))
@@ -122,6 +122,7 @@ pub fn build(
                         sm_limit_pct: d.sm_limit,
                         reserved: d.reserved,
                         denied: d.denied,
+                        context_charge: super::context_charge::vgpu(s, i),
                     })
                     .collect();
                 // The limiter's regions have room for 16 devices whatever the host has: show the
@@ -223,6 +224,7 @@ pub fn build(
                             .map(|p| p.used_total.get(i).copied().unwrap_or(0))
                             .sum(),
                         denied: 0,
+                        context_charge: super::context_charge::hami(h, i),
                     })
                     .collect();
                 for p in &h.processes {
@@ -404,11 +406,7 @@ pub fn build(
                 d.processes
                     .iter()
                     .filter(move |p| p.pid == pid)
-                    .map(move |p| NvmlProcess {
-                        device: d.index,
-                        used_memory: p.used_memory,
-                        sm_util_pct: p.sm_util_pct,
-                    })
+                    .map(move |p| super::gpu_use::nvml_process(d, p))
             })
             .collect();
         let probes_complete = match (inp.tracer, user_file.get(&pid)) {

@@ -3,6 +3,8 @@
 //! driver or GPU, or a corrupt region shows up in the snapshot's status, and collection goes on.
 
 mod assemble;
+mod context_charge;
+mod gpu_use;
 pub mod processes;
 pub mod regions;
 pub mod window;
@@ -214,6 +216,11 @@ impl Collector {
         }
 
         self.carry_limiter_figures(&mut snap);
+        gpu_use::accumulate(self.previous.as_ref().map(|(_, s)| s), &mut snap);
+        snap.agent.warnings.extend(gpu_use::pid_namespace_warning(
+            assemble::own_pid_namespace(),
+            &snap,
+        ));
         // Rates against the previous snapshot, per process.
         if let Some((_, prev)) = &self.previous {
             for p in &mut snap.processes {

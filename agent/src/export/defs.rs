@@ -140,6 +140,24 @@ pub const CONTAINER_SM_LIMIT: Def = def(
     "The container's SM share limit (0..1; absent when unlimited).",
     "containers[].regions[].devices[].sm_limit_pct / 100",
 );
+pub const CONTAINER_SM_UTILIZATION: Def = def(
+    "vgpu_container_sm_utilization",
+    Gauge,
+    Some(Ratio),
+    true,
+    &["device"],
+    "Share of the device's time the container's processes kept its SMs busy in the latest NVML sample window (1 = the whole device), with or without a limit; absent where the device gives no per-process utilisation (MIG, vGPU).",
+    "sum of processes[].nvml[].sm_util_pct / 100 per device (agent/src/model/gpu_use.rs)",
+);
+pub const CONTAINER_MEMORY_BANDWIDTH_UTILIZATION: Def = def(
+    "vgpu_container_memory_bandwidth_utilization",
+    Gauge,
+    Some(Ratio),
+    true,
+    &["device"],
+    "Share of the device's time the container's processes kept its memory controller busy (memory bandwidth) in the latest NVML sample window.",
+    "sum of processes[].nvml[].mem_util_pct / 100 per device",
+);
 pub const CONTAINER_DENIED: Def = def(
     "vgpu_container_allocations_denied",
     Counter,
@@ -410,6 +428,24 @@ pub const AGENT_SPANS_DROPPED: Def = def(
     "Sampled calls that did not become exported spans: reason=ring_full (the kernel ring buffer was full), container_rate (a rate-sampled call over its container's --trace-container-rate), queue_full (the exporter's bounded queue was full), export_failed (the OTLP endpoint refused or did not answer).",
     "agent.events_lost.ring_full and the span pipeline (agent/src/export/otlp.rs)",
 );
+pub const HOST_PROCESS_SM_UTILIZATION: Def = def(
+    "vgpu_host_process_sm_utilization",
+    Gauge,
+    Some(Ratio),
+    false,
+    &["pid", "comm", "device"],
+    "SM busy share of a GPU process outside any container (a host service or session, which no container series names), in the latest NVML sample window.",
+    "processes[].nvml[].sm_util_pct / 100 of processes whose container is not containerised",
+);
+pub const HOST_PROCESS_MEMORY_BANDWIDTH_UTILIZATION: Def = def(
+    "vgpu_host_process_memory_bandwidth_utilization",
+    Gauge,
+    Some(Ratio),
+    false,
+    &["pid", "comm", "device"],
+    "Memory-bandwidth busy share of a GPU process outside any container, in the latest NVML sample window.",
+    "processes[].nvml[].mem_util_pct / 100 of processes whose container is not containerised",
+);
 pub const PROCESS_API_CALLS: Def = per_process(def(
     "vgpu_process_api_calls",
     Counter,
@@ -444,6 +480,8 @@ pub const ALL: &[Def] = &[
     CONTAINER_MEMORY_LIMIT,
     CONTAINER_MEMORY_RESERVED,
     CONTAINER_SM_LIMIT,
+    CONTAINER_SM_UTILIZATION,
+    CONTAINER_MEMORY_BANDWIDTH_UTILIZATION,
     CONTAINER_DENIED,
     CONTAINER_ALLOCATIONS,
     CONTAINER_PROCESSES,
@@ -474,6 +512,8 @@ pub const ALL: &[Def] = &[
     AGENT_SNAPSHOT_TIME,
     AGENT_SPANS,
     AGENT_SPANS_DROPPED,
+    HOST_PROCESS_SM_UTILIZATION,
+    HOST_PROCESS_MEMORY_BANDWIDTH_UTILIZATION,
     PROCESS_API_CALLS,
     PROCESS_API_ERRORS,
     PROCESS_MEMORY_USED,

@@ -126,6 +126,7 @@ fn exposition() -> Exposition {
             sm_limit_pct: 30,
             reserved: 1 << 29,
             denied: 1,
+            context_charge: None,
         }],
         problems: vec![],
         read_retries: 0,

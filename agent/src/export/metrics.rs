@@ -305,6 +305,7 @@ impl MetricsView {
         families::container_gauges(snap, &labels_of, &mut self.denied_published, &mut out);
         families::api_families(&self.published, &mut out);
         families::gpu_and_agent(snap, &self.spans, &mut out);
+        super::gpu_use::families(snap, &labels_of, &mut out);
         if self.opts.pid_labels {
             families::per_process(snap, &labels_of, &mut out);
         }

@@ -244,6 +244,7 @@ fn regions_limits_and_limiter_figures() {
                 sm_limit_pct: 50,
                 reserved: 3 << 30,
                 denied: 4,
+                context_charge: None,
             },
             RegionDevice {
                 index: 1,
@@ -251,6 +252,7 @@ fn regions_limits_and_limiter_figures() {
                 sm_limit_pct: 0,
                 reserved: 0,
                 denied: 0,
+                context_charge: None,
             },
         ],
         problems: vec![],
@@ -322,6 +324,7 @@ fn the_exposition_is_openmetrics_with_every_family_named_in_the_table() {
             sm_limit_pct: 30,
             reserved: 1 << 29,
             denied: 1,
+            context_charge: None,
         }],
         problems: vec![],
         read_retries: 0,

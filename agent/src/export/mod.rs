@@ -4,6 +4,7 @@
 pub mod defs;
 pub mod encode;
 mod families;
+mod gpu_use;
 pub mod http;
 pub mod metrics;
 pub mod otlp;

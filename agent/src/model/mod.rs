@@ -7,6 +7,7 @@
 //! *and* start time, so a reused pid is a different process.
 
 mod drift;
+pub mod gpu_use;
 mod rates;
 
 use std::collections::BTreeMap;
@@ -119,11 +120,27 @@ pub struct AllocSizes {
     pub bytes: u64,
 }
 
+/// What NVML says about a process on one device (`gpu_use` for the utilisation figures).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NvmlProcess {
     pub device: u32,
     pub used_memory: Option<u64>,
-    pub sm_util_pct: Option<u32>,
+    /// Share of the device's time the process kept its SMs busy in the latest window, percent
+    /// (`None`: not measured: the first snapshot, or the device gives no per-process
+    /// utilisation, see `use_unavailable`).
+    pub sm_util_pct: Option<f64>,
+    /// The same for the memory controller (memory bandwidth).
+    #[serde(default)]
+    pub mem_util_pct: Option<f64>,
+    /// The span (CPU time) the latest percentages cover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_window: Option<gpu_use::UseWindow>,
+    /// Why the device gives no per-process utilisation (MIG, vGPU, an older GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_unavailable: Option<String>,
+    /// Busy time since the agent first saw the process on the device (cumulative).
+    #[serde(default)]
+    pub busy: gpu_use::Busy,
 }
 
 /// A NCCL communicator as the probes saw it (cumulative).
@@ -188,6 +205,18 @@ pub struct RegionDevice {
     pub sm_limit_pct: u8,
     pub reserved: u64,
     pub denied: u64,
+    /// One process's context charge on the device, where the region shows it (held by a
+    /// process, or refused to one: see `collector::context_charge`). A limit below it denies
+    /// every allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_charge: Option<u64>,
+}
+
+impl RegionDevice {
+    /// The limit is smaller than one process's context charge: nothing can be allocated.
+    pub fn limit_below_context(&self) -> bool {
+        self.memory_limit > 0 && self.context_charge.is_some_and(|c| c > self.memory_limit)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

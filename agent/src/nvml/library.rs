@@ -107,13 +107,19 @@ impl NvmlBackend for NvmlLibrary {
         since: Option<u64>,
     ) -> Result<Vec<ProcessSample>, NvmlError> {
         let device = self.nvml.device_by_index(index)?;
-        Ok(device
-            .process_utilization_stats(since)?
+        // nvml-wrapper asks for the count, then the samples: a process that appears in between
+        // makes the second call fail with "insufficient size". Ask again, once.
+        let samples = match device.process_utilization_stats(since) {
+            Err(NvmlError::InsufficientSize(_)) => device.process_utilization_stats(since),
+            other => other,
+        }?;
+        Ok(samples
             .into_iter()
             .map(|s| ProcessSample {
                 pid: s.pid,
                 timestamp_us: s.timestamp,
                 sm_util_pct: s.sm_util,
+                mem_util_pct: s.mem_util,
             })
             .collect())
     }

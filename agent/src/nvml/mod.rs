@@ -1,5 +1,6 @@
 //! What the NVIDIA driver says about the GPUs: per device utilisation, memory, power and
-//! temperature, and per process memory and SM utilisation.
+//! temperature, and per process memory and GPU use (SM and memory-bandwidth busy time, from the
+//! per-process samples: [`process_use`]).
 //!
 //! Every NVML call goes through [`NvmlBackend`] (the real one is [`library::NvmlLibrary`]), and
 //! [`NvmlGpuSource`] turns its answers into a [`GpuSnapshot`]. Nothing here panics or exits on a
@@ -8,15 +9,19 @@
 //! retried at most every [`RETRY_INIT_EVERY`] (a driver can be installed or loaded later).
 
 pub mod library;
+pub mod process_use;
 
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
+
+use self::process_use::DeviceSampler;
+pub use self::process_use::{PidUse, UseWindow};
 
 /// How often a failed NVML initialisation is tried again.
 pub const RETRY_INIT_EVERY: Duration = Duration::from_secs(30);
@@ -50,9 +55,15 @@ pub struct DeviceReading {
     pub power_mw: Option<u32>,
     pub power_limit_mw: Option<u32>,
     pub temperature_c: Option<u32>,
-    /// Processes with a context on this GPU, by pid (host pids: the driver ignores pid
-    /// namespaces).
+    /// Processes with a context on this GPU or with utilisation samples, by pid (host pids: the
+    /// driver ignores pid namespaces).
     pub processes: Vec<GpuProcess>,
+    /// The span the processes' `busy` figures cover; `None` in the first reading (it starts
+    /// the window) and where per-process utilisation cannot be read (`use_unavailable`).
+    pub use_window: Option<UseWindow>,
+    /// Why there is no per-process utilisation on this device (MIG, vGPU, an older GPU, a
+    /// failed query), for people.
+    pub use_unavailable: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -60,8 +71,9 @@ pub struct GpuProcess {
     pub pid: u32,
     /// Bytes of GPU memory, when the driver reports it.
     pub used_memory: Option<u64>,
-    /// SM utilisation over the time since the previous snapshot, when sampled.
-    pub sm_util_pct: Option<u32>,
+    /// SM and memory-controller busy time within `use_window` (zero for a process without
+    /// samples: it was idle); `None` when the device has no window.
+    pub busy: Option<PidUse>,
 }
 
 /// One process's memory on a device, as NVML's running-process lists give it.
@@ -71,13 +83,16 @@ pub struct ProcessMemory {
     pub used: Option<u64>,
 }
 
-/// One process utilisation sample.
+/// One process utilisation sample: the process's use of the device over one of the driver's
+/// sample periods, ending at `timestamp_us`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessSample {
     pub pid: u32,
-    /// CPU timestamp of the sample, in microseconds.
+    /// CPU timestamp of the sample (`CLOCK_REALTIME`), in microseconds.
     pub timestamp_us: u64,
     pub sm_util_pct: u32,
+    /// Memory controller (bandwidth) utilisation.
+    pub mem_util_pct: u32,
 }
 
 /// The NVML calls the agent makes, by device index.
@@ -97,7 +112,8 @@ pub trait NvmlBackend {
     fn temperature_c(&self, index: u32) -> Result<u32, NvmlError>;
     fn compute_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError>;
     fn graphics_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError>;
-    /// Samples taken after `since` (all buffered samples for `None`).
+    /// Samples taken after `since` (all buffered samples for `None`); `NVML_ERROR_NOT_FOUND`
+    /// when there are none.
     fn process_utilization(
         &self,
         index: u32,
@@ -129,6 +145,9 @@ pub enum NvmlProblem {
         #[source]
         source: NvmlError,
     },
+    /// Per-process utilisation samples over 100% (seen with zombie contexts), ignored.
+    #[error("GPU {index}: process utilization: {count} samples over 100% ignored")]
+    SamplesOutOfRange { index: u32, count: u32 },
     /// One field of one device could not be read.
     #[error("GPU {index}: {field}: {}", describe(source))]
     Field {
@@ -160,8 +179,8 @@ pub struct NvmlGpuSource<B: NvmlBackend = library::NvmlLibrary> {
     last_attempt: Option<Instant>,
     last_failure: Option<String>,
     retry_every: Duration,
-    /// The newest process utilisation sample seen, per device uuid (or index).
-    last_sample_us: HashMap<String, u64>,
+    /// Per-process sampling state per device uuid (or index).
+    samplers: HashMap<String, DeviceSampler>,
 }
 
 impl NvmlGpuSource<library::NvmlLibrary> {
@@ -195,12 +214,22 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
             last_attempt: None,
             last_failure: None,
             retry_every,
-            last_sample_us: HashMap::new(),
+            samplers: HashMap::new(),
         }
     }
 
     /// A snapshot as of `now` (which decides whether a failed initialisation is retried).
     pub fn snapshot_at(&mut self, now: Instant) -> GpuSnapshot {
+        let wall_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        self.snapshot_with(now, wall_us)
+    }
+
+    /// As [`Self::snapshot_at`], with the CPU time NVML's sample timestamps are compared with
+    /// (`CLOCK_REALTIME`, microseconds).
+    pub fn snapshot_with(&mut self, now: Instant, wall_us: u64) -> GpuSnapshot {
         let mut snap = GpuSnapshot::default();
         if self.backend.is_none() {
             let due = self
@@ -253,6 +282,7 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
                 // The driver may have gone away: start over after the retry interval.
                 self.backend = None;
                 self.last_attempt = Some(now);
+                self.samplers.clear();
                 return snap;
             }
         };
@@ -261,10 +291,17 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
             devices.push(read_device(
                 backend,
                 index,
-                &mut self.last_sample_us,
+                wall_us,
+                &mut self.samplers,
                 &mut problem,
             ));
         }
+        // Devices that went away take their state with them.
+        self.samplers.retain(|key, _| {
+            devices
+                .iter()
+                .any(|d| device_key(d.uuid.as_deref(), d.index) == *key)
+        });
         snap.devices = devices;
         snap
     }
@@ -276,10 +313,16 @@ impl<B: NvmlBackend> GpuSource for NvmlGpuSource<B> {
     }
 }
 
+/// The key of a device's sampling state: its uuid, else its index.
+fn device_key(uuid: Option<&str>, index: u32) -> String {
+    uuid.map_or_else(|| format!("index {index}"), str::to_owned)
+}
+
 fn read_device(
     backend: &impl NvmlBackend,
     index: u32,
-    last_sample_us: &mut HashMap<String, u64>,
+    wall_us: u64,
+    samplers: &mut HashMap<String, DeviceSampler>,
     problem: &mut impl FnMut(NvmlProblem),
 ) -> DeviceReading {
     let mut field = |field: &'static str, source: NvmlError| {
@@ -329,7 +372,7 @@ fn read_device(
                     let entry = by_pid.entry(p.pid).or_insert(GpuProcess {
                         pid: p.pid,
                         used_memory: None,
-                        sm_util_pct: None,
+                        busy: None,
                     });
                     entry.used_memory = entry.used_memory.max(p.used);
                 }
@@ -337,35 +380,54 @@ fn read_device(
             Err(e) => field(what, e),
         }
     }
-    // SM utilisation since the newest sample seen last time, the latest sample per process.
-    let key = d.uuid.clone().unwrap_or_else(|| format!("index {index}"));
-    let since = last_sample_us.get(&key).copied();
-    match backend.process_utilization(index, since) {
+    // GPU use since the previous reading (see `process_use`).
+    let sampler = samplers
+        .entry(device_key(d.uuid.as_deref(), index))
+        .or_default();
+    let samples = match backend.process_utilization(index, sampler.since()) {
+        Ok(samples) => Ok(samples),
+        // "Not found": no process was busy since `since`.
+        Err(NvmlError::NotFound) => Ok(vec![]),
+        Err(e) => Err(e),
+    };
+    let mut out_of_range = 0;
+    match samples {
         Ok(samples) => {
-            let mut newest: HashMap<u32, &ProcessSample> = HashMap::new();
-            for s in &samples {
-                let slot = newest.entry(s.pid).or_insert(s);
-                if s.timestamp_us > slot.timestamp_us {
-                    *slot = s;
+            let reading = sampler.fold(wall_us, &samples);
+            out_of_range = reading.out_of_range;
+            if let Some(window) = reading.window {
+                d.use_window = Some(window);
+                for p in by_pid.values_mut() {
+                    p.busy = Some(PidUse::default());
+                }
+                for (pid, used) in reading.by_pid {
+                    by_pid
+                        .entry(pid)
+                        .or_insert(GpuProcess {
+                            pid,
+                            used_memory: None,
+                            busy: None,
+                        })
+                        .busy = Some(used);
                 }
             }
-            for (pid, s) in newest {
-                by_pid
-                    .entry(pid)
-                    .or_insert(GpuProcess {
-                        pid,
-                        used_memory: None,
-                        sm_util_pct: None,
-                    })
-                    .sm_util_pct = Some(s.sm_util_pct);
-            }
-            if let Some(max) = samples.iter().map(|s| s.timestamp_us).max() {
-                last_sample_us.insert(key, max.max(since.unwrap_or(0)));
-            }
         }
-        // NVML answers "not found" when no process ran since `since`.
-        Err(NvmlError::NotFound) => {}
-        Err(e) => field("process utilization", e),
+        Err(e) => {
+            sampler.reset();
+            d.use_unavailable = Some(match e {
+                NvmlError::NotSupported => {
+                    "not supported on this device (MIG mode, a vGPU guest or an older GPU)".into()
+                }
+                ref other => describe(other),
+            });
+            field("process utilization", e);
+        }
+    }
+    if out_of_range > 0 {
+        problem(NvmlProblem::SamplesOutOfRange {
+            index,
+            count: out_of_range,
+        });
     }
     d.processes = by_pid.into_values().collect();
     d

@@ -16,7 +16,9 @@ struct FakeDevice {
     power_mw: Option<u32>,
     compute: Vec<ProcessMemory>,
     graphics: Vec<ProcessMemory>,
-    samples: Vec<ProcessSample>,
+    samples: RefCell<Vec<ProcessSample>>,
+    /// What the process utilisation query fails with instead of answering.
+    utilization_error: Option<fn() -> NvmlError>,
 }
 
 #[derive(Default)]
@@ -73,8 +75,13 @@ impl NvmlBackend for FakeNvml {
         since: Option<u64>,
     ) -> Result<Vec<ProcessSample>, NvmlError> {
         self.asked_since.borrow_mut().push(since);
-        let samples: Vec<_> = self.devices[index as usize]
+        let device = &self.devices[index as usize];
+        if let Some(e) = device.utilization_error {
+            return Err(e());
+        }
+        let samples: Vec<_> = device
             .samples
+            .borrow()
             .iter()
             .filter(|s| since.is_none_or(|t| s.timestamp_us > t))
             .cloned()
@@ -87,11 +94,14 @@ impl NvmlBackend for FakeNvml {
     }
 }
 
+const SEC: u64 = 1_000_000;
+
 fn sample(pid: u32, timestamp_us: u64, sm_util_pct: u32) -> ProcessSample {
     ProcessSample {
         pid,
         timestamp_us,
         sm_util_pct,
+        mem_util_pct: sm_util_pct / 2,
     }
 }
 
@@ -115,7 +125,12 @@ fn two_gpus() -> FakeNvml {
                     pid: 200,
                     used: Some(1 << 30),
                 }],
-                samples: vec![sample(200, 10, 30), sample(200, 20, 60), sample(300, 15, 5)],
+                samples: RefCell::new(vec![
+                    sample(200, 99 * SEC + 10, 30),
+                    sample(200, 99 * SEC + 20, 60),
+                    sample(300, 99 * SEC + 15, 5),
+                ]),
+                ..FakeDevice::default()
             },
             FakeDevice::default(),
         ],
@@ -137,10 +152,18 @@ fn source_of(fake: FakeNvml) -> NvmlGpuSource<FakeNvml> {
     )
 }
 
+fn process(pid: u32, used_memory: Option<u64>, busy: Option<PidUse>) -> GpuProcess {
+    GpuProcess {
+        pid,
+        used_memory,
+        busy,
+    }
+}
+
 #[test]
 fn reads_devices_fields_and_processes() {
     let mut source = source_of(two_gpus());
-    let snap = source.snapshot_at(Instant::now());
+    let snap = source.snapshot_with(Instant::now(), 100 * SEC);
     assert_eq!(snap.driver_version.as_deref(), Some("550.54.15"));
     assert_eq!(snap.cuda_driver_version.as_deref(), Some("12.4"));
     assert_eq!(snap.devices.len(), 2);
@@ -158,25 +181,14 @@ fn reads_devices_fields_and_processes() {
     assert_eq!(gpu0.power_mw, Some(312_000));
     assert_eq!(gpu0.power_limit_mw, None);
     assert_eq!(gpu0.temperature_c, Some(51));
+    // The first reading starts the utilisation window: memory now, use from the next reading.
     assert_eq!(
         gpu0.processes,
-        vec![
-            GpuProcess {
-                pid: 100,
-                used_memory: None,
-                sm_util_pct: None
-            },
-            GpuProcess {
-                pid: 200,
-                used_memory: Some(1 << 30),
-                sm_util_pct: Some(60)
-            },
-            GpuProcess {
-                pid: 300,
-                used_memory: None,
-                sm_util_pct: Some(5)
-            },
-        ]
+        vec![process(100, None, None), process(200, Some(1 << 30), None)]
+    );
+    assert_eq!(
+        (gpu0.use_window, gpu0.use_unavailable.as_deref()),
+        (None, None)
     );
     // A failing field leaves the device in place and says what is missing.
     let gpu1 = &snap.devices[1];
@@ -203,38 +215,105 @@ fn reads_devices_fields_and_processes() {
         snap.problems
     );
     let json = serde_json::to_value(&snap).unwrap();
-    assert_eq!(json["devices"][0]["processes"][1]["sm_util_pct"], 60);
+    assert_eq!(
+        json["devices"][0]["processes"][1]["used_memory"],
+        1u64 << 30
+    );
 }
 
 #[test]
-fn process_utilization_continues_from_the_newest_sample() {
+fn gpu_use_per_process_over_the_window_between_readings() {
     let mut source = source_of(two_gpus());
     let t0 = Instant::now();
-    let first = source.snapshot_at(t0);
-    let second = source.snapshot_at(t0 + Duration::from_secs(1));
+    source.snapshot_with(t0, 100 * SEC);
+    // The next second: process 200 at 60% in six samples of 1/6 s, process 300 (no context any
+    // more: it exited) busy in one, process 100 idle (no samples).
+    {
+        let backend = source.backend.as_ref().unwrap();
+        let mut samples = backend.devices[0].samples.borrow_mut();
+        samples.extend((1..=6).map(|i| sample(200, 100 * SEC + i * SEC / 6, 60)));
+        samples.push(sample(300, 100 * SEC + SEC / 2, 30));
+    }
+    let snap = source.snapshot_with(t0 + Duration::from_secs(1), 101 * SEC);
+    let gpu0 = &snap.devices[0];
+    let w = gpu0.use_window.expect("a window");
+    assert_eq!((w.from_unix_us, w.to_unix_us), (100 * SEC, 101 * SEC));
+    assert!(w.sample_period_us.abs_diff(SEC / 6) <= 1, "{w:?}");
+    let busy = |pid: u32| {
+        gpu0.processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .and_then(|p| p.busy)
+            .unwrap_or_else(|| panic!("{pid}: {:?}", gpu0.processes))
+    };
+    assert_eq!(busy(100), PidUse::default(), "idle: 0, not unknown");
+    let b200 = busy(200);
+    assert_eq!(b200.samples, 6);
+    assert!(b200.sm_busy_us.abs_diff(600_000) <= 6, "{b200:?}");
+    assert!(b200.mem_busy_us.abs_diff(300_000) <= 6, "{b200:?}");
+    assert!(busy(300).sm_busy_us.abs_diff(SEC / 6 * 30 / 100) <= 1);
+    // Device 0 (uuid GPU-a) asked from nothing, then from the first reading minus the
+    // look-back; device 1 likewise.
     let backend = source.backend.as_ref().unwrap();
-    // Device 0 (uuid GPU-a) from nothing, then from 20; device 1 never had samples.
+    let since = Some(100 * SEC - process_use::LOOKBACK_US);
     assert_eq!(
         *backend.asked_since.borrow(),
-        vec![None, None, Some(20), None]
+        vec![None, None, since, since]
     );
-    assert_eq!(first.devices[0].processes.len(), 3);
-    // Nothing newer than 20: memory still reported, no utilisation.
-    assert_eq!(
-        second.devices[0].processes,
-        vec![
-            GpuProcess {
-                pid: 100,
-                used_memory: None,
-                sm_util_pct: None
-            },
-            GpuProcess {
-                pid: 200,
-                used_memory: Some(1 << 30),
-                sm_util_pct: None
-            },
-        ]
+    // Device 1 had no samples at all ("not found"): a window in which everything was idle.
+    assert!(snap.devices[1].use_window.is_some());
+    assert!(snap.problems.iter().all(|p| !p.contains("utilization")));
+}
+
+#[test]
+fn unsupported_or_failing_per_process_utilisation_is_n_a_never_zero() {
+    let mut fake = two_gpus();
+    fake.devices[0].utilization_error = Some(|| NvmlError::NotSupported);
+    fake.devices[1].utilization_error = Some(|| NvmlError::Unknown);
+    let mut source = source_of(fake);
+    let t0 = Instant::now();
+    source.snapshot_with(t0, 100 * SEC);
+    let snap = source.snapshot_with(t0 + Duration::from_secs(1), 101 * SEC);
+    let gpu0 = &snap.devices[0];
+    assert_eq!(gpu0.use_window, None);
+    assert!(
+        gpu0.use_unavailable
+            .as_deref()
+            .is_some_and(|u| u.contains("MIG")),
+        "{gpu0:?}"
     );
+    assert!(gpu0.processes.iter().all(|p| p.busy.is_none()), "{gpu0:?}");
+    assert!(
+        gpu0.processes.iter().any(|p| p.used_memory.is_some()),
+        "memory is still read"
+    );
+    assert!(
+        snap.problems
+            .contains(&"GPU 0: process utilization: not supported".to_owned()),
+        "{:?}",
+        snap.problems
+    );
+    assert!(snap.devices[1].use_unavailable.is_some());
+}
+
+#[test]
+fn samples_out_of_range_are_ignored_and_said() {
+    let mut source = source_of(two_gpus());
+    let t0 = Instant::now();
+    source.snapshot_with(t0, 100 * SEC);
+    source.backend.as_ref().unwrap().devices[0]
+        .samples
+        .borrow_mut()
+        .push(sample(200, 100 * SEC + 5, 4_000_000_000));
+    let snap = source.snapshot_with(t0 + Duration::from_secs(1), 101 * SEC);
+    assert!(
+        snap.problems
+            .contains(&"GPU 0: process utilization: 1 samples over 100% ignored".to_owned()),
+        "{:?}",
+        snap.problems
+    );
+    let p200 = snap.devices[0].processes.iter().find(|p| p.pid == 200);
+    assert_eq!(p200.and_then(|p| p.busy), Some(PidUse::default()));
 }
 
 #[test]

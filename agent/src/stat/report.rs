@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::model::{
     ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, Snapshot, Source,
+    gpu_use::{WindowUse, window_use},
 };
 
 pub const SCHEMA: &str = "vgpu-agent.stat/v1";
@@ -69,6 +70,8 @@ pub struct ProcessRow {
     /// NCCL communicators the process created or used while traced (calls, errors and bytes
     /// within the window; rank, size, creator and state as last seen).
     pub communicators: Vec<Communicator>,
+    /// Per device, the process's SM and memory-bandwidth use over the window (NVML).
+    pub gpu_use: Vec<WindowUse>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -86,6 +89,9 @@ pub struct ContainerRow {
     pub name: String,
     pub pids: Vec<u32>,
     pub regions: Vec<RegionInfo>,
+    /// Per device, the container's processes' SM and memory-bandwidth use over the window,
+    /// summed (NVML).
+    pub gpu_use: Vec<WindowUse>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -217,6 +223,7 @@ pub fn build(
             memory: p.memory.clone(),
             apis: apis.iter().map(ApiRow::from_usage).collect(),
             communicators,
+            gpu_use: window_use(first, last, &[p.key]),
         });
     }
     let reported: Vec<u32> = processes.iter().map(|p| p.pid).collect();
@@ -233,6 +240,7 @@ pub fn build(
                 .filter(|p| reported.contains(p))
                 .collect(),
             regions: c.regions.clone(),
+            gpu_use: window_use(first, last, &c.processes),
         })
         .filter(|c| !c.pids.is_empty() || !c.regions.is_empty())
         .collect();
@@ -420,5 +428,72 @@ mod tests {
             .find(|c| c.cgroup_path.as_deref() == Some("/b"))
             .unwrap();
         assert_eq!((b.pids.clone(), b.live_bytes), (vec![200], 2 << 20));
+    }
+
+    fn on_gpu(mut p: Process, sm_us: u64, observed_us: u64) -> Process {
+        p.nvml = vec![crate::model::NvmlProcess {
+            device: 0,
+            used_memory: Some(1 << 30),
+            sm_util_pct: None,
+            mem_util_pct: None,
+            use_window: None,
+            use_unavailable: None,
+            busy: crate::model::gpu_use::Busy {
+                sm_us,
+                mem_us: sm_us / 2,
+                observed_us,
+            },
+        }];
+        p
+    }
+
+    #[test]
+    fn gpu_use_over_the_window_per_process_and_container() {
+        let first = snapshot(vec![
+            on_gpu(process(1, 5, "/a", vec![], 0), 1_000_000, 2_000_000),
+            on_gpu(process(2, 5, "/a", vec![], 0), 0, 2_000_000),
+        ]);
+        // 10 s later: process 1 busy 9 s of them, process 2 3 s; process 3 on a device that
+        // gives no per-process utilisation (nothing observed).
+        let mut last = snapshot(vec![
+            on_gpu(process(1, 5, "/a", vec![], 0), 10_000_000, 12_000_000),
+            on_gpu(process(2, 5, "/a", vec![], 0), 3_000_000, 12_000_000),
+            on_gpu(process(3, 5, "/b", vec![], 0), 0, 0),
+        ]);
+        last.processes[2].nvml[0].device = 1;
+        last.containers = vec![crate::model::Container {
+            key: "c".into(),
+            name: "c".into(),
+            containerised: true,
+            runtime: None,
+            container_id: None,
+            pod_uid: None,
+            pod_name: None,
+            namespace: None,
+            qos: None,
+            processes: last.processes[..2].iter().map(|p| p.key).collect(),
+            regions: vec![],
+        }];
+        let r = build(&first, &last, "in_process", 10.0, |_| None);
+        let row = |pid: u32| r.processes.iter().find(|p| p.pid == pid).unwrap();
+        let u1 = &row(1).gpu_use[0];
+        assert_eq!((u1.device, u1.sm_util_pct), (0, Some(90.0)));
+        assert_eq!((u1.sm_busy_seconds, u1.observed_seconds), (9.0, 10.0));
+        assert_eq!(u1.mem_util_pct, Some(45.0));
+        assert_eq!(row(2).gpu_use[0].sm_util_pct, Some(30.0));
+        assert_eq!(
+            row(3).gpu_use[0].sm_util_pct,
+            None,
+            "not measured is null, never 0"
+        );
+        let c = &r.containers[0].gpu_use;
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].sm_util_pct, Some(120.0), "the processes summed");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            json["processes"][2]["gpu_use"][0]["sm_util_pct"],
+            serde_json::Value::Null
+        );
+        assert_eq!(json["containers"][0]["gpu_use"][0]["sm_busy_seconds"], 12.0);
     }
 }

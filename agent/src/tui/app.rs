@@ -77,6 +77,8 @@ pub enum Action {
     ConfirmSignal(Signal),
     TogglePause,
     ToggleHelp,
+    /// The dialog that explains the header's lost and errors counters and lists them.
+    ToggleCounters,
     Quit,
     /// A key with no meaning here.
     Nothing,
@@ -117,6 +119,8 @@ pub struct ViewState {
     pub filter_editing: bool,
     pub paused: bool,
     pub help: bool,
+    /// The header's counters explained (`e`).
+    pub counters: bool,
     pub confirm: Option<Confirm>,
     /// One line of feedback (e.g. the result of a signal).
     pub status: Option<String>,
@@ -142,6 +146,7 @@ impl Default for ViewState {
             filter_editing: false,
             paused: false,
             help: false,
+            counters: false,
             confirm: None,
             status: None,
             interval: std::time::Duration::from_secs(1),
@@ -266,6 +271,8 @@ impl ViewState {
                     self.filter.clear();
                 } else if self.help {
                     self.help = false;
+                } else if self.counters {
+                    self.counters = false;
                 } else if self.screen != Screen::Table {
                     self.screen = Screen::Table;
                 } else {
@@ -291,6 +298,7 @@ impl ViewState {
             }
             Action::TogglePause => self.paused = !self.paused,
             Action::ToggleHelp => self.help = !self.help,
+            Action::ToggleCounters => self.counters = !self.counters,
         }
         Effect::None
     }
@@ -385,7 +393,7 @@ mod tests {
         v.update(Action::Back, &m);
         assert!(v.filter.is_empty(), "Escape clears the filter");
         v.update(Action::NextSort, &m);
-        assert_eq!(v.sort, SortKey::Allocs);
+        assert_eq!(v.sort, SortKey::Sm);
         v.update(Action::ReverseSort, &m);
         assert!(!v.descending);
         v.update(Action::TogglePause, &m);
@@ -394,6 +402,10 @@ mod tests {
         assert!(v.help);
         v.update(Action::Back, &m);
         assert!(!v.help);
+        v.update(Action::ToggleCounters, &m);
+        assert!(v.counters);
+        v.update(Action::Back, &m);
+        assert!(!v.counters);
         assert_eq!(v.update(Action::Quit, &m), Effect::Quit);
     }
 

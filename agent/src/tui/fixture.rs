@@ -1,6 +1,7 @@
 //! A synthetic model for the view tests: a pod with two training processes (one drifting, one
 //! doing NCCL), a docker container squeezed by its limit (allocations denied, throttled), one with
-//! an unlimited region, and a host process without a limiter.
+//! an unlimited region on a device without per-process utilisation (MIG), and a host process
+//! without a limiter.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,8 @@ use crate::{
     discovery::FoundBy,
     model::{
         AgentStatus, ApiUsage, Container, GpuDevice, LibraryStatus, LimiterProcess, MemoryViews,
-        Process, ProcessKey, Rates, RegionDevice, RegionInfo, Snapshot, Source,
+        NvmlProcess, Process, ProcessKey, Rates, RegionDevice, RegionInfo, Snapshot, Source,
+        gpu_use::{Busy, UseWindow},
     },
     probes::{AttachMode, calibrate::ProbeCost, symbols::Prologue},
     trace::LaunchProbes,
@@ -21,6 +23,33 @@ pub const SQUEEZED_ID: &str = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392
 pub const UNLIMITED_ID: &str = "c0ffee549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
+/// The trainer pod's SM use: 62% + 20%.
+pub const TRAIN_SM_PCT: u64 = 82;
+
+/// NVML's view of a process on device 0 over the latest second; `None`: the device gives no
+/// per-process utilisation (MIG).
+fn nvml(used: u64, sm_mem: Option<(f64, f64)>) -> Vec<NvmlProcess> {
+    let window = UseWindow {
+        from_unix_us: 1_779_999_999_000_000,
+        to_unix_us: 1_780_000_000_000_000,
+        sample_period_us: 166_666,
+    };
+    vec![NvmlProcess {
+        device: 0,
+        used_memory: Some(used),
+        sm_util_pct: sm_mem.map(|u| u.0),
+        mem_util_pct: sm_mem.map(|u| u.1),
+        use_window: sm_mem.map(|_| window),
+        use_unavailable: sm_mem.is_none().then(|| {
+            "not supported on this device (MIG mode, a vGPU guest or an older GPU)".into()
+        }),
+        busy: sm_mem.map_or(Busy::default(), |(sm, mem)| Busy {
+            sm_us: (sm * 600_000.0) as u64,
+            mem_us: (mem * 600_000.0) as u64,
+            observed_us: 60_000_000,
+        }),
+    }]
+}
 
 fn hist(samples: &[(u64, u64)]) -> Vec<u64> {
     let mut h = vec![0; HIST_BUCKETS];
@@ -94,6 +123,7 @@ fn region(limit: u64, reserved: u64, denied: u64) -> RegionInfo {
             sm_limit_pct: 0,
             reserved,
             denied,
+            context_charge: Some(500 * MIB),
         }],
         problems: vec![],
         read_retries: 0,
@@ -146,6 +176,7 @@ pub fn snapshot() -> Snapshot {
         ),
     ];
     rank0.limiter = Some(limiter(4 * GIB, 0));
+    rank0.nvml = nvml(5 * GIB, Some((62.0, 31.0)));
     rank0.memory = MemoryViews {
         limiter: Some(4 * GIB),
         limiter_allocations: Some(3 * GIB + 512 * MIB),
@@ -184,6 +215,7 @@ pub fn snapshot() -> Snapshot {
     ];
     rank1.apis[0].bytes = 810 * 256 * MIB;
     rank1.limiter = Some(limiter(2 * GIB, 0));
+    rank1.nvml = nvml(2 * GIB + 10 * MIB, Some((20.0, 44.0)));
     rank1.memory = MemoryViews {
         limiter: Some(2 * GIB),
         nvml: Some(2 * GIB + 10 * MIB),
@@ -219,6 +251,7 @@ pub fn snapshot() -> Snapshot {
         api("cuMemFree_v2", "free", Source::Limiter, &[(5_000, 1_950)]),
     ];
     serve.limiter = Some(limiter(2 * GIB - 64 * MIB, 2_500_000_000));
+    serve.nvml = nvml(2 * GIB - 60 * MIB, Some((30.0, 9.0)));
     serve.memory = MemoryViews {
         limiter: Some(2 * GIB - 64 * MIB),
         nvml: Some(2 * GIB - 60 * MIB),
@@ -252,6 +285,7 @@ pub fn snapshot() -> Snapshot {
         ..MemoryViews::default()
     };
     notebook.rates = None;
+    notebook.nvml = nvml(700 * MIB, None);
 
     let mut blender = process(777, "blender", "/usr/bin/blender -b scene.blend -a", "host");
     blender.apis = vec![api(
@@ -266,6 +300,7 @@ pub fn snapshot() -> Snapshot {
         ..MemoryViews::default()
     }
     .reconcile();
+    blender.nvml = nvml(3 * GIB, Some((4.0, 1.0)));
     blender.rates = Some(Rates {
         allocations_per_s: 2.0,
         ..Rates::default()
@@ -346,7 +381,7 @@ pub fn snapshot() -> Snapshot {
                 process_prologue: BTreeMap::new(),
             }),
             sampling: None,
-            events_lost: [("ringbuf_full".to_string(), 3u64)].into(),
+            events_lost: [("free_unknown".to_string(), 3u64)].into(),
             regions_read: 3,
             region_errors: 0,
             map_entries: BTreeMap::new(),
@@ -376,5 +411,56 @@ pub fn empty() -> Snapshot {
     s.containers.clear();
     s.processes.clear();
     s.agent.regions_read = 0;
+    s
+}
+
+/// The squeezed container misconfigured: its 512 MiB limit is below the 544 MiB context charge
+/// the limiter takes per process, so every allocation is denied and it holds nothing.
+pub fn limit_below_context() -> Snapshot {
+    let mut s = snapshot();
+    let c = s
+        .containers
+        .iter_mut()
+        .find(|c| c.key == SQUEEZED_ID)
+        .expect("the squeezed container");
+    c.regions[0].devices[0] = RegionDevice {
+        index: 0,
+        memory_limit: 512 * MIB,
+        sm_limit_pct: 0,
+        reserved: 0,
+        denied: 148,
+        context_charge: Some(544 * MIB),
+    };
+    let p = s
+        .processes
+        .iter_mut()
+        .find(|p| p.key.pid == 5200)
+        .expect("its process");
+    p.limiter = Some(limiter(0, 0));
+    p.memory.limiter = Some(0);
+    s
+}
+
+/// A node whose header counts lost events and errors: a region that cannot be read and a
+/// warning.
+pub fn with_errors() -> Snapshot {
+    let mut s = snapshot();
+    s.agent.events_lost = [
+        ("free_unknown".to_string(), 17u64),
+        ("return_without_entry".to_string(), 5),
+        ("ring_full".to_string(), 0),
+    ]
+    .into();
+    s.containers[0].regions.push(RegionInfo {
+        path: "/var/lib/vgpu-agent/regions/pod-x/vgpu.cache".into(),
+        format: "vgpu".into(),
+        devices: vec![],
+        problems: vec!["not a regular file (a FIFO): not read".into()],
+        read_retries: 0,
+    });
+    s.agent.region_errors = 1;
+    s.agent.warnings = vec![
+        "no libcuda on the host (searched /etc/ld.so.cache and the driver directories): no NVIDIA driver here? Watching processes for one".into(),
+    ];
     s
 }

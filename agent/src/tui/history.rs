@@ -1,10 +1,10 @@
-//! Short histories for sparklines and "memory over time": bounded ring buffers per GPU and per
-//! container and process, derived from successive snapshots. Rows that leave the model are
-//! forgotten.
+//! Short histories for sparklines, "memory over time" and "SM over time": bounded ring buffers
+//! per GPU and per container and process, derived from successive snapshots. Rows that leave the
+//! model are forgotten.
 
 use std::collections::{HashMap, VecDeque};
 
-use super::rows::{container_row, process_memory};
+use super::rows::{Util, container_row, process_figures, process_memory};
 use crate::model::{ProcessKey, Snapshot};
 
 /// Samples kept per series (two minutes at the default interval).
@@ -53,6 +53,17 @@ pub struct History {
     pub gpus: HashMap<u32, GpuHistory>,
     pub containers: HashMap<String, Series>,
     pub processes: HashMap<ProcessKey, Series>,
+    /// SM busy percent per container and process, while measured.
+    pub container_sm: HashMap<String, Series>,
+    pub process_sm: HashMap<ProcessKey, Series>,
+}
+
+/// The percent to record, if measured.
+fn measured(u: Util) -> Option<u64> {
+    match u {
+        Util::Pct(v) => Some(v.round() as u64),
+        Util::NotAvailable | Util::Unknown => None,
+    }
 }
 
 impl History {
@@ -67,19 +78,30 @@ impl History {
         self.gpus
             .retain(|i, _| snap.gpus.iter().any(|g| g.index == *i));
         for c in &snap.containers {
-            let used = container_row(snap, c).figures.memory.unwrap_or(0);
-            self.containers.entry(c.key.clone()).or_default().push(used);
+            let f = container_row(snap, c).figures;
+            self.containers
+                .entry(c.key.clone())
+                .or_default()
+                .push(f.memory.unwrap_or(0));
+            if let Some(sm) = measured(f.sm) {
+                self.container_sm.entry(c.key.clone()).or_default().push(sm);
+            }
         }
-        self.containers
-            .retain(|k, _| snap.containers.iter().any(|c| &c.key == k));
+        let has_container = |k: &String| snap.containers.iter().any(|c| &c.key == k);
+        self.containers.retain(|k, _| has_container(k));
+        self.container_sm.retain(|k, _| has_container(k));
         for p in &snap.processes {
             self.processes
                 .entry(p.key)
                 .or_default()
                 .push(process_memory(p).unwrap_or(0));
+            if let Some(sm) = measured(process_figures(p).sm) {
+                self.process_sm.entry(p.key).or_default().push(sm);
+            }
         }
-        self.processes
-            .retain(|k, _| snap.processes.iter().any(|p| p.key == *k));
+        let has_process = |k: &ProcessKey| snap.processes.iter().any(|p| p.key == *k);
+        self.processes.retain(|k, _| has_process(k));
+        self.process_sm.retain(|k, _| has_process(k));
     }
 }
 
@@ -116,8 +138,17 @@ mod tests {
         assert_eq!(h.gpus[&0].utilization.last(2), vec![87, 87]);
         assert_eq!(h.containers[fixture::TRAIN_ID].last(1), vec![6 << 30]);
         assert_eq!(h.processes.len(), snap.processes.len());
+        assert_eq!(
+            h.container_sm[fixture::TRAIN_ID].last(2),
+            vec![fixture::TRAIN_SM_PCT; 2]
+        );
+        assert!(
+            !h.container_sm.contains_key(fixture::UNLIMITED_ID),
+            "n/a is not recorded as 0"
+        );
         h.record(&fixture::empty());
         assert!(h.containers.is_empty() && h.processes.is_empty());
+        assert!(h.container_sm.is_empty() && h.process_sm.is_empty());
         assert_eq!(h.gpus[&0].utilization.len(), 3);
         h.record(&fixture::no_driver());
         assert!(h.gpus.is_empty());

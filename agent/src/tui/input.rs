@@ -37,6 +37,13 @@ pub fn action(key: KeyEvent, state: &ViewState) -> Action {
         return match key.code {
             KeyCode::Char('q') => Action::Quit,
             KeyCode::Char('?') | KeyCode::F(1) => Action::ToggleHelp,
+            KeyCode::Char('e') => Action::ToggleCounters,
+            _ => Action::Back,
+        };
+    }
+    if state.counters {
+        return match key.code {
+            KeyCode::Char('q') => Action::Quit,
             _ => Action::Back,
         };
     }
@@ -58,6 +65,7 @@ pub fn action(key: KeyEvent, state: &ViewState) -> Action {
         KeyCode::Char('K') | KeyCode::F(9) => Action::AskSignal,
         KeyCode::Char('p') | KeyCode::Char(' ') => Action::TogglePause,
         KeyCode::Char('?') | KeyCode::F(1) => Action::ToggleHelp,
+        KeyCode::Char('e') => Action::ToggleCounters,
         KeyCode::Esc | KeyCode::Backspace => Action::Back,
         _ => Action::Nothing,
     }
@@ -75,6 +83,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("p, Space", "pause / resume refreshing"),
     ("Esc", "back: close a dialog or details, clear the filter"),
     ("?, F1", "this help"),
+    (
+        "e",
+        "the header's lost and errors: what they count, each one",
+    ),
     ("q, F10, Ctrl-C", "quit"),
 ];
 
@@ -98,6 +110,12 @@ mod tests {
         assert_eq!(action(key(KeyCode::F(9)), &s), Action::AskSignal);
         assert_eq!(action(key(KeyCode::Char('/')), &s), Action::OpenFilter);
         assert_eq!(action(key(KeyCode::Char('q')), &s), Action::Quit);
+        assert_eq!(action(key(KeyCode::Char('e')), &s), Action::ToggleCounters);
+        let counters = ViewState {
+            counters: true,
+            ..ViewState::default()
+        };
+        assert_eq!(action(key(KeyCode::Char('j')), &counters), Action::Back);
         assert_eq!(
             action(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL), &s),
             Action::Quit

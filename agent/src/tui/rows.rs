@@ -17,12 +17,53 @@ pub enum Limit {
     Bytes(u64),
 }
 
+/// A utilisation figure from NVML's per-process samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Util {
+    /// Nothing measured yet (no NVML, or the first snapshot).
+    #[default]
+    Unknown,
+    /// The device gives no per-process utilisation (MIG, vGPU, an older GPU): not 0.
+    NotAvailable,
+    /// Percent of one device's time, summed over devices (two busy GPUs: 200%).
+    Pct(f64),
+}
+
+impl Util {
+    fn sort_value(self) -> f64 {
+        match self {
+            Util::Pct(v) => v,
+            Util::NotAvailable | Util::Unknown => -1.0,
+        }
+    }
+}
+
+/// SM and memory-bandwidth use of some processes in the latest window.
+fn utils(snap: &Snapshot, keys: &[ProcessKey]) -> (Util, Util) {
+    let m = snap.gpu_use_of(keys);
+    if !m.devices.is_empty() {
+        let sum = |f: fn(&crate::model::gpu_use::DeviceUse) -> f64| m.devices.iter().map(f).sum();
+        (
+            Util::Pct(sum(|d| d.sm_util_pct)),
+            Util::Pct(sum(|d| d.mem_util_pct)),
+        )
+    } else if !m.unavailable.is_empty() {
+        (Util::NotAvailable, Util::NotAvailable)
+    } else {
+        (Util::Unknown, Util::Unknown)
+    }
+}
+
 /// The figures of one row, a container's or a process's.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Figures {
     pub processes: usize,
     /// GPU memory used (limiter accounting, else NVML, else what the probes tracked).
     pub memory: Option<u64>,
+    /// SM busy share in the latest NVML window (always measured, limit or not).
+    pub sm: Util,
+    /// Memory-bandwidth busy share in the latest NVML window.
+    pub mem_bw: Util,
     pub allocs_per_s: Option<f64>,
     pub launches_per_s: Option<f64>,
     /// p99 of all CUDA API calls seen so far, ns.
@@ -41,6 +82,9 @@ pub struct ContainerRow<'a> {
     pub container: &'a Container,
     pub figures: Figures,
     pub limit: Limit,
+    /// (limit, context charge) of a device whose limit is smaller than one process's context
+    /// charge: every allocation there is denied.
+    pub limit_below_context: Option<(u64, u64)>,
 }
 
 /// One process's memory as the table shows it (an exited process holds none).
@@ -83,9 +127,26 @@ fn p99_of(hist: Vec<u64>) -> Option<u64> {
 pub fn process_figures(p: &Process) -> Figures {
     let apis = p.effective_apis();
     let r = p.rates.as_ref();
+    let measured: Vec<_> = p
+        .nvml
+        .iter()
+        .filter_map(|n| n.sm_util_pct.zip(n.use_window))
+        .collect();
+    let (sm, mem_bw) = if !measured.is_empty() {
+        (
+            Util::Pct(measured.iter().map(|m| m.0).sum()),
+            Util::Pct(p.nvml.iter().filter_map(|n| n.mem_util_pct).sum()),
+        )
+    } else if p.nvml.iter().any(|n| n.use_unavailable.is_some()) {
+        (Util::NotAvailable, Util::NotAvailable)
+    } else {
+        (Util::Unknown, Util::Unknown)
+    };
     Figures {
         processes: usize::from(p.alive),
         memory: process_memory(p),
+        sm,
+        mem_bw,
         allocs_per_s: r.map(|r| r.allocations_per_s),
         launches_per_s: r.map(|r| r.launches_per_s),
         p99_ns: p99_of(merged_hist(&apis)),
@@ -136,6 +197,7 @@ pub fn container_row<'a>(snap: &Snapshot, c: &'a Container) -> ContainerRow<'a> 
         all_apis.extend(p.effective_apis());
     }
     f.p99_ns = p99_of(merged_hist(&all_apis));
+    (f.sm, f.mem_bw) = utils(snap, &c.processes);
     let devices: Vec<_> = c.regions.iter().flat_map(|r| &r.devices).collect();
     let limit = if devices.is_empty() {
         Limit::None
@@ -148,10 +210,15 @@ pub fn container_row<'a>(snap: &Snapshot, c: &'a Container) -> ContainerRow<'a> 
             Limit::Bytes(devices.iter().map(|d| d.memory_limit).sum())
         }
     };
+    let limit_below_context = devices
+        .iter()
+        .find(|d| d.limit_below_context())
+        .and_then(|d| Some((d.memory_limit, d.context_charge?)));
     ContainerRow {
         container: c,
         figures: f,
         limit,
+        limit_below_context,
     }
 }
 
@@ -180,6 +247,7 @@ pub enum SortKey {
     Name,
     Processes,
     Memory,
+    Sm,
     Allocs,
     Launches,
     P99,
@@ -190,10 +258,11 @@ pub enum SortKey {
 }
 
 impl SortKey {
-    pub const ALL: [SortKey; 10] = [
+    pub const ALL: [SortKey; 11] = [
         SortKey::Name,
         SortKey::Processes,
         SortKey::Memory,
+        SortKey::Sm,
         SortKey::Allocs,
         SortKey::Launches,
         SortKey::P99,
@@ -215,6 +284,7 @@ impl SortKey {
             SortKey::Name => 0.0,
             SortKey::Processes => f.processes as f64,
             SortKey::Memory => f.memory.map(|m| m as f64).unwrap_or(-1.0),
+            SortKey::Sm => f.sm.sort_value(),
             SortKey::Allocs => o(f.allocs_per_s),
             SortKey::Launches => o(f.launches_per_s),
             SortKey::P99 => f.p99_ns.map(|m| m as f64).unwrap_or(-1.0),
@@ -356,188 +426,4 @@ pub fn rows<'a>(snap: &'a Snapshot, how: &Arrangement) -> Vec<Row<'a>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tui::fixture;
-
-    fn arrangement(expanded: &BTreeSet<String>) -> Arrangement<'_> {
-        Arrangement {
-            sort: SortKey::Memory,
-            descending: true,
-            filter: "",
-            expanded,
-            tree: false,
-        }
-    }
-
-    #[test]
-    fn container_memory_and_limit_come_from_the_region() {
-        let snap = fixture::snapshot();
-        let c = snap
-            .containers
-            .iter()
-            .find(|c| c.key == fixture::TRAIN_ID)
-            .unwrap();
-        let row = container_row(&snap, c);
-        assert_eq!(row.limit, Limit::Bytes(8 << 30));
-        assert_eq!(
-            row.figures.memory,
-            Some(6 << 30),
-            "the region's reserved bytes"
-        );
-        assert_eq!(row.figures.processes, 2);
-        let (a, b) = (&snap.processes[0], &snap.processes[1]);
-        let want = a.rates.as_ref().unwrap().allocations_per_s
-            + b.rates.as_ref().unwrap().allocations_per_s;
-        assert_eq!(row.figures.allocs_per_s, Some(want), "rates add up");
-        assert_eq!(
-            row.figures.drift.as_deref(),
-            Some("limiter/nvml"),
-            "one drifting process flags the container"
-        );
-    }
-
-    #[test]
-    fn a_container_without_a_region_sums_its_processes_and_has_no_limit() {
-        let snap = fixture::snapshot();
-        let host = snap.containers.iter().find(|c| c.key == "host").unwrap();
-        let row = container_row(&snap, host);
-        assert_eq!(row.limit, Limit::None);
-        assert_eq!(row.figures.memory, Some(3 << 30));
-        assert_eq!(row.figures.drift, None);
-    }
-
-    #[test]
-    fn denied_allocations_and_unlimited_regions() {
-        let snap = fixture::snapshot();
-        let c = snap
-            .containers
-            .iter()
-            .find(|c| c.key == fixture::SQUEEZED_ID)
-            .unwrap();
-        let row = container_row(&snap, c);
-        assert_eq!(row.figures.denied, 42);
-        let u = snap
-            .containers
-            .iter()
-            .find(|c| c.key == fixture::UNLIMITED_ID)
-            .unwrap();
-        assert_eq!(container_row(&snap, u).limit, Limit::Unlimited);
-    }
-
-    #[test]
-    fn p99_is_the_worst_of_the_merged_histograms() {
-        let snap = fixture::snapshot();
-        let c = snap
-            .containers
-            .iter()
-            .find(|c| c.key == fixture::TRAIN_ID)
-            .unwrap();
-        let row = container_row(&snap, c);
-        let worst = c
-            .processes
-            .iter()
-            .filter_map(|k| process_figures(snap.process(*k).unwrap()).p99_ns)
-            .max();
-        assert!(row.figures.p99_ns >= worst.map(|w| w / 2), "{row:?}");
-        assert!(row.figures.p99_ns.is_some());
-    }
-
-    #[test]
-    fn sorting_filtering_and_the_tree() {
-        let snap = fixture::snapshot();
-        let none = BTreeSet::new();
-        let how = arrangement(&none);
-        let r = rows(&snap, &how);
-        assert!(
-            r.iter().all(|r| matches!(r.id, RowId::Container(_))),
-            "collapsed"
-        );
-        let mems: Vec<u64> = r
-            .iter()
-            .map(|r| match &r.kind {
-                RowKind::Container { row, .. } => row.figures.memory.unwrap_or(0),
-                _ => unreachable!(),
-            })
-            .collect();
-        assert!(
-            mems.windows(2).all(|w| w[0] >= w[1]),
-            "largest memory first: {mems:?}"
-        );
-
-        let by_name = Arrangement {
-            sort: SortKey::Name,
-            descending: false,
-            ..how.clone()
-        };
-        let names: Vec<String> = rows(&snap, &by_name)
-            .iter()
-            .map(|r| match &r.kind {
-                RowKind::Container { row, .. } => container_label(row.container),
-                _ => unreachable!(),
-            })
-            .collect();
-        let mut sorted = names.clone();
-        sorted.sort();
-        assert_eq!(names, sorted);
-
-        let expanded: BTreeSet<String> = [fixture::TRAIN_ID.to_string()].into();
-        let r = rows(&snap, &arrangement(&expanded));
-        assert_eq!(
-            r.len(),
-            snap.containers.len() + 2,
-            "the two trainer processes"
-        );
-
-        let filtered = Arrangement {
-            filter: "nccl",
-            ..how.clone()
-        };
-        let r = rows(&snap, &filtered);
-        assert_eq!(
-            r.len(),
-            2,
-            "one container with the one matching process: {r:?}"
-        );
-        assert!(
-            matches!(&r[1].kind, RowKind::Process { process, .. } if process.cmdline.contains("nccl"))
-        );
-
-        let tree = Arrangement { tree: true, ..how };
-        assert_eq!(
-            rows(&snap, &tree).len(),
-            snap.containers.len() + snap.processes.len()
-        );
-    }
-
-    #[test]
-    fn exited_processes_hold_no_memory() {
-        let mut snap = fixture::snapshot();
-        let host = snap
-            .containers
-            .iter()
-            .find(|c| c.key == "host")
-            .unwrap()
-            .clone();
-        snap.processes
-            .iter_mut()
-            .find(|p| p.key.pid == 777)
-            .unwrap()
-            .alive = false;
-        let row = container_row(&snap, &host);
-        assert_eq!((row.figures.memory, row.figures.processes), (None, 0));
-    }
-
-    #[test]
-    fn labels() {
-        let snap = fixture::snapshot();
-        let c = snap
-            .containers
-            .iter()
-            .find(|c| c.key == fixture::TRAIN_ID)
-            .unwrap();
-        assert_eq!(container_label(c), "ml-team/trainer-0/pytorch");
-        assert_eq!(short_key(fixture::TRAIN_ID), &fixture::TRAIN_ID[..12]);
-        assert_eq!(short_key("host"), "host");
-    }
-}
+mod tests;

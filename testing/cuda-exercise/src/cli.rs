@@ -68,9 +68,9 @@ pub enum Command {
         bytes: u64,
     },
     /// Keep hitting the memory limit: allocate `--chunk` bytes at a time until an allocation
-    /// fails (the device is full or a limiter denies it), free half of what is held, wait
-    /// `--delay-ms`, repeat; until `--seconds` pass (0: until SIGTERM or stdin closes). Prints
-    /// the allocations made and refused.
+    /// fails (the device is full or a limiter denies it), wait `--delay-ms`, free the older half
+    /// of what is held, wait `--delay-ms`, repeat; until `--seconds` pass (0: until SIGTERM or
+    /// stdin closes). Prints the allocations made and refused.
     Pressure {
         #[arg(long, default_value = "64m", value_parser = parse_bytes)]
         chunk: u64,

@@ -275,6 +275,12 @@ pub fn pressure(
     let (mut made, mut refused, mut rounds) = (0u64, 0u64, 0u64);
     let mut live: Vec<u64> = Vec::new();
     let done = || TERMINATED.load(Ordering::SeqCst) || end.is_some_and(|e| Instant::now() >= e);
+    let pause = || {
+        let wake = Instant::now() + Duration::from_millis(delay_ms);
+        while Instant::now() < wake && !done() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     while !done() {
         loop {
             let (r, ptr) = drv.mem_alloc(chunk);
@@ -289,13 +295,14 @@ pub fn pressure(
             }
         }
         rounds += 1;
-        for ptr in live.split_off(live.len() / 2) {
+        // Full for a while, then half full for a while: an observer sees both.
+        pause();
+        // The older half: an observer that attached later soon sees every live allocation.
+        let half = live.len() / 2;
+        for ptr in live.drain(..half) {
             drv.mem_free(ptr);
         }
-        let wake = Instant::now() + Duration::from_millis(delay_ms);
-        while Instant::now() < wake && !done() {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        pause();
     }
     for ptr in live {
         drv.mem_free(ptr);

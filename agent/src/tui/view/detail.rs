@@ -1,6 +1,6 @@
-//! The detail view of a container or a process: identity and memory, memory over time, per-API
-//! counts and latency histograms with the limiter's self-time per call, and the probe mode and
-//! what it costs.
+//! The detail view of a container or a process: identity and memory, GPU use (SM and memory
+//! bandwidth, from NVML), memory and SM use over time, per-API counts and latency histograms with
+//! the limiter's self-time per call, and the probe mode and what it costs.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +14,7 @@ use ratatui::{
 
 use super::{Theme, fit, short_bytes, spark};
 use crate::{
-    model::{ApiUsage, Process, Snapshot, Source},
+    model::{ApiUsage, Process, ProcessKey, Snapshot, Source},
     trace::LaunchProbes,
     tui::{
         app::Model,
@@ -175,19 +175,58 @@ fn probe_lines(s: &Snapshot, apis: &[ApiUsage], t: &Theme) -> Vec<Line<'static>>
     ])]
 }
 
-fn memory_line(
+/// What NVML says about these processes' use of each device in the latest window.
+fn gpu_use_line(s: &Snapshot, keys: &[ProcessKey], t: &Theme) -> Line<'static> {
+    let m = s.gpu_use_of(keys);
+    let mut spans = vec![Span::styled("GPU use  ", t.key())];
+    if m.devices.is_empty() && m.unavailable.is_empty() {
+        let why = if s.gpus.is_empty() {
+            "no NVML: not measured"
+        } else {
+            "not measured yet (NVML's per-process samples need two readings)"
+        };
+        spans.push(Span::styled(why, t.dim()));
+        return Line::from(spans);
+    }
+    let mut parts: Vec<String> = m
+        .devices
+        .iter()
+        .map(|d| {
+            let over = d
+                .window
+                .map(|w| format!(" over {:.1}s", w.micros() as f64 / 1e6))
+                .unwrap_or_default();
+            format!(
+                "GPU{} SM {:.0}%, memory bandwidth {:.0}%{over}",
+                d.device, d.sm_util_pct, d.mem_util_pct
+            )
+        })
+        .collect();
+    parts.extend(
+        m.unavailable
+            .iter()
+            .map(|(d, why)| format!("GPU{d} n/a (per-process utilisation {why})")),
+    );
+    spans.push(Span::raw(parts.join("; ")));
+    Line::from(spans)
+}
+
+fn series_line(
+    what: &str,
     series: Option<&crate::tui::history::Series>,
     width: usize,
+    max: impl Fn(u64) -> String,
+    scale: Option<u64>,
     t: &Theme,
 ) -> Line<'static> {
     let Some(s) = series.filter(|s| !s.is_empty()) else {
-        return Line::from(Span::styled("memory over time: no samples yet", t.dim()));
+        return Line::from(Span::styled(format!("{what}: no samples yet"), t.dim()));
     };
     let w = width.saturating_sub(30).max(8);
     Line::from(vec![
-        Span::styled("memory over time ", t.key()),
-        Span::styled(spark(&s.last(w), w, None), t.good()),
-        Span::raw(format!(" max {}", short_bytes(s.max()))),
+        Span::styled(format!("{what} "), t.key()),
+        Span::styled(spark(&s.last(w), w, scale), t.good()),
+        Span::raw(format!(" max {}", max(s.max()))),
     ])
 }
 
@@ -228,6 +267,7 @@ fn process_facts(p: &Process, s: &Snapshot, t: &Theme) -> Vec<Line<'static>> {
         ));
     }
     out.push(Line::from(mem));
+    out.push(gpu_use_line(s, &[p.key], t));
     if let Some(l) = &p.limiter {
         out.push(Line::from(format!(
             "limiter  slot {} held {} (context {}), throttled {}, dropped records {}{}",
@@ -300,20 +340,24 @@ fn container_facts<'s>(
         },
         row.figures.denied
     )));
+    out.push(gpu_use_line(s, &c.processes, t));
     for r in &c.regions {
         let devs: Vec<String> = r
             .devices
             .iter()
             .map(|d| {
                 format!(
-                    "GPU{} {} of {}",
+                    "GPU{} {} of {}{}",
                     d.index,
                     bytes(d.reserved),
                     if d.memory_limit == 0 {
                         "unlimited".into()
                     } else {
                         bytes(d.memory_limit)
-                    }
+                    },
+                    d.context_charge
+                        .map(|c| format!(" (context {} per process)", bytes(c)))
+                        .unwrap_or_default()
                 )
             })
             .collect();
@@ -324,6 +368,23 @@ fn container_facts<'s>(
             devs.join(", "),
             r.read_retries
         )));
+        for d in r.devices.iter().filter(|d| d.limit_below_context()) {
+            out.push(Line::from(Span::styled(
+                format!(
+                    "  warning: GPU{}'s limit {} is below one process's context charge ({}): \
+                     every allocation is denied",
+                    d.index,
+                    bytes(d.memory_limit),
+                    bytes(d.context_charge.unwrap_or(0))
+                ),
+                t.bad(),
+            )));
+            out.push(Line::from(Span::styled(
+                "  set CUDA_DEVICE_MEMORY_LIMIT above the charge plus what the application needs \
+                 (VGPU_CONTEXT_BYTES sets the charge)",
+                t.bad(),
+            )));
+        }
         for p in &r.problems {
             out.push(Line::from(Span::styled(format!("  problem: {p}"), t.bad())));
         }
@@ -335,18 +396,20 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Them
     let Some(s) = &model.snapshot else {
         return;
     };
+    let h = &model.history;
     let found = match id {
         RowId::Container(k) => container_facts(s, k, t)
-            .map(|(lines, procs)| (lines, procs, model.history.containers.get(k))),
+            .map(|(lines, procs)| (lines, procs, h.containers.get(k), h.container_sm.get(k))),
         RowId::Process(k) => s.process(*k).map(|p| {
             (
                 process_facts(p, s, t),
                 vec![p],
-                model.history.processes.get(k),
+                h.processes.get(k),
+                h.process_sm.get(k),
             )
         }),
     };
-    let Some((mut lines, procs, series)) = found else {
+    let Some((mut lines, procs, memory, sm)) = found else {
         frame.render_widget(
             Paragraph::new("this row has left the model (Esc goes back)").style(t.dim()),
             area,
@@ -354,7 +417,25 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Them
         return;
     };
     let apis = merge(&procs);
-    lines.push(memory_line(series, area.width as usize, t));
+    let width = area.width as usize;
+    lines.push(series_line(
+        "memory over time",
+        memory,
+        width,
+        short_bytes,
+        None,
+        t,
+    ));
+    if !s.gpus.is_empty() {
+        lines.push(series_line(
+            "SM over time",
+            sm,
+            width,
+            |v| format!("{v}%"),
+            Some(100),
+            t,
+        ));
+    }
     lines.extend(probe_lines(s, &apis, t));
     let lines: Vec<Line> = lines
         .into_iter()

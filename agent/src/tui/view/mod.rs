@@ -1,5 +1,6 @@
 //! Rendering: pure functions of the model and the view state. Nothing here changes either.
 
+mod counters;
 mod detail;
 mod header;
 mod popup;
@@ -93,6 +94,9 @@ pub fn render(frame: &mut Frame, model: &Model, state: &ViewState) {
     popup::footer(frame, footer, state, &theme);
     if state.help {
         popup::help(frame, &theme);
+    }
+    if state.counters {
+        counters::render(frame, model, &theme);
     }
     if let Some(c) = &state.confirm {
         popup::confirm(frame, c, &theme);

@@ -20,6 +20,7 @@ fn sort_name(k: SortKey) -> &'static str {
         SortKey::Name => "name",
         SortKey::Processes => "processes",
         SortKey::Memory => "memory",
+        SortKey::Sm => "sm%",
         SortKey::Allocs => "allocs/s",
         SortKey::Launches => "launches/s",
         SortKey::P99 => "p99",
@@ -62,6 +63,11 @@ pub fn footer(frame: &mut Frame, area: Rect, state: &ViewState, t: &Theme) {
             spans.push(Span::styled(*k, t.key()));
             spans.push(Span::raw(format!(" {what}  ")));
         }
+        // Where there is room: what the header's counters mean is one key away.
+        if area.width >= 100 {
+            spans.push(Span::styled("e", t.key()));
+            spans.push(Span::raw(" lost/errors  "));
+        }
         spans.push(Span::styled("s", t.key()));
         spans.push(Span::raw(format!(
             " sort:{}{}",
@@ -79,7 +85,7 @@ pub fn footer(frame: &mut Frame, area: Rect, state: &ViewState, t: &Theme) {
     frame.render_widget(Paragraph::new(line), area);
 }
 
-fn centered(area: Rect, width: u16, height: u16) -> Rect {
+pub(super) fn centered(area: Rect, width: u16, height: u16) -> Rect {
     let [v] = Layout::vertical([Constraint::Length(height.min(area.height))])
         .flex(Flex::Center)
         .areas(area);
@@ -95,23 +101,37 @@ const COLUMNS_HELP: &[(&str, &str)] = &[
         "used (limiter, NVML or probes) vs the region's limit",
     ),
     (
+        "⚠ 512M < ctx 544M",
+        "limit below one process's context charge: all denied",
+    ),
+    (
+        "SM%",
+        "SM busy share from NVML, limit or not; n/a: MIG, vGPU",
+    ),
+    (
         "ALLOC/s LAUNCH/s",
         "allocations, kernel launches per second",
     ),
-    ("API P99", "p99 latency of all CUDA API calls seen"),
     (
-        "SYNC THROTL",
-        "time blocked in sync / throttled by the limiter",
+        "API P99 SYNC",
+        "p99 latency of CUDA calls; share blocked in sync",
     ),
     (
-        "NCCL/s DENIED",
-        "NCCL bytes/s; allocations the limiter denied",
+        "THROTL DENIED",
+        "share throttled / allocations denied by the limiter",
     ),
-    ("DRIFT", "limiter, probe and NVML memory views disagree"),
+    (
+        "NCCL/s DRIFT",
+        "NCCL bytes/s; memory views (limiter, probes, NVML) differ",
+    ),
+    (
+        "lost errors",
+        "header counters: e says what they count and lists them",
+    ),
 ];
 
 pub fn help(frame: &mut Frame, t: &Theme) {
-    let area = centered(frame.area(), 80, 22);
+    let area = centered(frame.area(), 80, 23);
     let key_w = 18;
     let mut lines: Vec<Line> = HELP
         .iter()

@@ -13,7 +13,7 @@ use super::{Theme, bar, fit, percent, rate, short_bytes};
 use crate::{
     tui::{
         app::{Model, ViewState},
-        rows::{Figures, Limit, RowKind, SortKey, container_label, short_key},
+        rows::{Figures, Limit, RowKind, SortKey, Util, container_label, short_key},
     },
     units::nanos,
 };
@@ -22,6 +22,7 @@ use crate::{
 enum Col {
     Procs,
     Memory,
+    Sm,
     Allocs,
     Launches,
     P99,
@@ -34,17 +35,18 @@ enum Col {
 
 /// In display order: (column, title, width, importance: 0 is kept longest). Each width leaves
 /// room for the sort mark after the title.
-const COLUMNS: [(Col, &str, u16, u8); 10] = [
-    (Col::Procs, "PROC", 5, 9),
+const COLUMNS: [(Col, &str, u16, u8); 11] = [
+    (Col::Procs, "PROC", 5, 10),
     (Col::Memory, "GPU MEM / LIMIT", 20, 0),
-    (Col::Allocs, "ALLOC/s", 8, 2),
-    (Col::Launches, "LAUNCH/s", 9, 6),
-    (Col::P99, "API P99", 8, 1),
-    (Col::Sync, "SYNC", 5, 5),
-    (Col::Nccl, "NCCL/s", 7, 8),
-    (Col::Throttled, "THROTL", 7, 7),
-    (Col::Denied, "DENIED", 7, 3),
-    (Col::Drift, "DRIFT", 5, 4),
+    (Col::Sm, "SM%", 5, 1),
+    (Col::Allocs, "ALLOC/s", 8, 3),
+    (Col::Launches, "LAUNCH/s", 9, 7),
+    (Col::P99, "API P99", 8, 2),
+    (Col::Sync, "SYNC", 5, 6),
+    (Col::Nccl, "NCCL/s", 7, 9),
+    (Col::Throttled, "THROTL", 7, 8),
+    (Col::Denied, "DENIED", 7, 4),
+    (Col::Drift, "DRIFT", 5, 5),
 ];
 
 const NAME_MIN: u16 = 27;
@@ -53,6 +55,7 @@ fn sort_of(c: Col) -> SortKey {
     match c {
         Col::Procs => SortKey::Processes,
         Col::Memory => SortKey::Memory,
+        Col::Sm => SortKey::Sm,
         Col::Allocs => SortKey::Allocs,
         Col::Launches => SortKey::Launches,
         Col::P99 => SortKey::P99,
@@ -83,8 +86,19 @@ fn columns(width: u16) -> Vec<(Col, &'static str, u16)> {
         .collect()
 }
 
-fn memory_cell(f: &Figures, limit: Option<Limit>, width: usize, t: &Theme) -> Cell<'static> {
+fn memory_cell(
+    f: &Figures,
+    limit: Option<Limit>,
+    below_context: Option<(u64, u64)>,
+    width: usize,
+    t: &Theme,
+) -> Cell<'static> {
     let used = f.memory.map(short_bytes).unwrap_or_else(|| "-".into());
+    if let Some((limit, charge)) = below_context {
+        // Nothing can be allocated: say why instead of drawing an empty bar.
+        let text = format!("⚠ {} < ctx {}", short_bytes(limit), short_bytes(charge));
+        return Cell::from(Span::styled(fit(&text, width), t.bad()));
+    }
     match limit {
         Some(Limit::Bytes(l)) => {
             let text = format!("{used}/{}", short_bytes(l));
@@ -111,9 +125,19 @@ fn memory_cell(f: &Figures, limit: Option<Limit>, width: usize, t: &Theme) -> Ce
     }
 }
 
+/// `45%`, `n/a` (the device gives no per-process utilisation) or `-` (not measured yet).
+pub fn util_text(u: Util) -> String {
+    match u {
+        Util::Pct(v) => format!("{v:.0}%"),
+        Util::NotAvailable => "n/a".into(),
+        Util::Unknown => "-".into(),
+    }
+}
+
 fn figure_cells(
     f: &Figures,
     limit: Option<Limit>,
+    below_context: Option<(u64, u64)>,
     cols: &[(Col, &str, u16)],
     t: &Theme,
 ) -> Vec<Cell<'static>> {
@@ -122,7 +146,8 @@ fn figure_cells(
         .map(|(c, _, w)| (c, *w as usize))
         .map(|(c, w)| match c {
             Col::Procs => Cell::from(format!("{:>w$}", f.processes)),
-            Col::Memory => memory_cell(f, limit, w, t),
+            Col::Memory => memory_cell(f, limit, below_context, w, t),
+            Col::Sm => Cell::from(format!("{:>w$}", util_text(f.sm))),
             Col::Allocs => Cell::from(format!("{:>w$}", opt(f.allocs_per_s, rate))),
             Col::Launches => Cell::from(format!("{:>w$}", opt(f.launches_per_s, rate))),
             Col::P99 => Cell::from(format!(
@@ -245,7 +270,13 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, state: &ViewState, t
                     let mark = if *expanded { "▾ " } else { "▸ " };
                     let name = fit(&format!("{mark}{label}{id}"), name_width);
                     let mut cells = vec![Cell::from(name)];
-                    cells.extend(figure_cells(&row.figures, Some(row.limit), &cols, t));
+                    cells.extend(figure_cells(
+                        &row.figures,
+                        Some(row.limit),
+                        row.limit_below_context,
+                        &cols,
+                        t,
+                    ));
                     Row::new(cells).style(Style::new())
                 }
                 RowKind::Process {
@@ -265,7 +296,7 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, state: &ViewState, t
                         name_width,
                     );
                     let mut cells = vec![Cell::from(name)];
-                    cells.extend(figure_cells(figures, None, &cols, t));
+                    cells.extend(figure_cells(figures, None, None, &cols, t));
                     Row::new(cells)
                 }
             };
@@ -291,6 +322,7 @@ mod tests {
     fn narrow_terminals_keep_the_important_columns() {
         let narrow: Vec<Col> = columns(80).iter().map(|c| c.0).collect();
         assert!(narrow.contains(&Col::Memory) && narrow.contains(&Col::P99));
+        assert!(narrow.contains(&Col::Sm), "who uses the SMs: {narrow:?}");
         assert!(!narrow.contains(&Col::Nccl), "{narrow:?}");
         let wide = columns(160);
         assert_eq!(wide.len(), COLUMNS.len(), "everything fits in 160 columns");

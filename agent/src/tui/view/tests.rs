@@ -132,6 +132,36 @@ fn paused_with_a_status_line() {
 }
 
 #[test]
+fn a_limit_below_the_context_charge_is_a_warning() {
+    let mut m = Model::default();
+    m.source.name = "in-process".into();
+    m.apply(fixture::limit_below_context());
+    both("limit_below_context", &m, &ViewState::default());
+    let mut s = ViewState::default();
+    while !matches!(&s.selected, Some(RowId::Container(k)) if k == fixture::SQUEEZED_ID) {
+        s.update(Action::Down, &m);
+    }
+    s.update(Action::Enter, &m);
+    s.update(Action::Down, &m);
+    s.update(Action::Up, &m);
+    s.update(Action::Enter, &m);
+    assert_eq!(
+        s.screen,
+        crate::tui::app::Screen::Detail(RowId::Container(fixture::SQUEEZED_ID.into()))
+    );
+    let t = draw(&m, &s, 160, 48);
+    insta::assert_snapshot!("limit_below_context_detail_160x48", t.backend());
+}
+
+#[test]
+fn the_header_counters_explained() {
+    let mut m = Model::default();
+    m.source.name = "in-process".into();
+    m.apply(fixture::with_errors());
+    both("counters", &m, &with(&m, &[Action::ToggleCounters]));
+}
+
+#[test]
 fn no_gpu_no_driver() {
     let mut m = Model::default();
     m.source.name = "in-process".into();

@@ -1,0 +1,322 @@
+//! Per-process GPU use from NVML's per-process utilisation samples
+//! (`nvmlDeviceGetProcessUtilization`): how long each process kept the SMs and the memory
+//! controller busy between two queries.
+//!
+//! NVML's quirks, and what is done about each:
+//! - **A sample covers one of the driver's sample periods** (1/6 s on an H200 with driver 580,
+//!   `docs/sm-limit.md`), and one comes per process *that was busy* in that period: an idle
+//!   process has none. So a process's busy time is the sum over its samples of `util x period`,
+//!   and a process without samples in a window was idle (0, not unknown). The period is not
+//!   reported: it is estimated as the median gap between consecutive samples of one process over
+//!   the last [`GAP_HISTORY`] gaps ([`PERIOD_RANGE_US`] bounds it); before any gap was seen, as
+//!   the window divided by the most samples any one process had in it. A driver that returns one
+//!   sample per process and query (as NVML's documentation reads) gives gaps of one query
+//!   interval, which the same sum turns into the same busy time.
+//! - **Timestamps are CPU time in microseconds (`CLOCK_REALTIME`), and samples become visible
+//!   late** (up to about 1 s), each process's on its own schedule: asking only for samples after
+//!   the newest one seen would hide a slower process's older ones. Each query asks for everything
+//!   after the previous query minus [`LOOKBACK_US`], and a sample counts once: when it is newer
+//!   than the newest already counted for its pid.
+//! - **`NVML_ERROR_NOT_FOUND` means no sample since the timestamp**: every process was idle.
+//! - **Samples out of range** (a utilisation over 100, seen with zombie contexts) are dropped and
+//!   counted.
+//! - **Pids are host pids**: the driver ignores pid namespaces (the collector matches them to
+//!   host processes).
+//!
+//! Pure: no NVML call and no clock read here, so the tests drive it with made-up samples.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::ProcessSample;
+
+/// How far before the previous query each query looks again, for samples that became visible
+/// late.
+pub const LOOKBACK_US: u64 = 2_000_000;
+/// The driver's sample period is taken to lie in this range.
+pub const PERIOD_RANGE_US: (u64, u64) = (10_000, 5_000_000);
+/// Gaps between one process's consecutive samples kept for the period estimate.
+pub const GAP_HISTORY: usize = 64;
+
+/// The span of time one reading covers, CPU time (`CLOCK_REALTIME`) in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UseWindow {
+    pub from_unix_us: u64,
+    pub to_unix_us: u64,
+    /// The driver's sample period as estimated (see the module documentation).
+    pub sample_period_us: u64,
+}
+
+impl UseWindow {
+    pub fn micros(&self) -> u64 {
+        self.to_unix_us.saturating_sub(self.from_unix_us)
+    }
+}
+
+/// One process's use of one device within a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PidUse {
+    /// Microseconds the process kept the SMs busy (utilisation x time).
+    pub sm_busy_us: u64,
+    /// Microseconds the process kept the memory controller busy (memory bandwidth).
+    pub mem_busy_us: u64,
+    /// Samples counted.
+    pub samples: u32,
+}
+
+/// What one query adds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UseReading {
+    pub window: Option<UseWindow>,
+    /// Processes that had samples in the window; every other process was idle.
+    pub by_pid: BTreeMap<u32, PidUse>,
+    /// Samples dropped for a utilisation over 100.
+    pub out_of_range: u32,
+}
+
+/// The sampling state of one device between queries.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceSampler {
+    last_query_us: Option<u64>,
+    /// The newest sample counted per pid (entries older than the next query's floor are dropped).
+    newest: HashMap<u32, u64>,
+    gaps: VecDeque<u64>,
+}
+
+impl DeviceSampler {
+    /// The `lastSeenTimeStamp` of the next query (`None`: everything NVML holds).
+    pub fn since(&self) -> Option<u64> {
+        self.last_query_us.map(|q| q.saturating_sub(LOOKBACK_US))
+    }
+
+    /// The sample period as estimated from the gaps seen so far.
+    fn period_us(&self) -> Option<u64> {
+        if self.gaps.is_empty() {
+            return None;
+        }
+        let mut g: Vec<u64> = self.gaps.iter().copied().collect();
+        g.sort_unstable();
+        Some(g[g.len() / 2].clamp(PERIOD_RANGE_US.0, PERIOD_RANGE_US.1))
+    }
+
+    /// Folds in the samples of a query made at `now_us` (NVML's answer to [`Self::since`]; empty
+    /// for `NVML_ERROR_NOT_FOUND`). The first query only sets the starting point: its reading
+    /// has no window.
+    pub fn fold(&mut self, now_us: u64, samples: &[ProcessSample]) -> UseReading {
+        let floor = self.since().unwrap_or(0);
+        let mut reading = UseReading::default();
+        let mut fresh: BTreeMap<u32, Vec<&ProcessSample>> = BTreeMap::new();
+        for s in samples {
+            if s.sm_util_pct > 100 || s.mem_util_pct > 100 {
+                reading.out_of_range += 1;
+                continue;
+            }
+            let seen = self.newest.get(&s.pid).copied().unwrap_or(0).max(floor);
+            if s.timestamp_us > seen {
+                fresh.entry(s.pid).or_default().push(s);
+            }
+        }
+        for (pid, list) in &mut fresh {
+            list.sort_by_key(|s| s.timestamp_us);
+            list.dedup_by_key(|s| s.timestamp_us);
+            let mut last = self.newest.get(pid).copied();
+            for s in list.iter() {
+                if let Some(l) = last {
+                    if self.gaps.len() == GAP_HISTORY {
+                        self.gaps.pop_front();
+                    }
+                    self.gaps.push_back(s.timestamp_us - l);
+                }
+                last = Some(s.timestamp_us);
+            }
+        }
+        let previous = self.last_query_us.replace(now_us);
+        if let Some(from) = previous.filter(|from| *from < now_us) {
+            let window_us = now_us - from;
+            let most = fresh.values().map(Vec::len).max().unwrap_or(1).max(1) as u64;
+            let period = self.period_us().unwrap_or(window_us / most).max(1);
+            // Late samples may carry time from before the window, but never more than the
+            // look-back.
+            let cap = window_us + LOOKBACK_US;
+            for (pid, list) in &fresh {
+                let busy = |f: fn(&ProcessSample) -> u32| -> u64 {
+                    let sum: u64 = list.iter().map(|s| u64::from(f(s)) * period).sum();
+                    (sum / 100).min(cap)
+                };
+                reading.by_pid.insert(
+                    *pid,
+                    PidUse {
+                        sm_busy_us: busy(|s| s.sm_util_pct),
+                        mem_busy_us: busy(|s| s.mem_util_pct),
+                        samples: list.len() as u32,
+                    },
+                );
+            }
+            reading.window = Some(UseWindow {
+                from_unix_us: from,
+                to_unix_us: now_us,
+                sample_period_us: period,
+            });
+        }
+        for (pid, list) in fresh {
+            if let Some(s) = list.last() {
+                self.newest.insert(pid, s.timestamp_us);
+            }
+        }
+        let next_floor = now_us.saturating_sub(LOOKBACK_US);
+        self.newest.retain(|_, ts| *ts > next_floor);
+        reading
+    }
+
+    /// A failed query: the next one starts afresh (no window spans the failure).
+    pub fn reset(&mut self) {
+        self.last_query_us = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000;
+    /// A period of 1/6 s, as on the H200.
+    const P: u64 = SEC / 6;
+
+    fn s(pid: u32, ts: u64, sm: u32, mem: u32) -> ProcessSample {
+        ProcessSample {
+            pid,
+            timestamp_us: ts,
+            sm_util_pct: sm,
+            mem_util_pct: mem,
+        }
+    }
+
+    /// Six samples a second from `from` (exclusive) to `to` for a process at `sm`%.
+    fn busy(pid: u32, from: u64, to: u64, sm: u32) -> Vec<ProcessSample> {
+        (1..)
+            .map(|i| from + i * P)
+            .take_while(|t| *t <= to)
+            .map(|t| s(pid, t, sm, sm / 3))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_query_starts_the_window_and_later_ones_measure_it() {
+        let mut d = DeviceSampler::default();
+        let t0 = 100 * SEC;
+        assert_eq!(d.since(), None, "the first query asks for everything");
+        let first = d.fold(t0, &busy(7, t0 - SEC, t0, 90));
+        assert_eq!(first.window, None);
+        assert!(first.by_pid.is_empty());
+        assert_eq!(d.since(), Some(t0 - LOOKBACK_US));
+
+        // A second of a saturating process (99%) and one at 30%.
+        let t1 = t0 + SEC;
+        let mut samples = busy(7, t0, t1, 99);
+        samples.extend(busy(8, t0, t1, 30));
+        // NVML answers with everything after `since`, including what was counted already.
+        samples.extend(busy(7, t0 - SEC, t0, 90));
+        let r = d.fold(t1, &samples);
+        let w = r.window.unwrap();
+        assert_eq!((w.from_unix_us, w.to_unix_us), (t0, t1));
+        assert!(w.sample_period_us.abs_diff(P) <= 1, "{w:?}");
+        let pct = |u: &PidUse| u.sm_busy_us as f64 / w.micros() as f64 * 100.0;
+        assert!((pct(&r.by_pid[&7]) - 99.0).abs() < 0.5, "{:?}", r.by_pid);
+        assert!((pct(&r.by_pid[&8]) - 30.0).abs() < 0.5, "{:?}", r.by_pid);
+        assert_eq!(
+            r.by_pid[&7].samples, 6,
+            "the earlier second is not counted twice"
+        );
+        assert!(r.by_pid[&8].mem_busy_us.abs_diff(6 * 10 * P / 100) <= 6);
+    }
+
+    #[test]
+    fn a_process_busy_in_one_period_of_six_is_not_read_as_busy_all_along() {
+        let mut d = DeviceSampler::default();
+        let t0 = 50 * SEC;
+        d.fold(t0, &busy(1, t0 - SEC, t0, 100));
+        // Process 2 appears for one period at 60%; process 1 keeps the period estimate honest.
+        let t1 = t0 + SEC;
+        let mut samples = busy(1, t0, t1, 100);
+        samples.push(s(2, t0 + 3 * P, 60, 0));
+        let r = d.fold(t1, &samples);
+        let w = r.window.unwrap();
+        let pct = r.by_pid[&2].sm_busy_us as f64 / w.micros() as f64 * 100.0;
+        assert!((pct - 10.0).abs() < 0.5, "60% for 1/6 s of a second: {pct}");
+    }
+
+    #[test]
+    fn late_samples_of_a_slower_process_still_count_once() {
+        let mut d = DeviceSampler::default();
+        let t0 = 10 * SEC;
+        d.fold(t0, &[]);
+        // At t1 process 5's newest sample is at t1; process 6's sample of t0 + 0.5 s is only
+        // visible at t2.
+        let t1 = t0 + SEC;
+        let r1 = d.fold(t1, &[s(5, t0 + SEC / 2, 50, 0), s(5, t1, 50, 0)]);
+        assert!(!r1.by_pid.contains_key(&6));
+        let t2 = t1 + SEC;
+        let r2 = d.fold(
+            t2,
+            &[
+                s(5, t1, 50, 0),
+                s(6, t0 + SEC / 2, 40, 0),
+                s(6, t1 + SEC / 2, 40, 0),
+            ],
+        );
+        assert_eq!(r2.by_pid[&6].samples, 2, "the late sample counts");
+        assert!(
+            !r2.by_pid.contains_key(&5),
+            "process 5's sample at t1 was counted at t1"
+        );
+    }
+
+    #[test]
+    fn out_of_range_samples_are_dropped_and_counted() {
+        let mut d = DeviceSampler::default();
+        d.fold(SEC, &[]);
+        let r = d.fold(
+            2 * SEC,
+            &[s(3, SEC + 1, u32::MAX, 0), s(4, SEC + 2, 20, 101)],
+        );
+        assert_eq!(r.out_of_range, 2);
+        assert!(r.by_pid.is_empty());
+        assert!(
+            r.window.is_some(),
+            "the window stands: every process was idle"
+        );
+    }
+
+    #[test]
+    fn the_period_estimate_is_bounded_and_a_reset_starts_over() {
+        let mut d = DeviceSampler::default();
+        d.fold(SEC, &[]);
+        // Samples 1 us apart would make a period of 1 us: bounded below.
+        let r = d.fold(2 * SEC, &[s(1, SEC + 1, 100, 0), s(1, SEC + 2, 100, 0)]);
+        assert_eq!(r.window.unwrap().sample_period_us, PERIOD_RANGE_US.0);
+        d.reset();
+        assert_eq!(d.fold(3 * SEC, &[]).window, None);
+        // A 10 s gap: the estimate is bounded above, and busy time never exceeds the window
+        // and the look-back.
+        let mut d = DeviceSampler::default();
+        d.fold(10 * SEC, &[s(9, 9 * SEC, 100, 0)]);
+        d.fold(20 * SEC, &[s(9, 19 * SEC, 100, 0)]);
+        let r = d.fold(21 * SEC, &[s(10, 20 * SEC, 100, 0)]);
+        assert_eq!(r.window.unwrap().sample_period_us, PERIOD_RANGE_US.1);
+        assert_eq!(r.by_pid[&10].sm_busy_us, SEC + LOOKBACK_US);
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let mut d = DeviceSampler::default();
+        let mut t = SEC;
+        for round in 0..200u32 {
+            let samples: Vec<_> = (0..50).map(|i| s(round * 50 + i, t - 1, 10, 0)).collect();
+            d.fold(t, &samples);
+            t += SEC;
+        }
+        assert!(d.newest.len() <= 150, "{}", d.newest.len());
+        assert!(d.gaps.len() <= GAP_HISTORY);
+    }
+}

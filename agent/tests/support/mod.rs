@@ -3,6 +3,8 @@
 #![allow(dead_code)] // Each test binary uses part of this module.
 
 pub mod attribute;
+pub mod dashboards;
+pub mod prometheus;
 
 use std::{
     io::{BufRead, BufReader},

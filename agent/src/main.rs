@@ -284,7 +284,7 @@ enum Command {
         #[arg(long)]
         metrics_pid_labels: bool,
         /// Export API series per API (`api` label) with a latency histogram per container and
-        /// API, instead of per API kind (about 10x the series; docs/metrics.md).
+        /// API, instead of per API kind (about 15 times the series; docs/metrics.md).
         #[arg(long)]
         metrics_per_api: bool,
         /// Send spans of sampled calls to this OTLP endpoint (e.g. http://127.0.0.1:4317 for

@@ -8,9 +8,10 @@
 //! What a scrape gets is that text plus a tail made at the scrape ([`Body`]): `# EOF`, and with
 //! [`Latest::with_snapshot_age`] the `vgpu_agent_snapshot_age_seconds` gauge, the seconds since
 //! the snapshot was taken at that moment (so a stalled refresh shows as a growing age, not as a
-//! frozen body). gzip: the shared text is deflated once (on the first scrape that asks for it)
-//! up to a sync point, and each scrape appends its tail as the final deflate block of the same
-//! gzip member, with the CRC continued over it: a scrape compresses a few hundred bytes.
+//! frozen body). gzip: the shared text is deflated once up to a sync point (by the first scrape
+//! that asks for it, and once one has, by each refresh as it sets the body, off the scrapes'
+//! path), and each scrape appends its tail as the final deflate block of the same gzip member,
+//! with the CRC continued over it: a scrape compresses a few hundred bytes.
 //!
 //! Measured with the hand-written encoder this module replaced (docs/benchmarks.md, "scrape"):
 //! at the default per-kind series the body is small enough that the crate's encoder, run once per
@@ -18,7 +19,10 @@
 
 use std::{
     io::Write,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering::Relaxed},
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -104,6 +108,8 @@ pub struct Body {
     shared: Arc<Encoded>,
     tail: [String; 2],
     gzip: [OnceLock<Vec<u8>>; 2],
+    /// The [`Latest`]'s flags that make its next refreshes deflate ahead of the scrapes.
+    gzip_asked: Option<Arc<[AtomicBool; 2]>>,
 }
 
 impl Body {
@@ -116,11 +122,16 @@ impl Body {
             taken_at_unix_ms: e.taken_at_unix_ms,
             deflated: Default::default(),
         });
-        Body::scrape(shared, None)
+        Body::scrape(shared, None, None)
     }
 
-    /// A scrape's body: the shared text, the age (if given) and `# EOF`.
-    fn scrape(shared: Arc<Encoded>, age_seconds: Option<f64>) -> Body {
+    /// A scrape's body: the shared text, the age (if given) and `# EOF`; a gzip scrape raises
+    /// `gzip_asked` for the next refreshes.
+    fn scrape(
+        shared: Arc<Encoded>,
+        age_seconds: Option<f64>,
+        gzip_asked: Option<Arc<[AtomicBool; 2]>>,
+    ) -> Body {
         let age = age_seconds
             .map(|a| {
                 encode_families(&[FamilyData::of(
@@ -134,6 +145,7 @@ impl Body {
             shared,
             tail: [age + EOF, text],
             gzip: Default::default(),
+            gzip_asked,
         }
     }
 
@@ -151,6 +163,9 @@ impl Body {
     /// The body gzip-compressed (one gzip member: the shared text's deflate, compressed once per
     /// refresh, then this scrape's tail as the final block).
     pub fn gzipped(&self, f: Format) -> &[u8] {
+        if let Some(asked) = &self.gzip_asked {
+            asked[f.index()].store(true, Relaxed);
+        }
         self.gzip[f.index()].get_or_init(|| {
             let (head, crc) = self.shared.deflated(f);
             let tail = self.tail[f.index()].as_bytes();
@@ -177,10 +192,15 @@ impl Body {
 }
 
 /// The body that scrapes get: replaced at each refresh, shared by the scrapes until the next.
+///
+/// Once a scraper has asked for gzip in a format, each refresh deflates its text in that format
+/// when it is set (on the refresh's thread), so scrapes only compress their tail.
 #[derive(Debug, Default)]
 pub struct Latest {
     shared: Mutex<Arc<Encoded>>,
     snapshot_age: bool,
+    /// Per format: a scraper asked for gzip (set by its [`Body::gzipped`]).
+    gzip_asked: Arc<[AtomicBool; 2]>,
 }
 
 impl Latest {
@@ -193,6 +213,12 @@ impl Latest {
     }
 
     pub fn set(&self, body: Body) {
+        for f in [Format::OpenMetrics, Format::Text] {
+            // A flag, no data: a scrape that raced past it deflates the text itself (once).
+            if self.gzip_asked[f.index()].load(Relaxed) {
+                body.shared.deflated(f);
+            }
+        }
         *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = body.shared;
     }
 
@@ -203,7 +229,11 @@ impl Latest {
             .taken_at_unix_ms
             .filter(|_| self.snapshot_age)
             .map(|taken| age_seconds(taken, SystemTime::now()));
-        Arc::new(Body::scrape(shared, age))
+        Arc::new(Body::scrape(
+            shared,
+            age,
+            Some(Arc::clone(&self.gzip_asked)),
+        ))
     }
 }
 

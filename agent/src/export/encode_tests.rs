@@ -107,6 +107,27 @@ fn gzip_holds_the_same_text_and_shares_the_deflate_between_scrapes() {
 }
 
 #[test]
+fn once_a_scraper_asks_for_gzip_each_refresh_deflates_ahead_of_the_scrapes() {
+    let latest = Latest::default();
+    latest.set(Body::encode(&exposition()));
+    let first = latest.get();
+    assert!(first.shared.deflated[0].get().is_none(), "nobody asked yet");
+    let _ = first.gzipped(Format::OpenMetrics);
+    latest.set(Body::encode(&exposition()));
+    let next = latest.get();
+    assert!(!Arc::ptr_eq(&first.shared, &next.shared));
+    assert!(next.shared.deflated[0].get().is_some(), "deflated when set");
+    assert!(
+        next.shared.deflated[1].get().is_none(),
+        "only the format asked for"
+    );
+    assert_eq!(
+        gunzip(next.gzipped(Format::OpenMetrics)),
+        next.text(Format::OpenMetrics)
+    );
+}
+
+#[test]
 fn the_snapshot_age_is_the_time_since_the_snapshot_at_each_scrape() {
     let taken = SystemTime::now() - std::time::Duration::from_secs(90);
     let e = Exposition {

@@ -289,6 +289,10 @@ enum Command {
         /// Also export per-process series (pid and comm labels: one series per process).
         #[arg(long)]
         metrics_pid_labels: bool,
+        /// Export API series per API (`api` label) with a latency histogram per container and
+        /// API, instead of per API kind (about 15 times the series; docs/metrics.md).
+        #[arg(long)]
+        metrics_per_api: bool,
         /// Send spans of sampled calls to this OTLP endpoint (e.g. http://127.0.0.1:4317 for
         /// gRPC, http://127.0.0.1:4318 for HTTP); no spans without it.
         #[arg(long, value_name = "URL")]
@@ -477,6 +481,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             exited_retention,
             metrics_listen,
             metrics_pid_labels,
+            metrics_per_api,
             otlp_endpoint,
             otlp_protocol,
             otlp_queue,
@@ -505,6 +510,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     listen,
                     options: export::metrics::MetricsOptions {
                         pid_labels: metrics_pid_labels,
+                        per_api: metrics_per_api,
                     },
                 }),
                 collector: collector::CollectorOptions {

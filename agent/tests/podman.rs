@@ -2,7 +2,7 @@
 //!
 //! - a workload started with `--device` naming a device of `vgpu-agent cdi generate`'s spec gets
 //!   the limiter and its limit, in a region of its own;
-//! - the agent's image (`cargo xtask image`) runs with exactly what deploy/daemonset.yaml asks of
+//! - the agent's image (`cargo xtask image`) runs with exactly what deploy/base/daemonset.yaml asks of
 //!   a runtime (the flags are derived from the manifest), attaches its probes to the workloads'
 //!   driver, names their containers as podman does and reads the limiter's region, and serves
 //!   all of it on /metrics.

@@ -139,7 +139,7 @@ fn test() -> Result<()> {
     loom.env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", repo_root().join("target/loom"));
     util::run(&mut loom)?;
-    util::step("deploy/validate.py (Kubernetes manifests)");
+    util::step("deploy/validate.py (overlays rendered by kubectl kustomize, alert rules)");
     let python = setup::kube_validate_python();
     util::run(&mut cmd(
         python.to_str().context("utf-8 path")?,

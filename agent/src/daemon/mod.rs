@@ -112,7 +112,7 @@ struct Metrics {
 
 impl Metrics {
     fn start(cfg: &MetricsConfig, spans: Arc<SpanCounters>) -> Result<Metrics, DaemonError> {
-        let latest = Arc::new(encode::Latest::default());
+        let latest = Arc::new(encode::Latest::with_snapshot_age());
         let bound = crate::export::http::serve(cfg.listen, Arc::clone(&latest))?;
         log::info!("serving metrics on http://{bound}/metrics");
         Ok(Metrics {

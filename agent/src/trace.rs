@@ -236,6 +236,8 @@ impl Tracer {
     /// (every 0.5-1 s): a library that appears is attached at the next call.
     pub fn poll(&mut self) -> Result<(), ProbeError> {
         let scan = self.discovery.scan_processes(&self.opts.host);
+        // Logged by discovery, once each; shown with the other warnings.
+        self.warnings.extend(scan.refused);
         for lib in scan.new {
             self.attach(lib);
         }

@@ -152,6 +152,73 @@ impl Root {
         })
     }
 
+    /// A directory by a path the operator gave, refusing any symbolic link on the way
+    /// (`RESOLVE_NO_SYMLINKS`, as [`open_no_links`]).
+    pub fn dir_no_links(path: &Path) -> Result<Root, TenantFsError> {
+        let fd = rustix::fs::openat2(
+            rustix::fs::CWD,
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| TenantFsError::io("openat2", path, e.into()))?;
+        Ok(Root {
+            fd,
+            shown: path.to_owned(),
+        })
+    }
+
+    /// The entries of the directory at `inside` (resolved inside this root), at most `max` of
+    /// them (the second value says whether there were more): names with what kind of file each
+    /// is, as the directory says (links are neither files nor directories, and are not
+    /// followed).
+    pub fn entries(
+        &self,
+        inside: &Path,
+        max: usize,
+    ) -> Result<(Vec<(std::ffi::OsString, EntryKind)>, bool), TenantFsError> {
+        use std::os::unix::ffi::OsStrExt;
+        let shown = self.shown(inside);
+        let inside = if inside.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            inside
+        };
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            inside,
+            OFlags::RDONLY
+                | OFlags::DIRECTORY
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
+            Mode::empty(),
+            resolve_flags(),
+        )
+        .map_err(|e| TenantFsError::io("openat2", &shown, e.into()))?;
+        let dir =
+            rustix::fs::Dir::new(fd).map_err(|e| TenantFsError::io("opendir", &shown, e.into()))?;
+        let mut out = Vec::new();
+        for entry in dir {
+            let entry = entry.map_err(|e| TenantFsError::io("getdents", &shown, e.into()))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if out.len() == max {
+                return Ok((out, true));
+            }
+            let kind = match entry.file_type() {
+                rustix::fs::FileType::RegularFile => EntryKind::File,
+                rustix::fs::FileType::Directory => EntryKind::Dir,
+                _ => EntryKind::Other,
+            };
+            out.push((std::ffi::OsStr::from_bytes(name).to_owned(), kind));
+        }
+        Ok((out, false))
+    }
+
     /// The anchor's path, for messages.
     pub fn path(&self) -> &Path {
         &self.shown
@@ -196,6 +263,15 @@ impl Root {
             shown: self.shown(inside),
         })
     }
+}
+
+/// What a directory entry is (from the directory, not from following it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    /// A link, FIFO, device, socket, or a type the filesystem does not report.
+    Other,
 }
 
 /// A regular file opened through this module, with what `fstat` said about it.
@@ -244,6 +320,23 @@ impl TenantFile {
     /// Owner at open.
     pub fn uid(&self) -> u32 {
         self.meta.uid()
+    }
+
+    /// Group at open.
+    pub fn gid(&self) -> u32 {
+        self.meta.gid()
+    }
+
+    /// Another descriptor of the same open file.
+    pub fn try_clone(&self) -> Result<TenantFile, TenantFsError> {
+        Ok(TenantFile {
+            file: self
+                .file
+                .try_clone()
+                .map_err(|e| TenantFsError::io("dup", &self.shown, e))?,
+            meta: self.meta.clone(),
+            shown: self.shown.clone(),
+        })
     }
 
     /// Hard links at open.
@@ -411,15 +504,29 @@ pub fn open_mapped(
     access: Access,
 ) -> Result<TenantFile, TenantFsError> {
     let link = map_files_path(proc, pid, start, end);
-    match rustix::fs::open(&link, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
-        Ok(fd) => finish(fd, access, Some(expected), link),
-        Err(rustix::io::Errno::PERM | rustix::io::Errno::ACCESS) => {
+    match open_checked(&link, Some(expected), access) {
+        Err(TenantFsError::Io { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)) =>
+        {
             let root = Root::process(proc, pid)?;
             let fd = root.resolve(path, OFlags::empty())?;
             finish(fd, access, Some(expected), root.shown(path))
         }
-        Err(e) => Err(TenantFsError::io("open", &link, e.into())),
+        other => other,
     }
+}
+
+/// Opens a path that leads to the right file by construction (a host library the agent found,
+/// or a `map_files` entry: the kernel's reference to a mapping), following it as given, and
+/// checks the file itself: a regular file, and `expected` when given.
+pub fn open_checked(
+    path: &Path,
+    expected: Option<FileKey>,
+    access: Access,
+) -> Result<TenantFile, TenantFsError> {
+    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| TenantFsError::io("open", path, e.into()))?;
+    finish(fd, access, expected, path.to_owned())
 }
 
 /// Opens a file by a path the operator gave, never following its last component, and only if it

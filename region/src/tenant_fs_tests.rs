@@ -323,3 +323,36 @@ fn proc_lines_are_bounded_in_bytes_and_per_line() {
     let (bytes, more) = read_proc(&path, 5).unwrap();
     assert_eq!((bytes.as_slice(), more), (&b"short"[..], true));
 }
+
+#[test]
+fn directory_entries_are_listed_inside_the_root_bounded_and_not_followed() {
+    let f = Fixture::new();
+    std::fs::create_dir(f.tenant.path().join("sub")).unwrap();
+    symlink(f.host.path(), f.tenant.path().join("hostdir")).unwrap();
+    let (mut entries, more) = f.root().entries(Path::new(""), 100).unwrap();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let names: Vec<(String, EntryKind)> = entries
+        .into_iter()
+        .map(|(n, k)| (n.to_string_lossy().into_owned(), k))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("hostdir".into(), EntryKind::Other),
+            ("own".into(), EntryKind::File),
+            ("sub".into(), EntryKind::Dir)
+        ]
+    );
+    assert!(!more);
+    let (few, more) = f.root().entries(Path::new("/"), 2).unwrap();
+    assert_eq!((few.len(), more), (2, true));
+    // Listing through the link is listing inside the root (where that path does not exist).
+    let err = f.root().entries(Path::new("hostdir"), 10).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TenantFsError::Link { .. } | TenantFsError::NotFound { .. }
+        ),
+        "{err}"
+    );
+}

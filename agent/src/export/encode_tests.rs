@@ -129,6 +129,7 @@ fn exposition() -> Exposition {
         }],
         problems: vec![],
         read_retries: 0,
+        writable_by_others: None,
     });
     s.gpus.push(GpuDevice {
         index: 0,

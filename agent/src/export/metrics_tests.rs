@@ -255,6 +255,7 @@ fn regions_limits_and_limiter_figures() {
         ],
         problems: vec![],
         read_retries: 0,
+        writable_by_others: None,
     });
     let e = view().update(&snapshot(vec![c], vec![p]));
     assert_eq!(int(&e, &defs::CONTAINER_MEMORY_LIMIT, &["p", "0"]), 4 << 30);
@@ -325,6 +326,7 @@ fn the_exposition_is_openmetrics_with_every_family_named_in_the_table() {
         }],
         problems: vec![],
         read_retries: 0,
+        writable_by_others: None,
     });
     s.gpus.push(crate::model::GpuDevice {
         index: 0,

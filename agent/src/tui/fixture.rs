@@ -97,6 +97,7 @@ fn region(limit: u64, reserved: u64, denied: u64) -> RegionInfo {
         }],
         problems: vec![],
         read_retries: 0,
+        writable_by_others: None,
     }
 }
 

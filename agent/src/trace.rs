@@ -200,6 +200,12 @@ impl Tracer {
         }
         self.discovery.mark_seen(lib.id);
         let shown = lib.attach_path.clone();
+        let seen_as = match &lib.found_by {
+            discovery::FoundBy::Process { pid } => {
+                format!(" ({} in pid {pid})", lib.path.display())
+            }
+            _ => String::new(),
+        };
         let id = lib.id;
         match self.probes.attach_library(lib) {
             Ok(attached) => {
@@ -228,7 +234,10 @@ impl Tracer {
                     self.warn(msg);
                 }
             }
-            Err(e) => self.warn(format!("could not attach to {}: {e}", shown.display())),
+            Err(e) => self.warn(format!(
+                "could not attach to {}{seen_as}: {e}",
+                shown.display()
+            )),
         }
     }
 

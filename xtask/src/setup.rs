@@ -21,7 +21,9 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// Debian packages: LLVM 22 for bpf-linker; tmux for the TUI end-to-end tests; iproute2 and
 /// util-linux (unshare) for namespace tests; binutils (nm) for the export allow-list test;
 /// prometheus (2.42, with promtool) for the exporter's end-to-end test, which runs its own
-/// instance on a free port; python3-venv and python3-yaml for the manifest validation.
+/// instance on a free port; python3-venv and python3-yaml for the manifest validation; podman
+/// and runc for the hostile-tenant test that runs a real container (podman's default runtime,
+/// crun, refuses hybrid cgroup hosts, so the test passes `--runtime runc`).
 const DEB_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -36,6 +38,8 @@ const DEB_PACKAGES: &[&str] = &[
     "python3-yaml",
     "ca-certificates",
     "prometheus",
+    "podman",
+    "runc",
 ];
 
 /// `kubernetes-validate` (PyPI; the Kubernetes OpenAPI schemas bundled, so validation runs

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // Each test binary uses part of this module.
 
 pub mod attribute;
+pub mod hostile;
 
 use std::{
     io::{BufRead, BufReader},

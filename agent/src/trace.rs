@@ -199,12 +199,17 @@ impl Tracer {
             return;
         }
         self.discovery.mark_seen(lib.id);
-        let shown = lib.attach_path.clone();
-        let seen_as = match &lib.found_by {
-            discovery::FoundBy::Process { pid } => {
-                format!(" ({} in pid {pid})", lib.path.display())
-            }
-            _ => String::new(),
+        // The path as its users see it first; a library found in a process is reached through
+        // that process's map_files entry (docs/security.md).
+        let shown = lib.path.clone();
+        let through = match &lib.found_by {
+            discovery::FoundBy::Process { pid } => format!(
+                "in pid {pid} as {}, through {}",
+                lib.path.display(),
+                lib.attach_path.display()
+            ),
+            discovery::FoundBy::Configured => "on the command line".to_string(),
+            discovery::FoundBy::Host => "on the host".to_string(),
         };
         let id = lib.id;
         match self.probes.attach_library(lib) {
@@ -213,16 +218,10 @@ impl Tracer {
                 let missing: Vec<&str> =
                     attached.symbols.missing.iter().map(|a| a.name()).collect();
                 log::info!(
-                    "attached to {} [{}] ({} symbols; found {})",
+                    "attached to {} [{}] ({} symbols; found {through})",
                     shown.display(),
                     attached.file.id,
                     attached.symbols.found.len(),
-                    match &attached.file.found_by {
-                        discovery::FoundBy::Configured => "on the command line".to_string(),
-                        discovery::FoundBy::Host => "on the host".to_string(),
-                        discovery::FoundBy::Process { pid } =>
-                            format!("in pid {pid} as {}", attached.file.path.display()),
-                    }
                 );
                 if !missing.is_empty() {
                     let msg = format!(
@@ -235,7 +234,7 @@ impl Tracer {
                 }
             }
             Err(e) => self.warn(format!(
-                "could not attach to {}{seen_as}: {e}",
+                "could not attach to {} (found {through}): {e}",
                 shown.display()
             )),
         }

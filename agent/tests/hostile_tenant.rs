@@ -314,6 +314,66 @@ ready 1
     secret.assert_unchanged("attack 4");
 }
 
+/// Region permissions: the limiter creates its region `0600`; a region whose mode lets others
+/// write it (here the tenant made it `0666`) is flagged in `stat --json`.
+#[test]
+fn a_region_other_uids_could_write_is_flagged() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let (dir, secret, lib) = setup();
+    let mut t = Tenant::start(
+        dir.path(),
+        &secret.path,
+        &lib,
+        r#"
+limited
+step 1
+chmod 0666 "$T_HOME/r.region"
+ready 2
+"#,
+    );
+    let region_of = |report: &Value| -> Value {
+        report["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["regions"].as_array().unwrap())
+            .find(|r| r["path"].as_str().unwrap().ends_with("/r.region"))
+            .cloned()
+            .unwrap_or_else(|| panic!("the tenant's region is in the report: {report:#}"))
+    };
+    let stat = || {
+        let ran = agent(
+            &[
+                "stat",
+                "--json",
+                "--duration",
+                "1s",
+                "--no-calibrate",
+                "--no-nvml",
+            ],
+            Duration::from_secs(120),
+        );
+        assert_eq!(ran.code, Some(0), "{ran:?}");
+        serde_json::from_str::<Value>(&ran.stdout).unwrap()
+    };
+    t.wait_ready(1);
+    let mode = std::fs::metadata(t.reach(&t.home.join("r.region"))).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o600
+    );
+    let region = region_of(&stat());
+    assert!(region.get("writable_by_others").is_none(), "{region:#}");
+    t.go(1);
+    t.wait_ready(2);
+    let region = region_of(&stat());
+    let why = region["writable_by_others"].as_str().unwrap_or_default();
+    assert!(why.contains("0666"), "{region:#}");
+}
+
 /// The daemon's snapshot once `want` holds (within 60 s).
 fn wait_snapshot(socket: &Path, want: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -70,7 +70,7 @@ def main():
     if not pod["spec"].get("hostPID"):
         fail("the agent needs hostPID")
     caps = c["securityContext"]["capabilities"]
-    if caps.get("drop") != ["ALL"] or sorted(caps["add"]) != ["BPF", "DAC_READ_SEARCH", "PERFMON", "SYS_PTRACE"]:
+    if caps.get("drop") != ["ALL"] or sorted(caps["add"]) != ["BPF", "CHECKPOINT_RESTORE", "DAC_READ_SEARCH", "PERFMON", "SYS_PTRACE"]:
         fail(f"capabilities changed: {caps}; update README.md's justification and this check")
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     for path in ["/sys/fs/cgroup", "/sys/kernel/btf", "/host", "/usr/local/vgpu/containers", "/var/lib/vgpu-agent/regions"]:

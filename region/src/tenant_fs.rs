@@ -493,8 +493,9 @@ pub fn map_files_path(proc: &Path, pid: u32, start: u64, end: u64) -> PathBuf {
 
 /// Opens the file that process `pid` maps at `start..end`, which `/proc/<pid>/maps` says is
 /// `expected` at `path` (inside the process's root): through the kernel's reference to the
-/// mapping (`map_files`, which needs `CAP_SYS_ADMIN`), else by resolving `path` inside the
-/// process's root. Either way the file is used only if it is `expected`.
+/// mapping (`map_files`, which needs `CAP_CHECKPOINT_RESTORE` or `CAP_SYS_ADMIN`), else by
+/// resolving `path` inside the process's root. Either way the file is used only if it is
+/// `expected`.
 pub fn open_mapped(
     proc: &Path,
     pid: u32,

@@ -259,6 +259,17 @@ impl Discovery {
                 };
                 if let Err(e) = open_library(&found) {
                     if self.refused.insert((pid, id)) {
+                        let e = match &e {
+                            TenantFsError::Io { source, .. }
+                                if source.raw_os_error() == Some(libc::EPERM) =>
+                            {
+                                format!(
+                                    "{e} (opening a process's map_files entry needs \
+                                     CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN)"
+                                )
+                            }
+                            e => e.to_string(),
+                        };
                         let why = format!("pid {pid}: not probing {}: {e}", m.path.display());
                         log::warn!("{why}");
                         scan.refused.push(why);

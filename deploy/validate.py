@@ -139,7 +139,7 @@ def check_together(overlay, objs):
     if not pod["spec"].get("hostPID"):
         fail("the agent needs hostPID")
     caps = c["securityContext"]["capabilities"]
-    if caps.get("drop") != ["ALL"] or sorted(caps["add"]) != ["BPF", "DAC_READ_SEARCH", "PERFMON", "SYS_PTRACE"]:
+    if caps.get("drop") != ["ALL"] or sorted(caps["add"]) != ["BPF", "CHECKPOINT_RESTORE", "DAC_READ_SEARCH", "PERFMON", "SYS_PTRACE"]:
         fail(f"capabilities changed: {caps}; update README.md's justification and this check")
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     volumes = {v["name"] for v in pod["spec"]["volumes"]}

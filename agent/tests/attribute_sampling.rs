@@ -235,7 +235,7 @@ fn launch_heavy(sync_every: u64) {
     });
 }
 
-/// A library attached through a process that exited (its `/proc/PID/root/...` path is gone) is
+/// A library attached through a process that exited (its `/proc/PID/map_files/...` entry is gone) is
 /// dropped at the next switch of the sampled probes, and does not keep them from another
 /// process's library: that one's launches are still sampled and scaled back.
 #[test]

@@ -2,13 +2,15 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    path::PathBuf,
     time::Instant,
 };
 
 use agent_common::{ApiId, hist::HIST_BUCKETS, maps::Health};
 
-use super::{processes::ProcessTable, regions::RegionRead};
+use super::{
+    processes::ProcessTable,
+    regions::{RegionRead, RegionReading},
+};
 use crate::{
     discovery::FileId,
     identity::{
@@ -28,7 +30,7 @@ pub struct Inputs<'a> {
     pub reading: &'a RawReading,
     pub users: &'a [(u32, FileId)],
     pub gpu: &'a GpuSnapshot,
-    pub regions: &'a [(PathBuf, RegionRead)],
+    pub regions: &'a [RegionReading],
     pub tracer: Option<&'a Tracer>,
     pub own_pid: u32,
 }
@@ -93,7 +95,12 @@ pub fn build(
     let mut slots: HashMap<u32, SlotView> = HashMap::new();
     let mut region_infos: Vec<(RegionInfo, Vec<u32>)> = Vec::new();
     let mut region_errors = 0;
-    for (path, read) in inp.regions {
+    for RegionReading {
+        path,
+        read,
+        writable_by_others,
+    } in inp.regions
+    {
         let shown = path.display().to_string();
         let mut info = RegionInfo {
             path: shown.clone(),
@@ -101,6 +108,7 @@ pub fn build(
             devices: vec![],
             problems: vec![],
             read_retries: 0,
+            writable_by_others: writable_by_others.clone(),
         };
         let mut owners = Vec::new();
         match read {

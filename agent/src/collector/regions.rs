@@ -6,7 +6,6 @@
 use std::{
     collections::HashMap,
     fs,
-    io::Read,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
@@ -15,7 +14,10 @@ use region::{
     hami::{HAMI_MAGIC, HamiReader, HamiSnapshot},
     layout::{REGION_MAGIC, RegionHeader},
     reader::{RegionReader, RegionSnapshot},
+    tenant_fs::{self, Access, EntryKind, FileKey, Root, TenantFile},
 };
+
+use crate::discovery::procmaps::{self, MappedFile};
 
 /// Directories searched by default: this project's, and HAMi's per-container directories on the
 /// host (`<hostHookPath>/vgpu/containers/<podUID>_<container>/`).
@@ -48,10 +50,15 @@ enum Reader {
 /// Where this project's magic sits in a region file (after the initialisation state word).
 pub const MAGIC_OFFSET: usize = std::mem::offset_of!(RegionHeader, magic);
 
+/// Entries read from one directory under a region directory (more are not looked at).
+const MAX_DIR_ENTRIES: usize = 4096;
+
 /// What kind of region a file is, from its first bytes; `None` for anything else.
-pub fn sniff(path: &Path) -> Option<Format> {
+pub fn sniff(file: &TenantFile) -> Option<Format> {
     let mut head = [0u8; MAGIC_OFFSET + 8];
-    fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    if file.read_at(0, &mut head).ok()? < head.len() {
+        return None;
+    }
     let magic = u64::from_le_bytes(head[MAGIC_OFFSET..].try_into().expect("8 bytes"));
     if magic == REGION_MAGIC {
         Some(Format::Vgpu)
@@ -70,16 +77,65 @@ pub fn magic_prefix() -> Vec<u8> {
     v
 }
 
-fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else {
+/// Regular files below `inside` in `root`, up to `depth` directories down, never following a
+/// link (every directory is opened inside `root` again).
+fn files_under(root: &Root, inside: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok((entries, _)) = root.entries(inside, MAX_DIR_ENTRIES) else {
         return;
     };
-    for e in entries.flatten() {
-        let Ok(t) = e.file_type() else { continue };
-        if t.is_file() {
-            out.push(e.path());
-        } else if t.is_dir() && depth > 0 {
-            files_under(&e.path(), depth - 1, out);
+    for (name, kind) in entries {
+        let p = inside.join(name);
+        match kind {
+            EntryKind::File => out.push(p),
+            EntryKind::Dir if depth > 0 => files_under(root, &p, depth - 1, out),
+            _ => {}
+        }
+    }
+}
+
+/// A shared file mapping of a process: a region candidate.
+#[derive(Clone, Debug)]
+pub struct MappedRegion {
+    /// The `/proc` it was read from.
+    pub proc: PathBuf,
+    pub pid: u32,
+    pub map: MappedFile,
+}
+
+/// A region file found this time, opened through `region::tenant_fs`.
+#[derive(Debug)]
+pub struct Candidate {
+    /// How it is shown: the directory's path, or `/proc/<pid>/root/<path in the container>`.
+    pub path: PathBuf,
+    pub format: Format,
+    file: TenantFile,
+    /// Uid of a process found mapping it.
+    user_uid: Option<u32>,
+}
+
+/// One region as read this time.
+#[derive(Debug)]
+pub struct RegionReading {
+    pub path: PathBuf,
+    pub read: RegionRead,
+    /// Why a uid other than its users' could have written it (`None`: only its owner could).
+    pub writable_by_others: Option<String>,
+}
+
+/// Why a region file could have been written by a uid other than its users': its mode lets group
+/// or others write, or its owner is not the uid of a process that uses it.
+pub fn writable_by_others(mode: u32, owner: u32, user: Option<u32>) -> Option<String> {
+    let perm = mode & 0o7777;
+    if mode & 0o002 != 0 {
+        Some(format!("mode {perm:04o}: any local user can write it"))
+    } else if mode & 0o020 != 0 {
+        Some(format!("mode {perm:04o}: its group can write it"))
+    } else {
+        match user {
+            Some(u) if u != owner => Some(format!(
+                "owned by uid {owner}, used by a process of uid {u}"
+            )),
+            _ => None,
         }
     }
 }
@@ -88,7 +144,7 @@ fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 #[derive(Default)]
 pub struct RegionScanner {
     dirs: Vec<PathBuf>,
-    readers: HashMap<PathBuf, ((u64, u64), Reader)>,
+    readers: HashMap<PathBuf, (FileKey, Reader)>,
 }
 
 impl RegionScanner {
@@ -99,56 +155,113 @@ impl RegionScanner {
         }
     }
 
-    /// Region files in the configured directories plus `mapped` (paths of files that GPU
-    /// processes map, as reachable from here), deduplicated by identity.
-    pub fn candidates(&self, mapped: impl IntoIterator<Item = PathBuf>) -> Vec<(PathBuf, Format)> {
-        let mut files = Vec::new();
+    /// Region files in the configured directories plus those `mapped` (shared mappings of GPU
+    /// processes), each opened as a tenant's file, deduplicated by identity.
+    pub fn candidates(&self, mapped: impl IntoIterator<Item = MappedRegion>) -> Vec<Candidate> {
+        let mut out: Vec<Candidate> = Vec::new();
+        let mut seen: HashMap<FileKey, usize> = HashMap::new();
+        let mut add = |c: Candidate, out: &mut Vec<Candidate>| match seen.get(&c.file.key()) {
+            Some(&i) => {
+                if out[i].user_uid.is_none() {
+                    out[i].user_uid = c.user_uid;
+                }
+            }
+            None => {
+                seen.insert(c.file.key(), out.len());
+                out.push(c);
+            }
+        };
         for d in &self.dirs {
-            files_under(d, MAX_DEPTH, &mut files);
+            let Ok(root) = Root::dir(d) else { continue };
+            let mut files = Vec::new();
+            files_under(&root, Path::new(""), MAX_DEPTH, &mut files);
+            for rel in files {
+                let Ok(file) = root.open(&rel, Access::Read) else {
+                    continue;
+                };
+                if let Some(format) = sniff(&file) {
+                    let c = Candidate {
+                        path: d.join(&rel),
+                        format,
+                        file,
+                        user_uid: None,
+                    };
+                    add(c, &mut out);
+                }
+            }
         }
-        files.extend(mapped);
-        let mut seen = std::collections::HashSet::new();
-        files
-            .into_iter()
-            .filter(|p| {
-                fs::metadata(p).is_ok_and(|m| m.is_file() && seen.insert((m.dev(), m.ino())))
-            })
-            .filter_map(|p| sniff(&p).map(|f| (p, f)))
-            .collect()
+        for MappedRegion { proc, pid, map } in mapped {
+            let Ok(file) =
+                tenant_fs::open_mapped(&proc, pid, map.range(), &map.path, map.key(), Access::Read)
+            else {
+                continue;
+            };
+            if let Some(format) = sniff(&file) {
+                let path = proc
+                    .join(pid.to_string())
+                    .join("root")
+                    .join(map.path.strip_prefix("/").unwrap_or(&map.path));
+                let user_uid = fs::metadata(proc.join(pid.to_string()))
+                    .ok()
+                    .map(|m| m.uid());
+                let c = Candidate {
+                    path,
+                    format,
+                    file,
+                    user_uid,
+                };
+                add(c, &mut out);
+            }
+        }
+        out
     }
 
     /// Reads every candidate; forgets readers of files no longer present.
-    pub fn read(&mut self, candidates: &[(PathBuf, Format)]) -> Vec<(PathBuf, RegionRead)> {
+    pub fn read(&mut self, candidates: &[Candidate]) -> Vec<RegionReading> {
         self.readers
-            .retain(|p, _| candidates.iter().any(|(c, _)| c == p));
+            .retain(|p, _| candidates.iter().any(|c| &c.path == p));
         let mut out = Vec::with_capacity(candidates.len());
-        for (path, format) in candidates {
-            let id = fs::metadata(path)
-                .map(|m| (m.dev(), m.ino()))
-                .unwrap_or_default();
-            if self.readers.get(path).is_some_and(|(old, _)| *old != id) {
-                self.readers.remove(path);
+        for c in candidates {
+            let key = c.file.key();
+            let writable_by_others = writable_by_others(c.file.mode(), c.file.uid(), c.user_uid);
+            let mut push = |read| {
+                out.push(RegionReading {
+                    path: c.path.clone(),
+                    read,
+                    writable_by_others: writable_by_others.clone(),
+                })
+            };
+            if self
+                .readers
+                .get(&c.path)
+                .is_some_and(|(old, _)| *old != key)
+            {
+                self.readers.remove(&c.path);
             }
-            if !self.readers.contains_key(path) {
-                let opened = match format {
-                    Format::Vgpu => RegionReader::open(path)
-                        .map(Reader::Vgpu)
-                        .map_err(|e| e.to_string()),
-                    Format::Hami => HamiReader::open(path)
-                        .map(Reader::Hami)
-                        .map_err(|e| e.to_string()),
-                };
+            if !self.readers.contains_key(&c.path) {
+                let opened =
+                    c.file
+                        .try_clone()
+                        .map_err(|e| e.to_string())
+                        .and_then(|f| match c.format {
+                            Format::Vgpu => RegionReader::from_file(f)
+                                .map(Reader::Vgpu)
+                                .map_err(|e| e.to_string()),
+                            Format::Hami => HamiReader::from_file(f)
+                                .map(Reader::Hami)
+                                .map_err(|e| e.to_string()),
+                        });
                 match opened {
                     Ok(r) => {
-                        self.readers.insert(path.clone(), (id, r));
+                        self.readers.insert(c.path.clone(), (key, r));
                     }
                     Err(e) => {
-                        out.push((path.clone(), RegionRead::Failed(*format, e)));
+                        push(RegionRead::Failed(c.format, e));
                         continue;
                     }
                 }
             }
-            let (_, reader) = &self.readers[path];
+            let (_, reader) = &self.readers[&c.path];
             let read = match reader {
                 Reader::Vgpu(r) => r
                     .snapshot()
@@ -159,30 +272,29 @@ impl RegionScanner {
                     .map(|s| RegionRead::Hami(Box::new(s)))
                     .unwrap_or_else(|e| RegionRead::Failed(Format::Hami, e.to_string())),
             };
-            out.push((path.clone(), read));
+            push(read);
         }
         out
     }
 }
 
-/// Files other than libraries that a process maps (region candidates), as reachable from here.
-pub fn mapped_files(proc: &Path, pid: u32) -> Vec<PathBuf> {
-    let Ok(maps) = fs::read_to_string(proc.join(pid.to_string()).join("maps")) else {
+/// Shared file mappings of process `pid` other than devices and memfds (region candidates).
+pub fn mapped_files(proc: &Path, pid: u32) -> Vec<MappedRegion> {
+    let Ok((maps, _)) = procmaps::read(proc, pid) else {
         return vec![];
     };
-    let mut out: Vec<PathBuf> = maps
-        .lines()
-        .filter(|l| l.contains(" rw-s ") || l.contains(" r--s "))
-        .filter_map(crate::discovery::procmaps::parse_line)
-        .filter(|m| !m.deleted && !m.path.starts_with("/dev/") && !m.path.starts_with("/memfd:"))
-        .map(|m| {
-            proc.join(pid.to_string())
-                .join("root")
-                .join(m.path.strip_prefix("/").unwrap_or(&m.path))
+    let mut out: Vec<MappedRegion> = maps
+        .into_iter()
+        .filter(|m| m.shared && !m.deleted)
+        .filter(|m| !m.path.starts_with("/dev/") && !m.path.starts_with("/memfd:"))
+        .map(|map| MappedRegion {
+            proc: proc.to_owned(),
+            pid,
+            map,
         })
         .collect();
-    out.sort();
-    out.dedup();
+    out.sort_by_key(|m| (m.map.key(), m.map.start));
+    out.dedup_by_key(|m| m.map.key());
     out
 }
 
@@ -203,11 +315,12 @@ mod tests {
         fs::write(&other, b"#!/bin/sh\n").unwrap();
         let short = dir.path().join("s");
         fs::write(&short, b"VG").unwrap();
-        assert_eq!(sniff(&v), Some(Format::Vgpu));
-        assert_eq!(sniff(&h), Some(Format::Hami));
-        assert_eq!(sniff(&other), None);
-        assert_eq!(sniff(&short), None);
-        assert_eq!(sniff(&dir.path().join("missing")), None);
+        let root = Root::dir(dir.path()).unwrap();
+        let sniffed = |name: &str| sniff(&root.open(Path::new(name), Access::Read).unwrap());
+        assert_eq!(sniffed("v"), Some(Format::Vgpu));
+        assert_eq!(sniffed("h"), Some(Format::Hami));
+        assert_eq!(sniffed("o"), None);
+        assert_eq!(sniffed("s"), None);
     }
 
     #[test]
@@ -225,9 +338,51 @@ mod tests {
         assert_eq!(c.len(), 1, "{c:?}");
         let reads = scanner.read(&c);
         assert!(
-            matches!(&reads[0].1, RegionRead::Failed(Format::Vgpu, msg) if !msg.is_empty()),
+            matches!(&reads[0].read, RegionRead::Failed(Format::Vgpu, msg) if !msg.is_empty()),
             "{:?}",
-            reads[0].1
+            reads[0].read
+        );
+    }
+
+    /// A region directory is a host directory that containers write into: a link, FIFO or
+    /// device there is never opened, and a linked directory is not entered.
+    #[test]
+    fn links_and_special_files_in_a_region_directory_are_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let mut bytes = magic_prefix();
+        bytes.extend([0u8; 200]);
+        fs::write(host.path().join("host.region"), &bytes).unwrap();
+        let sub = dir.path().join("pod_ctr");
+        fs::create_dir_all(&sub).unwrap();
+        std::os::unix::fs::symlink(host.path().join("host.region"), sub.join("r.cache")).unwrap();
+        std::os::unix::fs::symlink(host.path(), sub.join("linked-dir")).unwrap();
+        let fifo =
+            std::ffi::CString::new(sub.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+        let scanner = RegionScanner::new(vec![dir.path().to_owned()]);
+        let t0 = std::time::Instant::now();
+        let c = scanner.candidates(vec![]);
+        assert!(c.is_empty(), "{c:?}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn regions_other_uids_could_write_are_flagged() {
+        assert_eq!(writable_by_others(0o100600, 1000, Some(1000)), None);
+        assert_eq!(writable_by_others(0o100644, 0, None), None);
+        let any = writable_by_others(0o100666, 1000, Some(1000)).unwrap();
+        assert!(
+            any.contains("0666") && any.contains("any local user"),
+            "{any}"
+        );
+        let group = writable_by_others(0o100660, 1000, Some(1000)).unwrap();
+        assert!(group.contains("group"), "{group}");
+        let other = writable_by_others(0o100600, 0, Some(1000)).unwrap();
+        assert!(
+            other.contains("uid 0") && other.contains("uid 1000"),
+            "{other}"
         );
     }
 }

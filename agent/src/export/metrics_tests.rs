@@ -291,6 +291,7 @@ fn regions_limits_and_limiter_figures() {
         ],
         problems: vec![],
         read_retries: 0,
+        writable_by_others: None,
     });
     let e = view().update(&snapshot(vec![c], vec![p]));
     assert_eq!(int(&e, &defs::CONTAINER_MEMORY_LIMIT, &["p", "0"]), 4 << 30);
@@ -372,6 +373,7 @@ pub(crate) fn with_a_region_and_a_gpu(mut s: Snapshot) -> Snapshot {
             }],
             problems: vec![],
             read_retries: 0,
+            writable_by_others: None,
         });
     }
     for p in &mut s.processes {

@@ -196,6 +196,11 @@ pub struct RegionInfo {
     pub problems: Vec<String>,
     /// Seqlock retries while reading (a sign of contention).
     pub read_retries: u64,
+    /// Why a uid other than the container's could have written the region (its mode lets group
+    /// or others write it, or its owner is not the uid of its users), so its figures may not be
+    /// the container's own. `None`: only its owner could.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writable_by_others: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

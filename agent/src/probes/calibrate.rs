@@ -326,7 +326,7 @@ impl Calibrator {
         let mut found = Vec::new();
         for (prologue, name, func) in STUBS {
             let (offset, seen) =
-                super::symbols::find_function(&file, &data, name).ok_or_else(|| {
+                super::symbols::find_function(&file, &*data, name).ok_or_else(|| {
                     ProbeError::NotElf {
                         path: path.clone(),
                         reason: format!("calibration function {name} not found (stripped binary?)"),
@@ -544,7 +544,7 @@ mod tests {
         let (path, data) = own_binary().unwrap();
         let file = object::File::parse(&*data).unwrap();
         for (prologue, name, func) in STUBS {
-            let (_, seen) = super::super::symbols::find_function(&file, &data, name)
+            let (_, seen) = super::super::symbols::find_function(&file, &*data, name)
                 .unwrap_or_else(|| panic!("{name} in {}", path.display()));
             assert_eq!(seen, prologue, "{name}");
             let mut v = 0;

@@ -70,6 +70,8 @@ pub enum ProbeError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Library(#[from] region::tenant_fs::TenantFsError),
     #[error("{} is not an ELF library: {reason}", path.display())]
     NotElf { path: PathBuf, reason: String },
     #[error("eBPF map {name}: {source}")]
@@ -224,7 +226,7 @@ impl Probes {
     pub fn attach_library(&mut self, file: LibraryFile) -> Result<&AttachedLibrary, ProbeError> {
         let kinds = probed_kinds(file.kind);
         let apis = ApiId::all().filter(|a| a.spec().is_some_and(|s| kinds.contains(&s.kind)));
-        let symbols = symbols::resolve(&file.attach_path, apis)?;
+        let symbols = symbols::resolve(&file, apis)?;
         let mut lib = AttachedLibrary {
             file,
             symbols,

@@ -183,6 +183,9 @@ pub fn table(r: &StatReport) -> String {
             for problem in &reg.problems {
                 let _ = writeln!(out, "  region {}: {problem}", reg.path);
             }
+            if let Some(w) = &reg.writable_by_others {
+                let _ = writeln!(out, "  region {}: writable by other uids: {w}", reg.path);
+            }
         }
     }
     out

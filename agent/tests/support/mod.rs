@@ -4,6 +4,7 @@
 
 pub mod attribute;
 pub mod dashboards;
+pub mod hostile;
 pub mod podman;
 pub mod prometheus;
 

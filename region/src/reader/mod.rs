@@ -10,7 +10,6 @@
 
 use std::fs::File;
 use std::mem::offset_of;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{Ordering, fence};
 
@@ -29,6 +28,7 @@ use crate::procfs::{self, Liveness};
 use crate::slots::{
     PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
 };
+use crate::tenant_fs::{self, Access, TenantFile};
 
 mod shards;
 mod snapshot;
@@ -40,6 +40,9 @@ pub use snapshot::{
 /// Errors reading a region. Each names what was wrong; none is a panic.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
+    /// The file could not be opened as a tenant's file may be (a link, not a regular file, ...).
+    #[error(transparent)]
+    Open(#[from] crate::tenant_fs::TenantFsError),
     /// Opening, sizing or mapping the file failed.
     #[error("{call} on `{path}` failed")]
     Io {
@@ -249,30 +252,17 @@ impl std::fmt::Debug for RegionReader {
 }
 
 impl RegionReader {
-    /// Opens and validates a region read-only.
+    /// Opens and validates a region read-only, by a path the operator gave
+    /// ([`tenant_fs::open_no_links`]: no symbolic link anywhere in it, only a regular file).
     pub fn open(path: &Path) -> Result<RegionReader, ReadError> {
-        let io = |call| {
-            move |source| ReadError::Io {
-                call,
-                path: path.to_path_buf(),
-                source,
-            }
-        };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(io("open"))?;
-        let meta = file.metadata().map_err(io("fstat"))?;
-        if !meta.is_file() {
-            return Err(ReadError::BadField {
-                field: "file type",
-                offset: 0,
-                found: 0,
-                expected: "a regular file".into(),
-            });
-        }
-        let len = meta.len();
+        RegionReader::from_file(tenant_fs::open_no_links(path, Access::Read)?)
+    }
+
+    /// Validates a region opened through [`tenant_fs`] (read-only).
+    pub fn from_file(file: TenantFile) -> Result<RegionReader, ReadError> {
+        let path = file.path().to_path_buf();
+        let len = file.current_len()?;
+        let file = file.into_file();
         if len < HEADER_SIZE as u64 {
             return Err(ReadError::Truncated {
                 len,
@@ -281,7 +271,7 @@ impl RegionReader {
         }
         let mut reader = RegionReader {
             file,
-            path: path.to_path_buf(),
+            path,
             geometry: Geometry {
                 slot_count: 0,
                 device_count: 0,

@@ -87,6 +87,33 @@ fn detail_of_a_container() {
     both("detail_container", &m, &s);
 }
 
+/// A region another uid could have written says so in its container's detail.
+#[test]
+fn detail_of_a_container_flags_a_region_other_uids_can_write() {
+    let mut m = Model::default();
+    let mut snap = fixture::snapshot();
+    let c = snap
+        .containers
+        .iter_mut()
+        .find(|c| c.key == fixture::TRAIN_ID)
+        .unwrap();
+    c.regions[0].writable_by_others = Some("mode 0666: any local user can write it".into());
+    m.apply(snap);
+    let s = with(&m, &[Action::Enter, Action::Enter]);
+    let t = draw(&m, &s, 160, 48);
+    let text: String = t
+        .backend()
+        .buffer()
+        .content()
+        .iter()
+        .map(|c| c.symbol())
+        .collect();
+    assert!(
+        text.contains("writable by other uids: mode 0666: any local user can write it"),
+        "{text}"
+    );
+}
+
 #[test]
 fn detail_of_a_process() {
     let m = model();

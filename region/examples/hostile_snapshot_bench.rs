@@ -4,8 +4,9 @@
 //! the wall time of `RegionReader::snapshot_within` under the default read budget, and what the
 //! budget left unread.
 //!
-//! `cargo run -p region --release --example hostile_snapshot_bench [-- --dir D --runs N --slots S]`
-//! (default directory `/dev/shm`; the region takes S x 433 KiB there, 453 MB for 1,024 slots).
+//! `cargo run -p region --release --example hostile_snapshot_bench [-- --dir D --runs N --slots S
+//! --records R]` (default directory `/dev/shm`; R odd records per shard, default all 96: the
+//! region then takes S x 433 KiB there, 453 MB for 1,024 slots).
 
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
@@ -17,8 +18,9 @@ use region::layout::{
 use region::reader::{ReadBudget, RegionReader};
 use region::{Region, RegionConfig};
 
-/// Creates the hostile region at `path` with `slots` slots, all claimed by this process.
-fn hostile_region(path: &std::path::Path, slots: u32) {
+/// Creates the hostile region at `path` with `slots` slots, all claimed by this process, the
+/// first `records` records of every shard odd.
+fn hostile_region(path: &std::path::Path, slots: u32, records: usize) {
     let mut config = RegionConfig::unlimited(1);
     config.slots = slots;
     let (region, _) = Region::open_or_create(path, &config).expect("open_or_create");
@@ -37,7 +39,7 @@ fn hostile_region(path: &std::path::Path, slots: u32) {
             .expect("pwrite");
         for shard in 0..SHARDS_PER_SLOT {
             let shard_at = slot_at + std::mem::offset_of!(SlotRecord, shards) + shard * SHARD_SIZE;
-            for record in 0..API_SLOTS {
+            for record in 0..records {
                 let at = shard_at + record * API_RECORD_SIZE;
                 file.write_all_at(&odd, at as u64).expect("pwrite");
             }
@@ -57,6 +59,7 @@ fn main() {
     };
     let runs: usize = arg("--runs").map_or(3, |v| v.parse().expect("a number"));
     let slots: u32 = arg("--slots").map_or(1024, |v| v.parse().expect("a number"));
+    let records: usize = arg("--records").map_or(API_SLOTS, |v| v.parse().expect("a number"));
     let base = arg("--dir").map_or_else(
         || std::path::PathBuf::from("/dev/shm"),
         std::path::PathBuf::from,
@@ -65,7 +68,7 @@ fn main() {
         .tempdir_in(&base)
         .expect("temp dir");
     let path = dir.path().join("hostile");
-    hostile_region(&path, slots);
+    hostile_region(&path, slots, records.min(API_SLOTS));
     let reader = RegionReader::open(&path).expect("open");
     let budget = ReadBudget::default();
     for _ in 0..runs {
@@ -74,7 +77,7 @@ fn main() {
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let unread = snap.unread.map_or(0, |u| u.slots);
         println!(
-            "{{\"bench\":\"hostile_region_snapshot\",\"slots\":{slots},\"ms\":{ms:.1},\
+            "{{\"bench\":\"hostile_region_snapshot\",\"slots\":{slots},\"odd_records_per_shard\":{records},\"ms\":{ms:.1},\
              \"slots_read\":{},\"slots_unread\":{unread},\"budget_ms\":{},\"budget_retries\":{}}}",
             snap.slots.len(),
             budget.time.as_millis(),

@@ -1,20 +1,19 @@
-//! Finding and reading limiter regions: files under the configured directories, and region files
-//! that GPU processes have mapped (reached through `/proc/<pid>/root`, so regions inside
-//! containers are found without configuration). Both this project's format and HAMi-core's v1
-//! format are read, lock-free and read-only; a corrupt or hostile file is reported, never trusted.
+//! Finding limiter regions: files under the configured directories, and region files that GPU
+//! processes have mapped (reached through `/proc/<pid>/root`, so regions inside containers are
+//! found without configuration). Both this project's format and HAMi-core's v1 format are read
+//! (by [`super::region_scan`]), lock-free and read-only; a corrupt or hostile file is reported,
+//! never trusted.
 
 use std::{
-    collections::HashMap,
     fs,
     io::Read,
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
 use region::{
-    hami::{HAMI_MAGIC, HamiReader, HamiSnapshot},
+    hami::{HAMI_MAGIC, HamiSnapshot},
     layout::{REGION_MAGIC, RegionHeader},
-    reader::{RegionReader, RegionSnapshot},
+    reader::RegionSnapshot,
 };
 
 /// Directories searched by default: this project's, and HAMi's per-container directories on the
@@ -23,7 +22,7 @@ pub const DEFAULT_REGION_DIRS: &[&str] =
     &["/var/lib/vgpu-agent/regions", "/usr/local/vgpu/containers"];
 
 /// How deep below a region directory files are looked for.
-const MAX_DEPTH: usize = 3;
+pub(super) const MAX_DEPTH: usize = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -38,11 +37,12 @@ pub enum RegionRead {
     Hami(Box<HamiSnapshot>),
     /// The file looked like a region but could not be read: the reason, for people.
     Failed(Format, String),
-}
-
-enum Reader {
-    Vgpu(RegionReader),
-    Hami(HamiReader),
+    /// Not read this time: a read of it started earlier has not returned for `seconds` (the
+    /// file blocks: a FUSE file, a stuck filesystem). `format` if it was sniffed before.
+    Blocked {
+        format: Option<Format>,
+        seconds: f64,
+    },
 }
 
 /// Where this project's magic sits in a region file (after the initialisation state word).
@@ -70,7 +70,7 @@ pub fn magic_prefix() -> Vec<u8> {
     v
 }
 
-fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+pub(super) fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
@@ -81,87 +81,6 @@ fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
         } else if t.is_dir() && depth > 0 {
             files_under(&e.path(), depth - 1, out);
         }
-    }
-}
-
-/// Keeps a reader per region file (reopened when the file is replaced).
-#[derive(Default)]
-pub struct RegionScanner {
-    dirs: Vec<PathBuf>,
-    readers: HashMap<PathBuf, ((u64, u64), Reader)>,
-}
-
-impl RegionScanner {
-    pub fn new(dirs: Vec<PathBuf>) -> RegionScanner {
-        RegionScanner {
-            dirs,
-            readers: HashMap::new(),
-        }
-    }
-
-    /// Region files in the configured directories plus `mapped` (paths of files that GPU
-    /// processes map, as reachable from here), deduplicated by identity.
-    pub fn candidates(&self, mapped: impl IntoIterator<Item = PathBuf>) -> Vec<(PathBuf, Format)> {
-        let mut files = Vec::new();
-        for d in &self.dirs {
-            files_under(d, MAX_DEPTH, &mut files);
-        }
-        files.extend(mapped);
-        let mut seen = std::collections::HashSet::new();
-        files
-            .into_iter()
-            .filter(|p| {
-                fs::metadata(p).is_ok_and(|m| m.is_file() && seen.insert((m.dev(), m.ino())))
-            })
-            .filter_map(|p| sniff(&p).map(|f| (p, f)))
-            .collect()
-    }
-
-    /// Reads every candidate; forgets readers of files no longer present.
-    pub fn read(&mut self, candidates: &[(PathBuf, Format)]) -> Vec<(PathBuf, RegionRead)> {
-        self.readers
-            .retain(|p, _| candidates.iter().any(|(c, _)| c == p));
-        let mut out = Vec::with_capacity(candidates.len());
-        for (path, format) in candidates {
-            let id = fs::metadata(path)
-                .map(|m| (m.dev(), m.ino()))
-                .unwrap_or_default();
-            if self.readers.get(path).is_some_and(|(old, _)| *old != id) {
-                self.readers.remove(path);
-            }
-            if !self.readers.contains_key(path) {
-                let opened = match format {
-                    Format::Vgpu => RegionReader::open(path)
-                        .map(Reader::Vgpu)
-                        .map_err(|e| e.to_string()),
-                    Format::Hami => HamiReader::open(path)
-                        .map(Reader::Hami)
-                        .map_err(|e| e.to_string()),
-                };
-                match opened {
-                    Ok(r) => {
-                        self.readers.insert(path.clone(), (id, r));
-                    }
-                    Err(e) => {
-                        out.push((path.clone(), RegionRead::Failed(*format, e)));
-                        continue;
-                    }
-                }
-            }
-            let (_, reader) = &self.readers[path];
-            let read = match reader {
-                Reader::Vgpu(r) => r
-                    .snapshot()
-                    .map(|s| RegionRead::Vgpu(Box::new(s)))
-                    .unwrap_or_else(|e| RegionRead::Failed(Format::Vgpu, e.to_string())),
-                Reader::Hami(r) => r
-                    .snapshot()
-                    .map(|s| RegionRead::Hami(Box::new(s)))
-                    .unwrap_or_else(|e| RegionRead::Failed(Format::Hami, e.to_string())),
-            };
-            out.push((path.clone(), read));
-        }
-        out
     }
 }
 
@@ -220,10 +139,13 @@ mod tests {
         bytes.extend([0xffu8; 200]);
         fs::write(sub.join("r.cache"), &bytes).unwrap();
         fs::write(sub.join("not-a-region"), b"hello").unwrap();
-        let mut scanner = RegionScanner::new(vec![dir.path().to_owned()]);
-        let c = scanner.candidates(vec![]);
-        assert_eq!(c.len(), 1, "{c:?}");
-        let reads = scanner.read(&c);
+        let mut scan = super::super::region_scan::RegionScan::new(
+            vec![dir.path().to_owned()],
+            Path::new("/proc"),
+        );
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let reads = scan.scan(&[], far);
+        assert_eq!(reads.len(), 1, "{reads:?}");
         assert!(
             matches!(&reads[0].1, RegionRead::Failed(Format::Vgpu, msg) if !msg.is_empty()),
             "{:?}",

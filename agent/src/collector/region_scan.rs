@@ -62,11 +62,15 @@ struct FileState {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// A small pool of worker threads that grows (to [`MAX_WORKERS`]) when every worker is busy.
+/// A small pool of worker threads that grows (to [`MAX_WORKERS`]) when every idle worker has a
+/// job waiting for it already.
 struct Pool {
     tx: Sender<Job>,
     rx: Arc<Mutex<Receiver<Job>>>,
+    /// Workers waiting for a job.
     idle: Arc<AtomicUsize>,
+    /// Jobs sent and not taken yet.
+    queued: Arc<AtomicUsize>,
     threads: usize,
 }
 
@@ -77,13 +81,19 @@ impl Pool {
             tx,
             rx: Arc::new(Mutex::new(rx)),
             idle: Arc::new(AtomicUsize::new(0)),
+            queued: Arc::new(AtomicUsize::new(0)),
             threads: 0,
         }
     }
 
     fn run(&mut self, job: impl FnOnce() + Send + 'static) {
-        if self.idle.load(Relaxed) == 0 && self.threads < MAX_WORKERS {
-            let (rx, idle) = (Arc::clone(&self.rx), Arc::clone(&self.idle));
+        // Relaxed: the counts only decide whether to start a worker; a race starts one too many.
+        if self.idle.load(Relaxed) <= self.queued.load(Relaxed) && self.threads < MAX_WORKERS {
+            let (rx, idle, queued) = (
+                Arc::clone(&self.rx),
+                Arc::clone(&self.idle),
+                Arc::clone(&self.queued),
+            );
             let spawned = std::thread::Builder::new()
                 .name("region-reader".into())
                 .spawn(move || {
@@ -95,7 +105,10 @@ impl Pool {
                             .and_then(|r| r.recv().map_err(|_| ()));
                         idle.fetch_sub(1, Relaxed);
                         match job {
-                            Ok(job) => job(),
+                            Ok(job) => {
+                                queued.fetch_sub(1, Relaxed);
+                                job()
+                            }
                             Err(()) => return,
                         }
                     }
@@ -105,12 +118,21 @@ impl Pool {
                 Err(e) => log::warn!("starting a region reader thread: {e}"),
             }
         }
+        self.queued.fetch_add(1, Relaxed);
         // The workers hold the receiver for as long as the pool lives.
         let _ = self.tx.send(Box::new(job));
     }
 }
 
+/// How a job reads one file ([`read_file`]; tests make it block).
+type ReadFn = Arc<
+    dyn Fn(&Path, Option<Reader>, &ReadBudget) -> (Option<Reader>, Option<RegionRead>)
+        + Send
+        + Sync,
+>;
+
 pub struct RegionScan {
+    read: ReadFn,
     dirs: Vec<PathBuf>,
     proc: PathBuf,
     budget: ReadBudget,
@@ -127,6 +149,7 @@ impl RegionScan {
     pub fn new(dirs: Vec<PathBuf>, proc: &Path) -> RegionScan {
         let (done_tx, done_rx) = mpsc::channel();
         RegionScan {
+            read: Arc::new(read_file),
             dirs,
             proc: proc.to_owned(),
             budget: ReadBudget::DEFAULT,
@@ -195,6 +218,7 @@ impl RegionScan {
             state.busy_since = Some(Instant::now());
             let reader = state.reader.take();
             let (path, key, budget, tx) = (path.clone(), *key, self.budget, self.done_tx.clone());
+            let read_file = Arc::clone(&self.read);
             self.pool.run(move || {
                 let (reader, read) = read_file(&path, reader, &budget);
                 let _ = tx.send(Done::File(key, reader, read));
@@ -351,4 +375,86 @@ fn read_file(
             .unwrap_or_else(|e| RegionRead::Failed(Format::Hami, e.to_string())),
     };
     (Some(reader), Some(read))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A region file whose read blocks (a FUSE file, say) holds a worker, not the scan: the scan
+    /// ends at its deadline with the other region read and the blocked one named, does not start
+    /// a second read of it while the first runs, reads it last, and reads it again once the
+    /// first read returns.
+    #[test]
+    fn a_read_that_blocks_holds_a_worker_not_the_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("pod_ctr");
+        std::fs::create_dir_all(&sub).unwrap();
+        let config = region::RegionConfig::unlimited(1);
+        let (_a, _) = region::Region::open_or_create(&sub.join("blocked.cache"), &config).unwrap();
+        let (_b, _) = region::Region::open_or_create(&sub.join("fine.cache"), &config).unwrap();
+        let (release, gate) = mpsc::channel::<()>();
+        let gate = Mutex::new(gate);
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&reads);
+        let mut scan = RegionScan::new(vec![dir.path().to_owned()], Path::new("/proc"));
+        scan.read = Arc::new(move |path, reader, budget| {
+            if path.ends_with("blocked.cache") {
+                counted.fetch_add(1, Relaxed);
+                let _ = gate.lock().unwrap().recv();
+            }
+            read_file(path, reader, budget)
+        });
+        let names = |reads: &[(PathBuf, RegionRead)]| -> Vec<(String, &'static str)> {
+            reads
+                .iter()
+                .map(|(p, r)| {
+                    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                    let what = match r {
+                        RegionRead::Vgpu(_) => "read",
+                        RegionRead::Blocked { .. } => "blocked",
+                        _ => "other",
+                    };
+                    (name, what)
+                })
+                .collect()
+        };
+        let soon = || Instant::now() + Duration::from_secs(2);
+        let first = scan.scan(&[], soon());
+        let mut got = names(&first);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("blocked.cache".into(), "blocked"),
+                ("fine.cache".into(), "read")
+            ]
+        );
+        let second = scan.scan(&[], soon());
+        assert_eq!(
+            names(&second),
+            [
+                ("fine.cache".into(), "read"),
+                ("blocked.cache".into(), "blocked")
+            ],
+            "the blocked region comes last"
+        );
+        assert_eq!(reads.load(Relaxed), 1, "one read of it at a time");
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        let far = Instant::now() + Duration::from_secs(30);
+        // The first read returns; this scan may still see it busy: the next one reads it.
+        let _ = scan.scan(&[], far);
+        let mut got = names(&scan.scan(&[], far));
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("blocked.cache".into(), "read"),
+                ("fine.cache".into(), "read")
+            ]
+        );
+    }
 }

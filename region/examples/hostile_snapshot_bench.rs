@@ -5,8 +5,10 @@
 //! budget left unread.
 //!
 //! `cargo run -p region --release --example hostile_snapshot_bench [-- --dir D --runs N --slots S
-//! --records R]` (default directory `/dev/shm`; R odd records per shard, default all 96: the
-//! region then takes S x 433 KiB there, 453 MB for 1,024 slots).
+//! --records R --budget-ms T]` (default directory `/dev/shm`; R odd records per shard, default
+//! all 96: the region then takes S x 433 KiB there, 453 MB for 1,024 slots; T the read budget's
+//! time, default `ReadBudget::DEFAULT`'s 100 ms; the daemon gives a region 250 ms at its default
+//! 1 s interval).
 
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
@@ -70,7 +72,10 @@ fn main() {
     let path = dir.path().join("hostile");
     hostile_region(&path, slots, records.min(API_SLOTS));
     let reader = RegionReader::open(&path).expect("open");
-    let budget = ReadBudget::default();
+    let mut budget = ReadBudget::default();
+    if let Some(ms) = arg("--budget-ms") {
+        budget.time = std::time::Duration::from_millis(ms.parse().expect("a number"));
+    }
     for _ in 0..runs {
         let started = Instant::now();
         let snap = reader.snapshot_within(&budget).expect("snapshot");

@@ -12,8 +12,9 @@
 //! whose records stay odd (a stuck writer, or a tenant that writes odd sequences on purpose)
 //! would otherwise cost every record its full [`crate::seqlock::READ_RETRIES`] copies: 1,024
 //! slots of such records took 190 s to read. When the budget runs out the read stops, and what
-//! was not read is named in [`RegionSnapshot::unread`] (and as [`ShardProblemKind::Unread`]
-//! shards of a slot left part-read), never waited for.
+//! was not read is named in [`RegionSnapshot::unread`], never waited for. A slot is in a
+//! snapshot whole or not at all: one the budget ran out in is left out with the slots after it
+//! (its figures would be short of its counters' and go back; a reader keeps the last whole ones).
 
 use std::fs::File;
 use std::mem::offset_of;
@@ -286,15 +287,11 @@ impl RegionReader {
                 my_ns,
             };
             let read = self.read_slot(&ctx, &mut scratch, &mut counters, &mut spend)?;
-            let whole = read.whole;
-            let kept = read.slot.is_some();
-            slots.extend(read.slot);
-            if !whole {
-                // A slot left part-read is shown with its unread shards named; one dropped
-                // (its owner changed and there was no budget to read it again) is unread.
-                unread = Some(index + u32::from(kept));
+            if !read.whole {
+                unread = Some(index);
                 break;
             }
+            slots.extend(read.slot);
         }
         let unread = match unread {
             Some(first_slot) => Some(Unread {
@@ -332,8 +329,7 @@ impl RegionReader {
     /// Reads slot `ctx.index` (at `ctx.offset`): its state word, its header, each shard it has
     /// used (`used_shards`) under the shard's seqlock or its records' (layout 3), then the state
     /// word again; a slot whose word changed meanwhile (recycled) is re-read, at most
-    /// [`SLOT_READ_ATTEMPTS`] times. Once `spend` runs out the shards not read yet are named
-    /// [`ShardProblemKind::Unread`] and the slot is not re-read.
+    /// [`SLOT_READ_ATTEMPTS`] times. A slot `spend` runs out in is left out ([`SlotRead::CUT`]).
     fn read_slot(
         &self,
         ctx: &SlotContext,
@@ -383,24 +379,14 @@ impl RegionReader {
             // them): skipping them saves most of the copying. A writer that clears bits only
             // hides its own statistics.
             let mut totals = shards::Totals::new();
-            let mut whole = true;
             for shard_index in (0..SHARDS_PER_SLOT).filter(|i| h.used_shards & (1 << i) != 0) {
-                let tid = h.shard_owner[shard_index];
                 if !spend.in_time() {
-                    whole = false;
-                    totals.problems.push(ShardProblem {
-                        shard: shard_index,
-                        kind: ShardProblemKind::Unread,
-                        pid,
-                        tid,
-                        seq: 0,
-                    });
-                    continue;
+                    return Ok(SlotRead::CUT);
                 }
                 let at = shards_at + shard_index as u64 * shard_stride;
                 if v3 {
                     let copies = (&mut scratch.shard[..], &mut scratch.shard_b[..]);
-                    let shard = (shard_index, pid, tid);
+                    let shard = (shard_index, pid, h.shard_owner[shard_index]);
                     self.read_shard_v3(at, shard, copies, &mut totals, (counters, spend))?;
                 } else {
                     let buf = &mut scratch.shard[..];
@@ -409,6 +395,10 @@ impl RegionReader {
                     // A layout 1/2 shard has at most READ_RETRIES attempts of its own.
                     spend.retry(counters.seqlock_retries - before);
                 }
+            }
+            // The budget ran out in the last shard: records may have been left out for it.
+            if !spend.in_time() {
+                return Ok(SlotRead::CUT);
             }
             fence(Ordering::Acquire);
             // The owner may have changed while we copied (a new owner must first move the word
@@ -419,10 +409,7 @@ impl RegionReader {
                     counters.slots_skipped += 1;
                 }
                 if !spend.in_time() {
-                    return Ok(SlotRead {
-                        slot: None,
-                        whole: false,
-                    });
+                    return Ok(SlotRead::CUT);
                 }
                 continue;
             }
@@ -443,12 +430,7 @@ impl RegionReader {
                 apis: totals.merged.into_iter().flatten().collect(),
                 shard_problems: totals.problems,
             };
-            // A slot whose last shard ran the budget out is whole, but nothing after it is read.
-            let whole = whole && spend.in_time();
-            return Ok(SlotRead {
-                slot: Some(slot),
-                whole,
-            });
+            return Ok(SlotRead::whole(Some(slot)));
         }
         Ok(SlotRead::whole(None))
     }
@@ -462,13 +444,19 @@ struct SlotContext {
     my_ns: u64,
 }
 
-/// A slot as read: `None` if free (or left out); `whole` false if the budget ran out during it.
+/// A slot as read: `None` if free (or left out); `whole` false if the budget ran out during it
+/// (then `slot` is `None`: the slot is left out).
 struct SlotRead {
     slot: Option<SlotSnapshot>,
     whole: bool,
 }
 
 impl SlotRead {
+    const CUT: SlotRead = SlotRead {
+        slot: None,
+        whole: false,
+    };
+
     fn whole(slot: Option<SlotSnapshot>) -> SlotRead {
         SlotRead { slot, whole: true }
     }

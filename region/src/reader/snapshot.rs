@@ -55,8 +55,6 @@ pub enum ShardProblemKind {
     Stuck,
     /// The sequence kept changing for every attempt (a very busy writer).
     Busy,
-    /// Not read: the snapshot's [`super::ReadBudget`] ran out first.
-    Unread,
 }
 
 /// A shard left out of a snapshot.
@@ -139,13 +137,13 @@ pub enum BudgetLimit {
 }
 
 /// What a snapshot left unread because its [`super::ReadBudget`] ran out: the slots from
-/// `first_slot` on were not read (their state words were, to count them).
+/// `first_slot` on were not read (their state words were, to count them); the slot the budget
+/// ran out in is one of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unread {
     /// What ran out.
     pub limit: BudgetLimit,
-    /// The first slot not read (the slot being read when the budget ran out, if it was left
-    /// part-read its unread shards are reported as [`ShardProblemKind::Unread`]).
+    /// The first slot not read (the one being read when the budget ran out).
     pub first_slot: u32,
     /// Non-free slots from `first_slot` on that were not read.
     pub slots: u32,

@@ -29,15 +29,17 @@ pub const EXITED_RETENTION: Duration = Duration::from_secs(60);
 /// The interval a collector plans for until told ([`Collector::set_interval`]).
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How a snapshot's time is shared out for an `interval`: the regions get half of it, and each
-/// region a tenth (10 to 100 ms), so that the snapshot ends within its interval whatever the
-/// regions hold.
+/// How a snapshot's time is shared out for an `interval`: the regions get half of it (at least
+/// 250 ms), and each region a quarter (50 to 250 ms) and 16,384 retries, so that the snapshot
+/// ends within its interval whatever the regions hold. A healthy region reads in a millisecond;
+/// the floors leave room for a machine whose CPUs are busy (a read cut by its budget leaves the
+/// process's figures out of that snapshot).
 fn region_times(interval: Duration) -> (Duration, region::reader::ReadBudget) {
     let budget = region::reader::ReadBudget {
-        time: (interval / 10).clamp(Duration::from_millis(10), Duration::from_millis(100)),
+        time: (interval / 4).clamp(Duration::from_millis(50), Duration::from_millis(250)),
         ..region::reader::ReadBudget::DEFAULT
     };
-    (interval / 2, budget)
+    ((interval / 2).max(Duration::from_millis(250)), budget)
 }
 
 pub struct CollectorOptions {

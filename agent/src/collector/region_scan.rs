@@ -140,6 +140,9 @@ pub struct RegionScan {
     done_tx: Sender<Done>,
     done_rx: Receiver<Done>,
     files: HashMap<FileKey, FileState>,
+    /// Reads that came back and were not shown yet (a read that outlasts a scan is shown by the
+    /// next one).
+    reads: HashMap<FileKey, RegionRead>,
     /// Per GPU process: the shared files its maps named at its last completed read, and whether
     /// a job is reading them now.
     mapped: HashMap<u32, (Vec<(PathBuf, FileKey)>, bool)>,
@@ -157,6 +160,7 @@ impl RegionScan {
             done_tx,
             done_rx,
             files: HashMap::new(),
+            reads: HashMap::new(),
             mapped: HashMap::new(),
         }
     }
@@ -176,7 +180,10 @@ impl RegionScan {
         }
         // Maps first: they name the files. Half the time is theirs at most.
         let maps_deadline = started + deadline.saturating_duration_since(started) / 2;
-        self.mapped.retain(|pid, _| pids.contains(pid));
+        // A process gone with its maps still being read keeps its entry until the read returns
+        // (one job per process at a time).
+        self.mapped
+            .retain(|pid, (_, busy)| *busy || pids.contains(pid));
         for &pid in pids {
             let entry = self
                 .mapped
@@ -198,7 +205,10 @@ impl RegionScan {
                 let _ = tx.send(Done::Maps(pid, files));
             });
         }
-        self.wait(maps_deadline, |s| s.mapped.values().all(|(_, busy)| !busy));
+        self.wait(maps_deadline, |s| {
+            pids.iter()
+                .all(|pid| s.mapped.get(pid).is_none_or(|(_, busy)| !busy))
+        });
 
         // The candidates, each file once, the troubled ones last.
         let mut candidates = dir_files(&self.dirs);
@@ -229,32 +239,29 @@ impl RegionScan {
             });
             asked.push(key);
         }
-        let mut reads: HashMap<FileKey, RegionRead> = HashMap::new();
-        self.wait_files(deadline, &asked, &mut reads);
+        self.wait_files(deadline, &asked);
 
         let mut out = Vec::with_capacity(candidates.len());
         for (path, key) in candidates {
             let state = self.files.entry(key).or_default();
-            let read = match reads.remove(&key) {
-                Some(read) => {
+            let read = match (self.reads.remove(&key), state.busy_since) {
+                (Some(read), _) => {
                     state.troubled = matches!(&read, RegionRead::Vgpu(s) if s.unread.is_some());
                     read
                 }
-                None => match (state.busy_since, state.format) {
-                    (Some(since), format) => {
-                        state.troubled = true;
-                        RegionRead::Blocked {
-                            format,
-                            seconds: since.elapsed().as_secs_f64(),
-                        }
+                (None, Some(since)) => {
+                    state.troubled = true;
+                    RegionRead::Blocked {
+                        format: state.format,
+                        seconds: since.elapsed().as_secs_f64(),
                     }
-                    // Not a region (sniffed as nothing): not shown.
-                    (None, None) => continue,
-                    (None, Some(_)) => continue,
-                },
+                }
+                // Not a region (its sniff found nothing): not shown.
+                (None, None) => continue,
             };
             out.push((path, read));
         }
+        self.reads.clear();
         out
     }
 
@@ -271,30 +278,23 @@ impl RegionScan {
         }
     }
 
-    /// As [`RegionScan::wait`], for the file jobs in `asked`, collecting their reads.
-    fn wait_files(
-        &mut self,
-        deadline: Instant,
-        asked: &[FileKey],
-        reads: &mut HashMap<FileKey, RegionRead>,
-    ) {
+    /// As [`RegionScan::wait`], until the file jobs in `asked` have reported.
+    fn wait_files(&mut self, deadline: Instant, asked: &[FileKey]) {
         let mut left: HashSet<FileKey> = asked.iter().copied().collect();
         while !left.is_empty() {
             let time = deadline.saturating_duration_since(Instant::now());
             let Ok(done) = self.done_rx.recv_timeout(time) else {
                 return;
             };
-            if let Some((key, read)) = self.take(done) {
+            if let Some(key) = self.take(done) {
                 left.remove(&key);
-                if let Some(read) = read {
-                    reads.insert(key, read);
-                }
             }
         }
     }
 
-    /// Files a job's report; returns a file job's key and read.
-    fn take(&mut self, done: Done) -> Option<(FileKey, Option<RegionRead>)> {
+    /// Files a job's report (a file's read goes to [`RegionScan::reads`]); returns a file
+    /// job's key.
+    fn take(&mut self, done: Done) -> Option<FileKey> {
         match done {
             Done::Maps(pid, files) => {
                 if let Some(entry) = self.mapped.get_mut(&pid) {
@@ -313,7 +313,10 @@ impl RegionScan {
                     None => None,
                 };
                 state.reader = reader;
-                Some((key, read))
+                if let Some(read) = read {
+                    self.reads.insert(key, read);
+                }
+                Some(key)
             }
         }
     }

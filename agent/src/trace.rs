@@ -259,7 +259,8 @@ impl Tracer {
         if self.schedule.is_some() {
             self.switch_due()?;
             if let Some(s) = &mut self.schedule {
-                s.poll(Instant::now());
+                let stats = self.probes.read_stats();
+                s.poll(Instant::now(), |kind| calls_of_kind(&stats, kind));
             }
         } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
             let period_ns = period.as_nanos().max(1);

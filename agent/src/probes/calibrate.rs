@@ -44,6 +44,10 @@ pub struct ClassCost {
     pub inband_ns: f64,
     /// The current cost of one hit (the median of the last few re-measurements), ns.
     pub last_per_hit_ns: f64,
+    /// One standard error of `last_per_hit_ns`, ns: the spread of the re-measurements it is the
+    /// median of (of the batches of the one measurement while there is only one).
+    #[serde(default)]
+    pub last_se_ns: f64,
     /// Probed calls of this class charged so far, all processes.
     pub charged_calls: u64,
 }
@@ -75,6 +79,11 @@ pub struct ProbeCost {
     /// counters.
     #[serde(default)]
     pub charged_ns: BTreeMap<u32, f64>,
+    /// One standard error of `charged_ns` per process, ns: each interval's calls times the
+    /// standard error of the cost they were charged at, summed (not in quadrature: consecutive
+    /// intervals are priced from overlapping re-measurements, so their errors are correlated).
+    #[serde(default)]
+    pub charged_se_ns: BTreeMap<u32, f64>,
     /// Every class measured.
     #[serde(default)]
     pub classes: Vec<ClassCost>,
@@ -246,8 +255,45 @@ unsafe extern "C" fn unprobed_self_call(v: *mut i32) -> i32 {
     0
 }
 
-/// Median ns per call over `batches` batches of `batch` calls.
-fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> f64 {
+/// A timing: the median ns per call over some batches, and one standard error of it (the
+/// spread of the batches).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Timed {
+    ns: f64,
+    se_ns: f64,
+}
+
+impl Timed {
+    /// `v`'s median, and the standard error of its mean as that of the median.
+    fn of(v: &[f64]) -> Timed {
+        Timed {
+            ns: median(v),
+            se_ns: standard_error(v),
+        }
+    }
+
+    /// The difference of two independent timings.
+    fn minus(self, o: Timed) -> Timed {
+        Timed {
+            ns: (self.ns - o.ns).max(0.0),
+            se_ns: self.se_ns.hypot(o.se_ns),
+        }
+    }
+}
+
+/// The standard error of the mean of `v` (0 for fewer than two values).
+fn standard_error(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (var / n).sqrt()
+}
+
+/// Median ns per call over `batches` batches of `batch` calls, and its spread.
+fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> Timed {
     let mut per_call = Vec::with_capacity(batches as usize);
     let mut v = 0i32;
     for _ in 0..batches {
@@ -259,8 +305,7 @@ fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> f64 {
         }
         per_call.push(t.elapsed().as_nanos() as f64 / batch as f64);
     }
-    per_call.sort_by(f64::total_cmp);
-    per_call[per_call.len() / 2]
+    Timed::of(&per_call)
 }
 
 /// Calls per burst batch: about `target` of probed calls at `probed_ns` each.
@@ -273,8 +318,8 @@ struct Class {
     func: CalibrationFn,
     /// Calls per re-measurement batch (sized to take about 0.7 ms probed).
     burst: u32,
-    /// The last re-measurements, ns per hit (the newest last).
-    recent: Vec<f64>,
+    /// The last re-measurements of a hit (the newest last).
+    recent: Vec<Timed>,
 }
 
 /// Re-measurements a charge is taken over: their median, so that one burst that was preempted or
@@ -286,6 +331,20 @@ fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The price of a hit from its last re-measurements: their median, and one standard error of
+/// it from their spread (from the one measurement's own batches while there is only one).
+fn price(recent: &[Timed]) -> Timed {
+    let values: Vec<f64> = recent.iter().map(|t| t.ns).collect();
+    match recent {
+        [] => Timed {
+            ns: 0.0,
+            se_ns: 0.0,
+        },
+        [one] => *one,
+        _ => Timed::of(&values),
+    }
 }
 
 /// Keeps the calibration probes attached and re-measures their cost.
@@ -352,30 +411,31 @@ impl Calibrator {
         for (prologue, name, func, _, unprobed) in found {
             let before = in_band_total(probes)?;
             // A single-stepped probe can cost ~15 us in a VM: size batches to finish in ~100 ms.
-            let probe_once = time_calls(func, 20, 1);
+            let probe_once = time_calls(func, 20, 1).ns;
             let batch = batch_for(Duration::from_millis(10), probe_once);
             let probed = time_calls(func, batch, 9);
             let after = in_band_total(probes)?;
             let (n, total) = (after.0 - before.0, after.1.saturating_sub(before.1));
             let inband_ns = if n > 0 {
-                (total as f64 / n as f64 - unprobed).max(0.0)
+                (total as f64 / n as f64 - unprobed.ns).max(0.0)
             } else {
                 0.0
             };
             calls += u64::from(batch) * 9 + 20;
-            let per_hit_ns = (probed - unprobed).max(0.0);
+            let hit = probed.minus(unprobed);
             classes.push(Class {
                 func,
-                burst: batch_for(Duration::from_micros(700), probed),
-                recent: vec![(probed - unprobed).max(0.0)],
+                burst: batch_for(Duration::from_micros(700), probed.ns),
+                recent: vec![hit],
             });
             costs.push(ClassCost {
                 prologue,
                 target: format!("self:{name}"),
-                unprobed_ns: unprobed,
-                per_hit_ns,
+                unprobed_ns: unprobed.ns,
+                per_hit_ns: hit.ns,
                 inband_ns,
-                last_per_hit_ns: per_hit_ns,
+                last_per_hit_ns: hit.ns,
+                last_se_ns: hit.se_ns,
                 charged_calls: 0,
             });
         }
@@ -393,6 +453,7 @@ impl Calibrator {
             remeasured: 0,
             last_per_hit_ns: 0.0,
             charged_ns: BTreeMap::new(),
+            charged_se_ns: BTreeMap::new(),
             classes: costs,
             process_prologue: BTreeMap::new(),
         };
@@ -410,8 +471,8 @@ impl Calibrator {
     /// at the median of the last [`RECENT`] measurements. `calls` is every process's probed calls
     /// so far, by the class of the functions called.
     pub fn remeasure(&mut self, calls: &BTreeMap<(u32, Prologue), u64>) {
-        let mut per_hit = BTreeMap::new();
-        for (class, cost) in self.classes.iter_mut().zip(&mut self.cost.classes) {
+        let mut measured = BTreeMap::new();
+        for (class, cost) in self.classes.iter().zip(&self.cost.classes) {
             // Only classes with probed calls: each burst takes CPU time from the workloads.
             if !calls.keys().any(|(_, p)| *p == cost.prologue) {
                 continue;
@@ -421,24 +482,41 @@ impl Calibrator {
             // the machine (on the VM by 1.7x between modes), and a baseline from the start would
             // put that move into the cost of a hit.
             let unprobed = time_calls(UNPROBED_BODY, class.burst, 3);
-            cost.unprobed_ns = unprobed;
-            let now = (probed - unprobed).max(0.0);
+            measured.insert(cost.prologue, (probed, unprobed));
+        }
+        self.settle(calls, &measured);
+    }
+
+    /// Takes in one re-measurement per class (`measured`: a burst's probed and unprobed
+    /// timings) and charges each process's calls since the last poll at the resulting price.
+    fn settle(
+        &mut self,
+        calls: &BTreeMap<(u32, Prologue), u64>,
+        measured: &BTreeMap<Prologue, (Timed, Timed)>,
+    ) {
+        let mut per_hit = BTreeMap::new();
+        for (class, cost) in self.classes.iter_mut().zip(&mut self.cost.classes) {
+            let Some((probed, unprobed)) = measured.get(&cost.prologue) else {
+                continue;
+            };
+            cost.unprobed_ns = unprobed.ns;
             if class.recent.len() == RECENT {
                 class.recent.remove(0);
             }
-            class.recent.push(now);
-            let current = median(&class.recent);
+            class.recent.push(probed.minus(*unprobed));
+            let current = price(&class.recent);
             per_hit.insert(cost.prologue, current);
-            cost.last_per_hit_ns = current;
+            cost.last_per_hit_ns = current.ns;
+            cost.last_se_ns = current.se_ns;
             self.cost.calls += u64::from(class.burst) * 3;
         }
         self.cost.remeasured += 1;
-        let charged = charge(
-            &mut self.cost.charged_ns,
-            &mut self.calls_seen,
-            calls,
-            |p| per_hit.get(&p).copied().unwrap_or(0.0),
-        );
+        let charged = charge(&mut self.cost, &mut self.calls_seen, calls, |p| {
+            per_hit.get(&p).copied().unwrap_or(Timed {
+                ns: 0.0,
+                se_ns: 0.0,
+            })
+        });
         for (prologue, n) in charged {
             if let Some(c) = self
                 .cost
@@ -476,24 +554,27 @@ impl Calibrator {
         for p in pids {
             self.calls_seen.retain(|(pid, _), _| pid != p);
             self.cost.charged_ns.remove(p);
+            self.cost.charged_se_ns.remove(p);
             self.cost.process_prologue.remove(p);
         }
     }
 }
 
-/// Charges each process's calls since the last poll at the cost of their class; returns the
-/// calls charged per class.
+/// Charges each process's calls since the last poll at the cost of their class (and their
+/// share of its standard error); returns the calls charged per class.
 fn charge(
-    charged: &mut BTreeMap<u32, f64>,
+    cost: &mut ProbeCost,
     seen: &mut BTreeMap<(u32, Prologue), u64>,
     calls: &BTreeMap<(u32, Prologue), u64>,
-    per_hit: impl Fn(Prologue) -> f64,
+    per_hit: impl Fn(Prologue) -> Timed,
 ) -> BTreeMap<Prologue, u64> {
     let mut by_class = BTreeMap::new();
     for (&key, &n) in calls {
         // Fewer calls than last time: the rows were removed and the pid reused.
         let before = seen.get(&key).copied().filter(|&b| b <= n).unwrap_or(0);
-        *charged.entry(key.0).or_insert(0.0) += (n - before) as f64 * per_hit(key.1);
+        let price = per_hit(key.1);
+        *cost.charged_ns.entry(key.0).or_insert(0.0) += (n - before) as f64 * price.ns;
+        *cost.charged_se_ns.entry(key.0).or_insert(0.0) += (n - before) as f64 * price.se_ns;
         *by_class.entry(key.1).or_insert(0) += n - before;
         seen.insert(key, n);
     }
@@ -501,91 +582,4 @@ fn charge(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_interval_is_charged_at_its_own_cost_and_class() {
-        let (mut charged, mut seen) = (BTreeMap::new(), BTreeMap::new());
-        let cost = |k: f64| move |p: Prologue| if p == Prologue::Push { k } else { 10.0 * k };
-        let (push, other) = (Prologue::Push, Prologue::Other);
-        let by = charge(
-            &mut charged,
-            &mut seen,
-            &[((7, push), 100)].into(),
-            cost(1_000.0),
-        );
-        assert_eq!(by, [(push, 100)].into());
-        let by = charge(
-            &mut charged,
-            &mut seen,
-            &[((7, push), 300), ((7, other), 5), ((8, push), 50)].into(),
-            cost(2_000.0),
-        );
-        assert_eq!(by, [(push, 250), (other, 5)].into());
-        assert_eq!(
-            charged[&7],
-            100.0 * 1_000.0 + 200.0 * 2_000.0 + 5.0 * 20_000.0
-        );
-        assert_eq!(charged[&8], 50.0 * 2_000.0);
-        // A reused pid whose rows were removed starts again.
-        charge(
-            &mut charged,
-            &mut seen,
-            &[((8, push), 10)].into(),
-            cost(3_000.0),
-        );
-        assert_eq!(charged[&8], 50.0 * 2_000.0 + 10.0 * 3_000.0);
-    }
-
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn each_class_has_a_function_that_starts_like_it_in_this_binary() {
-        let (path, data) = own_binary().unwrap();
-        let file = object::File::parse(&*data).unwrap();
-        for (prologue, name, func) in STUBS {
-            let (_, seen) = super::super::symbols::find_function(&file, &data, name)
-                .unwrap_or_else(|| panic!("{name} in {}", path.display()));
-            assert_eq!(seen, prologue, "{name}");
-            let mut v = 0;
-            // SAFETY: see `time_calls`.
-            assert_eq!(unsafe { func(&mut v) }, 0);
-        }
-        let main = ProbeCost {
-            target: String::new(),
-            prologue: Prologue::Other,
-            calls: 0,
-            unprobed_ns: 0.0,
-            per_hit_ns: 0.0,
-            inband_ns: 0.0,
-            remeasured: 0,
-            last_per_hit_ns: 0.0,
-            charged_ns: BTreeMap::new(),
-            classes: [(Prologue::Push, 1_000.0), (Prologue::Other, 3_000.0)]
-                .map(|(prologue, ns)| ClassCost {
-                    prologue,
-                    target: String::new(),
-                    unprobed_ns: 1.0,
-                    per_hit_ns: ns,
-                    inband_ns: ns / 2.0,
-                    last_per_hit_ns: ns,
-                    charged_calls: 0,
-                })
-                .into(),
-            process_prologue: [(7, Prologue::Push)].into(),
-        };
-        assert_eq!(main.class_of(7).unwrap().per_hit_ns, 1_000.0);
-        assert_eq!(
-            main.class_of(8).unwrap().per_hit_ns,
-            3_000.0,
-            "the main class"
-        );
-    }
-
-    #[test]
-    fn batches_take_about_the_time_asked() {
-        assert_eq!(batch_for(Duration::from_micros(700), 3_500.0), 200);
-        assert_eq!(batch_for(Duration::from_millis(10), 0.0), 5_000);
-        assert_eq!(batch_for(Duration::from_micros(10), 15_000.0), 20);
-    }
-}
+mod tests;

@@ -24,8 +24,10 @@ use serde::{Deserialize, Serialize};
 mod exposure;
 mod gaps;
 
+pub use exposure::Exposure;
+#[cfg(test)]
+use exposure::Spread;
 use exposure::Weight;
-pub use exposure::{Exposure, Spread};
 use gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates, reference_kinds};
 
 /// The kinds a budget controls.

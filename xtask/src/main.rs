@@ -30,7 +30,8 @@ commands:
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: top)
   demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
   bundle           build release binaries into .carry/ for the GPU machine
-  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export
+  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export,
+                   attribute
                    (see docs/benchmarks.md)";
 
 fn main() {

@@ -90,6 +90,9 @@ pub struct ApiTime {
     /// `probes_sampled` (probed only in windows: `calls` is the schedule's estimate, `seconds`
     /// the probed calls' mean time times it).
     pub measured_by: String,
+    /// With `probes_sampled`: the calls the probes saw, of the `calls` estimated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probed_calls: Option<u64>,
     /// How sure `calls` and `seconds` are, where they are estimates (absent where exact).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls_uncertainty: Option<Uncertainty>,
@@ -271,6 +274,9 @@ pub fn attribute(
             seconds,
             hook_seconds: hook,
             measured_by: measured_by.into(),
+            probed_calls: probes
+                .filter(|_| measured_by == "probes_sampled")
+                .map(|p| p.calls),
             calls_uncertainty: calls_se.map(|se| Uncertainty::of(calls as f64, se)),
             seconds_uncertainty: seconds_se.map(|se| Uncertainty::of(seconds, se)),
         });

@@ -473,7 +473,7 @@ impl Tracer {
                 *calls.entry((tgid, class)).or_default() += n;
             }
             if let Some(c) = &mut self.calibrator {
-                c.remeasure(&calls);
+                c.remeasure(&calls, &self.probes);
             }
         }
         Ok(r)

@@ -118,11 +118,14 @@ pub struct Estimate {
     pub standard_error: Option<f64>,
 }
 
-/// The probe cost charged to a process over the window, ns, and one standard error of it.
+/// The probe cost charged to a process over the window, ns, and one standard error of it;
+/// `inband_ns`: the part of it inside the latencies the probes measured (`None`: not known, the
+/// class's current figure is used).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Charged {
     pub ns: f64,
     pub se_ns: f64,
+    pub inband_ns: Option<f64>,
 }
 
 /// The calls of `now` since `before` (the same process in the window's first snapshot).
@@ -182,12 +185,17 @@ pub fn attribute(
         Some(c) if probed_calls > 0 => Charged {
             ns: c.ns / probed_calls as f64,
             se_ns: c.se_ns / probed_calls as f64,
+            inband_ns: c.inband_ns.map(|i| i / probed_calls as f64),
         },
         _ => Charged {
             ns: s.per_hit_ns,
             se_ns: 0.0,
+            inband_ns: None,
         },
     };
+    // What each probed call's measured latency is corrected by: the in-band part of the hits
+    // it was charged over the window, else the class's current figure.
+    let inband_ns = hit.inband_ns.unwrap_or(s.inband_ns);
     let mut c = Components::default();
     let mut uncertainty = ComponentSums::new();
     let mut rows = Vec::new();
@@ -202,7 +210,7 @@ pub fn attribute(
             .map(|a| a.kind.clone())
             .unwrap_or_default();
         let in_probes =
-            |p: &ApiUsage| (p.total_ns as f64 - p.calls as f64 * s.inband_ns).max(0.0) / 1e9;
+            |p: &ApiUsage| (p.total_ns as f64 - p.calls as f64 * inband_ns).max(0.0) / 1e9;
         // The kind's probed calls stand for `scale` times as many: the schedule's estimate
         // where it sampled the kind (with its standard error, relative), the fixed launch
         // windows' share of the window otherwise (its error unknown).

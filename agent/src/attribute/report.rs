@@ -280,15 +280,18 @@ pub fn build(
         let before = first.process(p.key);
         let charged = |snap: &Snapshot| {
             snap.agent.probe_cost.as_ref().and_then(|c| {
-                let ns = c.charged_ns.get(&p.key.pid).copied()?;
-                Some((ns, c.charged_se_ns.get(&p.key.pid).copied().unwrap_or(0.0)))
+                let pid = p.key.pid;
+                let ns = c.charged_ns.get(&pid).copied()?;
+                let se = c.charged_se_ns.get(&pid).copied().unwrap_or(0.0);
+                Some((ns, se, c.charged_inband_ns.get(&pid).copied()))
             })
         };
-        let charged = charged(last).map(|(ns, se)| {
-            let (ns0, se0) = charged(first).unwrap_or((0.0, 0.0));
+        let charged = charged(last).map(|(ns, se, inband)| {
+            let (ns0, se0, inband0) = charged(first).unwrap_or((0.0, 0.0, None));
             Charged {
                 ns: (ns - ns0).max(0.0),
                 se_ns: (se - se0).max(0.0),
+                inband_ns: inband.map(|i| (i - inband0.unwrap_or(0.0)).max(0.0)),
             }
         });
         // The relative uncertainty of the prices this process's hits were charged at.

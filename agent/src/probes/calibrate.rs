@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::ProbeCookie;
+use agent_common::{ProbeCookie, maps::StatsKey};
 
 use super::{ProbeError, Probes, symbols::Prologue};
 
@@ -38,9 +38,9 @@ pub struct ClassCost {
     pub unprobed_ns: f64,
     /// Added cost of one entry + return hit when the agent started, ns.
     pub per_hit_ns: f64,
-    /// The part of that cost that falls inside the latency the probes measure (their mean
-    /// in-kernel latency of a function that takes a few ns): subtracted when attributing time to
-    /// the driver.
+    /// The part of that cost that falls inside the latency the probes measure (the latency they
+    /// measured of the calibration function less its unprobed time; the median of the last few
+    /// re-measurements): subtracted when attributing time to the driver.
     pub inband_ns: f64,
     /// The current cost of one hit (the median of the last few re-measurements), ns.
     pub last_per_hit_ns: f64,
@@ -84,6 +84,10 @@ pub struct ProbeCost {
     /// intervals are priced from overlapping re-measurements, so their errors are correlated).
     #[serde(default)]
     pub charged_se_ns: BTreeMap<u32, f64>,
+    /// The in-band part of the hits charged per process, ns (each interval's calls times the
+    /// in-band cost then): what its probed calls' measured latencies are corrected by.
+    #[serde(default)]
+    pub charged_inband_ns: BTreeMap<u32, f64>,
     /// Every class measured.
     #[serde(default)]
     pub classes: Vec<ClassCost>,
@@ -294,9 +298,25 @@ fn standard_error(v: &[f64]) -> f64 {
 
 /// Median ns per call over `batches` batches of `batch` calls, and its spread.
 fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> Timed {
+    time_batches(func, batch, batches, || None).0
+}
+
+/// As [`time_calls`], and the median over the batches of the latency per call the probes
+/// measured (`row`: the calibration row's calls and total latency so far, read between
+/// batches; `None` when it cannot be read). Medians of batches, both: a batch that was
+/// preempted moves neither, where a mean over all the calls would carry every preemption (at
+/// the start on a loaded VM the mean put the in-band part at 7-9 us, over twice a whole hit).
+fn time_batches(
+    func: CalibrationFn,
+    batch: u32,
+    batches: u32,
+    mut row: impl FnMut() -> Option<(u64, u64)>,
+) -> (Timed, Option<f64>) {
     let mut per_call = Vec::with_capacity(batches as usize);
+    let mut latency = Vec::with_capacity(batches as usize);
     let mut v = 0i32;
     for _ in 0..batches {
+        let before = row();
         let t = Instant::now();
         for _ in 0..batch {
             // SAFETY: every calibration function takes one out-pointer to an int (which it
@@ -304,8 +324,30 @@ fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> Timed {
             black_box(unsafe { func(&mut v) });
         }
         per_call.push(t.elapsed().as_nanos() as f64 / batch as f64);
+        if let (Some((c0, t0)), Some((c1, t1))) = (before, row())
+            && c1 > c0
+        {
+            latency.push(t1.saturating_sub(t0) as f64 / (c1 - c0) as f64);
+        }
     }
-    Timed::of(&per_call)
+    let latency = (!latency.is_empty()).then(|| median(&latency));
+    (Timed::of(&per_call), latency)
+}
+
+/// What one re-measurement of a class found: its probed and unprobed timings, and the latency
+/// per call the probes measured (ns) where it could be read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Measured {
+    probed: Timed,
+    unprobed: Timed,
+    latency: Option<f64>,
+}
+
+impl Measured {
+    /// The in-band part of a hit.
+    fn inband(&self) -> Option<f64> {
+        self.latency.map(|l| (l - self.unprobed.ns).max(0.0))
+    }
 }
 
 /// Calls per burst batch: about `target` of probed calls at `probed_ns` each.
@@ -318,8 +360,9 @@ struct Class {
     func: CalibrationFn,
     /// Calls per re-measurement batch (sized to take about 0.7 ms probed).
     burst: u32,
-    /// The last re-measurements of a hit (the newest last).
+    /// The last re-measurements of a hit (the newest last), and of its in-band part.
     recent: Vec<Timed>,
+    recent_inband: Vec<f64>,
 }
 
 /// Re-measurements a charge is taken over: their median, so that one burst that was preempted or
@@ -350,6 +393,8 @@ fn price(recent: &[Timed]) -> Timed {
 /// Keeps the calibration probes attached and re-measures their cost.
 pub struct Calibrator {
     classes: Vec<Class>,
+    /// The agent's own calibration row in the probes' aggregation map.
+    row: Option<StatsKey>,
     pub cost: ProbeCost,
     /// The class to report before any call is charged (the host driver's).
     default_main: Prologue,
@@ -400,33 +445,36 @@ impl Calibrator {
         let offsets: Vec<u64> = found.iter().map(|f| f.3).collect();
         probes.attach_calibration(&path, &offsets)?;
         let me = std::process::id();
-        let in_band_total = |probes: &Probes| -> Result<(u64, u64), ProbeError> {
-            Ok(probes
-                .read_stats()?
-                .iter()
-                .filter(|(k, _)| k.tgid == me && k.api == ProbeCookie::CALIBRATION_API)
-                .fold((0, 0), |(c, t), (_, s)| (c + s.calls, t + s.total_ns)))
-        };
         let (mut classes, mut costs, mut calls) = (Vec::new(), Vec::new(), 0u64);
+        let mut row = None;
         for (prologue, name, func, _, unprobed) in found {
-            let before = in_band_total(probes)?;
             // A single-stepped probe can cost ~15 us in a VM: size batches to finish in ~100 ms.
             let probe_once = time_calls(func, 20, 1).ns;
+            // The calibration row exists once a probed call was made: its key (the agent's
+            // cgroup) is looked up once.
+            if row.is_none() {
+                row = probes
+                    .read_stats()?
+                    .into_iter()
+                    .find(|(k, _)| k.tgid == me && k.api == ProbeCookie::CALIBRATION_API)
+                    .map(|(k, _)| k);
+            }
             let batch = batch_for(Duration::from_millis(10), probe_once);
-            let probed = time_calls(func, batch, 9);
-            let after = in_band_total(probes)?;
-            let (n, total) = (after.0 - before.0, after.1.saturating_sub(before.1));
-            let inband_ns = if n > 0 {
-                (total as f64 / n as f64 - unprobed.ns).max(0.0)
-            } else {
-                0.0
-            };
+            let (probed, latency) = time_batches(func, batch, 9, || read_row(probes, row));
+            let inband_ns = Measured {
+                probed,
+                unprobed,
+                latency,
+            }
+            .inband()
+            .unwrap_or(0.0);
             calls += u64::from(batch) * 9 + 20;
             let hit = probed.minus(unprobed);
             classes.push(Class {
                 func,
                 burst: batch_for(Duration::from_micros(700), probed.ns),
                 recent: vec![hit],
+                recent_inband: vec![inband_ns],
             });
             costs.push(ClassCost {
                 prologue,
@@ -454,12 +502,14 @@ impl Calibrator {
             last_per_hit_ns: 0.0,
             charged_ns: BTreeMap::new(),
             charged_se_ns: BTreeMap::new(),
+            charged_inband_ns: BTreeMap::new(),
             classes: costs,
             process_prologue: BTreeMap::new(),
         };
         cost.set_main(default_main);
         Ok(Calibrator {
             classes,
+            row,
             cost,
             default_main,
             calls_seen: BTreeMap::new(),
@@ -470,19 +520,27 @@ impl Calibrator {
     /// median: about 2 ms a class) and charges the calls each process made since the last poll
     /// at the median of the last [`RECENT`] measurements. `calls` is every process's probed calls
     /// so far, by the class of the functions called.
-    pub fn remeasure(&mut self, calls: &BTreeMap<(u32, Prologue), u64>) {
+    pub fn remeasure(&mut self, calls: &BTreeMap<(u32, Prologue), u64>, probes: &Probes) {
         let mut measured = BTreeMap::new();
         for (class, cost) in self.classes.iter().zip(&self.cost.classes) {
             // Only classes with probed calls: each burst takes CPU time from the workloads.
             if !calls.keys().any(|(_, p)| *p == cost.prologue) {
                 continue;
             }
-            let probed = time_calls(class.func, class.burst, 3);
+            let (probed, latency) =
+                time_batches(class.func, class.burst, 3, || read_row(probes, self.row));
             // The unprobed time again, around the same moment: the body's own time moves with
             // the machine (on the VM by 1.7x between modes), and a baseline from the start would
             // put that move into the cost of a hit.
             let unprobed = time_calls(UNPROBED_BODY, class.burst, 3);
-            measured.insert(cost.prologue, (probed, unprobed));
+            measured.insert(
+                cost.prologue,
+                Measured {
+                    probed,
+                    unprobed,
+                    latency,
+                },
+            );
         }
         self.settle(calls, &measured);
     }
@@ -492,30 +550,53 @@ impl Calibrator {
     fn settle(
         &mut self,
         calls: &BTreeMap<(u32, Prologue), u64>,
-        measured: &BTreeMap<Prologue, (Timed, Timed)>,
+        measured: &BTreeMap<Prologue, Measured>,
     ) {
-        let mut per_hit = BTreeMap::new();
         for (class, cost) in self.classes.iter_mut().zip(&mut self.cost.classes) {
-            let Some((probed, unprobed)) = measured.get(&cost.prologue) else {
+            let Some(m) = measured.get(&cost.prologue) else {
                 continue;
             };
-            cost.unprobed_ns = unprobed.ns;
+            cost.unprobed_ns = m.unprobed.ns;
             if class.recent.len() == RECENT {
                 class.recent.remove(0);
             }
-            class.recent.push(probed.minus(*unprobed));
+            class.recent.push(m.probed.minus(m.unprobed));
+            if let Some(inband) = m.inband() {
+                if class.recent_inband.len() == RECENT {
+                    class.recent_inband.remove(0);
+                }
+                class.recent_inband.push(inband);
+            }
             let current = price(&class.recent);
-            per_hit.insert(cost.prologue, current);
+            if !class.recent_inband.is_empty() {
+                cost.inband_ns = median(&class.recent_inband);
+            }
             cost.last_per_hit_ns = current.ns;
             cost.last_se_ns = current.se_ns;
             self.cost.calls += u64::from(class.burst) * 3;
         }
         self.cost.remeasured += 1;
-        let charged = charge(&mut self.cost, &mut self.calls_seen, calls, |p| {
-            per_hit.get(&p).copied().unwrap_or(Timed {
-                ns: 0.0,
-                se_ns: 0.0,
+        // Each class at its current price (a class without calls keeps its last one).
+        let prices: BTreeMap<Prologue, (Timed, f64)> = self
+            .cost
+            .classes
+            .iter()
+            .map(|c| {
+                let price = Timed {
+                    ns: c.last_per_hit_ns,
+                    se_ns: c.last_se_ns,
+                };
+                (c.prologue, (price, c.inband_ns))
             })
+            .collect();
+        let charged = charge(&mut self.cost, &mut self.calls_seen, calls, |p| {
+            prices.get(&p).copied().unwrap_or((
+                Timed {
+                    ns: 0.0,
+                    se_ns: 0.0,
+                },
+                0.0,
+            ))
         });
         for (prologue, n) in charged {
             if let Some(c) = self
@@ -555,9 +636,16 @@ impl Calibrator {
             self.calls_seen.retain(|(pid, _), _| pid != p);
             self.cost.charged_ns.remove(p);
             self.cost.charged_se_ns.remove(p);
+            self.cost.charged_inband_ns.remove(p);
             self.cost.process_prologue.remove(p);
         }
     }
+}
+
+/// The calibration row's calls and total latency (ns) so far.
+fn read_row(probes: &Probes, row: Option<StatsKey>) -> Option<(u64, u64)> {
+    let s = probes.stats_row(&row?).ok()??;
+    Some((s.calls, s.total_ns))
 }
 
 /// Charges each process's calls since the last poll at the cost of their class (and their
@@ -566,15 +654,17 @@ fn charge(
     cost: &mut ProbeCost,
     seen: &mut BTreeMap<(u32, Prologue), u64>,
     calls: &BTreeMap<(u32, Prologue), u64>,
-    per_hit: impl Fn(Prologue) -> Timed,
+    per_hit: impl Fn(Prologue) -> (Timed, f64),
 ) -> BTreeMap<Prologue, u64> {
     let mut by_class = BTreeMap::new();
     for (&key, &n) in calls {
         // Fewer calls than last time: the rows were removed and the pid reused.
         let before = seen.get(&key).copied().filter(|&b| b <= n).unwrap_or(0);
-        let price = per_hit(key.1);
-        *cost.charged_ns.entry(key.0).or_insert(0.0) += (n - before) as f64 * price.ns;
-        *cost.charged_se_ns.entry(key.0).or_insert(0.0) += (n - before) as f64 * price.se_ns;
+        let (price, inband) = per_hit(key.1);
+        let new = (n - before) as f64;
+        *cost.charged_ns.entry(key.0).or_insert(0.0) += new * price.ns;
+        *cost.charged_se_ns.entry(key.0).or_insert(0.0) += new * price.se_ns;
+        *cost.charged_inband_ns.entry(key.0).or_insert(0.0) += new * inband;
         *by_class.entry(key.1).or_insert(0) += n - before;
         seen.insert(key, n);
     }

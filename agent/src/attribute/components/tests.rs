@@ -241,6 +241,7 @@ fn sampled_kinds_are_scaled_to_the_schedules_estimate_and_carry_its_uncertainty(
     let charged = Charged {
         ns: 53_000.0 * 2_000.0,
         se_ns: 53_000.0 * 300.0,
+        inband_ns: Some(53_000.0 * 1_000.0),
     };
     let a = attribute(
         &now,
@@ -355,6 +356,7 @@ fn launches_come_from_the_limiter_less_the_hits_inside_its_timing() {
         let charged = Charged {
             ns: 20_000.0 * 2_000.0,
             se_ns: 20_000.0 * 100.0,
+            inband_ns: None,
         };
         let a = attribute(
             &now,

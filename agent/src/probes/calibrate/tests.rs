@@ -15,6 +15,7 @@ fn cost_with(classes: &[(Prologue, f64)]) -> ProbeCost {
         last_per_hit_ns: 0.0,
         charged_ns: BTreeMap::new(),
         charged_se_ns: BTreeMap::new(),
+        charged_inband_ns: BTreeMap::new(),
         classes: classes
             .iter()
             .map(|&(prologue, ns)| ClassCost {
@@ -43,26 +44,30 @@ fn calibrator(start: &[(Prologue, Timed)]) -> Calibrator {
                 func: UNPROBED_BODY,
                 burst: 100,
                 recent: vec![*t],
+                recent_inband: vec![t.ns / 2.0],
             })
             .collect(),
+        row: None,
         cost: cost_with(&priced),
         default_main: start[0].0,
         calls_seen: BTreeMap::new(),
     }
 }
 
-/// A re-measurement that found a hit to cost `ns` exactly (probed `ns + 500`, unprobed 500).
-fn hit(ns: f64) -> (Timed, Timed) {
-    (
-        Timed {
+/// A re-measurement that found a hit to cost `ns` exactly (probed `ns + 500`, unprobed 500),
+/// half of it in band (the probes measured the calibration function at `500 + ns / 2`).
+fn hit(ns: f64) -> Measured {
+    Measured {
+        probed: Timed {
             ns: ns + 500.0,
             se_ns: 0.0,
         },
-        Timed {
+        unprobed: Timed {
             ns: 500.0,
             se_ns: 0.0,
         },
-    )
+        latency: Some(500.0 + ns / 2.0),
+    }
 }
 
 fn exact(ns: f64) -> Timed {
@@ -72,7 +77,12 @@ fn exact(ns: f64) -> Timed {
 #[test]
 fn each_interval_is_charged_at_its_own_cost_and_class() {
     let (mut cost, mut seen) = (cost_with(&[(Prologue::Push, 1.0)]), BTreeMap::new());
-    let price = |k: f64| move |p: Prologue| exact(if p == Prologue::Push { k } else { 10.0 * k });
+    let price = |k: f64| {
+        move |p: Prologue| {
+            let ns = if p == Prologue::Push { k } else { 10.0 * k };
+            (exact(ns), ns / 4.0)
+        }
+    };
     let (push, other) = (Prologue::Push, Prologue::Other);
     let by = charge(
         &mut cost,
@@ -102,6 +112,7 @@ fn each_interval_is_charged_at_its_own_cost_and_class() {
     );
     assert_eq!(cost.charged_ns[&8], 50.0 * 2_000.0 + 10.0 * 3_000.0);
     assert_eq!(cost.charged_se_ns[&8], 0.0, "exact prices, exact charges");
+    assert_eq!(cost.charged_inband_ns[&8], 50.0 * 500.0 + 10.0 * 750.0);
 }
 
 #[test]
@@ -119,6 +130,7 @@ fn a_steady_hit_is_priced_exactly_and_with_no_uncertainty() {
     assert_eq!(class.charged_calls, 8_000);
     assert_eq!(c.cost.charged_ns[&7], 8_000.0 * 2_000.0);
     assert_eq!(c.cost.charged_se_ns[&7], 0.0);
+    assert_eq!(c.cost.charged_inband_ns[&7], 8_000.0 * 1_000.0);
     assert_eq!(c.cost.remeasured, 8);
     assert_eq!(c.cost.process_prologue[&7], push);
 }
@@ -182,6 +194,34 @@ fn a_preempted_burst_does_not_set_the_price_but_widens_its_uncertainty() {
         class.last_se_ns / class.last_per_hit_ns > 0.10,
         "marked uncertain"
     );
+}
+
+/// The in-band part of a hit is re-measured too, from the latency the probes measured of each
+/// batch (medians of batches, like the price): one preempted burst does not move it.
+#[test]
+fn the_in_band_part_is_the_median_of_its_re_measurements() {
+    let push = Prologue::Push;
+    let mut c = calibrator(&[(push, exact(2_000.0))]);
+    for (i, latency) in [1_500.0, 1_500.0, 9_000.0, 1_500.0].into_iter().enumerate() {
+        let mut m = hit(2_000.0);
+        m.latency = Some(latency);
+        c.settle(
+            &[((7, push), (i as u64 + 1) * 10)].into(),
+            &[(push, m)].into(),
+        );
+    }
+    // Five values: 1,000 from the start, then 1,000, 1,000, 8,500, 1,000 (latency less the
+    // unprobed 500).
+    assert_eq!(c.cost.class(push).unwrap().inband_ns, 1_000.0);
+    assert_eq!(
+        c.cost.charged_inband_ns[&7],
+        30.0 * 1_000.0 + 10.0 * 1_000.0
+    );
+    // Without a latency reading, the last in-band figure stands.
+    let mut m = hit(2_000.0);
+    m.latency = None;
+    c.settle(&[((7, push), 50)].into(), &[(push, m)].into());
+    assert_eq!(c.cost.class(push).unwrap().inband_ns, 1_000.0);
 }
 
 #[test]

@@ -164,11 +164,16 @@ impl Exposure {
     /// One standard error of `estimated_calls` (the calls seen in windows are exact): the two
     /// gap estimators' spreads, and for the pace estimate the price of a hit, whose relative
     /// standard error is `hit_relative_se` (an own-pace rate `n / (open - n x hit)` moves by
-    /// `probe time / own time` times a relative change of the price). `None` when a spread
-    /// could not be estimated (see [`Spread::gap_se`]).
+    /// `probe time / own time` times a relative change of the price). Where an estimator's
+    /// spread is unknown (its gaps came from windows none of which had a neighbour with a value:
+    /// see [`Spread::gap_se`]), its gap calls count as wholly unsure: a standard error as large
+    /// as they are. (Always `Some`; `None` is kept for readings that say nothing.)
     pub fn calls_se(&self, hit_relative_se: f64) -> Option<f64> {
-        let reference = self.reference.gap_se()?;
-        let pace = self.pace.gap_se()?;
+        let reference = self
+            .reference
+            .gap_se()
+            .unwrap_or(self.gap_calls_by_reference);
+        let pace = self.pace.gap_se().unwrap_or(self.gap_calls_by_pace);
         let price = if self.pace.own_seconds > 0.0 {
             self.gap_calls_by_pace * self.pace.probe_seconds / self.pace.own_seconds
                 * hit_relative_se

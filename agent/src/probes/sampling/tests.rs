@@ -122,7 +122,9 @@ fn the_standard_error_is_a_window_value_s_variance_times_its_squared_weights() {
         ..Default::default()
     };
     assert!((e.calls_se(0.1).unwrap() - (60_000.0f64 + 625.0).sqrt()).abs() < 1e-9);
-    assert_eq!(Exposure { pace: lone, ..e }.calls_se(0.0), None);
+    // An estimator whose spread is unknown: its gap calls count as wholly unsure.
+    let unknown = Exposure { pace: lone, ..e }.calls_se(0.0).unwrap();
+    assert!((unknown - (60_000.0f64 + 1_000_000.0).sqrt()).abs() < 1e-9);
     // Readings subtract.
     let mut later = e;
     later.add(&e);

@@ -297,7 +297,10 @@ fn a_known_spread_between_windows_gives_the_standard_error_it_should() {
         z.push((est - truth) / se);
     }
     let rms = (z.iter().map(|z| z * z).sum::<f64>() / z.len() as f64).sqrt();
-    assert!((0.6..1.6).contains(&rms), "rms of error / se {rms}: {z:?}");
+    // 1.43 for these 40 runs: a little over 1, as the windows set the length of the gap after
+    // them from their own rate (a window that read high stands for a longer gap), which the
+    // standard error does not model. A standard error twice or half as large misses the range.
+    assert!((0.8..1.8).contains(&rms), "rms of error / se {rms}: {z:?}");
     let mean = relative.iter().sum::<f64>() / relative.len() as f64;
     assert!(mean > 0.002, "a spread this large is reported: {mean}");
 }

@@ -58,8 +58,8 @@ fn accuracy_of_driver_copy_and_sync_time() {
     })
     .collect();
     let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
-    stat.wait_for(&attached(&lib), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     let pids: Vec<u32> = workloads.iter().map(|w| w.pid()).collect();
     let made: Vec<Value> = workloads
         .into_iter()
@@ -122,8 +122,8 @@ fn accuracy_of_a_known_limiter_hook_delay() {
         ]);
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::from_command(attribute_cmd(&["--region-dir", regions.to_str().unwrap()]));
-    stat.wait_for(&attached(&lib), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     let pid = workload.pid();
     workload.go();
     let _ = workload.finish();
@@ -173,8 +173,8 @@ fn accuracy_of_the_probe_cost() {
     };
     let mut next = Some(probed_run(0));
     let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
-    stat.wait_for(&attached(&lib), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     let (mut native, mut probed, mut pids) = (vec![], vec![], vec![]);
     for round in 0..ROUNDS {
         let out = exercise(&unprobed).args(args).output().unwrap();
@@ -241,8 +241,8 @@ fn sampled_launches(sync_every: u64) {
         "--sample-window",
         "10ms",
     ]));
-    stat.wait_for(&attached(&lib), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     let pid = workload.pid();
     workload.go();
     let made = workload.finish();
@@ -317,8 +317,8 @@ fn accuracy_of_launches_under_the_limiter() {
         "--sample-window",
         "10ms",
     ]));
-    stat.wait_for(&attached(&lib), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     let pid = workload.pid();
     workload.go();
     let made = workload.finish();

@@ -9,8 +9,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use support::{attribute::*, *};
 
 /// 20,000 probed `cuStreamSynchronize` with every call probed: each one counted, and the
@@ -38,8 +36,8 @@ fn every_probed_call_is_counted_and_charged_at_the_calibrated_price() {
     ]);
     let workload = Workload::start(cmd, dir.path());
     let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
-    stat.wait_for(&attached(&lib), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     let pid = workload.pid();
     workload.go();
     let made = workload.finish();
@@ -115,8 +113,8 @@ fn launch_heavy(sync_every: u64) {
         "--sample-window",
         "10ms",
     ]));
-    stat.wait_for(&attached(&lib), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     let pid = workload.pid();
     workload.go();
     let made = workload.finish();
@@ -135,8 +133,10 @@ fn launch_heavy(sync_every: u64) {
     // Without synchronisations the gaps can only be estimated by pace.
     match LAUNCHES.checked_div(sync_every) {
         None => assert_eq!(num(&launches["gaps_by_reference"]), 0.0, "{launches}"),
+        // With them, how much of the gaps they set depends on the load: a window must see
+        // about 8 of them, and they must stay attached whole (a hit that costs over 5 us makes
+        // them sampled too). The estimators' use of a reference is tested in virtual time.
         Some(made_syncs) => {
-            assert!(num(&launches["gaps_by_reference"]) > 0.0, "{launches}");
             let syncs = api_of(p, "cuCtxSynchronize").expect("synchronisations");
             if syncs["measured_by"] == "probes" {
                 assert_eq!(syncs["calls"], made_syncs + 1, "{syncs}");
@@ -163,11 +163,15 @@ fn launch_heavy(sync_every: u64) {
         share > 0.0 && share < 0.25,
         "probe cost {share} of the time"
     );
-    // The sampled driver time is the probed launches' mean time (at least the 3 us delay each,
-    // less the in-band part of a hit taken out) times the estimate.
-    let per_call = num(&launch["seconds"]) / num(&launch["calls"]);
-    let inband = num(&report["sampling"]["probe_inband_ns"]) / 1e9;
-    assert!(per_call >= 3e-6 - inband, "{per_call} s a launch");
+    // The sampled driver time is the probed launches' mean time times the estimate: as the
+    // probes measured them (the in-band part of the hits added back), at least the 3 us delay
+    // each.
+    let scale = num(&launch["calls"]) / probed;
+    let as_probed = num(&launch["seconds"]) / scale + num(&launch["probe_inband_seconds"]);
+    assert!(
+        as_probed >= probed * 3e-6,
+        "{as_probed} s for {probed} probed launches"
+    );
     assert!(num(&made["inside_total_ns"]) >= LAUNCHES as f64 * 3e3);
 }
 
@@ -201,8 +205,8 @@ fn a_library_whose_process_exited_does_not_stop_sampling_elsewhere() {
         "--sample-window",
         "10ms",
     ]));
-    stat.wait_for(&attached(&lib_a), Duration::from_secs(20));
-    stat.wait_for("recording for", Duration::from_secs(20));
+    stat.wait_for(&attached(&lib_a), STARTUP);
+    stat.wait_for("recording for", STARTUP);
     first.go();
     let _ = first.finish();
     let mut second = exercise(&lib_b);
@@ -214,11 +218,11 @@ fn a_library_whose_process_exited_does_not_stop_sampling_elsewhere() {
         &LAUNCHES.to_string(),
     ]);
     let second = Workload::start(second, &wb);
-    stat.wait_for(&attached(&lib_b), Duration::from_secs(20));
+    stat.wait_for(&attached(&lib_b), STARTUP);
     let pid = second.pid();
     second.go();
     let _ = second.finish();
-    stat.wait_for("is gone: detached", Duration::from_secs(20));
+    stat.wait_for("is gone: detached", STARTUP);
     let report = stat.finish();
     assert_consistent(&report);
     let launch = api_of(process_of(&report, pid), "cuLaunchKernel")

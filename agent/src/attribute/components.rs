@@ -90,6 +90,11 @@ pub struct ApiTime {
     /// `probes_sampled` (probed only in windows: `calls` is the schedule's estimate, `seconds`
     /// the probed calls' mean time times it).
     pub measured_by: String,
+    /// Where the probes measured the time: the in-band part of their hits taken out of the probed
+    /// calls' measured latencies (seconds, before any scaling), so that `seconds` plus this is
+    /// what the probes measured (for `probes` rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_inband_seconds: Option<f64>,
     /// With `probes_sampled`: the calls the probes saw, of the `calls` estimated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probed_calls: Option<u64>,
@@ -282,6 +287,9 @@ pub fn attribute(
             seconds,
             hook_seconds: hook,
             measured_by: measured_by.into(),
+            probe_inband_seconds: probes
+                .filter(|_| measured_by != "limiter")
+                .map(|p| p.calls as f64 * inband_ns / 1e9),
             probed_calls: probes
                 .filter(|_| measured_by == "probes_sampled")
                 .map(|p| p.calls),

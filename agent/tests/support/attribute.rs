@@ -12,6 +12,11 @@ use serde_json::Value;
 
 use super::*;
 
+/// How long the agent may take to load its probes, calibrate them and attach to a library, or a
+/// workload to load: a bound on a hang, not a timing (loading and verifying the probes took over
+/// 20 s under a load average of 13 on the 2-vCPU VM).
+pub const STARTUP: std::time::Duration = std::time::Duration::from_secs(120);
+
 pub fn process_of(report: &Value, pid: u32) -> &Value {
     report["processes"]
         .as_array()

@@ -34,9 +34,11 @@ done
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   uname -r
   echo "N=$N SYNC_EVERY=$SYNC_EVERY ROUNDS=$ROUNDS PIN=$PIN"
-  "$BIN/vgpu-agent" --version 2>&1 | head -1
+  git log -1 --format="commit %h %s" 2>/dev/null
 } | tee "$OUT/env.txt"
-nvcc -O2 -o "$T/attribute_micro" scripts/gpu/attribute_micro.cu -lcuda -ldl || { echo "nvcc failed"; exit 1; }
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+nvcc -O2 -o "$T/attribute_micro" scripts/gpu/attribute_micro.cu -L"$CUDA_HOME/lib64/stubs" -lcuda -ldl \
+  || { echo "nvcc failed"; exit 1; }
 
 # run TAG CONFIG: the micro-benchmark under `vgpu-agent attribute`, started once the agent records.
 run() {

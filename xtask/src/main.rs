@@ -33,7 +33,8 @@ commands:
   demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
   bundle           build release binaries into .carry/ for the GPU machine
   image            build the agent's OCI image into target/image/ (podman load -i ...)
-  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export
+  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export,
+                   attribute
                    (see docs/benchmarks.md)";
 
 fn main() {

@@ -135,6 +135,14 @@ fn test() -> Result<()> {
     loom.env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", repo_root().join("target/loom"));
     util::run(&mut loom)?;
+    // The limiter's pure logic under miri (undefined behaviour, data races, leaks), with the
+    // pinned nightly; its sysroot is built once into ~/.cache/miri.
+    util::step("miri (limiter-core)");
+    let nightly = format!("+{}", setup::EBPF_TOOLCHAIN);
+    util::run(&mut cmd(
+        "cargo",
+        [nightly.as_str(), "miri", "test", "-p", "limiter-core"],
+    ))?;
     util::step("deploy/validate.py (Kubernetes manifests)");
     let python = setup::kube_validate_python();
     util::run(&mut cmd(

@@ -70,15 +70,15 @@ pub trait Accounting: Sync {
 
 /// Counters of one API. Every field is an independent statistic: Relaxed throughout.
 #[derive(Debug, Default)]
-pub struct ApiStats {
-    pub calls: AtomicU64,
-    pub errors: AtomicU64,
-    pub latency_ns: AtomicU64,
-    pub hook_ns: AtomicU64,
-    pub alloc_bytes: AtomicU64,
-    pub free_bytes: AtomicU64,
-    pub denied: AtomicU64,
-    pub denied_bytes: AtomicU64,
+pub(crate) struct ApiStats {
+    pub(crate) calls: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) latency_ns: AtomicU64,
+    pub(crate) hook_ns: AtomicU64,
+    pub(crate) alloc_bytes: AtomicU64,
+    pub(crate) free_bytes: AtomicU64,
+    pub(crate) denied: AtomicU64,
+    pub(crate) denied_bytes: AtomicU64,
 }
 
 /// Accounting within this process.
@@ -105,11 +105,13 @@ impl InProcess {
         }
     }
 
-    pub fn stats(&self, api: ApiId) -> Option<&ApiStats> {
+    #[cfg(test)]
+    pub(crate) fn stats(&self, api: ApiId) -> Option<&ApiStats> {
         self.apis.get(api.0 as usize)
     }
 
-    pub fn underflows(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn underflows(&self) -> u64 {
         self.underflows.load(Ordering::Relaxed)
     }
 
@@ -135,11 +137,6 @@ impl InProcess {
         if hook_ns != 0 {
             s.hook_ns.fetch_add(hook_ns, Ordering::Relaxed);
         }
-    }
-
-    pub fn throttled_ns(&self) -> u64 {
-        // Relaxed: a statistic.
-        self.throttled_ns.load(Ordering::Relaxed)
     }
 }
 

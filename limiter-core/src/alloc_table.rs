@@ -38,9 +38,9 @@ pub const ADDRESS_BUCKETS: usize = 512;
 /// Buckets of the fast table of `cuMemCreate` handles (fewer live at once than addresses).
 pub const HANDLE_BUCKETS: usize = 64;
 /// Buckets a key may live in, from its home bucket on.
-pub const PROBE: usize = 4;
+pub(crate) const PROBE: usize = 4;
 /// Locked shards of the fallback.
-pub const SHARDS: usize = 16;
+pub(crate) const SHARDS: usize = 16;
 /// A key being written.
 const RESERVED: u64 = u64::MAX;
 const BYTES_BITS: u32 = 48;
@@ -83,7 +83,7 @@ fn unpack(v: u64) -> Charge {
 /// Fibonacci hashing of a 64-bit key: addresses are aligned, so the multiply spreads the high
 /// entropy bits; a SipHash per allocation would be wasted work.
 #[derive(Default)]
-pub struct AddrHasher(u64);
+pub(crate) struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {

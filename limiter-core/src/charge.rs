@@ -17,12 +17,12 @@ use crate::{
 };
 
 /// The driver's allocation granularity for sizes from 2 MiB on.
-pub const GRANULE: u64 = 2 << 20;
+pub(crate) const GRANULE: u64 = 2 << 20;
 /// Alignment of smaller allocations.
-pub const SMALL_ALIGN: u64 = 512;
+pub(crate) const SMALL_ALIGN: u64 = 512;
 /// Pitch alignment assumed when reserving for `cuMemAllocPitch_v2` before the driver chooses the
 /// pitch: the reservation is then corrected to `pitch * height`.
-pub const PITCH_ALIGN: u64 = 512;
+pub(crate) const PITCH_ALIGN: u64 = 512;
 
 /// What a live allocation charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

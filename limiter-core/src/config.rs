@@ -11,33 +11,33 @@ use std::{ffi::OsString, path::PathBuf};
 /// Devices addressed by per-device variables (`_0` ..= `_15`), as in HAMi-core.
 pub const MAX_DEVICES: usize = 16;
 
-pub const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
-pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
-pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
-pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+pub(crate) const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+pub(crate) const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+pub(crate) const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+pub(crate) const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 pub const REAL_LIBCUDA: &str = "VGPU_REAL_LIBCUDA";
 pub const REAL_LIBNVML: &str = "VGPU_REAL_LIBNVML";
-pub const CONTEXT_BYTES: &str = "VGPU_CONTEXT_BYTES";
-pub const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
-pub const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
-pub const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
-pub const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
+pub(crate) const CONTEXT_BYTES: &str = "VGPU_CONTEXT_BYTES";
+pub(crate) const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
+pub(crate) const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
+pub(crate) const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
+pub(crate) const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
 
 /// The SM controller's period when `VGPU_SM_PERIOD_MS` is unset (see [`crate::sm`]).
-pub const DEFAULT_SM_PERIOD_MS: u64 = 100;
+pub(crate) const DEFAULT_SM_PERIOD_MS: u64 = 100;
 /// Accepted `VGPU_SM_PERIOD_MS` values.
-pub const SM_PERIOD_RANGE_MS: std::ops::RangeInclusive<u64> = 10..=1000;
+pub(crate) const SM_PERIOD_RANGE_MS: std::ops::RangeInclusive<u64> = 10..=1000;
 
 /// HAMi-core's region path when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset; used when a memory
 /// limit is set, so that the limit holds across all processes of the container.
-pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
+pub(crate) const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
 
 /// Context memory charged per process and device by default. Measured on the GPU machine
 /// (NVIDIA H200, driver 580.159.04, 2026-11-22): nvidia-smi showed 518 MiB per process beyond
 /// its allocations (scripts/gpu/validate-limiter.sh, docs/gpu-validation.md); 544 MiB leaves 5%
 /// for other GPUs and drivers, so that what nvidia-smi shows stays under the limit. Set
 /// `VGPU_CONTEXT_BYTES` to what your GPU shows.
-pub const DEFAULT_CONTEXT_BYTES: u64 = 544 << 20;
+pub(crate) const DEFAULT_CONTEXT_BYTES: u64 = 544 << 20;
 
 /// HAMi-core's `LIBCUDA_LOG_LEVEL` scale.
 #[repr(u8)]
@@ -56,9 +56,9 @@ pub enum Level {
 }
 
 impl Level {
-    pub const DEFAULT: Level = Level::Error;
+    pub(crate) const DEFAULT: Level = Level::Error;
 
-    pub const fn from_u8(v: u8) -> Option<Level> {
+    pub(crate) const fn from_u8(v: u8) -> Option<Level> {
         match v {
             0 => Some(Level::Silent),
             1 => Some(Level::Error),
@@ -189,7 +189,7 @@ impl Default for Config {
 
 /// Parses a byte count: decimal digits with an optional binary suffix `k`, `m`, `g` or `t` (either
 /// case), as HAMi-core accepts: `"4g"`, `"4096m"`, `"1073741824"`.
-pub fn parse_bytes(s: &str) -> Result<u64, BytesError> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, BytesError> {
     if s.is_empty() {
         return Err(BytesError::Empty);
     }

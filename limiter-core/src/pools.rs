@@ -34,10 +34,10 @@ pub trait PoolSizes {
 
 /// What one pool is charged.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PoolCharge {
-    pub device: usize,
+pub(crate) struct PoolCharge {
+    pub(crate) device: usize,
     /// Bytes this process holds in the ledger for the pool.
-    pub charged: u64,
+    pub(crate) charged: u64,
 }
 
 /// Charges per pool handle. Locked only on stream-ordered allocation paths, never on a launch.

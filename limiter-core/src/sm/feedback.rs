@@ -29,16 +29,16 @@ pub const TICK: Duration = Duration::from_millis(500);
 /// Samples averaged: the newest 3 s of them (NVML timestamps). On the H200 two time-slicing
 /// processes' 1 s averages swung between 12% and 66% around a 30% share (a 100 ms duty cycle
 /// sampled every 1/6 s aliases); 3 s cuts that spread enough for the loop to hold its target.
-pub const AVERAGE_US: u64 = 3_000_000;
+pub(crate) const AVERAGE_US: u64 = 3_000_000;
 /// `d_eff` values averaged for the plant gain: those of the last 3.5 s (the averaged samples
 /// plus NVML's lag).
 const EFFECTIVE_HISTORY_MS: u64 = 3_500;
 /// Correction per tick, as a fraction of the error (after normalising by the plant gain).
-pub const GAIN: f64 = 0.12;
+pub(crate) const GAIN: f64 = 0.12;
 /// Errors within this many points are left alone.
-pub const DEAD_BAND: f64 = 1.0;
+pub(crate) const DEAD_BAND: f64 = 1.0;
 /// The largest change of `d_eff` per tick, in points.
-pub const MAX_STEP: f64 = 5.0;
+pub(crate) const MAX_STEP: f64 = 5.0;
 
 /// One device's correction (pure: the tests drive it in virtual time).
 #[derive(Debug, Clone)]

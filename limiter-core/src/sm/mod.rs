@@ -200,7 +200,7 @@ impl Controller {
     }
 
     /// The duty cycle in per mille that `device`'s windows use (0: unlimited).
-    pub fn effective_permille(&self, device: usize) -> u16 {
+    pub(crate) fn effective_permille(&self, device: usize) -> u16 {
         // Relaxed: a configuration value.
         self.effective
             .get(device)

@@ -29,7 +29,8 @@ commands:
   test             setup, then formatting, lints and every test (privileged ones when root)
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: top)
   demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
-  bundle           build release binaries into .carry/ for the GPU machine
+  bundle [--prev COMMIT]  build release binaries into .carry/ for the GPU machine (with --prev,
+                   also COMMIT's limiter into .carry/prev/, for scripts/gpu/bench-limiter.sh)
   bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export
                    (see docs/benchmarks.md)";
 
@@ -58,7 +59,11 @@ fn xtask_main() -> Result<()> {
         "test" => test(),
         "run" => run(rest),
         "demo" => demo::run(),
-        "bundle" => bundle(),
+        "bundle" => match rest {
+            [] => bundle(),
+            [flag, commit] if flag == "--prev" => bundle().and_then(|()| bundle_prev(commit)),
+            _ => bail!("usage: cargo xtask bundle [--prev COMMIT]"),
+        },
         "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
@@ -249,6 +254,50 @@ fn bundle() -> Result<()> {
             println!("bundled {}", dst.display());
         }
     }
+    Ok(())
+}
+
+/// Builds the limiter of `commit` into `.carry/prev/libvgpu_limiter.so`, for
+/// `LIM_PREV=.carry/prev/libvgpu_limiter.so bash scripts/gpu/bench-limiter.sh` to compare with
+/// this tree's build: in a detached worktree under `target/` (removed afterwards) with its own
+/// target directory, so that this tree's build is left alone.
+fn bundle_prev(commit: &str) -> Result<()> {
+    let root = repo_root();
+    let src = root.join("target/prev-src");
+    let remove = || {
+        let _ = cmd("git", ["worktree", "remove", "--force"])
+            .arg(&src)
+            .output();
+    };
+    remove();
+    util::run(
+        cmd("git", ["worktree", "add", "--detach", "--force"])
+            .arg(&src)
+            .arg(commit),
+    )
+    .with_context(|| format!("checking out {commit}"))?;
+    let built = util::run(
+        cmd("cargo", ["build", "--release", "-p", "limiter"])
+            .current_dir(&src)
+            .env("CARGO_TARGET_DIR", root.join("target/prev")),
+    );
+    remove();
+    built.with_context(|| format!("building the limiter of {commit}"))?;
+    let out = root.join(".carry/prev");
+    std::fs::create_dir_all(&out)?;
+    let dst = out.join("libvgpu_limiter.so");
+    std::fs::copy(root.join("target/prev/release/libvgpu_limiter.so"), &dst)?;
+    util::run(cmd("strip", ["--strip-debug"]).arg(&dst))?;
+    let rev = std::process::Command::new("git")
+        .args(["rev-parse", commit])
+        .current_dir(&root)
+        .output()?;
+    std::fs::write(out.join("COMMIT"), &rev.stdout)?;
+    println!(
+        "bundled {} ({})",
+        dst.display(),
+        String::from_utf8_lossy(&rev.stdout).trim()
+    );
     Ok(())
 }
 

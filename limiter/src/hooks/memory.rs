@@ -67,11 +67,14 @@ fn allocate<S: Symbol>(
     call: impl FnOnce(S::Fn) -> CUresult,
 ) -> CUresult {
     hints::before_alloc();
-    match enter::<S>() {
-        Gate::Direct(f) => call(f),
-        Gate::Fail(code) => code,
-        Gate::Hook(h) => allocate_hooked::<S>(h, out, space, plan, call),
-    }
+    // Bound first, then passed on: matched into the call, the hook's frame grows (by 32 bytes
+    // for a free, a stack line more after its driver call).
+    let h = match enter::<S>() {
+        Gate::Direct(f) => return call(f),
+        Gate::Fail(code) => return code,
+        Gate::Hook(h) => h,
+    };
+    allocate_hooked::<S>(h, out, space, plan, call)
 }
 
 /// [`allocate`] once the hook's logic runs (its in-process tests start here).
@@ -163,11 +166,12 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
     if space == Space::Ptr {
         hints::before_free(key);
     }
-    match enter::<S>() {
-        Gate::Direct(f) => call(f),
-        Gate::Fail(code) => code,
-        Gate::Hook(h) => free_hooked::<S>(h, key, space, call),
-    }
+    let h = match enter::<S>() {
+        Gate::Direct(f) => return call(f),
+        Gate::Fail(code) => return code,
+        Gate::Hook(h) => h,
+    };
+    free_hooked::<S>(h, key, space, call)
 }
 
 /// [`free`] once the hook's logic runs (its in-process tests start here).
@@ -336,11 +340,12 @@ pub(crate) unsafe extern "C" fn cuMemAllocPitch_v2(
         real(dptr, pitch, width_in_bytes, height, element_size_bytes)
     };
     hints::before_alloc();
-    match enter::<sym::MemAllocPitchV2>() {
-        Gate::Direct(f) => call(f),
-        Gate::Fail(code) => code,
-        Gate::Hook(h) => allocate_pitched(h, dptr, pitch, width_in_bytes, height, call),
-    }
+    let h = match enter::<sym::MemAllocPitchV2>() {
+        Gate::Direct(f) => return call(f),
+        Gate::Fail(code) => return code,
+        Gate::Hook(h) => h,
+    };
+    allocate_pitched(h, dptr, pitch, width_in_bytes, height, call)
 }
 
 /// A pitched allocation: reserved as estimated before the driver chooses the pitch, then
@@ -462,11 +467,12 @@ fn pool_op<S: Symbol>(
     call: impl FnOnce(S::Fn) -> CUresult,
     after: impl FnOnce(&State, &Process),
 ) -> CUresult {
-    match enter::<S>() {
-        Gate::Direct(f) => call(f),
-        Gate::Fail(code) => code,
-        Gate::Hook(h) => pool_op_hooked::<S>(h, call, after),
-    }
+    let h = match enter::<S>() {
+        Gate::Direct(f) => return call(f),
+        Gate::Fail(code) => return code,
+        Gate::Hook(h) => h,
+    };
+    pool_op_hooked::<S>(h, call, after)
 }
 
 /// [`pool_op`] once the hook's logic runs.

@@ -291,30 +291,28 @@ impl Driver {
 }
 
 /// glibc's `dlsym`, never this library's export: `dlvsym(RTLD_NEXT, "dlsym", <version>)`, or
-/// libc's own handle if the limiter was loaded in an unusual order. An answer inside this library
-/// is refused (it would be our own override).
+/// from libc's own handle if the limiter was loaded in an unusual order. Neither can answer with
+/// this library's `dlsym`: `RTLD_NEXT` searches only the objects loaded after this one, and libc's
+/// handle searches libc and what it depends on.
 pub(crate) fn find_real_dlsym() -> Option<DlsymFn> {
     #[cfg(target_arch = "aarch64")]
     const VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.17"];
     #[cfg(not(target_arch = "aarch64"))]
     const VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
-    let ours = object_base(find_real_dlsym as *const () as *mut c_void);
     let accept = |p: *mut c_void| {
-        (!p.is_null() && (ours.is_none() || object_base(p) != ours)).then(|| {
+        (!p.is_null()).then(|| {
             // SAFETY: `p` is glibc's `dlsym`, found by name and version, whose signature is
             // `DlsymFn`.
             unsafe { mem::transmute::<*mut c_void, DlsymFn>(p) }
         })
     };
     for v in VERSIONS {
-        // SAFETY: both strings are NUL-terminated; RTLD_NEXT from this library searches the
-        // objects loaded after it, so it cannot return our own `dlsym`.
+        // SAFETY: both strings are NUL-terminated.
         let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
         if let Some(f) = accept(p) {
             return Some(f);
         }
     }
-    // Fall back to libc's own handle (the limiter loaded in an unusual order).
     // SAFETY: RTLD_NOLOAD only returns a handle to an already-loaded libc, which stays loaded.
     let libc_handle =
         unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
@@ -344,11 +342,6 @@ pub(crate) fn dladdr(p: *mut c_void) -> Option<libc::Dl_info> {
     };
     // SAFETY: `info` is a valid out-pointer; dladdr accepts any address.
     (unsafe { libc::dladdr(p, &mut info) } != 0).then_some(info)
-}
-
-/// The base address of the loaded object `p` lies in.
-fn object_base(p: *mut c_void) -> Option<usize> {
-    dladdr(p).map(|i| i.dli_fbase as usize)
 }
 
 impl Driver {
@@ -553,10 +546,10 @@ mod tests {
     #[test]
     fn real_dlsym_is_glibcs() {
         let d = find_real_dlsym().expect("glibc dlsym");
-        assert_ne!(
-            object_base(d as *mut c_void),
-            object_base(find_real_dlsym as *const () as *mut c_void)
-        );
+        let info = dladdr(d as *mut c_void).expect("a loaded object");
+        // SAFETY: dladdr filled the object's file name, NUL-terminated.
+        let file = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+        assert!(file.contains("libc.so"), "{file}");
         // SAFETY: RTLD_DEFAULT and a NUL-terminated name.
         let p = unsafe { d(libc::RTLD_DEFAULT, c"getpid".as_ptr()) };
         assert!(!p.is_null());

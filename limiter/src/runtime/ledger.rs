@@ -36,17 +36,19 @@ pub(crate) struct RegionLedger {
     /// Device 0's reservations with their cells looked up once (the device nearly every process
     /// on a shared GPU allocates on); other devices go through the region's lookups.
     device0: Option<Reserver<'static>>,
-    /// Where this thread's words are (the runtime's, in its hot line).
-    tls: &'static Tls,
+    /// Where the thread words are: its own copy of their offset, in a line every record reads
+    /// anyway (a reference to the runtime's would make finding the words wait for this line
+    /// first).
+    tls: Tls,
 }
 
 impl RegionLedger {
-    pub(crate) fn new(region: &'static Region, slot: Slot, tls: &'static Tls) -> RegionLedger {
+    pub(crate) fn new(region: &'static Region, slot: Slot) -> RegionLedger {
         RegionLedger {
             device0: region.reserver(&slot, 0),
             region,
             slot,
-            tls,
+            tls: Tls::new(),
         }
     }
 
@@ -89,13 +91,13 @@ impl RegionLedger {
 struct Cached {
     writer: ShardWriter<'static>,
     ledger: *const RegionLedger,
-    tls: &'static Tls,
 }
 
 impl Drop for Cached {
     fn drop(&mut self) {
-        // The thread's words point at this writer: they must not outlive it.
-        self.tls.words().clear_writer();
+        // The thread's words point at this writer: they must not outlive it. (At thread exit:
+        // a fresh offset cache, read from the GOT once, does.)
+        Tls::new().words().clear_writer();
     }
 }
 
@@ -148,7 +150,6 @@ impl RegionLedger {
                     *cached = Some(Cached {
                         writer: self.region.shard_writer(&self.slot),
                         ledger: me,
-                        tls: self.tls,
                     });
                 }
                 if let Some(c) = &*cached {
@@ -314,7 +315,6 @@ mod tests {
     use region::{Region, RegionConfig};
 
     use super::RegionLedger;
-    use crate::platform::thread_words::Tls;
 
     /// The record the hints prefetch is the one the call is then written into, and looking it up
     /// never claims a writer (it runs outside the hooks' shields).
@@ -324,8 +324,7 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let (region, _) = Region::open_or_create(&path, &RegionConfig::unlimited(1)).unwrap();
         let region: &'static Region = Box::leak(Box::new(region));
-        let tls: &'static Tls = Box::leak(Box::new(Tls::new()));
-        let ledger = RegionLedger::new(region, region.claim_slot().unwrap(), tls);
+        let ledger = RegionLedger::new(region, region.claim_slot().unwrap());
         let api = ApiId::from_name("cuMemAlloc_v2").unwrap();
         // A fresh thread has no writer yet: nothing to prefetch, and none claimed.
         std::thread::scope(|s| {

@@ -73,7 +73,7 @@ impl Process {
                             clock::thread_cpu_ns().saturating_sub(cpu) / 1000
                         ),
                     );
-                    Ledger::Region(RegionLedger::new(region, slot, state.tls))
+                    Ledger::Region(RegionLedger::new(region, slot))
                 }
                 (_, _, Err(e)) => {
                     log::write(

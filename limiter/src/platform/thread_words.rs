@@ -8,8 +8,8 @@
 //! `.tbss` object accessed with the initial-exec model: the thread pointer plus an offset that is
 //! the same in every thread (static TLS, which a preloaded library always gets and glibc keeps a
 //! surplus of for one loaded later), read once from the GOT and then kept in a [`Tls`] (the
-//! runtime keeps it in its hot line). The words share the static TLS area with libc's (`errno`),
-//! which the driver touches anyway.
+//! runtime keeps one in its hot line, the region ledger one beside its record path). The words
+//! share the static TLS area with libc's (`errno`), which the driver touches anyway.
 //!
 //! Other architectures fall back to a `thread_local!` (correct, slower).
 

@@ -128,7 +128,7 @@ fn concurrent_threads_keep_every_charge() {
 proptest::proptest! {
     // Under miri, a few cases and no regression file (miri isolates the file system).
     #![proptest_config(if cfg!(miri) {
-        proptest::test_runner::Config { cases: 4, failure_persistence: None, ..Default::default() }
+        proptest::test_runner::Config { cases: 2, failure_persistence: None, ..Default::default() }
     } else {
         proptest::test_runner::Config::default()
     })]

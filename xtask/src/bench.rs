@@ -8,7 +8,7 @@ pub fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("region") => region(),
         Some("agent") => crate::bench_agent::run(),
-        Some("limiter") => crate::bench_limiter::run(),
+        Some("limiter") => crate::bench_limiter::run(&args[1..]),
         Some("pairs-cold") => crate::bench_cold::run(&args[1..]),
         Some("startup") => crate::bench_startup::run(&args[1..]),
         Some("export") => crate::bench_export::run(),

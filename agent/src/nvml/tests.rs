@@ -400,3 +400,48 @@ fn the_system_library_answers_either_way() {
         "{snap:?}"
     );
 }
+
+/// In a container that sees the host under `--host-root` and has no NVML of its own (the
+/// DaemonSet's image), the host driver's NVML is found where the host's loader would find it.
+/// Debian's `libnvidia-ml1` stands in for the host's; without a GPU its `nvmlInit` fails, which
+/// names the library that was loaded.
+#[test]
+fn the_host_nvml_is_found_under_the_host_root() {
+    let lib = Path::new("/opt/vgpu-agent/test-driver/libnvidia-ml.so.1");
+    if !lib.exists() {
+        eprintln!("skipping: {} is not installed", lib.display());
+        return;
+    }
+    if library::NvmlLibrary::open(Path::new(library::DEFAULT_LIBRARY)).is_ok()
+        || NvmlGpuSource::system()
+            .snapshot()
+            .problems
+            .iter()
+            .any(|p| p.starts_with("NVML could not be initialised"))
+    {
+        eprintln!("skipping: this machine's loader finds an NVML of its own");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("usr/lib/x86_64-linux-gnu/nvidia/current");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(lib, dir.join("libnvidia-ml.so.1")).unwrap();
+    let host = crate::host::HostPaths::system().with_root(root.path().to_owned());
+    let snap = NvmlGpuSource::for_host(host).snapshot();
+    assert_eq!(snap.problems.len(), 1, "{snap:?}");
+    assert!(
+        snap.problems[0].starts_with(&format!(
+            "NVML could not be initialised from {}",
+            dir.join("libnvidia-ml.so.1").display()
+        )),
+        "{snap:?}"
+    );
+    // An empty host root: the loader's miss is what is reported.
+    let empty = tempfile::tempdir().unwrap();
+    let host = crate::host::HostPaths::system().with_root(empty.path().to_owned());
+    let snap = NvmlGpuSource::for_host(host).snapshot();
+    assert_eq!(
+        snap.problems,
+        vec!["NVML not found: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?)"]
+    );
+}

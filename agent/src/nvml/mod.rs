@@ -13,7 +13,7 @@ pub mod process_use;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -187,12 +187,12 @@ impl NvmlGpuSource<library::NvmlLibrary> {
     /// NVML from the library the loader finds (`libnvidia-ml.so.1`).
     #[cfg(test)]
     pub fn system() -> Self {
-        Self::with_library(PathBuf::from(library::DEFAULT_LIBRARY))
+        Self::with_library(std::path::PathBuf::from(library::DEFAULT_LIBRARY))
     }
 
     /// NVML from a given library name or path.
     #[cfg(test)]
-    pub fn with_library(path: PathBuf) -> Self {
+    pub fn with_library(path: std::path::PathBuf) -> Self {
         Self::with_opener(Box::new(move || open_library(&path)), RETRY_INIT_EVERY)
     }
 

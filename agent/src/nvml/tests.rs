@@ -1,6 +1,6 @@
 use std::{
     cell::RefCell,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},

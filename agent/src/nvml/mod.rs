@@ -203,16 +203,27 @@ impl NvmlGpuSource<library::NvmlLibrary> {
     /// are root's, not a tenant's: loading the host driver's NVML is what `nvidia-smi` on the
     /// host does. Looked up again at every retry, so a driver installed later is found.
     pub fn for_host(host: crate::host::HostPaths) -> Self {
-        let open = move || match open_library(Path::new(library::DEFAULT_LIBRARY)) {
-            Err(NvmlProblem::NotFound { library, source }) => {
-                match crate::discovery::host_soname(&host, library::DEFAULT_LIBRARY) {
-                    Some(on_host) => open_library(&on_host),
-                    None => Err(NvmlProblem::NotFound { library, source }),
-                }
+        Self::with_opener(
+            Box::new(move || open_here_or_on_host(&host, open_library)),
+            RETRY_INIT_EVERY,
+        )
+    }
+}
+
+/// Opens NVML with `open`: the name the loader searches for first, then, if the loader found
+/// nothing, the host's copy under the host root.
+fn open_here_or_on_host<B>(
+    host: &crate::host::HostPaths,
+    open: impl Fn(&Path) -> Result<B, NvmlProblem>,
+) -> Result<B, NvmlProblem> {
+    match open(Path::new(library::DEFAULT_LIBRARY)) {
+        Err(NvmlProblem::NotFound { library, source }) => {
+            match crate::discovery::host_soname(host, library::DEFAULT_LIBRARY) {
+                Some(on_host) => open(&on_host),
+                None => Err(NvmlProblem::NotFound { library, source }),
             }
-            other => other,
-        };
-        Self::with_opener(Box::new(open), RETRY_INIT_EVERY)
+        }
+        other => other,
     }
 }
 

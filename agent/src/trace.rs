@@ -273,7 +273,8 @@ impl Tracer {
         if self.schedule.is_some() {
             self.switch_due()?;
             if let Some(s) = &mut self.schedule {
-                s.poll(Instant::now());
+                let stats = self.probes.read_stats();
+                s.poll(Instant::now(), |kind| calls_of_kind(&stats, kind));
             }
         } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
             let period_ns = period.as_nanos().max(1);
@@ -503,7 +504,7 @@ impl Tracer {
                 *calls.entry((tgid, class)).or_default() += n;
             }
             if let Some(c) = &mut self.calibrator {
-                c.remeasure(&calls);
+                c.remeasure(&calls, &self.probes);
             }
         }
         Ok(r)

@@ -108,7 +108,8 @@ fn toolchains() -> Result<()> {
         .context("rustup is missing: install it from https://rustup.rs (the toolchains are then installed here)")?;
     for (toolchain, components) in [
         (USERSPACE_TOOLCHAIN, &["clippy", "rustfmt"][..]),
-        (EBPF_TOOLCHAIN, &["rust-src"][..]),
+        // miri: `./x test` runs limiter-core's tests under it (with this nightly's rust-src).
+        (EBPF_TOOLCHAIN, &["rust-src", "miri"][..]),
     ] {
         let have_toolchain = list.lines().any(|l| l.starts_with(toolchain));
         let have_components = have_toolchain

@@ -110,7 +110,7 @@ impl Collector {
             },
         };
         let gpu: Box<dyn GpuSource + Send> = if opts.nvml {
-            Box::new(NvmlGpuSource::system())
+            Box::new(NvmlGpuSource::for_host(opts.host.clone()))
         } else {
             Box::new(NoGpu)
         };

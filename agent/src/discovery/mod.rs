@@ -122,20 +122,40 @@ fn identify(
 
 /// The host's copy of a library, as the loader would find it.
 pub fn host_library(host: &HostPaths, kind: LibraryKind) -> Option<LibraryFile> {
+    host_candidates(host, kind.soname())
+        .into_iter()
+        .find_map(|(rooted, path)| identify(kind, &rooted, &path, FoundBy::Host))
+}
+
+/// Where the host's loader would find `soname`, as paths reachable from here (under
+/// [`HostPaths::root`]): the loader cache's entry first, then the driver directories. Only
+/// regular files are returned.
+pub fn host_soname(host: &HostPaths, soname: &str) -> Option<PathBuf> {
+    host_candidates(host, soname)
+        .into_iter()
+        .map(|(rooted, _)| rooted)
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file()))
+}
+
+/// Candidates for `soname` on the host, in the loader's order: (path from here, path on the host).
+fn host_candidates(host: &HostPaths, soname: &str) -> Vec<(PathBuf, PathBuf)> {
+    let mut out = Vec::new();
     if let Ok(buf) = tenant_fs::open_checked(&host.ld_so_cache, None, Access::Read)
         .and_then(|f| f.read_bounded(MAX_LD_SO_CACHE_BYTES))
         && let Ok(entries) = ldcache::parse(&buf)
-        && let Some(e) = entries.iter().find(|e| e.soname == kind.soname())
     {
-        let p = host.rooted(&e.path);
-        if let Some(lib) = identify(kind, &p, &e.path, FoundBy::Host) {
-            return Some(lib);
-        }
+        out.extend(
+            entries
+                .iter()
+                .filter(|e| e.soname == soname)
+                .map(|e| (host.rooted(&e.path), e.path.clone())),
+        );
     }
-    host.driver_dirs.iter().find_map(|dir| {
-        let path = Path::new(dir).join(kind.soname());
-        identify(kind, &host.rooted(&path), &path, FoundBy::Host)
-    })
+    out.extend(host.driver_dirs.iter().map(|dir| {
+        let path = Path::new(dir).join(soname);
+        (host.rooted(&path), path)
+    }));
+    out
 }
 
 /// The host's loader cache is read whole, up to this size (a few hundred KiB in practice).

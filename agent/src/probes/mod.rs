@@ -374,6 +374,17 @@ impl Probes {
         Ok(map.iter().filter_map(Result::ok).collect())
     }
 
+    /// One aggregation row (the calibration re-reads its own between batches: a lookup, not a
+    /// walk of the whole map).
+    pub fn stats_row(&self, key: &StatsKey) -> Result<Option<ApiStats>, ProbeError> {
+        let map: BpfHashMap<_, StatsKey, ApiStats> = BpfHashMap::try_from(self.map("STATS")?)
+            .map_err(|e| ProbeError::Map {
+                name: "STATS",
+                source: Box::new(e),
+            })?;
+        Ok(map.get(key, 0).ok())
+    }
+
     /// Every aggregation row.
     pub fn read_stats(&self) -> Result<Vec<(StatsKey, ApiStats)>, ProbeError> {
         self.read_hash("STATS")

@@ -378,6 +378,8 @@ pub fn snapshot() -> Snapshot {
                 remeasured: 0,
                 last_per_hit_ns: 1_700.0,
                 charged_ns: BTreeMap::new(),
+                charged_se_ns: BTreeMap::new(),
+                charged_inband_ns: BTreeMap::new(),
                 classes: Vec::new(),
                 process_prologue: BTreeMap::new(),
             }),

@@ -12,6 +12,8 @@ mod limit;
 mod model;
 mod nvml;
 mod probes;
+mod runtime;
+mod sanitize;
 mod signals;
 mod stat;
 mod trace;
@@ -319,15 +321,19 @@ enum Command {
 
 fn init_logging() {
     env_logger::Builder::from_env(env_logger::Env::default().filter_or("VGPU_LOG", "info"))
-        .format(|buf, record| match record.level() {
-            log::Level::Info => writeln!(buf, "vgpu-agent: {}", record.args()),
-            log::Level::Warn => writeln!(buf, "vgpu-agent: warning: {}", record.args()),
-            level => writeln!(
-                buf,
-                "vgpu-agent: {}: {}",
-                level.as_str().to_lowercase(),
-                record.args()
-            ),
+        .format(|buf, record| {
+            // Log lines name tenants' paths and processes: escapes in them stay inert.
+            let message = record.args().to_string();
+            let message = sanitize::inert(&message);
+            match record.level() {
+                log::Level::Info => writeln!(buf, "vgpu-agent: {message}"),
+                log::Level::Warn => writeln!(buf, "vgpu-agent: warning: {message}"),
+                level => writeln!(
+                    buf,
+                    "vgpu-agent: {}: {message}",
+                    level.as_str().to_lowercase()
+                ),
+            }
         })
         .init();
 }
@@ -338,7 +344,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vgpu-agent: error: {e:#}");
+            // Errors name tenants' paths: escapes in them stay inert.
+            eprintln!("vgpu-agent: error: {}", sanitize::inert(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -464,8 +471,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 } => limit::set(&target.target(), device, sm, memory)?,
                 LimitAction::Show { target } => limit::show(&target.target())?,
             };
+            // The lines name regions' paths, which tenants choose.
             for l in lines {
-                println!("{l}");
+                println!("{}", sanitize::inert(&l));
             }
             Ok(())
         }

@@ -20,7 +20,7 @@ use crate::{
     },
     model::{
         AllocSizes, ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews,
-        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, Snapshot, Source,
+        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionUnread, Snapshot, Source,
     },
     nvml::GpuSnapshot,
     trace::{RawReading, Tracer},
@@ -95,6 +95,7 @@ pub fn build(
     let mut slots: HashMap<u32, SlotView> = HashMap::new();
     let mut region_infos: Vec<(RegionInfo, Vec<u32>)> = Vec::new();
     let mut region_errors = 0;
+    let mut regions_unread = Vec::new();
     for RegionReading {
         path,
         read,
@@ -116,6 +117,18 @@ pub fn build(
                 info.format = format!("{format:?}").to_lowercase();
                 info.problems.push(why.clone());
                 region_errors += 1;
+            }
+            RegionRead::Blocked { format, seconds } => {
+                info.format = format!("{format:?}").to_lowercase();
+                info.problems.push(format!(
+                    "not read: a read of it started {seconds:.1}s ago has not returned (blocked file)"
+                ));
+                regions_unread.push(RegionUnread {
+                    path: shown.clone(),
+                    reason: "blocked".into(),
+                    slots: 0,
+                    blocked_seconds: *seconds,
+                });
             }
             RegionRead::Vgpu(s) => {
                 info.format = "vgpu".into();
@@ -146,6 +159,22 @@ pub fn build(
                     inp.gpu.devices.len().max(active)
                 };
                 info.devices.truncate(keep);
+                if let Some(u) = &s.unread {
+                    let reason = match u.limit {
+                        region::reader::BudgetLimit::Time => "time",
+                        region::reader::BudgetLimit::Retries => "retries",
+                    };
+                    info.problems.push(format!(
+                        "read budget exhausted ({reason}): {} claimed slot(s) from slot {} not read this snapshot",
+                        u.slots, u.first_slot
+                    ));
+                    regions_unread.push(RegionUnread {
+                        path: shown.clone(),
+                        reason: reason.into(),
+                        slots: u.slots,
+                        blocked_seconds: 0.0,
+                    });
+                }
                 if s.counters.shards_skipped > 0 {
                     info.problems.push(format!(
                         "{} statistics shard(s) skipped (stuck or busy writer)",
@@ -575,6 +604,7 @@ pub fn build(
             events_lost,
             regions_read,
             region_errors,
+            regions_unread,
             ..Default::default()
         },
         gpus: inp

@@ -1,20 +1,21 @@
-//! Finding and reading limiter regions: files under the configured directories, and region files
-//! that GPU processes have mapped (reached through `/proc/<pid>/root`, so regions inside
-//! containers are found without configuration). Both this project's format and HAMi-core's v1
-//! format are read, lock-free and read-only; a corrupt or hostile file is reported, never trusted.
+//! Finding limiter regions: files under the configured directories, and region files that GPU
+//! processes have mapped (reached through `/proc/<pid>/map_files`, so regions inside containers
+//! are found without configuration). Every file is opened through `region::tenant_fs` (never by
+//! following a tenant's path) and sniffed here; [`super::region_scan`] runs this on its workers
+//! and reads what it finds. Both this project's format and HAMi-core's v1 format are read,
+//! lock-free and read-only; a corrupt or hostile file is reported, never trusted.
 
 use std::{
-    collections::HashMap,
     fs,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
 use region::{
-    hami::{HAMI_MAGIC, HamiReader, HamiSnapshot},
+    hami::{HAMI_MAGIC, HamiSnapshot},
     layout::{REGION_MAGIC, RegionHeader},
-    reader::{RegionReader, RegionSnapshot},
-    tenant_fs::{self, Access, EntryKind, FileKey, Root, TenantFile},
+    reader::RegionSnapshot,
+    tenant_fs::{self, Access, EntryKind, Root, TenantFile},
 };
 
 use crate::discovery::procmaps::{self, MappedFile};
@@ -26,6 +27,12 @@ pub const DEFAULT_REGION_DIRS: &[&str] =
 
 /// How deep below a region directory files are looked for.
 const MAX_DEPTH: usize = 3;
+
+/// Entries read from one directory under a region directory (more are not looked at).
+const MAX_DIR_ENTRIES: usize = 4096;
+
+/// Files looked at below one region directory at most (containers can write there).
+const MAX_DIR_FILES: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -40,18 +47,16 @@ pub enum RegionRead {
     Hami(Box<HamiSnapshot>),
     /// The file looked like a region but could not be read: the reason, for people.
     Failed(Format, String),
-}
-
-enum Reader {
-    Vgpu(RegionReader),
-    Hami(HamiReader),
+    /// Not read this time: a read of it started earlier has not returned for `seconds` (the
+    /// file blocks: a FUSE file, a stuck filesystem).
+    Blocked {
+        format: Format,
+        seconds: f64,
+    },
 }
 
 /// Where this project's magic sits in a region file (after the initialisation state word).
 pub const MAGIC_OFFSET: usize = std::mem::offset_of!(RegionHeader, magic);
-
-/// Entries read from one directory under a region directory (more are not looked at).
-const MAX_DIR_ENTRIES: usize = 4096;
 
 /// What kind of region a file is, from its first bytes; `None` for anything else.
 pub fn sniff(file: &TenantFile) -> Option<Format> {
@@ -77,13 +82,16 @@ pub fn magic_prefix() -> Vec<u8> {
     v
 }
 
-/// Regular files below `inside` in `root`, up to `depth` directories down, never following a
-/// link (every directory is opened inside `root` again).
+/// Regular files below `inside` in `root`, up to `depth` directories down and [`MAX_DIR_FILES`]
+/// in all, never following a link (every directory is opened inside `root` again).
 fn files_under(root: &Root, inside: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     let Ok((entries, _)) = root.entries(inside, MAX_DIR_ENTRIES) else {
         return;
     };
     for (name, kind) in entries {
+        if out.len() == MAX_DIR_FILES {
+            return;
+        }
         let p = inside.join(name);
         match kind {
             EntryKind::File => out.push(p),
@@ -102,15 +110,15 @@ pub struct MappedRegion {
     pub map: MappedFile,
 }
 
-/// A region file found this time, opened through `region::tenant_fs`.
+/// A region file found this time, opened through `region::tenant_fs` and sniffed.
 #[derive(Debug)]
 pub struct Candidate {
     /// How it is shown: the directory's path, or `/proc/<pid>/root/<path in the container>`.
     pub path: PathBuf,
     pub format: Format,
-    file: TenantFile,
+    pub file: TenantFile,
     /// Uid of a process found mapping it.
-    user_uid: Option<u32>,
+    pub user_uid: Option<u32>,
 }
 
 /// One region as read this time.
@@ -140,142 +148,66 @@ pub fn writable_by_others(mode: u32, owner: u32, user: Option<u32>) -> Option<St
     }
 }
 
-/// Keeps a reader per region file (reopened when the file is replaced).
-#[derive(Default)]
-pub struct RegionScanner {
-    dirs: Vec<PathBuf>,
-    readers: HashMap<PathBuf, (FileKey, Reader)>,
+/// The region files below the configured directory `dir`: each opened inside it as a tenant's
+/// file (links, FIFOs and devices are never opened, linked directories never entered) and
+/// sniffed. Blocks only as long as the directory's files do: run on a worker.
+pub fn dir_candidates(dir: &Path) -> Vec<Candidate> {
+    let Ok(root) = Root::dir(dir) else {
+        return vec![];
+    };
+    let mut files = Vec::new();
+    files_under(&root, Path::new(""), MAX_DEPTH, &mut files);
+    if files.len() == MAX_DIR_FILES {
+        log::warn!(
+            "{}: looking at the first {MAX_DIR_FILES} files only",
+            dir.display()
+        );
+    }
+    files
+        .into_iter()
+        .filter_map(|rel| {
+            let file = root.open(&rel, Access::Read).ok()?;
+            let format = sniff(&file)?;
+            Some(Candidate {
+                path: dir.join(&rel),
+                format,
+                file,
+                user_uid: None,
+            })
+        })
+        .collect()
 }
 
-impl RegionScanner {
-    pub fn new(dirs: Vec<PathBuf>) -> RegionScanner {
-        RegionScanner {
-            dirs,
-            readers: HashMap::new(),
-        }
+/// The region files process `pid` maps: each opened through its `map_files` entry (or inside its
+/// root) and used only if its (device, inode) is the one its maps name, then sniffed. Blocks as
+/// long as the process's maps or files do: run on a worker.
+pub fn process_candidates(proc: &Path, pid: u32) -> Vec<Candidate> {
+    let mapped = mapped_files(proc, pid);
+    if mapped.is_empty() {
+        return vec![];
     }
-
-    /// Region files in the configured directories plus those `mapped` (shared mappings of GPU
-    /// processes), each opened as a tenant's file, deduplicated by identity.
-    pub fn candidates(&self, mapped: impl IntoIterator<Item = MappedRegion>) -> Vec<Candidate> {
-        let mut out: Vec<Candidate> = Vec::new();
-        let mut seen: HashMap<FileKey, usize> = HashMap::new();
-        let mut add = |c: Candidate, out: &mut Vec<Candidate>| match seen.get(&c.file.key()) {
-            Some(&i) => {
-                if out[i].user_uid.is_none() {
-                    out[i].user_uid = c.user_uid;
-                }
-            }
-            None => {
-                seen.insert(c.file.key(), out.len());
-                out.push(c);
-            }
-        };
-        for d in &self.dirs {
-            let Ok(root) = Root::dir(d) else { continue };
-            let mut files = Vec::new();
-            files_under(&root, Path::new(""), MAX_DEPTH, &mut files);
-            for rel in files {
-                let Ok(file) = root.open(&rel, Access::Read) else {
-                    continue;
-                };
-                if let Some(format) = sniff(&file) {
-                    let c = Candidate {
-                        path: d.join(&rel),
-                        format,
-                        file,
-                        user_uid: None,
-                    };
-                    add(c, &mut out);
-                }
-            }
-        }
-        for MappedRegion { proc, pid, map } in mapped {
-            let Ok(file) =
+    let user_uid = fs::metadata(proc.join(pid.to_string()))
+        .ok()
+        .map(|m| m.uid());
+    mapped
+        .into_iter()
+        .filter_map(|MappedRegion { proc, pid, map }| {
+            let file =
                 tenant_fs::open_mapped(&proc, pid, map.range(), &map.path, map.key(), Access::Read)
-            else {
-                continue;
-            };
-            if let Some(format) = sniff(&file) {
-                let path = proc
-                    .join(pid.to_string())
-                    .join("root")
-                    .join(map.path.strip_prefix("/").unwrap_or(&map.path));
-                let user_uid = fs::metadata(proc.join(pid.to_string()))
-                    .ok()
-                    .map(|m| m.uid());
-                let c = Candidate {
-                    path,
-                    format,
-                    file,
-                    user_uid,
-                };
-                add(c, &mut out);
-            }
-        }
-        out
-    }
-
-    /// Reads every candidate; forgets readers of files no longer present.
-    pub fn read(&mut self, candidates: &[Candidate]) -> Vec<RegionReading> {
-        self.readers
-            .retain(|p, _| candidates.iter().any(|c| &c.path == p));
-        let mut out = Vec::with_capacity(candidates.len());
-        for c in candidates {
-            let key = c.file.key();
-            let writable_by_others = writable_by_others(c.file.mode(), c.file.uid(), c.user_uid);
-            let mut push = |read| {
-                out.push(RegionReading {
-                    path: c.path.clone(),
-                    read,
-                    writable_by_others: writable_by_others.clone(),
-                })
-            };
-            if self
-                .readers
-                .get(&c.path)
-                .is_some_and(|(old, _)| *old != key)
-            {
-                self.readers.remove(&c.path);
-            }
-            if !self.readers.contains_key(&c.path) {
-                let opened =
-                    c.file
-                        .try_clone()
-                        .map_err(|e| e.to_string())
-                        .and_then(|f| match c.format {
-                            Format::Vgpu => RegionReader::from_file(f)
-                                .map(Reader::Vgpu)
-                                .map_err(|e| e.to_string()),
-                            Format::Hami => HamiReader::from_file(f)
-                                .map(Reader::Hami)
-                                .map_err(|e| e.to_string()),
-                        });
-                match opened {
-                    Ok(r) => {
-                        self.readers.insert(c.path.clone(), (key, r));
-                    }
-                    Err(e) => {
-                        push(RegionRead::Failed(c.format, e));
-                        continue;
-                    }
-                }
-            }
-            let (_, reader) = &self.readers[&c.path];
-            let read = match reader {
-                Reader::Vgpu(r) => r
-                    .snapshot()
-                    .map(|s| RegionRead::Vgpu(Box::new(s)))
-                    .unwrap_or_else(|e| RegionRead::Failed(Format::Vgpu, e.to_string())),
-                Reader::Hami(r) => r
-                    .snapshot()
-                    .map(|s| RegionRead::Hami(Box::new(s)))
-                    .unwrap_or_else(|e| RegionRead::Failed(Format::Hami, e.to_string())),
-            };
-            push(read);
-        }
-        out
-    }
+                    .ok()?;
+            let format = sniff(&file)?;
+            let path = proc
+                .join(pid.to_string())
+                .join("root")
+                .join(map.path.strip_prefix("/").unwrap_or(&map.path));
+            Some(Candidate {
+                path,
+                format,
+                file,
+                user_uid,
+            })
+        })
+        .collect()
 }
 
 /// Shared file mappings of process `pid` other than devices and memfds (region candidates).
@@ -333,10 +265,15 @@ mod tests {
         bytes.extend([0xffu8; 200]);
         fs::write(sub.join("r.cache"), &bytes).unwrap();
         fs::write(sub.join("not-a-region"), b"hello").unwrap();
-        let mut scanner = RegionScanner::new(vec![dir.path().to_owned()]);
-        let c = scanner.candidates(vec![]);
+        let c = dir_candidates(dir.path());
         assert_eq!(c.len(), 1, "{c:?}");
-        let reads = scanner.read(&c);
+        let mut scan = super::super::region_scan::RegionScan::new(
+            vec![dir.path().to_owned()],
+            Path::new("/proc"),
+        );
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let reads = scan.scan(&[], far).regions;
+        assert_eq!(reads.len(), 1, "{reads:?}");
         assert!(
             matches!(&reads[0].read, RegionRead::Failed(Format::Vgpu, msg) if !msg.is_empty()),
             "{:?}",
@@ -361,9 +298,8 @@ mod tests {
             std::ffi::CString::new(sub.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
-        let scanner = RegionScanner::new(vec![dir.path().to_owned()]);
         let t0 = std::time::Instant::now();
-        let c = scanner.candidates(vec![]);
+        let c = dir_candidates(dir.path());
         assert!(c.is_empty(), "{c:?}");
         assert!(t0.elapsed() < std::time::Duration::from_secs(5));
     }

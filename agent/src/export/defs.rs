@@ -488,6 +488,42 @@ pub const AGENT_SNAPSHOT_AGE: Def = def(
     "Seconds since the snapshot behind this exposition was taken, at the time of the scrape (grows when the agent stops refreshing).",
     "taken_at_unix_ms, against the clock at each scrape",
 );
+pub const AGENT_SNAPSHOT_STALE: Def = def(
+    "vgpu_agent_snapshot_stale",
+    Gauge,
+    None,
+    false,
+    &[],
+    "1 when the collector has not finished a snapshot for more than two intervals: this exposition repeats the last one.",
+    "agent.stale",
+);
+pub const AGENT_COLLECT_TIME: Def = def(
+    "vgpu_agent_snapshot_collect_duration",
+    Gauge,
+    Some(Seconds),
+    false,
+    &[],
+    "How long the snapshot behind this exposition took to collect.",
+    "agent.collect_seconds",
+);
+pub const AGENT_REGIONS_UNREAD: Def = def(
+    "vgpu_agent_regions_unread",
+    Gauge,
+    None,
+    false,
+    &["reason"],
+    "Regions the snapshot did not read whole, by reason: time or retries (the region's read budget ran out), blocked (a read of it started earlier has not returned).",
+    "agent.regions_unread",
+);
+pub const AGENT_HTTP_DROPPED: Def = def(
+    "vgpu_agent_http_connections_dropped",
+    Counter,
+    None,
+    false,
+    &["reason"],
+    "/metrics connections the server closed or refused, by reason: header_timeout, deadline, evicted (idle, to make room at the connection cap), refused (at the cap).",
+    "agent.http_dropped",
+);
 pub const AGENT_SPANS: Def = def(
     "vgpu_agent_spans_exported",
     Counter,
@@ -591,6 +627,10 @@ pub const ALL: &[Def] = &[
     AGENT_WARNINGS,
     AGENT_SNAPSHOT_TIME,
     AGENT_SNAPSHOT_AGE,
+    AGENT_SNAPSHOT_STALE,
+    AGENT_COLLECT_TIME,
+    AGENT_REGIONS_UNREAD,
+    AGENT_HTTP_DROPPED,
     AGENT_SPANS,
     AGENT_SPANS_DROPPED,
     HOST_PROCESS_SM_UTILIZATION,

@@ -8,7 +8,8 @@
 //! What a scrape gets is that text plus a tail made at the scrape ([`Body`]): `# EOF`, and with
 //! [`Latest::with_snapshot_age`] the `vgpu_agent_snapshot_age_seconds` gauge, the seconds since
 //! the snapshot was taken at that moment (so a stalled refresh shows as a growing age, not as a
-//! frozen body). gzip: the shared text is deflated once up to a sync point (by the first scrape
+//! frozen body). A scrape sends the shared text without copying it ([`Body::pieces`]), then its
+//! tail. gzip: the shared text is deflated once up to a sync point (by the first scrape
 //! that asks for it, and once one has, by each refresh as it sets the body, off the scrapes'
 //! path), and each scrape appends its tail as the final deflate block of the same gzip member,
 //! with the CRC continued over it: a scrape compresses a few hundred bytes.
@@ -20,7 +21,6 @@
 //! (110-290 ms against 14-19 ms per refresh): that flag's price, for nodes with few containers.
 
 use std::{
-    io::Write,
     sync::{
         Arc, Mutex, OnceLock,
         atomic::{AtomicBool, Ordering::Relaxed},
@@ -70,7 +70,8 @@ struct Encoded {
     text: [String; 2],
     /// When the snapshot was taken (Unix ms).
     taken_at_unix_ms: Option<u64>,
-    /// `text` raw-deflated up to a sync point, and its CRC-32, once a scrape asks for gzip.
+    /// The gzip header and `text` raw-deflated up to a sync point, and the text's CRC-32, once a
+    /// scrape asks for gzip.
     deflated: [OnceLock<(Vec<u8>, u32)>; 2],
 }
 
@@ -80,8 +81,28 @@ impl Encoded {
             let text = self.text[f.index()].as_bytes();
             let mut crc = crc32fast::Hasher::new();
             crc.update(text);
-            (deflate(text, FlushCompress::Sync), crc.finalize())
+            let mut gz = GZIP_HEADER.to_vec();
+            gz.extend(deflate(text, FlushCompress::Sync));
+            (gz, crc.finalize())
         })
+    }
+}
+
+/// A refresh's text in one format (uncompressed, or the start of its gzip member), as bytes
+/// that scrapes share without copying.
+struct SharedText {
+    encoded: Arc<Encoded>,
+    format: Format,
+    gzip: bool,
+}
+
+impl AsRef<[u8]> for SharedText {
+    fn as_ref(&self) -> &[u8] {
+        if self.gzip {
+            &self.encoded.deflated(self.format).0
+        } else {
+            self.encoded.text[self.format.index()].as_bytes()
+        }
     }
 }
 
@@ -109,6 +130,8 @@ fn deflate(input: &[u8], flush: FlushCompress) -> Vec<u8> {
 pub struct Body {
     shared: Arc<Encoded>,
     tail: [String; 2],
+    /// [`Body::gzipped`]'s result, kept.
+    #[cfg(test)]
     gzip: [OnceLock<Vec<u8>>; 2],
     /// The [`Latest`]'s flags that make its next refreshes deflate ahead of the scrapes.
     gzip_asked: Option<Arc<[AtomicBool; 2]>>,
@@ -146,6 +169,7 @@ impl Body {
         Body {
             shared,
             tail: [age + EOF, text],
+            #[cfg(test)]
             gzip: Default::default(),
             gzip_asked,
         }
@@ -156,40 +180,49 @@ impl Body {
         self.shared.text[f.index()].len() + self.tail[f.index()].len()
     }
 
-    /// Writes the uncompressed body.
-    pub fn write_to(&self, f: Format, w: &mut impl Write) -> std::io::Result<()> {
-        w.write_all(self.shared.text[f.index()].as_bytes())?;
-        w.write_all(self.tail[f.index()].as_bytes())
-    }
-
     /// The body gzip-compressed (one gzip member: the shared text's deflate, compressed once per
     /// refresh, then this scrape's tail as the final block).
+    #[cfg(test)]
     pub fn gzipped(&self, f: Format) -> &[u8] {
+        self.gzip[f.index()].get_or_init(|| {
+            let [head, tail] = self.pieces(f, true);
+            [head, tail].concat()
+        })
+    }
+
+    /// The body as two pieces to send one after the other: the refresh's text (shared by every
+    /// scrape of that refresh, not copied), then this scrape's tail. With `gzip`, together they
+    /// are one gzip member: the shared text's deflate (made once per refresh), then the tail as
+    /// the final deflate block, the CRC and the length.
+    pub fn pieces(&self, f: Format, gzip: bool) -> [bytes::Bytes; 2] {
+        let tail = self.tail[f.index()].as_bytes();
+        let shared = |gzip| {
+            bytes::Bytes::from_owner(SharedText {
+                encoded: Arc::clone(&self.shared),
+                format: f,
+                gzip,
+            })
+        };
+        if !gzip {
+            return [shared(false), bytes::Bytes::copy_from_slice(tail)];
+        }
         if let Some(asked) = &self.gzip_asked {
             asked[f.index()].store(true, Relaxed);
         }
-        self.gzip[f.index()].get_or_init(|| {
-            let (head, crc) = self.shared.deflated(f);
-            let tail = self.tail[f.index()].as_bytes();
-            let mut crc = crc32fast::Hasher::new_with_initial(*crc);
-            crc.update(tail);
-            let mut gz = Vec::with_capacity(GZIP_HEADER.len() + head.len() + tail.len() + 64);
-            gz.extend_from_slice(&GZIP_HEADER);
-            gz.extend_from_slice(head);
-            gz.extend_from_slice(&deflate(tail, FlushCompress::Finish));
-            gz.extend_from_slice(&crc.finalize().to_le_bytes());
-            // ISIZE: the uncompressed length modulo 2^32 (RFC 1952).
-            gz.extend_from_slice(&(self.len(f) as u32).to_le_bytes());
-            gz
-        })
+        let (_, crc) = self.shared.deflated(f);
+        let mut crc = crc32fast::Hasher::new_with_initial(*crc);
+        crc.update(tail);
+        let mut end = deflate(tail, FlushCompress::Finish);
+        end.extend_from_slice(&crc.finalize().to_le_bytes());
+        // ISIZE: the uncompressed length modulo 2^32 (RFC 1952).
+        end.extend_from_slice(&(self.len(f) as u32).to_le_bytes());
+        [shared(true), bytes::Bytes::from(end)]
     }
 
     /// The uncompressed body as text.
     #[cfg(test)]
     pub fn text(&self, f: Format) -> String {
-        let mut v = Vec::with_capacity(self.len(f));
-        self.write_to(f, &mut v).unwrap();
-        String::from_utf8(v).unwrap()
+        [self.shared.text[f.index()].as_str(), &self.tail[f.index()]].concat()
     }
 }
 

@@ -342,6 +342,31 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
         one(Value::Float(snap.taken_at_unix_ms as f64 / 1e3)),
     );
     fam(
+        &defs::AGENT_SNAPSHOT_STALE,
+        one(Value::Int(u64::from(a.stale))),
+    );
+    fam(
+        &defs::AGENT_COLLECT_TIME,
+        one(Value::Float(a.collect_seconds)),
+    );
+    fam(
+        &defs::AGENT_REGIONS_UNREAD,
+        ["time", "retries", "blocked"]
+            .iter()
+            .map(|&reason| {
+                let n = a.regions_unread.iter().filter(|u| u.reason == reason);
+                (vec![reason.to_owned()], Value::Int(n.count() as u64))
+            })
+            .collect(),
+    );
+    fam(
+        &defs::AGENT_HTTP_DROPPED,
+        a.http_dropped
+            .iter()
+            .map(|(k, v)| (vec![k.clone()], Value::Int(*v)))
+            .collect(),
+    );
+    fam(
         &defs::AGENT_SPANS,
         one(Value::Int(spans.exported.load(Relaxed))),
     );

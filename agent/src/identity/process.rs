@@ -89,13 +89,22 @@ mod tests {
             .args(std::iter::repeat_n(&long, 10))
             .spawn()
             .unwrap();
-        let facts = ProcessFacts::read(Path::new("/proc"), child.id()).unwrap();
+        // Until the child has called exec, its command line is the test binary's.
+        let read = || ProcessFacts::read(Path::new("/proc"), child.id()).unwrap();
+        let started = std::time::Instant::now();
+        let mut facts = read();
+        while !facts.cmdline.starts_with("sh ")
+            && started.elapsed() < std::time::Duration::from_secs(10)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            facts = read();
+        }
         let _ = child.kill();
         let _ = child.wait();
         assert!(
             facts.cmdline.starts_with("sh -c sleep 30 xxx"),
             "{}",
-            &facts.cmdline[..40]
+            facts.cmdline.chars().take(40).collect::<String>()
         );
         assert!(
             facts.cmdline.len() <= MAX_CMDLINE_BYTES,

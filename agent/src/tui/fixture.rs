@@ -390,6 +390,7 @@ pub fn snapshot() -> Snapshot {
             map_entries: BTreeMap::new(),
             nvml_problems: vec![],
             warnings: vec![],
+            ..AgentStatus::default()
         },
         gpus: vec![gpu(0, 87, 11 * GIB), gpu(1, 12, 3 * GIB)],
         containers: vec![train, squeezed, unlimited, host],

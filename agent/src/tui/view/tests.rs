@@ -222,6 +222,38 @@ fn a_source_error_is_shown() {
     insta::assert_snapshot!("source_error_80x24", t.backend());
 }
 
+/// A daemon whose collector is late and a region over its read budget: the header says STALE
+/// with the snapshot's age, and how many regions were not read whole.
+#[test]
+fn a_stale_snapshot_and_an_unread_region_are_marked() {
+    let mut m = model();
+    let mut s = fixture::snapshot();
+    s.agent.stale = true;
+    s.agent.regions_unread = vec![crate::model::RegionUnread {
+        path: "/var/lib/vgpu-agent/regions/hostile.cache".into(),
+        reason: "retries".into(),
+        slots: 1023,
+        blocked_seconds: 0.0,
+    }];
+    m.apply(s);
+    let taken = m.snapshot.as_ref().unwrap().taken_at_unix_ms;
+    let interval = std::time::Duration::from_secs(1);
+    assert!(m.check_stale(taken + 12_400, interval));
+    assert_eq!(m.stale_seconds, Some(12));
+    assert!(!m.check_stale(taken + 12_900, interval), "same second");
+    let t = draw(&m, &ViewState::default(), 160, 48);
+    let text = format!("{}", t.backend());
+    assert!(text.contains("STALE 12s"), "{text}");
+    assert!(text.contains("unread 1"), "{text}");
+    insta::assert_snapshot!("stale_160x48", t.backend());
+    // A fresh snapshot, read within two intervals, is not stale.
+    m.apply(fixture::snapshot());
+    assert!(m.check_stale(taken + 1_500, interval));
+    assert_eq!(m.stale_seconds, None);
+    assert!(m.check_stale(taken + 2_500, interval), "past two intervals");
+    assert_eq!(m.stale_seconds, Some(2));
+}
+
 #[test]
 fn no_color_uses_no_colours_anywhere() {
     let m = model();

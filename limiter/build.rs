@@ -8,7 +8,7 @@ fn main() {
     // script gathers each kind into one page-aligned output section (the rest of the default
     // layout is unchanged: `INSERT`), so that a pair of calls finding their caches cold fetch
     // two or three pages of code instead of seven to nine scattered over the library, and one
-    // page of statics instead of two (docs/benchmarks.md, "pairs-cold").
+    // page of statics instead of two (docs/benchmarks.md, "The limiter with cold caches").
     let script = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("hot.ld");
     fs::write(
         &script,

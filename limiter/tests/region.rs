@@ -361,7 +361,7 @@ fn the_first_initialiser_wins_and_a_mismatch_is_logged_once() {
 
 /// The GPU machine's validation script reads regions with its own parser
 /// (`scripts/gpu/limiter_region.py`, no agent needed there): it must agree with the region
-/// crate's reader, or the script reports nothing (it parsed layout 1.0 until the sixth session).
+/// crate's reader, or the script finds no slot and reports every case FAIL without region figures.
 #[test]
 fn the_gpu_scripts_region_parser_agrees_with_the_reader() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu/limiter_region.py");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What the limiter touches between driver calls, counted exactly (docs/benchmarks.md, "pairs-cold",
-# fourth and fifth sessions): `cuda-exercise pairs` on the simulated driver (4 KiB sweeps) under
+# What the limiter touches between driver calls, counted exactly (docs/benchmarks.md, "The limiter
+# with cold caches"): `cuda-exercise pairs` on the simulated driver (4 KiB sweeps) under
 # `valgrind --tool=lackey --trace-mem=yes`, the process's mappings captured while it runs, then
 # lackey_stretches.py splits the trace at the simulated driver's cuMemAlloc_v2 / cuMemFree_v2
 # entries and counts, per stretch ("after the alloc": the alloc's end and the free's start; "after

@@ -12,6 +12,8 @@ mod bench_limiter;
 mod bench_startup;
 mod demo;
 mod demo_workloads;
+#[cfg(test)]
+mod docs_lint;
 mod image;
 mod setup;
 mod util;

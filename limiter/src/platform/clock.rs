@@ -12,9 +12,9 @@
 //! The process-wide clock is a [`LazyClock`]: its calibration starts at initialisation and
 //! finishes at the first conversion of ticks to nanoseconds, which comes after the first driver
 //! call (`cuInit`, milliseconds later), so the window is long and nobody waits for it. Until then
-//! reads are already TSC ticks. Initialisation used to spin out a 100 us window: most of its
-//! CPU time, and the time during which 64 processes starting together got preempted
-//! (docs/benchmarks.md, "start-up").
+//! reads are already TSC ticks. Spinning out a fixed 100 us window in initialisation instead
+//! would add to its CPU time and lengthen the time in which 64 processes starting together get
+//! preempted (docs/benchmarks.md, "The limiter's start-up with many processes").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

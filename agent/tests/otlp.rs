@@ -296,8 +296,9 @@ fn spans_arrive(protocol: &str, endpoint: &str, received: &Received) {
             ns(t1)
         );
         let d = s.end_time_unix_nano - s.start_time_unix_nano;
+        // At least the delay; the rest is the host's scheduling (the same slack as above).
         assert!(
-            (DELAY_US * 1000..DELAY_US * 1000 + 5_000_000).contains(&d),
+            (DELAY_US * 1000..DELAY_US * 1000 + slack).contains(&d),
             "{protocol}: span of {d} ns for a {DELAY_US} us delay"
         );
     }

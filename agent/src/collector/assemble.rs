@@ -287,6 +287,7 @@ pub fn build(
     let mut communicators: BTreeMap<u32, BTreeMap<u64, Communicator>> = BTreeMap::new();
     let new_comm = |comm: u64| Communicator {
         comm: format!("{comm:#x}"),
+        comm_id: None,
         rank: None,
         nranks: None,
         created_by: None,
@@ -328,6 +329,7 @@ pub fn build(
         c.rank = Some(info.rank);
         c.nranks = Some(info.nranks);
         c.created_by = Some(ApiId(info.init_api).name().to_owned());
+        c.comm_id = (info.comm_id != 0).then(|| format!("{:#x}", info.comm_id));
         c.destroyed = info.destroyed != 0;
     }
     let live: HashMap<u32, (u64, u64)> = inp

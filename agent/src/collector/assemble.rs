@@ -201,8 +201,10 @@ pub fn build(
                         SlotView {
                             region: shown.clone(),
                             slot: slot.index,
-                            held: slot.held.clone(),
-                            context: slot.context_bytes.clone(),
+                            // The devices shown for the region (what a slot holds is
+                            // reserved on its device, so nothing held is cut off).
+                            held: slot.held.iter().take(keep).copied().collect(),
+                            context: slot.context_bytes.iter().take(keep).copied().collect(),
                             throttled_ns: slot.throttled_ns,
                             dropped_records: slot.dropped_records,
                             problems,

@@ -6,6 +6,7 @@
 //! started); views take differences between two snapshots. A process is identified by its pid
 //! *and* start time, so a reused pid is a different process.
 
+pub mod by_device;
 mod drift;
 pub mod gpu_use;
 pub mod nccl;

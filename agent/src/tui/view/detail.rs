@@ -219,14 +219,17 @@ fn memory_by_device_line(by: &[DeviceMemory], t: &Theme) -> Option<Line<'static>
     if by.len() < 2 {
         return None;
     }
+    // The limiter's figure first, NVML's beside it: `GPU0 6.00 GiB (nvml 6.02 GiB)`.
     let parts: Vec<String> = by
         .iter()
-        .map(|d| {
-            let views: Vec<String> = [("limiter", d.limiter), ("nvml", d.nvml)]
-                .into_iter()
-                .filter_map(|(n, v)| v.map(|b| format!("{n} {}", bytes(b))))
-                .collect();
-            format!("GPU{} {}", d.device, views.join(", "))
+        .map(|d| match (d.limiter, d.nvml) {
+            (Some(l), Some(n)) => format!("GPU{} {} (nvml {})", d.device, bytes(l), bytes(n)),
+            (Some(l), None) => format!("GPU{} {}", d.device, bytes(l)),
+            (None, n) => format!(
+                "GPU{} nvml {}",
+                d.device,
+                n.map(bytes).unwrap_or("-".into())
+            ),
         })
         .collect();
     Some(Line::from(vec![

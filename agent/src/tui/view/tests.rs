@@ -308,7 +308,9 @@ fn two_gpus() {
     both("two_gpus_process_detail", &m, &pipe);
     let text = format!("{}", draw(&m, &pipe, 160, 48).backend());
     assert!(
-        text.contains("memory by GPU  GPU0 limiter 3.00 GiB, nvml 3.02 GiB; GPU1 limiter 5.50 GiB, nvml 5.52 GiB"),
+        text.contains(
+            "memory by GPU  GPU0 3.00 GiB (nvml 3.02 GiB); GPU1 5.50 GiB (nvml 5.52 GiB)"
+        ),
         "{text}"
     );
 }

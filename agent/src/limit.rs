@@ -2,22 +2,35 @@
 //! container's region (`region::control`). The agent writes only the control block, never the
 //! accounting region; the container's limiter applies the change at its next CUDA call.
 //!
-//! A container's regions are found as the collector finds them: the region files its processes
-//! map (`/proc/<pid>/maps`, reached through `/proc/<pid>/root`), for processes whose cgroup names
-//! the container.
+//! Everything here runs as root on files a container controls, so (docs/security.md):
+//! - a container's regions are the files its processes map, opened through the kernel's
+//!   reference to the mapping (`/proc/<pid>/map_files`) and used only if they are the file
+//!   `/proc/<pid>/maps` names; the control block beside one is opened in the same directory,
+//!   resolved inside the process's root (`region::tenant_fs`);
+//! - `--region` takes the operator's path: `/proc/<pid>/root/...` is resolved inside that
+//!   process's root, any other path must have no symbolic link in it;
+//! - a control block is written only if it already exists as a regular file of exactly its size
+//!   with one link; it is never created, resized or followed. `show` opens it read-only.
+//!   Anything else is refused with an error naming the container (or region) and the reason.
 
 use std::{
     collections::HashSet,
-    os::unix::fs::MetadataExt,
+    ffi::OsString,
     path::{Path, PathBuf},
 };
 
-use region::{ControlError, ControlSettings, ControlWriter, MAX_DEVICES, control_path};
+use region::{
+    ControlError, ControlSettings, ControlSnapshot, ControlWriter, MAX_DEVICES, read_control,
+    tenant_fs::{self, Access, FileKey, Root, TenantFile, TenantFsError},
+};
 
 use crate::{
     collector::regions::{Format, mapped_files, sniff},
     identity::container::ContainerIdentity,
 };
+
+/// Bytes of `/proc/<pid>/cgroup` read (a few hundred in practice).
+const MAX_CGROUP_BYTES: usize = 64 << 10;
 
 /// What a `limit` command can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -32,14 +45,49 @@ pub enum LimitError {
     Device(u32),
     #[error("nothing to set: give --sm and/or --memory")]
     NothingToSet,
+    #[error("{}", refused_message(.target, .refused, .done))]
+    Refused {
+        /// The container (or region) the command named.
+        target: String,
+        /// Each control block not used: its path and why.
+        refused: Vec<(PathBuf, String)>,
+        /// What was done for the other regions of the target.
+        done: Vec<String>,
+    },
     #[error(transparent)]
-    Control(#[from] ControlError),
+    Open(#[from] TenantFsError),
+}
+
+fn refused_message(target: &str, refused: &[(PathBuf, String)], done: &[String]) -> String {
+    let mut m = String::new();
+    for (path, why) in refused {
+        if !m.is_empty() {
+            m.push('\n');
+        }
+        m += &format!("{target}: control block {} refused: {why}", path.display());
+    }
+    if !done.is_empty() {
+        m += &format!(
+            "\n(the other regions of {target} were handled: {})",
+            done.join("; ")
+        );
+    }
+    m
 }
 
 /// Where to apply a change.
 pub enum Target {
     Container(String),
     Region(PathBuf),
+}
+
+impl Target {
+    fn label(&self) -> String {
+        match self {
+            Target::Container(id) => format!("container {id}"),
+            Target::Region(p) => format!("region {}", p.display()),
+        }
+    }
 }
 
 /// Parses a memory limit: bytes with an optional binary suffix k, m, g, t (as
@@ -67,13 +115,87 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
         .ok_or_else(bad)
 }
 
+/// A region found for a target: the directory holding it (an anchor that the control block is
+/// opened in), its file name and identity.
+pub struct FoundRegion {
+    /// How the region is shown.
+    pub path: PathBuf,
+    dir: Root,
+    name: OsString,
+    key: FileKey,
+}
+
+impl FoundRegion {
+    /// The control block's name beside the region (`<region>.ctl`).
+    fn control_name(&self) -> OsString {
+        let mut n = self.name.clone();
+        n.push(".ctl");
+        n
+    }
+
+    /// How the control block is shown.
+    pub fn control_path(&self) -> PathBuf {
+        region::control_path(&self.path)
+    }
+
+    /// Opens the control block beside the region: the region's name in that directory must
+    /// still be the region found (else the directory is not the region's any more).
+    fn open_control(&self, access: Access) -> Result<TenantFile, TenantFsError> {
+        let region = self.dir.open(Path::new(&self.name), Access::Read)?;
+        if region.key() != self.key {
+            return Err(TenantFsError::Replaced {
+                path: self.path.clone(),
+                expected: self.key,
+                found: region.key(),
+            });
+        }
+        self.dir.open(Path::new(&self.control_name()), access)
+    }
+}
+
+/// Splits `inside` into its directory, opened in `root`, and its file name.
+fn region_in(root: &Root, inside: &Path, shown: PathBuf, key: FileKey) -> Option<FoundRegion> {
+    let name = inside.file_name()?.to_owned();
+    let parent = inside.parent().unwrap_or(Path::new("/"));
+    let dir = root.open_dir(parent).ok()?;
+    Some(FoundRegion {
+        path: shown,
+        dir,
+        name,
+        key,
+    })
+}
+
+/// The region at an operator's path.
+fn region_at(proc: &Path, p: &Path) -> Result<FoundRegion, LimitError> {
+    let not_a_region = || LimitError::NotARegion(p.to_owned());
+    let file = match tenant_fs::open_operator_path(proc, p, Access::Read) {
+        Ok(f) => f,
+        Err(TenantFsError::NotFound { .. }) => return Err(not_a_region()),
+        Err(e) => return Err(e.into()),
+    };
+    if sniff(&file) != Some(Format::Vgpu) {
+        return Err(not_a_region());
+    }
+    let name = p.file_name().ok_or_else(not_a_region)?.to_owned();
+    let dir = match tenant_fs::split_process_root(proc, p) {
+        Some((pid, inside)) => {
+            Root::process(proc, pid)?.open_dir(inside.parent().unwrap_or(Path::new("/")))?
+        }
+        None => Root::dir_no_links(p.parent().unwrap_or(Path::new("/")))?,
+    };
+    Ok(FoundRegion {
+        path: p.to_owned(),
+        dir,
+        name,
+        key: file.key(),
+    })
+}
+
 /// The regions of `target`: the file itself, or those the container's processes map.
-pub fn regions(target: &Target, proc: &Path) -> Result<Vec<PathBuf>, LimitError> {
+pub fn regions(target: &Target, proc: &Path) -> Result<Vec<FoundRegion>, LimitError> {
     match target {
-        Target::Region(p) => match sniff(p) {
-            Some(Format::Vgpu) => Ok(vec![p.clone()]),
-            _ => Err(LimitError::NotARegion(p.clone())),
-        },
+        Target::Region(p) => Ok(vec![region_at(proc, p)?]),
         Target::Container(id) => {
             let mut seen = HashSet::new();
             let mut out = Vec::new();
@@ -83,22 +205,41 @@ pub fn regions(target: &Target, proc: &Path) -> Result<Vec<PathBuf>, LimitError>
                 .flatten()
                 .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
             for pid in pids {
-                let Ok(cg) = std::fs::read_to_string(proc.join(pid.to_string()).join("cgroup"))
-                else {
+                let path = proc.join(pid.to_string()).join("cgroup");
+                let Ok((cg, _)) = tenant_fs::read_proc(&path, MAX_CGROUP_BYTES) else {
                     continue;
                 };
-                let matches = ContainerIdentity::from_proc_cgroup(&cg)
+                let matches = ContainerIdentity::from_proc_cgroup(&String::from_utf8_lossy(&cg))
                     .and_then(|i| i.container_id)
                     .is_some_and(|c| !id.is_empty() && c.as_str().starts_with(id.as_str()));
                 if !matches {
                     continue;
                 }
-                for f in mapped_files(proc, pid) {
-                    if sniff(&f) == Some(Format::Vgpu)
-                        && let Ok(m) = std::fs::metadata(&f)
-                        && seen.insert((m.dev(), m.ino()))
-                    {
-                        out.push(f);
+                let Ok(root) = Root::process(proc, pid) else {
+                    continue;
+                };
+                for m in mapped_files(proc, pid) {
+                    let key = m.map.key();
+                    if seen.contains(&key) {
+                        continue;
+                    }
+                    let Ok(file) = tenant_fs::open_mapped(
+                        proc,
+                        pid,
+                        m.map.range(),
+                        &m.map.path,
+                        key,
+                        Access::Read,
+                    ) else {
+                        continue;
+                    };
+                    if sniff(&file) != Some(Format::Vgpu) {
+                        continue;
+                    }
+                    let shown = root.shown(&m.map.path);
+                    if let Some(r) = region_in(&root, &m.map.path, shown, key) {
+                        seen.insert(key);
+                        out.push(r);
                     }
                 }
             }
@@ -108,6 +249,35 @@ pub fn regions(target: &Target, proc: &Path) -> Result<Vec<PathBuf>, LimitError>
             Ok(out)
         }
     }
+}
+
+/// Runs `each` on every region of `target`; a refusal of one region does not keep the others
+/// from being handled, and is returned after them.
+fn for_each_region(
+    target: &Target,
+    mut each: impl FnMut(&FoundRegion) -> Result<String, String>,
+) -> Result<Vec<String>, LimitError> {
+    let mut lines = Vec::new();
+    let mut refused = Vec::new();
+    for region in regions(target, Path::new("/proc"))? {
+        match each(&region) {
+            Ok(line) => lines.push(line),
+            Err(why) => refused.push((region.control_path(), why)),
+        }
+    }
+    if refused.is_empty() {
+        Ok(lines)
+    } else {
+        Err(LimitError::Refused {
+            target: target.label(),
+            refused,
+            done: lines,
+        })
+    }
+}
+
+fn control_error(e: ControlError) -> String {
+    e.to_string()
 }
 
 /// Writes the change into each region's control block; returns a line per region.
@@ -125,51 +295,62 @@ pub fn set(
     {
         return Err(LimitError::Device(d));
     }
-    let mut lines = Vec::new();
-    for region in regions(target, Path::new("/proc"))? {
-        let writer = ControlWriter::open(&control_path(&region))?;
-        let generation = writer.update(|s| {
-            let devices = device.map_or(0..MAX_DEVICES, |d| d as usize..d as usize + 1);
-            for d in devices {
-                if let Some(p) = sm {
-                    s.sm_percent[d] = Some(p);
-                }
-                if let Some(m) = memory {
-                    s.memory_limit[d] = Some(m);
-                }
+    for_each_region(target, |region| {
+        let file =
+            region.open_control(Access::ReadWrite).map_err(|e| {
+                match e {
+            TenantFsError::NotFound { .. } => {
+                "it does not exist (the limiter creates it when it starts; the agent never does)"
+                    .to_string()
             }
-        })?;
-        lines.push(format!(
+            e => e.to_string(),
+        }
+            })?;
+        let writer = ControlWriter::new(&file).map_err(control_error)?;
+        let generation = writer
+            .update(|s| {
+                let devices = device.map_or(0..MAX_DEVICES, |d| d as usize..d as usize + 1);
+                for d in devices {
+                    if let Some(p) = sm {
+                        s.sm_percent[d] = Some(p);
+                    }
+                    if let Some(m) = memory {
+                        s.memory_limit[d] = Some(m);
+                    }
+                }
+            })
+            .map_err(control_error)?;
+        let now = writer.snapshot().map_err(control_error)?;
+        Ok(format!(
             "{}: generation {generation}: {}",
-            writer.path().display(),
-            describe(&writer.snapshot()?.map(|s| s.settings).unwrap_or_default())
-        ));
-    }
-    Ok(lines)
+            region.control_path().display(),
+            describe(&now.map(|s| s.settings).unwrap_or_default())
+        ))
+    })
 }
 
-/// The overrides of each region's control block, a line per region.
+/// The overrides of each region's control block, a line per region (read-only).
 pub fn show(target: &Target) -> Result<Vec<String>, LimitError> {
-    let mut lines = Vec::new();
-    for region in regions(target, Path::new("/proc"))? {
-        let ctl = control_path(&region);
-        let line = if ctl.exists() {
-            let snap = ControlWriter::open(&ctl)?.snapshot()?;
-            match snap {
-                Some(s) => format!(
-                    "{}: generation {}: {}",
-                    ctl.display(),
-                    s.generation,
-                    describe(&s.settings)
-                ),
-                None => format!("{}: no run-time changes", ctl.display()),
+    for_each_region(target, |region| {
+        let ctl = region.control_path();
+        let file = match region.open_control(Access::Read) {
+            Ok(f) => f,
+            Err(TenantFsError::NotFound { .. }) => {
+                return Ok(format!("{}: no control block yet", ctl.display()));
             }
-        } else {
-            format!("{}: no control block yet", ctl.display())
+            Err(e) => return Err(e.to_string()),
         };
-        lines.push(line);
-    }
-    Ok(lines)
+        let snap: Option<ControlSnapshot> = read_control(&file).map_err(control_error)?;
+        Ok(match snap {
+            Some(s) => format!(
+                "{}: generation {}: {}",
+                ctl.display(),
+                s.generation,
+                describe(&s.settings)
+            ),
+            None => format!("{}: no run-time changes", ctl.display()),
+        })
+    })
 }
 
 fn describe(s: &ControlSettings) -> String {

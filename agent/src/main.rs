@@ -12,6 +12,8 @@ mod limit;
 mod model;
 mod nvml;
 mod probes;
+mod runtime;
+mod sanitize;
 mod signals;
 mod stat;
 mod trace;
@@ -289,6 +291,10 @@ enum Command {
         /// Also export per-process series (pid and comm labels: one series per process).
         #[arg(long)]
         metrics_pid_labels: bool,
+        /// Export API series per API (`api` label) with a latency histogram per container and
+        /// API, instead of per API kind (about 15 times the series; docs/metrics.md).
+        #[arg(long)]
+        metrics_per_api: bool,
         /// Send spans of sampled calls to this OTLP endpoint (e.g. http://127.0.0.1:4317 for
         /// gRPC, http://127.0.0.1:4318 for HTTP); no spans without it.
         #[arg(long, value_name = "URL")]
@@ -315,15 +321,19 @@ enum Command {
 
 fn init_logging() {
     env_logger::Builder::from_env(env_logger::Env::default().filter_or("VGPU_LOG", "info"))
-        .format(|buf, record| match record.level() {
-            log::Level::Info => writeln!(buf, "vgpu-agent: {}", record.args()),
-            log::Level::Warn => writeln!(buf, "vgpu-agent: warning: {}", record.args()),
-            level => writeln!(
-                buf,
-                "vgpu-agent: {}: {}",
-                level.as_str().to_lowercase(),
-                record.args()
-            ),
+        .format(|buf, record| {
+            // Log lines name tenants' paths and processes: escapes in them stay inert.
+            let message = record.args().to_string();
+            let message = sanitize::inert(&message);
+            match record.level() {
+                log::Level::Info => writeln!(buf, "vgpu-agent: {message}"),
+                log::Level::Warn => writeln!(buf, "vgpu-agent: warning: {message}"),
+                level => writeln!(
+                    buf,
+                    "vgpu-agent: {}: {message}",
+                    level.as_str().to_lowercase()
+                ),
+            }
         })
         .init();
 }
@@ -334,7 +344,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vgpu-agent: error: {e:#}");
+            // Errors name tenants' paths: escapes in them stay inert.
+            eprintln!("vgpu-agent: error: {}", sanitize::inert(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -460,8 +471,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 } => limit::set(&target.target(), device, sm, memory)?,
                 LimitAction::Show { target } => limit::show(&target.target())?,
             };
+            // The lines name regions' paths, which tenants choose.
             for l in lines {
-                println!("{l}");
+                println!("{}", sanitize::inert(&l));
             }
             Ok(())
         }
@@ -477,6 +489,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             exited_retention,
             metrics_listen,
             metrics_pid_labels,
+            metrics_per_api,
             otlp_endpoint,
             otlp_protocol,
             otlp_queue,
@@ -505,6 +518,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     listen,
                     options: export::metrics::MetricsOptions {
                         pid_labels: metrics_pid_labels,
+                        per_api: metrics_per_api,
                     },
                 }),
                 collector: collector::CollectorOptions {

@@ -203,7 +203,18 @@ impl Tracer {
             return;
         }
         self.discovery.mark_seen(lib.id);
-        let shown = lib.attach_path.clone();
+        // The path as its users see it first; a library found in a process is reached through
+        // that process's map_files entry (docs/security.md).
+        let shown = lib.path.clone();
+        let through = match &lib.found_by {
+            discovery::FoundBy::Process { pid } => format!(
+                "in pid {pid} as {}, through {}",
+                lib.path.display(),
+                lib.attach_path.display()
+            ),
+            discovery::FoundBy::Configured => "on the command line".to_string(),
+            discovery::FoundBy::Host => "on the host".to_string(),
+        };
         let id = lib.id;
         match self.probes.attach_library(lib) {
             Ok(attached) => {
@@ -211,16 +222,10 @@ impl Tracer {
                 let missing: Vec<&str> =
                     attached.symbols.missing.iter().map(|a| a.name()).collect();
                 log::info!(
-                    "attached to {} [{}] ({} symbols; found {})",
+                    "attached to {} [{}] ({} symbols; found {through})",
                     shown.display(),
                     attached.file.id,
                     attached.symbols.found.len(),
-                    match &attached.file.found_by {
-                        discovery::FoundBy::Configured => "on the command line".to_string(),
-                        discovery::FoundBy::Host => "on the host".to_string(),
-                        discovery::FoundBy::Process { pid } =>
-                            format!("in pid {pid} as {}", attached.file.path.display()),
-                    }
                 );
                 if !missing.is_empty() {
                     let msg = format!(
@@ -232,7 +237,10 @@ impl Tracer {
                     self.warn(msg);
                 }
             }
-            Err(e) => self.warn(format!("could not attach to {}: {e}", shown.display())),
+            Err(e) => self.warn(format!(
+                "could not attach to {} (found {through}): {e}",
+                shown.display()
+            )),
         }
     }
 
@@ -240,6 +248,8 @@ impl Tracer {
     /// (every 0.5-1 s): a library that appears is attached at the next call.
     pub fn poll(&mut self) -> Result<(), ProbeError> {
         let scan = self.discovery.scan_processes(&self.opts.host);
+        // Logged by discovery, once each; shown with the other warnings.
+        self.warnings.extend(scan.refused);
         for lib in scan.new {
             self.attach(lib);
         }
@@ -263,7 +273,8 @@ impl Tracer {
         if self.schedule.is_some() {
             self.switch_due()?;
             if let Some(s) = &mut self.schedule {
-                s.poll(Instant::now());
+                let stats = self.probes.read_stats();
+                s.poll(Instant::now(), |kind| calls_of_kind(&stats, kind));
             }
         } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
             let period_ns = period.as_nanos().max(1);
@@ -493,7 +504,7 @@ impl Tracer {
                 *calls.entry((tgid, class)).or_default() += n;
             }
             if let Some(c) = &mut self.calibrator {
-                c.remeasure(&calls);
+                c.remeasure(&calls, &self.probes);
             }
         }
         Ok(r)

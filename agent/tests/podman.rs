@@ -2,7 +2,7 @@
 //!
 //! - a workload started with `--device` naming a device of `vgpu-agent cdi generate`'s spec gets
 //!   the limiter and its limit, in a region of its own;
-//! - the agent's image (`cargo xtask image`) runs with exactly what deploy/daemonset.yaml asks of
+//! - the agent's image (`cargo xtask image`) runs with exactly what deploy/base/daemonset.yaml asks of
 //!   a runtime (the flags are derived from the manifest), attaches its probes to the workloads'
 //!   driver, names their containers as podman does and reads the limiter's region, and serves
 //!   all of it on /metrics.
@@ -15,7 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use region::reader::{DeviceSnapshot, RegionReader};
+use region::{
+    reader::{DeviceSnapshot, RegionReader},
+    tenant_fs,
+};
 use serde_json::Value;
 use support::{podman::*, *};
 
@@ -53,7 +56,14 @@ fn region_when(pid: u32, what: &str, ready: impl Fn(&DeviceSnapshot) -> bool) ->
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = None;
     while Instant::now() < deadline {
-        if let Ok(snapshot) = RegionReader::open(&path).and_then(|r| r.snapshot()) {
+        // Resolved inside the container's root, as the agent does (a plain open refuses the
+        // `/proc/<pid>/root` magic link).
+        let read =
+            tenant_fs::open_operator_path(Path::new("/proc"), &path, tenant_fs::Access::Read)
+                .map_err(|e| e.to_string())
+                .and_then(|f| RegionReader::from_file(f).map_err(|e| e.to_string()))
+                .and_then(|r| r.snapshot().map_err(|e| e.to_string()));
+        if let Ok(snapshot) = read {
             let dev = snapshot.devices[0].clone();
             if ready(&dev) {
                 return dev;
@@ -214,7 +224,8 @@ fn the_daemonsets_agent_in_podman_names_podman_containers_and_reads_their_limite
     // privileges, no seccomp filter, a read-only root, the host's pids.
     let status = std::fs::read_to_string(format!("/proc/{agent_pid}/status")).unwrap();
     let cap_eff = u64::from_str_radix(status_field(&status, "CapEff:"), 16).unwrap();
-    let want: u64 = [2u32, 19, 38, 39].iter().map(|b| 1u64 << b).sum(); // DAC_READ_SEARCH, SYS_PTRACE, PERFMON, BPF
+    // DAC_READ_SEARCH, SYS_PTRACE, PERFMON, BPF, CHECKPOINT_RESTORE
+    let want: u64 = [2u32, 19, 38, 39, 40].iter().map(|b| 1u64 << b).sum();
     assert_eq!(cap_eff, want, "CapEff {cap_eff:#x}");
     assert_eq!(status_field(&status, "NoNewPrivs:"), "1");
     assert_eq!(status_field(&status, "Seccomp:"), "0");

@@ -274,8 +274,8 @@ fn sim_process_in_its_own_mount_namespace_with_its_own_library_copy_is_attached_
     let line = stat.wait_for(&attached(&private), ATTACH_TIMEOUT);
     stat.wait_for("tracing for", ATTACH_TIMEOUT);
     assert!(
-        line.contains("/root/") && line.contains("private/libcuda.so.1"),
-        "attached through /proc/<pid>/root: {line}"
+        line.contains("/map_files/") && line.contains("private/libcuda.so.1"),
+        "attached through the process's /proc/<pid>/map_files entry: {line}"
     );
     let pid = workload.pid();
     workload.go();

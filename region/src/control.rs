@@ -146,6 +146,14 @@ pub enum ControlError {
     Busy { generation: u64 },
     #[error("device {device} is beyond the {MAX_DEVICES} devices a control block holds")]
     NoSuchDevice { device: usize },
+    #[error(
+        "control block is {len} bytes, not {CONTROL_SIZE}: the agent writes only into a block of exactly that size"
+    )]
+    WrongSize { len: u64 },
+    #[error("control block has {links} hard links: the agent writes only into a file with one")]
+    HardLinked { links: u64 },
+    #[error("control block changed size while being written: the write did not reach it")]
+    ChangedWhileWriting,
     #[error("{call} on control block `{path}` failed: {message}")]
     Io {
         call: &'static str,

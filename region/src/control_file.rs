@@ -16,6 +16,8 @@ use crate::control::{
 use crate::layout_types::RegionPod;
 use crate::mapping::Mapping;
 use crate::region::Region;
+use crate::sigbus;
+use crate::tenant_fs::TenantFile;
 
 // SAFETY: `#[repr(C)]`, made only of `AtomicU64` fields and arrays of them: valid for every bit
 // pattern and only ever accessed atomically.
@@ -77,14 +79,14 @@ fn read(block: &ControlBlock) -> Result<Option<ControlSnapshot>, ControlError> {
     Err(ControlError::Busy { generation: last })
 }
 
-/// Opens `path` for the given access, creating a zero-filled block if it does not exist, and
-/// makes sure it is at least a block long.
-fn open_sized(path: &Path, write: bool) -> Result<File, ControlError> {
+/// Opens the block at `path` read-only (the limiter's side), creating it zero-filled and sized if
+/// it does not exist. An existing file is never resized: a reader waits for its creator to size it.
+fn open_or_create_sized(path: &Path) -> Result<File, ControlError> {
     // Most openers find the block there already: open it without `O_CREAT` first, which would
     // take the directory's lock exclusively even for an existing file (a container's processes
     // starting together would queue on it).
-    match OpenOptions::new().read(true).write(write).open(path) {
-        Ok(f) => return sized(f, path, write),
+    match OpenOptions::new().read(true).open(path) {
+        Ok(f) => return sized(f, path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io("open", path, e)),
     }
@@ -96,6 +98,7 @@ fn open_sized(path: &Path, write: bool) -> Result<File, ControlError> {
         .open(path)
     {
         Ok(f) => {
+            // Ours and empty: sizing it is the creation's second step.
             f.set_len(CONTROL_SIZE as u64)
                 .map_err(|e| io("ftruncate", path, e))?;
             // A reader maps it read-only whatever the descriptor allows.
@@ -106,27 +109,21 @@ fn open_sized(path: &Path, write: bool) -> Result<File, ControlError> {
     }
     let f = OpenOptions::new()
         .read(true)
-        .write(write)
         .open(path)
         .map_err(|e| io("open", path, e))?;
-    sized(f, path, write)
+    sized(f, path)
 }
 
 /// `f`, once it is at least [`CONTROL_SIZE`] long. A file just created by another process may
-/// not have its size yet (creating and sizing are two calls): a writer sizes it, a reader waits
-/// for the creator, yielding then sleeping 50 us at a time (a creator is microseconds away from
-/// sizing it unless descheduled), at most 100 ms (mapping past the end would fault on access).
-fn sized(f: File, path: &Path, write: bool) -> Result<File, ControlError> {
+/// not have its size yet (creating and sizing are two calls): wait for the creator, yielding then
+/// sleeping 50 us at a time (a creator is microseconds away from sizing it unless descheduled), at
+/// most 100 ms (mapping past the end would fault on access).
+fn sized(f: File, path: &Path) -> Result<File, ControlError> {
     let t0 = Instant::now();
     let mut round = 0u32;
     loop {
         let len = f.metadata().map_err(|e| io("fstat", path, e))?.len();
         if len >= CONTROL_SIZE as u64 {
-            return Ok(f);
-        }
-        if write {
-            f.set_len(CONTROL_SIZE as u64)
-                .map_err(|e| io("ftruncate", path, e))?;
             return Ok(f);
         }
         if t0.elapsed() > Duration::from_millis(100) {
@@ -139,6 +136,61 @@ fn sized(f: File, path: &Path, write: bool) -> Result<File, ControlError> {
         }
         round += 1;
     }
+}
+
+/// Checks that a tenant's file may be written as a control block: exactly [`CONTROL_SIZE`]
+/// bytes (never resized) and one hard link (not another file under a second name).
+fn writable_block(file: &TenantFile) -> Result<(), ControlError> {
+    let len = file
+        .current_len()
+        .map_err(|e| io("fstat", file.path(), std::io::Error::other(e.to_string())))?;
+    if len != CONTROL_SIZE as u64 || file.len() != CONTROL_SIZE as u64 {
+        return Err(ControlError::WrongSize { len });
+    }
+    if file.nlink() != 1 {
+        return Err(ControlError::HardLinked {
+            links: file.nlink(),
+        });
+    }
+    Ok(())
+}
+
+/// Reads a control block read-only with `pread` (never mapped, never written): `limit show`.
+/// Copies under the seqlock protocol (the generation read before and after the fields); a copy
+/// is only used if the generation stayed the same and even.
+pub fn read_control(file: &TenantFile) -> Result<Option<ControlSnapshot>, ControlError> {
+    let len = file
+        .current_len()
+        .map_err(|e| io("fstat", file.path(), std::io::Error::other(e.to_string())))?;
+    if len < CONTROL_SIZE as u64 {
+        return Err(ControlError::TooShort { len: len as usize });
+    }
+    let read_words = |w: &mut [u64]| -> Result<(), ControlError> {
+        let mut bytes = [0u8; CONTROL_SIZE];
+        let n = file
+            .read_at(0, &mut bytes[..w.len() * 8])
+            .map_err(|e| io("pread", file.path(), std::io::Error::other(e.to_string())))?;
+        if n < w.len() * 8 {
+            return Err(ControlError::TooShort { len: n });
+        }
+        for (dst, src) in w.iter_mut().zip(bytes.as_chunks::<8>().0) {
+            *dst = u64::from_ne_bytes(*src);
+        }
+        Ok(())
+    };
+    let mut last = 0;
+    for _ in 0..CONTROL_READ_RETRIES {
+        let mut w = [0u64; CONTROL_WORDS];
+        read_words(&mut w)?;
+        let mut again = [0u64; 1];
+        read_words(&mut again)?;
+        last = w[0];
+        if w[0] & 1 == 0 && again[0] == w[0] {
+            return decode(&w);
+        }
+        std::thread::yield_now();
+    }
+    Err(ControlError::Busy { generation: last })
 }
 
 /// The limiter's read-only view of a control block.
@@ -159,7 +211,7 @@ impl ControlReader {
     /// Maps the block at `path` read-only, creating it zero-filled (no overrides) if absent, so
     /// that there is something to map and the agent finds the file beside the region.
     pub fn open_or_create(path: &Path) -> Result<ControlReader, ControlError> {
-        let f = open_sized(path, false)?;
+        let f = open_or_create_sized(path)?;
         let map = Mapping::new(&f, CONTROL_SIZE, false).map_err(|e| io("mmap", path, e))?;
         Ok(ControlReader {
             map,
@@ -183,32 +235,56 @@ impl ControlReader {
     }
 }
 
-/// The agent's writer of a control block.
+/// How long a writer tries to take the write section before giving up.
+const WRITER_GIVE_UP_MS: u64 = 5 * WRITER_STALL_MS;
+
+/// The agent's writer of a control block: only an existing regular file of exactly the block's
+/// size, opened through [`crate::tenant_fs`] (so never created, resized or reached through a
+/// link), is written.
 pub struct ControlWriter {
     map: Mapping,
     path: PathBuf,
 }
 
 impl ControlWriter {
-    /// Opens (creating if needed) the block at `path` for writing.
-    pub fn open(path: &Path) -> Result<ControlWriter, ControlError> {
-        let f = open_sized(path, true)?;
-        let map = Mapping::new(&f, CONTROL_SIZE, true).map_err(|e| io("mmap", path, e))?;
-        Ok(ControlWriter {
-            map,
-            path: path.to_owned(),
-        })
+    /// Maps `file` for writing, if it may be written as a control block (see
+    /// [`ControlError::WrongSize`], [`ControlError::HardLinked`]).
+    pub fn new(file: &TenantFile) -> Result<ControlWriter, ControlError> {
+        writable_block(file)?;
+        let path = file.path().to_owned();
+        let map =
+            Mapping::new(file.file(), CONTROL_SIZE, true).map_err(|e| io("mmap", &path, e))?;
+        Ok(ControlWriter { map, path })
     }
 
     /// The current contents (no overrides if never written).
     pub fn snapshot(&self) -> Result<Option<ControlSnapshot>, ControlError> {
-        read(block(&self.map))
+        let (read, changed) = sigbus::guarded(self.map.range(), || read(block(&self.map)));
+        if changed {
+            return Err(ControlError::ChangedWhileWriting);
+        }
+        read
     }
 
     /// Changes the settings with `update` and publishes them as a new generation, which it
     /// returns. The previous settings are kept where `update` leaves them. A block whose current
     /// contents do not validate is rewritten from `update` applied to no overrides.
+    ///
+    /// The owner of the file (a tenant) may truncate it while this runs, which would make the
+    /// mapped stores fault: the write runs under [`sigbus::guarded`], which turns that into
+    /// [`ControlError::ChangedWhileWriting`].
     pub fn update(&self, update: impl FnOnce(&mut ControlSettings)) -> Result<u64, ControlError> {
+        let (result, changed) = sigbus::guarded(self.map.range(), || self.update_mapped(update));
+        if changed {
+            return Err(ControlError::ChangedWhileWriting);
+        }
+        result
+    }
+
+    fn update_mapped(
+        &self,
+        update: impl FnOnce(&mut ControlSettings),
+    ) -> Result<u64, ControlError> {
         let b = block(&self.map);
         let odd = self.begin(b)?;
         // Read the fields as the last complete writer left them (we hold the write section).
@@ -248,10 +324,18 @@ impl ControlWriter {
     }
 
     /// Takes the write section: generation even -> odd by CAS; a section left odd longer than
-    /// [`WRITER_STALL_MS`] (a writer that died) is taken over.
+    /// [`WRITER_STALL_MS`] (a writer that died) is taken over. Gives up with
+    /// [`ControlError::Busy`] after [`WRITER_GIVE_UP_MS`]: the file's owner can change the word
+    /// under every CAS.
     fn begin(&self, b: &ControlBlock) -> Result<u64, ControlError> {
         let t0 = Instant::now();
         loop {
+            if t0.elapsed() > Duration::from_millis(WRITER_GIVE_UP_MS) {
+                return Err(ControlError::Busy {
+                    // Relaxed: only reported.
+                    generation: b.generation.load(Ordering::Relaxed),
+                });
+            }
             // Relaxed: the CAS below decides.
             let g = b.generation.load(Ordering::Relaxed);
             let stale = t0.elapsed() > Duration::from_millis(WRITER_STALL_MS);
@@ -268,6 +352,7 @@ impl ControlWriter {
                     fence(Ordering::Release);
                     return Ok(odd);
                 }
+                std::thread::yield_now();
                 continue;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -334,79 +419,5 @@ impl Region {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::control::control_path;
-
-    #[test]
-    fn reader_creates_a_zero_block_and_sees_writes() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = control_path(&dir.path().join("r.region"));
-        assert!(path.to_str().unwrap().ends_with("r.region.ctl"));
-        let r = ControlReader::open_or_create(&path).unwrap();
-        assert_eq!(r.snapshot(), Ok(None));
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), CONTROL_SIZE as u64);
-        let w = ControlWriter::open(&path).unwrap();
-        let g = w.update(|s| s.sm_percent[0] = Some(40)).unwrap();
-        assert_eq!(g, 2);
-        assert_eq!(r.generation_word().load(Ordering::Relaxed), 2);
-        let g = w.update(|s| s.memory_limit[3] = Some(1 << 30)).unwrap();
-        assert_eq!(g, 4);
-        let snap = r.snapshot().unwrap().unwrap();
-        assert_eq!(snap.settings.sm_percent[0], Some(40));
-        assert_eq!(snap.settings.memory_limit[3], Some(1 << 30));
-        assert_eq!(snap.writer_pid, u64::from(std::process::id()));
-        // An invalid request changes nothing but the generation.
-        assert!(matches!(
-            w.update(|s| s.sm_percent[1] = Some(101)),
-            Err(ControlError::SmPercent { device: 1, .. })
-        ));
-        let again = r.snapshot().unwrap().unwrap();
-        assert_eq!(again.settings, snap.settings);
-    }
-
-    #[test]
-    fn a_dead_writer_is_taken_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.ctl");
-        let w = ControlWriter::open(&path).unwrap();
-        w.update(|s| s.sm_percent[0] = Some(10)).unwrap();
-        // A writer that died inside its section.
-        block(&w.map).generation.store(3, Ordering::Relaxed);
-        let r = ControlReader::open_or_create(&path).unwrap();
-        assert_eq!(r.snapshot(), Err(ControlError::Busy { generation: 3 }));
-        let g = w.update(|s| s.sm_percent[0] = Some(20)).unwrap();
-        assert_eq!(g, 6);
-        assert_eq!(
-            r.snapshot().unwrap().unwrap().settings.sm_percent[0],
-            Some(20)
-        );
-    }
-
-    /// A reader that opens a block another process has created but not sized yet waits for the
-    /// size (briefly) instead of failing or mapping past the end.
-    #[test]
-    fn a_reader_waits_for_a_block_being_created() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("new.ctl");
-        let f = std::fs::File::create(&path).unwrap();
-        let sizer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(5));
-            f.set_len(CONTROL_SIZE as u64).unwrap();
-        });
-        let r = ControlReader::open_or_create(&path).unwrap();
-        sizer.join().unwrap();
-        assert_eq!(r.snapshot().unwrap(), None, "zero-filled: never written");
-    }
-
-    #[test]
-    fn short_files_are_not_mapped_by_readers() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("short.ctl");
-        std::fs::write(&path, [0u8; 10]).unwrap();
-        assert!(matches!(
-            ControlReader::open_or_create(&path),
-            Err(ControlError::TooShort { len: 10 })
-        ));
-    }
-}
+#[path = "control_file_tests.rs"]
+mod tests;

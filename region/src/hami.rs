@@ -7,11 +7,11 @@
 //! truncated meanwhile is a typed [`HamiError::Truncated`], never a `SIGBUS`), every count from
 //! the file is clamped, and every failure is a typed error.
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::layout::MAX_DEVICES;
 use crate::pread::{self, PreadError};
+use crate::tenant_fs::{self, Access, TenantFile};
 
 /// `MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`.
 pub const HAMI_MAGIC: i32 = 19_920_718;
@@ -53,6 +53,9 @@ const _: () = assert!(SLOT_DEVICE_UTIL + MAX_DEVICES * DEVICE_UTIL_SIZE == SLOT_
 /// Errors reading a HAMi-core region.
 #[derive(Debug, thiserror::Error)]
 pub enum HamiError {
+    /// The file could not be opened as a tenant's file may be (a link, not a regular file, ...).
+    #[error(transparent)]
+    Open(#[from] crate::tenant_fs::TenantFsError),
     /// Opening, sizing or mapping the file failed.
     #[error("{call} on `{path}` failed")]
     Io {
@@ -187,31 +190,24 @@ fn per_device(bytes: &[u8], count: usize, base: usize, stride: usize) -> Vec<u64
 }
 
 impl HamiReader {
-    /// Opens and validates a HAMi-core cache file read-only.
+    /// Opens and validates a HAMi-core cache file read-only, by a path the operator gave
+    /// ([`tenant_fs::open_no_links`]).
     pub fn open(path: &Path) -> Result<HamiReader, HamiError> {
-        let io = |call| {
-            move |source| HamiError::Io {
-                call,
-                path: path.to_path_buf(),
-                source,
-            }
-        };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(io("open"))?;
-        let len = file.metadata().map_err(io("fstat"))?.len();
+        HamiReader::from_file(tenant_fs::open_no_links(path, Access::Read)?)
+    }
+
+    /// Validates a HAMi-core cache file opened through [`tenant_fs`] (read-only).
+    pub fn from_file(file: TenantFile) -> Result<HamiReader, HamiError> {
+        let path = file.path().to_path_buf();
+        let len = file.current_len()?;
+        let file = file.into_file();
         if len < HAMI_V1_SIZE {
             return Err(HamiError::Truncated {
                 len,
                 needed: HAMI_V1_SIZE,
             });
         }
-        let reader = HamiReader {
-            file,
-            path: path.to_path_buf(),
-        };
+        let reader = HamiReader { file, path };
         let mut head = [0u8; 12];
         reader.read_bytes(0, &mut head)?;
         validate(&head)?;
@@ -310,7 +306,7 @@ impl HamiReader {
             || {
                 let mut seq = [0u8; 8];
                 self.read_bytes(base + SLOT_SEQLOCK, &mut seq)?;
-                Ok(u64::from_le_bytes(seq))
+                Ok::<u64, HamiError>(u64::from_le_bytes(seq))
             },
             || {
                 self.read_bytes(base, copy)?;

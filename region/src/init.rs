@@ -77,6 +77,45 @@ fn grow_to(file: &File, path: &Path, size: u64) -> Result<(), RegionError> {
     Ok(())
 }
 
+/// The mode of a region the limiter creates: read-write for its owner only. Another uid can
+/// neither read nor change a container's accounting. A deployment that runs a container's GPU
+/// processes under several uids creates the file beforehand with the mode it needs (an existing
+/// file's mode is never changed); the agent flags such a region as writable by other uids.
+pub const REGION_MODE: u32 = 0o600;
+
+/// Creates the region file with [`REGION_MODE`], or opens it if another process created it first.
+fn create(path: &Path) -> Result<File, RegionError> {
+    let created = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(REGION_MODE)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path);
+    let file = match created {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+                .map_err(io("open", path));
+        }
+        Err(e) => return Err(io("open", path)(e)),
+    };
+    // The umask may have cleared bits of the mode: set it exactly on the file we just created,
+    // without touching the process-wide umask.
+    let meta = file.metadata().map_err(io("fstat", path))?;
+    if meta.mode() & 0o777 != REGION_MODE {
+        // SAFETY: a valid open fd; fchmod does not touch memory.
+        if unsafe { libc::fchmod(file.as_raw_fd(), REGION_MODE) } != 0 {
+            return Err(io("fchmod", path)(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(file)
+}
+
 pub(crate) fn open_or_create(
     path: &Path,
     config: &RegionConfig,
@@ -92,27 +131,9 @@ pub(crate) fn open_or_create(
         .open(path);
     let file = match existing {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o666)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io("open", path))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path)?,
         Err(e) => return Err(io("open", path)(e)),
     };
-    let meta = file.metadata().map_err(io("fstat", path))?;
-    // The mode passed to open is filtered by the umask; make a file we just created (empty, ours)
-    // world-writable with fchmod instead of touching the process-wide umask.
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    if meta.len() == 0 && meta.uid() == euid && meta.mode() & 0o777 != 0o666 {
-        // SAFETY: a valid open fd; fchmod does not touch memory.
-        if unsafe { libc::fchmod(file.as_raw_fd(), 0o666) } != 0 {
-            return Err(io("fchmod", path)(std::io::Error::last_os_error()));
-        }
-    }
     let wanted = region_size(config.slots);
     grow_to(&file, path, wanted)?;
     let map = Mapping::new(&file, wanted as usize, true).map_err(io("mmap", path))?;

@@ -27,18 +27,20 @@ pub mod reader;
 mod region;
 mod reserve;
 pub mod seqlock;
+mod sigbus;
 mod slots;
 mod stats;
 mod sync;
+pub mod tenant_fs;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
 pub use control::{ControlError, ControlSettings, ControlSnapshot, control_path};
-pub use control_file::{ControlReader, ControlWriter};
+pub use control_file::{ControlReader, ControlWriter, read_control};
 pub use error::{RegionError, ReserveError};
 pub use holdings::Holding;
-pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT};
+pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT, REGION_MODE};
 pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS};
 pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, Reserver, SWEEP_INTERVAL_MS};
 pub use reserve::{Denied, MAX_RESERVABLE};

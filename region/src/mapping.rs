@@ -50,6 +50,12 @@ impl Mapping {
         self.len
     }
 
+    /// The mapped addresses, `start..end`.
+    pub(crate) fn range(&self) -> std::ops::Range<usize> {
+        let start = self.ptr.as_ptr() as usize;
+        start..start + self.len
+    }
+
     /// A reference to a `T` at `offset`, or `None` if it does not fit or is misaligned.
     /// `T` must be a layout type (all atomics, valid for any bit pattern).
     #[inline(always)]

@@ -42,6 +42,24 @@ fn first_process_creates_later_ones_join_and_mismatches_are_reported() {
     assert_eq!(a.sm_limit(1), 50);
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, region::REGION_MODE);
+    assert_eq!(
+        region::REGION_MODE,
+        0o600,
+        "owner only: see docs/security.md"
+    );
+}
+
+/// A region file the deployment created beforehand (to share it between uids) keeps its mode.
+#[test]
+fn an_existing_region_file_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.region");
+    std::fs::File::create(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    Region::open_or_create(&path, &config(0, 4)).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o666);
 }
 

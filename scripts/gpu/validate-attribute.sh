@@ -1,96 +1,144 @@
 #!/usr/bin/env bash
-# Attribution on the real driver (issue 8, points 4-5): what a probe hit costs and how sampled
-# launches are scaled back, against launch_micro (scripts/gpu/launch_micro.cu: N empty-kernel
-# launches, a stream synchronisation every 256, then ALLOCS 1 MiB cudaMalloc+cudaFree pairs).
-# ROUNDS rounds (default 3), each with three runs interleaved:
-#   native:   launch_micro alone (its median launch, CPU ns);
-#   probed:   every launch probed (`--probe-budget off --probe-launches on`): the measured slowdown
-#             per launch against the attributed probe cost per probed call;
-#   sampled:  the default probe budget (1%, 50 ms windows): the scaled launch count against the
-#             launches made, and the probe cost share (and, for information, the launch driver
-#             time beside the application's native launch time x launches).
-# Run from the repo root on the GPU machine after `cargo xtask bundle`. Results under $OUT.
+# Attribution on the real driver against the truth measured inside the attributed process
+# (issue 22). scripts/gpu/attribute_micro.cu makes N launches straight through cuLaunchKernel,
+# timing each, and knows which were probed (a uprobe shows as an int3 at libcuda's entry point), so
+# the truths are in the same process at the same moments: the launches made, the probes' cost per
+# probed launch (probed median - unprobed median), and the launches' time in the driver (the
+# unprobed ones as measured, the probed ones at the unprobed mean).
+# ROUNDS rounds (default 3), each with three runs in an order that rotates by round:
+#   sampled:  `vgpu-agent attribute` with its defaults (1% budget, 50 ms windows); a
+#             cuStreamSynchronize every SYNC_EVERY (256) launches, the reference of the gaps;
+#   pace:     the same without synchronisations (the gaps estimated by pace);
+#   limiter:  the limiter preloaded (its region read by the agent), launches sampled meanwhile:
+#             the launch figures must be the limiter's (exact count, driver time within 2%).
+# For each run: attributed against truth, % error, and the uncertainty the report gave the figure.
+# Run from the repo root on the GPU machine after `cargo xtask bundle` (.carry/bin/vgpu-agent and
+# .carry/bin/libvgpu_limiter.so); builds only the micro-benchmark (nvcc). Everything goes to $OUT
+# (default /tmp/out-attribute): env.txt, summary.txt, summary.json, raw/ (each run's report,
+# agent log and micro-benchmark line). About 2 minutes on an H100.
 set -u
 OUT=${OUT:-/tmp/out-attribute}
-# Every run's files go to $RAW, packed into $OUT/raw.tgz at the end (one file to fetch).
 ROUNDS=${ROUNDS:-3}
 N=${N:-1000000}
-ALLOCS=${ALLOCS:-1000}
+SYNC_EVERY=${SYNC_EVERY:-256}
 PIN=${PIN:-taskset -c 2}
 BIN=$PWD/.carry/bin
+RAW=$OUT/raw
 T=$(mktemp -d)
-RAW=$T/raw
-mkdir -p "$OUT" "$RAW"
+mkdir -p "$RAW"
+for f in "$BIN/vgpu-agent" "$BIN/libvgpu_limiter.so"; do
+  [ -e "$f" ] || { echo "missing $f: run cargo xtask bundle first" >&2; exit 1; }
+done
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   uname -r
-  echo "N=$N ALLOCS=$ALLOCS ROUNDS=$ROUNDS PIN=$PIN"
-} | tee "$OUT/env.txt" "$RAW/env.txt"
-nvcc -O2 -o "$T/launch_micro" scripts/gpu/launch_micro.cu || { echo "nvcc failed"; exit 1; }
+  echo "N=$N SYNC_EVERY=$SYNC_EVERY ROUNDS=$ROUNDS PIN=$PIN"
+  git log -1 --format="commit %h %s" 2>/dev/null
+} | tee "$OUT/env.txt"
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+nvcc -O2 -o "$T/attribute_micro" scripts/gpu/attribute_micro.cu -L"$CUDA_HOME/lib64/stubs" -lcuda -ldl \
+  || { echo "nvcc failed"; exit 1; }
 
-# attributed TAG ARGS...: launch_micro under `vgpu-agent attribute ARGS`, started once the agent
-# records (the agent attaches to the host's libcuda at start).
-attributed() {
-  local tag=$1; shift
-  "$BIN/vgpu-agent" attribute --no-daemon --no-nvml --json --duration 120s --poll-interval 100ms "$@" \
-    > "$RAW/$tag.json" 2> "$RAW/$tag.err" &
+# run TAG CONFIG: the micro-benchmark under `vgpu-agent attribute`, started once the agent records.
+run() {
+  local tag=$1 config=$2 sync=$SYNC_EVERY
+  local agent_args=() env_args=()
+  case $config in
+    pace) sync=0 ;;
+    limiter)
+      mkdir -p "$T/regions-$tag"
+      agent_args=(--region-dir "$T/regions-$tag")
+      env_args=(LD_PRELOAD="$BIN/libvgpu_limiter.so" CUDA_DEVICE_MEMORY_LIMIT=64g
+                CUDA_DEVICE_MEMORY_SHARED_CACHE="$T/regions-$tag/ctr.cache" LIBCUDA_LOG_LEVEL=2) ;;
+  esac
+  "$BIN/vgpu-agent" attribute --no-daemon --no-nvml --json --duration 120s --poll-interval 100ms \
+    --out "$RAW/$tag-report" "${agent_args[@]}" > "$RAW/$tag.json" 2> "$RAW/$tag.err" &
   local agent=$!
-  for _ in $(seq 200); do grep -q "recording for" "$RAW/$tag.err" && break; sleep 0.1; done
-  $PIN "$T/launch_micro" "$N" "$ALLOCS" > "$RAW/$tag.micro" 2>&1 &
+  for _ in $(seq 300); do grep -q "recording for" "$RAW/$tag.err" && break; sleep 0.1; done
+  env "${env_args[@]}" $PIN "$T/attribute_micro" "$N" "$sync" 1000 > "$RAW/$tag.micro" 2>&1 &
   local w=$!
   echo "$w" > "$RAW/$tag.pid"
   wait "$w"
   sleep 0.5
   kill -INT "$agent"; wait "$agent"
+  echo "$tag: $(cat "$RAW/$tag.micro")"
 }
 
+CONFIGS=(sampled pace limiter)
 for r in $(seq "$ROUNDS"); do
-  $PIN "$T/launch_micro" "$N" "$ALLOCS" > "$RAW/native-$r.micro" 2>&1
-  attributed "probed-$r" --probe-budget off --probe-launches on
-  attributed "sampled-$r"
-  echo "round $r: native $(cat "$RAW/native-$r.micro") probed $(cat "$RAW/probed-$r.micro") sampled $(cat "$RAW/sampled-$r.micro")"
+  for i in 0 1 2; do
+    c=${CONFIGS[$(( (i + r - 1) % 3 ))]}
+    run "$c-$r" "$c"
+  done
 done
 
-python3 - "$RAW" "$ROUNDS" "$N" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$RAW" "$ROUNDS" "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, re, statistics, sys
-out, rounds, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-made = n + 1000  # launch_micro warms up with 1000 launches
+raw, rounds, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def micro(tag):
-    m = re.search(r"launch_med_ns=(\d+) launch_loop_ns=(\d+)", open(f"{out}/{tag}.micro").read())
-    return float(m.group(1)), float(m.group(2))
-def proc(tag):
-    r = json.load(open(f"{out}/{tag}.json"))
-    pid = int(open(f"{out}/{tag}.pid").read())
-    p = next(p for p in r["processes"] if p["pid"] == pid)
-    launch = [a for a in p["apis"] if a["kind"] == "launch"]
-    return r, p, launch
-native = [micro(f"native-{i}")[0] for i in range(1, rounds + 1)]
-slow, charged, cost_share, counts, drivers, classes = [], [], [], [], [], []
-for i in range(1, rounds + 1):
-    r, p, launch = proc(f"probed-{i}")
-    probed_calls = sum(a["calls"] for a in p["apis"] if a["measured_by"] == "probes")
-    slow.append(micro(f"probed-{i}")[0] - native[i - 1])
-    charged.append(p["components"]["probe_cost"] * 1e9 / max(probed_calls, 1))
-    r, p, launch = proc(f"sampled-{i}")
-    calls = sum(a["calls"] for a in launch)
-    counts.append(calls)
-    drivers.append(sum(a["seconds"] for a in launch))
-    cost_share.append(r["sampling"]["probe_cost_share"])
-    classes.append(r["sampling"].get("probe_cost_per_class_ns"))
-    print(f"round {i}: measured by {sorted({a['measured_by'] for a in launch})}, sampling {json.dumps(r['sampling'].get('sampled_kinds'))}")
-med = statistics.median
-truth, got = med(slow), med(charged)
-print(f"probe cost per probed launch: slowdown (probed - native median launch) {[round(s) for s in slow]} -> {truth:.0f} ns; "
-      f"attributed {[round(c) for c in charged]} -> {got:.0f} ns ({abs(got - truth) / truth * 100:.1f}% off)")
-print(f"sampled launch count: {counts} vs {made} made -> median {abs(med(counts) - made) / made * 100:.1f}% off")
-dt = [made * x / 1e9 for x in native]
-# Informational: the application's launch time also includes the CUDA runtime above the driver.
-print(f"sampled launch driver time: {[round(d, 3) for d in drivers]} s; native median launch (application side) x launches "
-      f"{[round(d, 3) for d in dt]} s (ratio {med(drivers) / med(dt):.3f})")
-print(f"per-class hit cost at the end of each sampled run, ns: {classes}")
-print(f"probe cost share with the default budget (1%): {[round(c * 100, 2) for c in cost_share]} %")
+    text = open(f"{raw}/{tag}.micro").read()
+    m = re.search(r"MICRO (.*)", text)
+    if not m:
+        raise SystemExit(f"{tag}: no MICRO line: {text!r}")
+    return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+def process(tag):
+    r = json.load(open(f"{raw}/{tag}.json"))
+    pid = int(open(f"{raw}/{tag}.pid").read())
+    p = next((p for p in r["processes"] if p["pid"] == pid), None)
+    if p is None:
+        raise SystemExit(f"{tag}: pid {pid} not in the report")
+    return r, p
+def rel(u):
+    if not u or u.get("relative") is None:
+        return None
+    return u["relative"]
+def pct(x):
+    return "unknown" if x is None else f"{x * 100:.1f}%"
+checks, rows = [], []
+def check(rnd, config, what, got, truth, unc, tolerance):
+    err = abs(got - truth) / truth if truth else float("inf")
+    ok = err <= tolerance
+    checks.append(dict(round=rnd, config=config, figure=what, attributed=got, truth=truth,
+                       error=err, reported_uncertainty=unc, tolerance=tolerance, ok=ok))
+    print(f"  {what:<34} attributed {got:>14.6g}  truth {truth:>14.6g}  {err * 100:5.1f}% off"
+          f"  reported ±{pct(unc)}  (within {tolerance * 100:.0f}%: {'PASS' if ok else 'FAIL'})")
+for rnd in range(1, rounds + 1):
+    for config in ("sampled", "pace", "limiter"):
+        tag = f"{config}-{rnd}"
+        m = micro(tag)
+        r, p = process(tag)
+        launch = [a for a in p["apis"] if a["kind"] == "launch"]
+        calls = sum(a["calls"] for a in launch)
+        seconds = sum(a["seconds"] for a in launch)
+        by = sorted({a["measured_by"] for a in launch})
+        kinds = {k["kind"]: k for k in r["sampling"].get("sampled_kinds", [])}
+        lk = kinds.get("launch", {})
+        print(f"round {rnd} {config}: measured by {by}; launches probed {int(m['probed'])} of {int(m['launches'])} "
+              f"(agent saw {sum(a.get('probed_calls', 0) for a in launch)}), launch duty {lk.get('duty', 0):.3f}, "
+              f"gaps by reference {lk.get('gaps_by_reference', 0):.2f}; hit price {r['sampling'].get('probe_cost_per_class_ns')} ns, "
+              f"in band {r['sampling']['probe_inband_ns']:.0f} ns; probe cost share {r['sampling']['probe_cost_share'] * 100:.2f}%")
+        a0 = launch[0] if len(launch) == 1 else {}
+        if config == "limiter":
+            check(rnd, config, "launch count (limiter)", calls, m["launches"], 0.0, 0.0)
+            check(rnd, config, "launch driver time, s (limiter)", seconds, m["driver_truth_ns"] / 1e9,
+                  rel(a0.get("seconds_uncertainty")), 0.02)
+            continue
+        check(rnd, config, "sampled launch count", calls, m["launches"], rel(a0.get("calls_uncertainty")), 0.10)
+        check(rnd, config, "launch driver time, s", seconds, m["driver_truth_ns"] / 1e9,
+              rel(a0.get("seconds_uncertainty")), 0.10)
+        probed = sum(a.get("probed_calls", a["calls"] if a["measured_by"] == "probes" else 0) for a in p["apis"])
+        per_probed = p["components"]["probe_cost"] * 1e9 / max(probed, 1)
+        truth = m["probed_med_ns"] - m["unprobed_med_ns"]
+        print(f"    (probe cost per probed launch by means: {m['probed_mean_ns'] - m['unprobed_mean_ns']:.0f} ns; "
+              f"driver time per launch attributed {seconds / max(calls, 1) * 1e9:.0f} ns, unprobed launch mean {m['unprobed_mean_ns']:.0f} ns)")
+        check(rnd, config, "probe cost per probed launch, ns", per_probed, truth,
+              rel(p.get("uncertainty", {}).get("probe_cost")), 0.10)
+bad = [c for c in checks if not c["ok"]]
+print(f"\n{len(checks) - len(bad)} of {len(checks)} checks within tolerance")
+for what in sorted({c["figure"] for c in checks}):
+    errs = [c["error"] * 100 for c in checks if c["figure"] == what]
+    print(f"  {what:<34} error median {statistics.median(errs):.1f}%, worst {max(errs):.1f}%")
+json.dump(checks, open(f"{out}/summary.json", "w"), indent=1)
 PY
-cp "$OUT/summary.txt" "$RAW/"
-tar czf "$OUT/raw.tgz" -C "$RAW" .
 rm -rf "$T"

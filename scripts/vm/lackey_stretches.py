@@ -79,6 +79,15 @@ for kind in ('after_alloc', 'after_free'):
     for x in s:
         for pg in {c >> 6 for c in x[2]}: cp[pg] += 1
     print('   code pages (offset: share):', ', '.join(f'{(pg << 12) - lim_base:#x}:{c/n:.1f}' for pg, c in sorted(cp.items())))
+    # The same without the stretches that polled the control block (at most every 10 ms of the
+    # TSC, so under valgrind's slowdown a varying share of them): the figures to compare builds by.
+    q = [x for x in s if not any(c.endswith('.ctl') for c in x[3].values())]
+    if q:
+        m = len(q)
+        print(f'{kind} without the control poll: {m} stretches, instructions {sum(x[1] for x in q) / m:.0f}, '
+              f'code lines {sum(len(x[2]) for x in q) / m:.1f}, '
+              f'code pages {sum(len({c >> 6 for c in x[2]}) for x in q) / m:.1f}, '
+              f'data lines {sum(len(x[3]) for x in q) / m:.1f}')
 
 # Which lines of .text.hot run (executed at least 100 times in the trace): '#' per line.
 sec = subprocess.run(['readelf', '-SW', limpath], capture_output=True, text=True).stdout

@@ -2,16 +2,17 @@
 
 use anyhow::{Result, bail};
 
-const BENCHES: &str = "region, agent, limiter, pairs-cold, startup, export";
+const BENCHES: &str = "region, agent, limiter, pairs-cold, startup, export, attribute";
 
 pub fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("region") => region(),
         Some("agent") => crate::bench_agent::run(),
-        Some("limiter") => crate::bench_limiter::run(),
+        Some("limiter") => crate::bench_limiter::run(&args[1..]),
         Some("pairs-cold") => crate::bench_cold::run(&args[1..]),
         Some("startup") => crate::bench_startup::run(&args[1..]),
         Some("export") => crate::bench_export::run(),
+        Some("attribute") => attribute(),
         Some(other) => bail!("unknown benchmark {other:?}; available: {BENCHES}"),
         None => bail!("which benchmark? available: {BENCHES}"),
     }
@@ -36,6 +37,27 @@ fn region() -> Result<()> {
             "--",
             "--processes",
             "64",
+        ],
+    ))
+}
+
+/// How close `vgpu-agent attribute` comes to known truths on this machine (root): the ignored
+/// tests of `agent/tests/attribute_accuracy.rs`, one at a time, their `ACCURACY` lines shown.
+fn attribute() -> Result<()> {
+    crate::util::step("attribute: accuracy against known truths (simulated driver, real probes)");
+    crate::util::run(&mut crate::util::cmd(
+        "cargo",
+        [
+            "test",
+            "-p",
+            "vgpu-agent",
+            "--test",
+            "attribute_accuracy",
+            "--",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
         ],
     ))
 }

@@ -10,8 +10,10 @@
 //!   the slowest process's wall time from spawn to exit.
 //!
 //! The limited runs use a 64 GiB limit, a fresh region per run and `VGPU_CONTEXT_BYTES=0`.
-//! Prints a table and a JSON line (`bench-limiter: {...}`). `scripts/gpu/bench-limiter.sh` runs
-//! the same comparison against the real driver on the GPU machine.
+//! `--limiter NAME=PATH` adds another build of `libvgpu_limiter.so` (e.g. one of an earlier
+//! commit) to the comparison; the configurations' order rotates every run. Prints a table and a
+//! JSON line (`bench-limiter: {...}`). `scripts/gpu/bench-limiter.sh` runs the same comparison
+//! against the real driver on the GPU machine.
 
 use crate::bench::SimFixtures;
 use std::{
@@ -21,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
 const RUNS: usize = 3;
@@ -30,13 +32,17 @@ const PAIRS: u64 = 100_000;
 
 struct Env {
     exercise: PathBuf,
-    limiter: PathBuf,
+    /// The limiter builds, by name (`this`: the tree's release build).
+    limiters: Vec<(String, PathBuf)>,
     libcuda: PathBuf,
     tmp: PathBuf,
 }
 
+/// Native (`None`) or under the limiter build of that index.
+type Config = Option<usize>;
+
 impl Env {
-    fn command(&self, limited: bool, tag: &str) -> Command {
+    fn command(&self, limited: Config, tag: &str) -> Command {
         let mut c = Command::new(&self.exercise);
         c.arg("--lib").arg(&self.libcuda).stderr(Stdio::inherit());
         for (k, _) in std::env::vars_os() {
@@ -45,10 +51,10 @@ impl Env {
                 c.env_remove(k);
             }
         }
-        if limited {
+        if let Some(i) = limited {
             let region = self.tmp.join(format!("{tag}.region"));
             crate::bench::remove_region(&region);
-            c.env("LD_PRELOAD", &self.limiter)
+            c.env("LD_PRELOAD", &self.limiters[i].1)
                 .env("CUDA_DEVICE_MEMORY_LIMIT", "64g")
                 .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
                 .env("VGPU_CONTEXT_BYTES", "0");
@@ -68,7 +74,7 @@ fn json_of(out: &std::process::Output) -> Result<Value> {
     Ok(serde_json::from_str(line)?)
 }
 
-fn launch_run(env: &Env, limited: bool, run: usize) -> Result<f64> {
+fn launch_run(env: &Env, limited: Config, run: usize) -> Result<f64> {
     let out = env
         .command(limited, &format!("launch-{run}"))
         .args(["launch-loop", "--count", &LAUNCHES.to_string()])
@@ -77,8 +83,9 @@ fn launch_run(env: &Env, limited: bool, run: usize) -> Result<f64> {
 }
 
 /// `procs` processes time `PAIRS` pairs each after a common barrier; the slowest median.
-fn pairs_run(env: &Env, limited: bool, procs: usize, run: usize) -> Result<f64> {
-    let tag = format!("pairs-{procs}-{run}-{limited}");
+fn pairs_run(env: &Env, limited: Config, procs: usize, run: usize) -> Result<f64> {
+    let who = limited.map_or_else(|| "native".to_string(), |i| format!("build{i}"));
+    let tag = format!("pairs-{procs}-{run}-{who}");
     let barrier = env.tmp.join(format!("{tag}.go"));
     let _ = fs::remove_file(&barrier);
     let kids = (0..procs)
@@ -102,7 +109,7 @@ fn pairs_run(env: &Env, limited: bool, procs: usize, run: usize) -> Result<f64> 
 }
 
 /// `procs` processes started together; the slowest one's spawn-to-exit time in seconds.
-fn startup_run(env: &Env, limited: bool, procs: usize, run: usize) -> Result<f64> {
+fn startup_run(env: &Env, limited: Config, procs: usize, run: usize) -> Result<f64> {
     let tag = format!("startup-{procs}-{run}");
     let t0 = Instant::now();
     let kids = (0..procs)
@@ -126,55 +133,91 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Interleaves native and limited runs of `f`; returns the JSON summary and prints a row
-/// (seconds are shown as milliseconds).
-fn compare(name: &str, unit: &str, mut f: impl FnMut(bool, usize) -> Result<f64>) -> Result<Value> {
-    let (mut native, mut limited) = (Vec::new(), Vec::new());
+/// Interleaves native and limited runs of `f` (the order rotating every run); returns the JSON
+/// summary and prints a row per build (seconds are shown as milliseconds).
+fn compare(
+    env: &Env,
+    name: &str,
+    unit: &str,
+    mut f: impl FnMut(Config, usize) -> Result<f64>,
+) -> Result<Value> {
+    let configs: Vec<Config> = std::iter::once(None)
+        .chain((0..env.limiters.len()).map(Some))
+        .collect();
+    let mut runs = vec![Vec::new(); configs.len()];
     for run in 0..RUNS {
-        native.push(f(false, run)?);
-        limited.push(f(true, run)?);
+        for k in 0..configs.len() {
+            let c = (k + run) % configs.len();
+            runs[c].push(f(configs[c], run)?);
+        }
     }
-    let (n, l) = (median(&mut native), median(&mut limited));
     let (scale, shown) = if unit == "s" {
         (1000.0, "ms")
     } else {
         (1.0, unit)
     };
     let spread = |v: &[f64]| format!("{:.0}..{:.0}", v[0] * scale, v[v.len() - 1] * scale);
-    println!(
-        "{name:<26} native {:>8.0} {shown} ({})   limiter {:>8.0} {shown} ({})   {:+.0} {shown}   x{:.3}",
-        n * scale,
-        spread(&native),
-        l * scale,
-        spread(&limited),
-        (l - n) * scale,
-        l / n,
-    );
+    let mut native = runs[0].clone();
+    let n = median(&mut native);
+    let mut builds = serde_json::Map::new();
+    for (i, (build, _)) in env.limiters.iter().enumerate() {
+        let mut limited = runs[i + 1].clone();
+        let l = median(&mut limited);
+        println!(
+            "{name:<26} native {:>8.0} {shown} ({})   {build} {:>8.0} {shown} ({})   {:+.0} {shown}   x{:.3}",
+            n * scale,
+            spread(&native),
+            l * scale,
+            spread(&limited),
+            (l - n) * scale,
+            l / n,
+        );
+        builds.insert(
+            build.clone(),
+            json!({"limited": limited, "limited_median": l, "delta": l - n, "ratio": l / n}),
+        );
+    }
+    let this = &builds["this"];
     Ok(
-        json!({"native": native, "limited": limited, "native_median": n,
-              "limited_median": l, "delta": l - n, "ratio": l / n, "unit": unit}),
+        json!({"native": native, "limited": this["limited"], "native_median": n,
+              "limited_median": this["limited_median"], "delta": this["delta"],
+              "ratio": this["ratio"], "unit": unit, "builds": builds}),
     )
 }
 
-pub fn run() -> Result<()> {
+pub fn run(args: &[String]) -> Result<()> {
+    let mut extra = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match (a.as_str(), it.next()) {
+            ("--limiter", Some(v)) => {
+                let (name, path) = v.split_once('=').context("--limiter NAME=PATH")?;
+                ensure!(name != "this", "`this` names the tree's own build");
+                extra.push((name.to_string(), PathBuf::from(path)));
+            }
+            _ => bail!("unknown option {a:?} (--limiter NAME=PATH)"),
+        }
+    }
     let SimFixtures { bin, tmp, libcuda } = crate::bench::sim_fixtures("bench-limiter")?;
+    let mut limiters = vec![("this".to_string(), bin.join("libvgpu_limiter.so"))];
+    limiters.extend(extra);
     let env = Env {
         exercise: bin.join("cuda-exercise"),
-        limiter: bin.join("libvgpu_limiter.so"),
+        limiters,
         libcuda,
         tmp: tmp.clone(),
     };
     println!("(medians of {RUNS} interleaved runs; spread = min..max; start-up spread in ms)");
-    let launch = compare("launch, ns", "ns", |l, r| launch_run(&env, l, r))?;
-    let pairs1 = compare("alloc+free 1 MiB, 1 proc", "ns", |l, r| {
+    let launch = compare(&env, "launch, ns", "ns", |l, r| launch_run(&env, l, r))?;
+    let pairs1 = compare(&env, "alloc+free 1 MiB, 1 proc", "ns", |l, r| {
         pairs_run(&env, l, 1, r)
     })?;
-    let pairs8 = compare("alloc+free 1 MiB, 8 procs", "ns", |l, r| {
+    let pairs8 = compare(&env, "alloc+free 1 MiB, 8 procs", "ns", |l, r| {
         pairs_run(&env, l, 8, r)
     })?;
     let mut startup = serde_json::Map::new();
     for n in [8, 32, 64] {
-        let v = compare(&format!("start-up, {n} procs"), "s", |l, r| {
+        let v = compare(&env, &format!("start-up, {n} procs"), "s", |l, r| {
             startup_run(&env, l, n, r)
         })?;
         startup.insert(n.to_string(), v);

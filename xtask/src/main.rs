@@ -31,9 +31,11 @@ commands:
   test             setup, then formatting, lints and every test (privileged ones when root)
   run [-- ARGS]    setup, build (release) and run vgpu-agent ARGS (default: top)
   demo             top on simulated-driver workloads in two cgroups, one under the limiter (root)
-  bundle           build release binaries into .carry/ for the GPU machine
+  bundle [--prev COMMIT]  build release binaries into .carry/ for the GPU machine (with --prev,
+                   also COMMIT's limiter into .carry/prev/, for scripts/gpu/bench-limiter.sh)
   image            build the agent's OCI image into target/image/ (podman load -i ...)
-  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export
+  bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export,
+                   attribute
                    (see docs/benchmarks.md)";
 
 fn main() {
@@ -61,7 +63,11 @@ fn xtask_main() -> Result<()> {
         "test" => test(),
         "run" => run(rest),
         "demo" => demo::run(),
-        "bundle" => bundle(),
+        "bundle" => match rest {
+            [] => bundle(),
+            [flag, commit] if flag == "--prev" => bundle().and_then(|()| bundle_prev(commit)),
+            _ => bail!("usage: cargo xtask bundle [--prev COMMIT]"),
+        },
         "image" => image::run(rest),
         "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
@@ -139,7 +145,15 @@ fn test() -> Result<()> {
     loom.env("RUSTFLAGS", "--cfg loom")
         .env("CARGO_TARGET_DIR", repo_root().join("target/loom"));
     util::run(&mut loom)?;
-    util::step("deploy/validate.py (Kubernetes manifests)");
+    // The limiter's pure logic under miri (undefined behaviour, data races, leaks), with the
+    // pinned nightly; its sysroot is built once into ~/.cache/miri.
+    util::step("miri (limiter-core)");
+    let nightly = format!("+{}", setup::EBPF_TOOLCHAIN);
+    util::run(&mut cmd(
+        "cargo",
+        [nightly.as_str(), "miri", "test", "-p", "limiter-core"],
+    ))?;
+    util::step("deploy/validate.py (overlays rendered by kubectl kustomize, alert rules)");
     let python = setup::kube_validate_python();
     util::run(&mut cmd(
         python.to_str().context("utf-8 path")?,
@@ -245,6 +259,50 @@ fn bundle() -> Result<()> {
             println!("bundled {}", dst.display());
         }
     }
+    Ok(())
+}
+
+/// Builds the limiter of `commit` into `.carry/prev/libvgpu_limiter.so`, for
+/// `LIM_PREV=.carry/prev/libvgpu_limiter.so bash scripts/gpu/bench-limiter.sh` to compare with
+/// this tree's build: in a detached worktree under `target/` (removed afterwards) with its own
+/// target directory, so that this tree's build is left alone.
+fn bundle_prev(commit: &str) -> Result<()> {
+    let root = repo_root();
+    let src = root.join("target/prev-src");
+    let remove = || {
+        let _ = cmd("git", ["worktree", "remove", "--force"])
+            .arg(&src)
+            .output();
+    };
+    remove();
+    util::run(
+        cmd("git", ["worktree", "add", "--detach", "--force"])
+            .arg(&src)
+            .arg(commit),
+    )
+    .with_context(|| format!("checking out {commit}"))?;
+    let built = util::run(
+        cmd("cargo", ["build", "--release", "-p", "limiter"])
+            .current_dir(&src)
+            .env("CARGO_TARGET_DIR", root.join("target/prev")),
+    );
+    remove();
+    built.with_context(|| format!("building the limiter of {commit}"))?;
+    let out = root.join(".carry/prev");
+    std::fs::create_dir_all(&out)?;
+    let dst = out.join("libvgpu_limiter.so");
+    std::fs::copy(root.join("target/prev/release/libvgpu_limiter.so"), &dst)?;
+    util::run(cmd("strip", ["--strip-debug"]).arg(&dst))?;
+    let rev = std::process::Command::new("git")
+        .args(["rev-parse", commit])
+        .current_dir(&root)
+        .output()?;
+    std::fs::write(out.join("COMMIT"), &rev.stdout)?;
+    println!(
+        "bundled {} ({})",
+        dst.display(),
+        String::from_utf8_lossy(&rev.stdout).trim()
+    );
     Ok(())
 }
 

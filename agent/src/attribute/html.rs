@@ -6,6 +6,7 @@ use std::fmt::Write;
 use super::{
     components::{Components, NAMES},
     report::AttributionReport,
+    uncertainty::{MARK_ABOVE, Uncertainty},
 };
 
 const COLOURS: [&str; 7] = [
@@ -29,8 +30,29 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// One horizontal stacked bar of `c`, scaled so that `scale` seconds fill the width.
-fn bar(out: &mut String, label: &str, c: &Components, wall: f64, scale: f64) {
+/// How sure a figure is, as a span: `±4%`, or marked (`±15%!`, `±?!`) past [`MARK_ABOVE`].
+fn sureness(u: Option<&Uncertainty>) -> String {
+    match u {
+        Some(u) if u.marked => format!(
+            " <span class=unsure title=\"an estimate: its standard error is over {:.0}% of it, or unknown\">{}</span>",
+            MARK_ABOVE * 100.0,
+            esc(&u.short())
+        ),
+        Some(u) => format!(" <span class=sure>{}</span>", esc(&u.short())),
+        None => String::new(),
+    }
+}
+
+/// One horizontal stacked bar of `c`, scaled so that `scale` seconds fill the width; `in_api`:
+/// how sure its total is, where it is an estimate.
+fn bar(
+    out: &mut String,
+    label: &str,
+    c: &Components,
+    wall: f64,
+    scale: f64,
+    in_api: Option<&Uncertainty>,
+) {
     const W: f64 = 640.0;
     let _ = write!(
         out,
@@ -54,14 +76,73 @@ fn bar(out: &mut String, label: &str, c: &Components, wall: f64, scale: f64) {
     }
     let _ = write!(
         out,
-        "</svg><div class=value>{:.1} ms in API of {:.2} s wall ({:.1}%)</div></div>",
+        "</svg><div class=value>{:.1} ms{} in API of {:.2} s wall ({:.1}%)</div></div>",
         c.total() * 1e3,
+        sureness(in_api),
         wall,
         if wall > 0.0 {
             c.total() / wall * 100.0
         } else {
             0.0
         }
+    );
+}
+
+/// Every estimated figure of every process, with how sure it is.
+fn how_sure(out: &mut String, r: &AttributionReport) {
+    let mut rows = String::new();
+    for p in &r.processes {
+        for (name, u) in &p.uncertainty {
+            let value = if name == "in_api" {
+                p.in_api_seconds
+            } else {
+                p.components.get(name)
+            };
+            let _ = write!(
+                rows,
+                "<tr><td>{} {}</td><td>{}</td><td>{:.3} ms</td><td>{}</td><td>{}</td></tr>",
+                p.pid,
+                esc(&p.comm),
+                esc(name),
+                value * 1e3,
+                u.standard_error
+                    .map_or("unknown".to_owned(), |se| format!("{:.3} ms", se * 1e3)),
+                sureness(Some(u))
+            );
+        }
+        for a in &p.apis {
+            if let (Some(c), Some(s)) = (&a.calls_uncertainty, &a.seconds_uncertainty) {
+                let _ = write!(
+                    rows,
+                    "<tr><td>{} {}</td><td>{} calls ({})</td><td>{}</td><td>{}</td><td>{}</td></tr><tr><td>{} {}</td><td>{} time ({})</td><td>{:.3} ms</td><td>{}</td><td>{}</td></tr>",
+                    p.pid,
+                    esc(&p.comm),
+                    esc(&a.api),
+                    esc(&a.measured_by),
+                    a.calls,
+                    c.standard_error
+                        .map_or("unknown".to_owned(), |se| format!("{se:.0}")),
+                    sureness(Some(c)),
+                    p.pid,
+                    esc(&p.comm),
+                    esc(&a.api),
+                    esc(&a.measured_by),
+                    a.seconds * 1e3,
+                    s.standard_error
+                        .map_or("unknown".to_owned(), |se| format!("{:.3} ms", se * 1e3)),
+                    sureness(Some(s))
+                );
+            }
+        }
+    }
+    if rows.is_empty() {
+        out.push_str("<h2>How sure these figures are</h2><p>Every figure was measured whole (no sampled estimates).</p>");
+        return;
+    }
+    let _ = write!(
+        out,
+        "<h2>How sure these figures are</h2><p>Estimated figures and one standard error, from the sampling itself (the spread between sampled windows, the spread of the probe cost's re-measurements). Those marked <span class=unsure>!</span> are unsure by more than {:.0}% (or could not be estimated): read them as a range.</p><table><tr><th>process</th><th>figure</th><th>estimate</th><th>standard error</th><th></th></tr>{rows}</table>",
+        MARK_ABOVE * 100.0
     );
 }
 
@@ -73,18 +154,20 @@ pub fn render(r: &AttributionReport) -> String {
          body{{font-family:system-ui,sans-serif;margin:2em;color:#222}} h2{{margin-top:1.6em}}\
          .row{{display:flex;align-items:center;gap:.8em;margin:.2em 0}} .label{{width:18em;font-family:monospace;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}}\
          .value{{font-size:.9em;color:#555}} table{{border-collapse:collapse}} td,th{{padding:.2em .6em;border-bottom:1px solid #ddd;text-align:right}} td:first-child,th:first-child{{text-align:left}}\
-         .key{{display:inline-block;width:1em;height:1em;margin-right:.4em;vertical-align:middle}}</style></head><body>"
+         .key{{display:inline-block;width:1em;height:1em;margin-right:.4em;vertical-align:middle}}\
+         .unsure{{background:#fde68a;color:#7c2d12;font-weight:bold;padding:0 .2em}} .sure{{color:#555}}</style></head><body>"
     );
     let _ = write!(
         out,
         "<h1>Where the time inside CUDA and NCCL calls went</h1><p>Host <b>{}</b>, a {:.1} s window. \
          Each bar is the time processes spent inside CUDA/NCCL API calls, split by cause; hover a segment for its value. \
-         Launch probes: {} ({:.1} s attached); each probed call cost {:.0} ns ({:.2}% of wall time in all).</p>",
+         Launch probes: {} ({:.1} s attached); each probed call cost {:.0} ns{} ({:.2}% of wall time in all).</p>",
         esc(&r.hostname),
         r.duration_seconds,
         esc(&r.sampling.launch_probes),
         r.sampling.launch_probe_seconds,
         r.sampling.probe_cost_per_call_ns,
+        sureness(r.sampling.probe_cost_per_call_uncertainty.as_ref()),
         r.sampling.probe_cost_share * 100.0
     );
     out.push_str("<h2>What the colours mean</h2><ul>");
@@ -106,7 +189,14 @@ pub fn render(r: &AttributionReport) -> String {
         .fold(0.0, f64::max);
     out.push_str("<h2>Per container</h2>");
     for c in &r.containers {
-        bar(&mut out, &c.name, &c.components, c.wall_seconds, scale);
+        bar(
+            &mut out,
+            &c.name,
+            &c.components,
+            c.wall_seconds,
+            scale,
+            c.uncertainty.get("in_api"),
+        );
     }
     for c in &r.containers {
         let _ = write!(out, "<h2>{} — per API</h2>", esc(&c.name));
@@ -132,10 +222,11 @@ pub fn render(r: &AttributionReport) -> String {
             comps.limiter_hook = a.hook_seconds;
             bar(
                 &mut out,
-                &format!("{} ({} calls)", a.api, a.calls),
+                &format!("{} ({} calls, {})", a.api, a.calls, a.measured_by),
                 &comps,
                 c.wall_seconds,
                 api_scale,
+                a.seconds_uncertainty.as_ref(),
             );
         }
         let classes: Vec<_> = c
@@ -159,6 +250,7 @@ pub fn render(r: &AttributionReport) -> String {
             out.push_str("</table>");
         }
     }
+    how_sure(&mut out, r);
     if let Some(b) = &r.baseline {
         let _ = write!(
             out,

@@ -9,6 +9,7 @@ mod gpu_use;
 mod html;
 mod render;
 pub mod report;
+mod uncertainty;
 
 use std::{
     path::{Path, PathBuf},
@@ -156,6 +157,7 @@ mod tests {
                 launch_probes: "sampled".into(),
                 launch_probe_seconds: 0.2,
                 probe_cost_per_call_ns: 1500.0,
+                probe_cost_per_call_uncertainty: None,
                 probe_inband_ns: 700.0,
                 probe_cost_per_class_ns: Default::default(),
                 probe_cost_share: 0.001,
@@ -169,6 +171,7 @@ mod tests {
                 }],
             },
             totals: components.clone(),
+            totals_uncertainty: Default::default(),
             containers: vec![ContainerAttribution {
                 key: "abc".into(),
                 name: "ns/pod/trainer".into(),
@@ -176,6 +179,7 @@ mod tests {
                 wall_seconds: 10.0,
                 in_api_seconds: components.total(),
                 components: components.clone(),
+                uncertainty: Default::default(),
                 allocation_classes: vec![SizeClass {
                     class: "1-16 MiB".into(),
                     direct_count: 3,
@@ -192,6 +196,7 @@ mod tests {
                 wall_seconds: 10.0,
                 in_api_seconds: components.total(),
                 components,
+                uncertainty: Default::default(),
                 apis: vec![],
                 allocation_classes: vec![],
             }],

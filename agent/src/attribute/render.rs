@@ -2,7 +2,9 @@
 
 use std::fmt::Write;
 
-use super::{components::NAMES, report::AttributionReport};
+use std::collections::BTreeMap;
+
+use super::{components::NAMES, report::AttributionReport, uncertainty::Uncertainty};
 use crate::units::bytes;
 
 fn secs(s: f64) -> String {
@@ -15,16 +17,27 @@ fn secs(s: f64) -> String {
     }
 }
 
+/// A figure and, where it is an estimate, how sure it is (`1.23s ±4%`, `!` past 10%).
+fn with_uncertainty(figure: String, u: Option<&Uncertainty>) -> String {
+    match u {
+        Some(u) => format!("{figure} {}", u.short()),
+        None => figure,
+    }
+}
+
 pub fn table(r: &AttributionReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "vgpu-agent attribute: {:.1}s window ({}), launch probes {} ({:.1}s attached), probe cost {:.0} ns/call ({:.2}% of wall time)",
+        "vgpu-agent attribute: {:.1}s window ({}), launch probes {} ({:.1}s attached), probe cost {} ns/call ({:.2}% of wall time)",
         r.duration_seconds,
         r.source.replace('_', "-"),
         r.sampling.launch_probes,
         r.sampling.launch_probe_seconds,
-        r.sampling.probe_cost_per_call_ns,
+        with_uncertainty(
+            format!("{:.0}", r.sampling.probe_cost_per_call_ns),
+            r.sampling.probe_cost_per_call_uncertainty.as_ref()
+        ),
         r.sampling.probe_cost_share * 100.0
     );
     for n in &r.notes {
@@ -35,20 +48,33 @@ pub fn table(r: &AttributionReport) -> String {
         let _ = writeln!(out, "\nno CUDA or NCCL calls were seen in the window.");
         return out;
     }
-    let header = format!("  {:<28} {:>9} {:>9}", "", "WALL", "IN API");
+    let header = format!("  {:<28} {:>9} {:>15}", "", "WALL", "IN API");
     let cols: String = NAMES
         .iter()
-        .map(|n| format!(" {:>12}", n.to_uppercase()))
+        .map(|n| format!(" {:>15}", n.to_uppercase()))
         .collect();
     for c in &r.containers {
         let _ = writeln!(out, "\nCONTAINER {} [{}]", c.name, c.key);
         let _ = writeln!(out, "{header}{cols}");
-        let row = |label: &str, wall: f64, in_api: f64, comps: &super::components::Components| {
+        let row = |label: &str,
+                   wall: f64,
+                   in_api: f64,
+                   comps: &super::components::Components,
+                   unsure: &BTreeMap<String, Uncertainty>| {
             let vals: String = NAMES
                 .iter()
-                .map(|n| format!(" {:>12}", secs(comps.get(n))))
+                .map(|n| {
+                    format!(
+                        " {:>15}",
+                        with_uncertainty(secs(comps.get(n)), unsure.get(*n))
+                    )
+                })
                 .collect();
-            format!("  {label:<28} {:>9} {:>9}{vals}", secs(wall), secs(in_api))
+            format!(
+                "  {label:<28} {:>9} {:>15}{vals}",
+                secs(wall),
+                with_uncertainty(secs(in_api), unsure.get("in_api"))
+            )
         };
         let _ = writeln!(
             out,
@@ -57,7 +83,8 @@ pub fn table(r: &AttributionReport) -> String {
                 "(all processes)",
                 c.wall_seconds,
                 c.in_api_seconds,
-                &c.components
+                &c.components,
+                &c.uncertainty
             )
         );
         for p in r.processes.iter().filter(|p| p.container == c.key) {
@@ -65,7 +92,13 @@ pub fn table(r: &AttributionReport) -> String {
             let _ = writeln!(
                 out,
                 "{}",
-                row(&label, p.wall_seconds, p.in_api_seconds, &p.components)
+                row(
+                    &label,
+                    p.wall_seconds,
+                    p.in_api_seconds,
+                    &p.components,
+                    &p.uncertainty
+                )
             );
         }
         let mut apis: Vec<_> = r
@@ -83,8 +116,11 @@ pub fn table(r: &AttributionReport) -> String {
                 .map(|a| format!(
                     "{} {} ({} calls, {})",
                     a.api,
-                    secs(a.seconds + a.hook_seconds),
-                    a.calls,
+                    with_uncertainty(
+                        secs(a.seconds + a.hook_seconds),
+                        a.seconds_uncertainty.as_ref()
+                    ),
+                    with_uncertainty(a.calls.to_string(), a.calls_uncertainty.as_ref()),
                     a.measured_by
                 ))
                 .collect::<Vec<_>>()

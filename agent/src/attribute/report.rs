@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::components::{self, ApiTime, Components, Sampling};
+use super::{
+    components::{self, ApiTime, Charged, Components, Estimate, Sampling},
+    uncertainty::{self, ComponentSums, Uncertainty},
+};
 use crate::model::{Process, Snapshot};
 
 pub const SCHEMA: &str = "vgpu-agent.attribute/v1";
@@ -39,6 +42,10 @@ pub struct ProcessAttribution {
     /// Seconds inside CUDA/NCCL calls (the sum of the components).
     pub in_api_seconds: f64,
     pub components: Components,
+    /// How sure the components that are estimates are (`in_api`: their sum), by name; exact
+    /// components are absent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub uncertainty: BTreeMap<String, Uncertainty>,
     pub apis: Vec<ApiTime>,
     pub allocation_classes: Vec<SizeClass>,
 }
@@ -51,6 +58,8 @@ pub struct ContainerAttribution {
     pub wall_seconds: f64,
     pub in_api_seconds: f64,
     pub components: Components,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub uncertainty: BTreeMap<String, Uncertainty>,
     pub allocation_classes: Vec<SizeClass>,
 }
 
@@ -63,6 +72,9 @@ pub struct SamplingInfo {
     pub launch_probe_seconds: f64,
     /// Measured cost of one probed call (entry + return), ns.
     pub probe_cost_per_call_ns: f64,
+    /// How sure that is (the spread of the re-measurements it was priced from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_cost_per_call_uncertainty: Option<Uncertainty>,
     /// The part of it inside measured latencies, ns (removed from driver time).
     pub probe_inband_ns: f64,
     /// Probe cost over all processes as a share of their wall time.
@@ -126,6 +138,8 @@ pub struct AttributionReport {
     pub source: String,
     pub sampling: SamplingInfo,
     pub totals: Components,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub totals_uncertainty: BTreeMap<String, Uncertainty>,
     pub containers: Vec<ContainerAttribution>,
     pub processes: Vec<ProcessAttribution>,
     pub baseline: Option<BaselineComparison>,
@@ -197,9 +211,15 @@ impl Filter {
     }
 }
 
-/// The share of each sampled kind's calls in a process that the probes saw in the window (from
-/// the sampling schedule's estimates; empty without a budget).
-fn exposure_over(first: &Snapshot, last: &Snapshot, pid: u32) -> BTreeMap<String, f64> {
+/// Each sampled kind's calls in a process over the window as the sampling schedule estimated
+/// them, with one standard error (empty without a budget). `hit_relative_se`: the relative
+/// standard error of the price of a hit in this process (the pace estimate depends on it).
+fn estimates_over(
+    first: &Snapshot,
+    last: &Snapshot,
+    pid: u32,
+    hit_relative_se: f64,
+) -> BTreeMap<String, Estimate> {
     let of = |s: &Snapshot| {
         s.agent
             .sampling
@@ -210,10 +230,16 @@ fn exposure_over(first: &Snapshot, last: &Snapshot, pid: u32) -> BTreeMap<String
     let (before, now) = (of(first), of(last));
     now.into_iter()
         .filter_map(|(kind, e)| {
-            let b = before.get(&kind).copied().unwrap_or_default();
-            let probed = e.probed_calls.saturating_sub(b.probed_calls) as f64;
-            let estimated = e.estimated_calls - b.estimated_calls;
-            (probed > 0.0 && estimated > 0.0).then(|| (kind, (probed / estimated).min(1.0)))
+            let e = e.since(&before.get(&kind).copied().unwrap_or_default());
+            (e.probed_calls > 0 && e.estimated_calls > 0.0).then(|| {
+                (
+                    kind,
+                    Estimate {
+                        calls: e.estimated_calls,
+                        standard_error: e.calls_se(hit_relative_se),
+                    },
+                )
+            })
         })
         .collect()
 }
@@ -249,19 +275,33 @@ pub fn build(
     };
     let mut processes = Vec::new();
     let mut probed_total = 0u64;
+    let mut sums: BTreeMap<u32, ComponentSums> = BTreeMap::new();
     for p in &last.processes {
         if !filter.keeps(p, &container_name(&p.container)) {
             continue;
         }
         let before = first.process(p.key);
         let charged = |snap: &Snapshot| {
-            snap.agent
-                .probe_cost
-                .as_ref()
-                .and_then(|c| c.charged_ns.get(&p.key.pid).copied())
+            snap.agent.probe_cost.as_ref().and_then(|c| {
+                let pid = p.key.pid;
+                let ns = c.charged_ns.get(&pid).copied()?;
+                let se = c.charged_se_ns.get(&pid).copied().unwrap_or(0.0);
+                Some((ns, se, c.charged_inband_ns.get(&pid).copied()))
+            })
         };
-        let charged_ns = charged(last).map(|now| (now - charged(first).unwrap_or(0.0)).max(0.0));
-        let exposure = exposure_over(first, last, p.key.pid);
+        let charged = charged(last).map(|(ns, se, inband)| {
+            let (ns0, se0, inband0) = charged(first).unwrap_or((0.0, 0.0, None));
+            Charged {
+                ns: (ns - ns0).max(0.0),
+                se_ns: (se - se0).max(0.0),
+                inband_ns: inband.map(|i| (i - inband0.unwrap_or(0.0)).max(0.0)),
+            }
+        });
+        // The relative uncertainty of the prices this process's hits were charged at.
+        let hit_relative_se = charged
+            .filter(|c| c.ns > 0.0)
+            .map_or(0.0, |c| c.se_ns / c.ns);
+        let estimates = estimates_over(first, last, p.key.pid, hit_relative_se);
         // The process's own probe class (its library's functions decide what a hit costs).
         let mut own = sampling;
         if let Some(class) = cost.and_then(|c| c.class_of(p.key.pid)) {
@@ -270,10 +310,12 @@ pub fn build(
         }
         let components::Attributed {
             components,
+            uncertainty,
             apis,
             probed_calls,
-        } = components::attribute(p, before, own, charged_ns, &exposure);
+        } = components::attribute(p, before, own, charged, &estimates);
         probed_total += probed_calls;
+        sums.insert(p.key.pid, uncertainty.clone());
         if apis.is_empty() && components.throttled == 0.0 {
             continue;
         }
@@ -287,15 +329,26 @@ pub fn build(
             container: p.container.clone(),
             wall_seconds,
             in_api_seconds: components.total(),
+            uncertainty: uncertainty::describe(
+                &uncertainty,
+                |n| components.get(n),
+                components.total(),
+            ),
             components,
             apis,
             allocation_classes: classes(p, before),
         });
     }
     let mut containers: BTreeMap<String, ContainerAttribution> = BTreeMap::new();
+    let mut container_sums: BTreeMap<String, ComponentSums> = BTreeMap::new();
     let mut totals = Components::default();
+    let mut totals_sums = ComponentSums::new();
     let mut wall_total = 0.0;
     for p in &processes {
+        if let Some(s) = sums.get(&p.pid) {
+            uncertainty::add_all(container_sums.entry(p.container.clone()).or_default(), s);
+            uncertainty::add_all(&mut totals_sums, s);
+        }
         let c = containers
             .entry(p.container.clone())
             .or_insert_with(|| ContainerAttribution {
@@ -305,6 +358,7 @@ pub fn build(
                 wall_seconds: 0.0,
                 in_api_seconds: 0.0,
                 components: Components::default(),
+                uncertainty: BTreeMap::new(),
                 allocation_classes: SIZE_CLASSES
                     .iter()
                     .map(|(n, _)| SizeClass {
@@ -321,6 +375,12 @@ pub fn build(
         totals.add(&p.components);
         wall_total += p.wall_seconds;
     }
+    for c in containers.values_mut() {
+        if let Some(s) = container_sums.get(&c.key) {
+            c.uncertainty = uncertainty::describe(s, |n| c.components.get(n), c.in_api_seconds);
+        }
+    }
+    let totals_uncertainty = uncertainty::describe(&totals_sums, |n| totals.get(n), totals.total());
     let mut notes = Vec::new();
     if let Some(why) = &last.agent.probes_unavailable {
         notes.push(format!("no probe figures: {why}"));
@@ -344,6 +404,24 @@ pub fn build(
             window_seconds / sampling.launch_seconds
         ));
     }
+    if processes
+        .iter()
+        .any(|p| p.uncertainty.values().any(|u| u.marked))
+    {
+        notes.push(format!(
+            "figures marked ! are estimates whose standard error is over {:.0}% of them (or could not be estimated, from fewer than two sampled windows): read them as a range, not a figure (docs/attribute.md, \"How sure\")",
+            uncertainty::MARK_ABOVE * 100.0
+        ));
+    }
+    let probe_cost_per_call_uncertainty = totals_uncertainty
+        .get("probe_cost")
+        .filter(|_| probed_total > 0)
+        .map(|u| {
+            Uncertainty::of(
+                totals.probe_cost * 1e9 / probed_total as f64,
+                u.standard_error.map(|se| se * 1e9 / probed_total as f64),
+            )
+        });
     AttributionReport {
         schema: SCHEMA.into(),
         hostname: last.hostname.clone(),
@@ -363,6 +441,7 @@ pub fn build(
             } else {
                 sampling.per_hit_ns
             },
+            probe_cost_per_call_uncertainty,
             probe_inband_ns: sampling.inband_ns,
             probe_cost_per_class_ns: cost
                 .map(|c| {
@@ -385,6 +464,7 @@ pub fn build(
             sampled_kinds: sampled_kinds(first, last, window_seconds),
         },
         totals,
+        totals_uncertainty,
         containers: containers.into_values().collect(),
         processes,
         baseline: None,
@@ -485,3 +565,6 @@ pub fn compare(
         changes,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,13 +2,15 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    path::PathBuf,
     time::Instant,
 };
 
 use agent_common::{ApiId, hist::HIST_BUCKETS, maps::Health};
 
-use super::{processes::ProcessTable, regions::RegionRead};
+use super::{
+    processes::ProcessTable,
+    regions::{RegionRead, RegionReading},
+};
 use crate::{
     discovery::FileId,
     identity::{
@@ -18,7 +20,7 @@ use crate::{
     },
     model::{
         AllocSizes, ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews,
-        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, Snapshot, Source,
+        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionUnread, Snapshot, Source,
     },
     nvml::GpuSnapshot,
     trace::{RawReading, Tracer},
@@ -28,7 +30,7 @@ pub struct Inputs<'a> {
     pub reading: &'a RawReading,
     pub users: &'a [(u32, FileId)],
     pub gpu: &'a GpuSnapshot,
-    pub regions: &'a [(PathBuf, RegionRead)],
+    pub regions: &'a [RegionReading],
     pub tracer: Option<&'a Tracer>,
     pub own_pid: u32,
 }
@@ -93,7 +95,13 @@ pub fn build(
     let mut slots: HashMap<u32, SlotView> = HashMap::new();
     let mut region_infos: Vec<(RegionInfo, Vec<u32>)> = Vec::new();
     let mut region_errors = 0;
-    for (path, read) in inp.regions {
+    let mut regions_unread = Vec::new();
+    for RegionReading {
+        path,
+        read,
+        writable_by_others,
+    } in inp.regions
+    {
         let shown = path.display().to_string();
         let mut info = RegionInfo {
             path: shown.clone(),
@@ -101,6 +109,7 @@ pub fn build(
             devices: vec![],
             problems: vec![],
             read_retries: 0,
+            writable_by_others: writable_by_others.clone(),
         };
         let mut owners = Vec::new();
         match read {
@@ -108,6 +117,18 @@ pub fn build(
                 info.format = format!("{format:?}").to_lowercase();
                 info.problems.push(why.clone());
                 region_errors += 1;
+            }
+            RegionRead::Blocked { format, seconds } => {
+                info.format = format!("{format:?}").to_lowercase();
+                info.problems.push(format!(
+                    "not read: a read of it started {seconds:.1}s ago has not returned (blocked file)"
+                ));
+                regions_unread.push(RegionUnread {
+                    path: shown.clone(),
+                    reason: "blocked".into(),
+                    slots: 0,
+                    blocked_seconds: *seconds,
+                });
             }
             RegionRead::Vgpu(s) => {
                 info.format = "vgpu".into();
@@ -138,6 +159,22 @@ pub fn build(
                     inp.gpu.devices.len().max(active)
                 };
                 info.devices.truncate(keep);
+                if let Some(u) = &s.unread {
+                    let reason = match u.limit {
+                        region::reader::BudgetLimit::Time => "time",
+                        region::reader::BudgetLimit::Retries => "retries",
+                    };
+                    info.problems.push(format!(
+                        "read budget exhausted ({reason}): {} claimed slot(s) from slot {} not read this snapshot",
+                        u.slots, u.first_slot
+                    ));
+                    regions_unread.push(RegionUnread {
+                        path: shown.clone(),
+                        reason: reason.into(),
+                        slots: u.slots,
+                        blocked_seconds: 0.0,
+                    });
+                }
                 if s.counters.shards_skipped > 0 {
                     info.problems.push(format!(
                         "{} statistics shard(s) skipped (stuck or busy writer)",
@@ -571,6 +608,7 @@ pub fn build(
             events_lost,
             regions_read,
             region_errors,
+            regions_unread,
             ..Default::default()
         },
         gpus: inp

@@ -6,6 +6,7 @@ mod assemble;
 mod context_charge;
 mod gpu_use;
 pub mod processes;
+mod region_scan;
 pub mod regions;
 pub mod window;
 
@@ -26,6 +27,22 @@ use crate::{
 
 /// How long an exited process stays in the model (and its rows in the kernel maps), by default.
 pub const EXITED_RETENTION: Duration = Duration::from_secs(60);
+
+/// The interval a collector plans for until told ([`Collector::set_interval`]).
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How a snapshot's time is shared out for an `interval`: the regions get half of it (at least
+/// 250 ms), and each region a quarter (50 to 250 ms) and 16,384 retries, so that the snapshot
+/// ends within its interval whatever the regions hold. A healthy region reads in a millisecond;
+/// the floors leave room for a machine whose CPUs are busy (a read cut by its budget leaves the
+/// process's figures out of that snapshot).
+fn region_times(interval: Duration) -> (Duration, region::reader::ReadBudget) {
+    let budget = region::reader::ReadBudget {
+        time: (interval / 4).clamp(Duration::from_millis(50), Duration::from_millis(250)),
+        ..region::reader::ReadBudget::DEFAULT
+    };
+    ((interval / 2).max(Duration::from_millis(250)), budget)
+}
 
 pub struct CollectorOptions {
     /// Probe options; `None` collects without probes.
@@ -55,7 +72,9 @@ pub struct Collector {
     probes_unavailable: Option<String>,
     discovery: Discovery,
     host: HostPaths,
-    regions: regions::RegionScanner,
+    regions: region_scan::RegionScan,
+    /// How long the regions may take per snapshot.
+    region_time: Duration,
     gpu: Box<dyn GpuSource + Send>,
     processes: processes::ProcessTable,
     names: RuntimeNames,
@@ -91,7 +110,7 @@ impl Collector {
             },
         };
         let gpu: Box<dyn GpuSource + Send> = if opts.nvml {
-            Box::new(NvmlGpuSource::system())
+            Box::new(NvmlGpuSource::for_host(opts.host.clone()))
         } else {
             Box::new(NoGpu)
         };
@@ -99,7 +118,8 @@ impl Collector {
             tracer,
             probes_unavailable,
             discovery: Discovery::new(),
-            regions: regions::RegionScanner::new(opts.region_dirs),
+            regions: region_scan::RegionScan::new(opts.region_dirs, &opts.host.proc),
+            region_time: region_times(DEFAULT_INTERVAL).0,
             gpu,
             processes: processes::ProcessTable::new(&opts.host.proc),
             names: RuntimeNames::new(
@@ -133,12 +153,20 @@ impl Collector {
         Ok(c)
     }
 
+    /// Plans each snapshot's time for this interval (see [`region_times`]).
+    pub fn set_interval(&mut self, interval: Duration) {
+        let (region_time, budget) = region_times(interval);
+        self.region_time = region_time;
+        self.regions.set_budget(budget);
+    }
+
     pub fn tracer_mut(&mut self) -> Option<&mut Tracer> {
         self.tracer.as_mut()
     }
 
     /// Takes a snapshot.
     pub fn collect(&mut self) -> Snapshot {
+        let started = Instant::now();
         let mut warnings = Vec::new();
         let (reading, users) = match &mut self.tracer {
             Some(t) => {
@@ -157,12 +185,9 @@ impl Collector {
             ),
         };
         let gpu = self.gpu.snapshot();
-        let mut mapped = Vec::new();
-        for (pid, _) in &users {
-            mapped.extend(regions::mapped_files(&self.host.proc, *pid));
-        }
-        let candidates = self.regions.candidates(mapped);
-        let region_reads = self.regions.read(&candidates);
+        let pids: Vec<u32> = users.iter().map(|(pid, _)| *pid).collect();
+        let scanned = self.regions.scan(&pids, Instant::now() + self.region_time);
+        warnings.extend(scanned.warnings);
 
         let now = Instant::now();
         let interval = self
@@ -174,7 +199,7 @@ impl Collector {
             reading: &reading,
             users: &users,
             gpu: &gpu,
-            regions: &region_reads,
+            regions: &scanned.regions,
             tracer: self.tracer.as_ref(),
             own_pid: std::process::id(),
         };
@@ -207,6 +232,7 @@ impl Collector {
             a.warnings.extend(t.warnings.iter().cloned());
         }
         a.warnings.extend(warnings);
+        a.collect_seconds = started.elapsed().as_secs_f64();
         if self.tracer.is_some() {
             a.map_entries.insert("stats".into(), reading.stats.len());
             a.map_entries.insert("live".into(), reading.live.len());
@@ -230,6 +256,8 @@ impl Collector {
             }
         }
         self.forget_exited(&mut snap, now);
+        // Where tenant strings enter the model: every view of it shows only inert text.
+        crate::sanitize::snapshot(&mut snap);
         self.previous = Some((now, snap.clone()));
         snap
     }

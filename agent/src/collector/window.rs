@@ -66,6 +66,7 @@ pub fn record(opts: WindowOptions) -> Result<Window, WindowError> {
         });
     }
     let mut collector = Collector::start_with_probes(opts.collector)?;
+    collector.set_interval(opts.poll_interval);
     let started = Instant::now();
     let first = collector.collect();
     log::info!("{} for {:.1}s", opts.verb, opts.duration.as_secs_f64());

@@ -1,5 +1,12 @@
 //! `vgpu-agent run`: collect at an interval and serve the latest snapshot as JSON on a local Unix
 //! socket. The protocol (docs/model.md): connect, read one JSON document to end of file.
+//!
+//! The collector runs on a thread of its own and hands each snapshot to the main thread, which
+//! publishes it (the socket, `/metrics`, the OTLP exporter's identities). If the collector has
+//! not finished a snapshot for more than two intervals (something it reads blocks), the daemon
+//! neither hangs nor serves old figures as new: every interval it serves the last snapshot again
+//! with its age and marked stale (`agent.stale`, `vgpu_agent_snapshot_stale`), and SIGTERM still
+//! stops it.
 
 pub mod client;
 
@@ -7,7 +14,10 @@ use std::{
     io::Write,
     os::unix::{fs::PermissionsExt, net::UnixListener},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        mpsc::{self, Receiver, RecvTimeoutError},
+    },
     time::{Duration, Instant},
 };
 
@@ -18,9 +28,10 @@ use crate::{
     export::{
         ExportError,
         encode::{self, Body},
+        http::{self, HttpCounters},
         metrics::{MetricsOptions, MetricsView, SpanCounters},
     },
-    model::Snapshot,
+    model::{self, Snapshot},
 };
 
 pub const DEFAULT_SOCKET: &str = "/run/vgpu-agent/agent.sock";
@@ -108,16 +119,24 @@ fn serve(listener: UnixListener, latest: Latest) {
 struct Metrics {
     view: MetricsView,
     latest: Arc<encode::Latest>,
+    http: Arc<HttpCounters>,
 }
 
 impl Metrics {
     fn start(cfg: &MetricsConfig, spans: Arc<SpanCounters>) -> Result<Metrics, DaemonError> {
-        let latest = Arc::new(encode::Latest::default());
-        let bound = crate::export::http::serve(cfg.listen, Arc::clone(&latest))?;
+        let latest = Arc::new(encode::Latest::with_snapshot_age());
+        let counters = Arc::new(HttpCounters::default());
+        let bound = http::serve_with(
+            cfg.listen,
+            Arc::clone(&latest),
+            http::Limits::DEFAULT,
+            Arc::clone(&counters),
+        )?;
         log::info!("serving metrics on http://{bound}/metrics");
         Ok(Metrics {
             view: MetricsView::new(cfg.options, spans),
             latest,
+            http: counters,
         })
     }
 
@@ -127,15 +146,96 @@ impl Metrics {
     }
 }
 
+/// Where each snapshot goes: the socket's JSON, `/metrics`, the OTLP exporter's identities.
+struct Publisher {
+    latest: Latest,
+    metrics: Option<Metrics>,
+    identities: Option<Arc<crate::export::otlp::Identities>>,
+    interval: Duration,
+}
+
+impl Publisher {
+    /// Serves `snap` (new, or the last one again) with its age at this instant; stale once older
+    /// than two intervals.
+    fn publish(&mut self, snap: &mut Snapshot, new: bool) {
+        let age = snap.age_at(model::now_unix_ms());
+        snap.agent.age_seconds = age;
+        snap.agent.stale = age > 2.0 * self.interval.as_secs_f64();
+        if let Some(m) = &mut self.metrics {
+            snap.agent.http_dropped = m.http.by_reason();
+            m.refresh(snap);
+        }
+        if new && let Some(ids) = &self.identities {
+            ids.refresh(snap);
+        }
+        match serde_json::to_vec(&*snap) {
+            Ok(body) => *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(body),
+            Err(e) => log::warn!("serialising a snapshot: {e}"),
+        }
+    }
+}
+
+/// Collects every `interval` on a thread of its own; the snapshots come out of the receiver.
+fn spawn_collector(
+    mut collector: Collector,
+    interval: Duration,
+) -> std::io::Result<Receiver<Snapshot>> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("collector".into())
+        .spawn(move || {
+            let mut next = Instant::now() + interval;
+            while !crate::signals::stop_requested() {
+                crate::signals::sleep(next.saturating_duration_since(Instant::now()));
+                if crate::signals::stop_requested() {
+                    return;
+                }
+                // A snapshot that took longer than the interval moves the schedule rather than
+                // starting the next one at once.
+                next = (next + interval).max(Instant::now());
+                if tx.send(collector.collect()).is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+/// Raises the soft limit of open files to the hard limit (at most 65,536): the metrics server
+/// may hold [`http::Limits::DEFAULT`]'s 512 connections beside the regions and probes.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let want = lim.rlim_max.min(65_536);
+    if lim.rlim_cur < want {
+        lim.rlim_cur = want;
+        // SAFETY: setrlimit reads the struct we pass; a soft limit up to the hard one is allowed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            log::debug!(
+                "raising the open files limit: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// Runs until SIGINT or SIGTERM.
 pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     crate::signals::install();
+    raise_open_files_limit();
     let listener = bind(&opts.socket)?;
     let mut collector = Collector::start(opts.collector);
+    collector.set_interval(opts.interval);
     let latest: Latest = Arc::new(Mutex::new(Arc::new(Vec::new())));
     let spans = Arc::new(SpanCounters::default());
     // A metrics address in use (another agent on the host) costs /metrics, not the daemon.
-    let mut metrics =
+    let metrics =
         opts.metrics
             .as_ref()
             .and_then(|cfg| match Metrics::start(cfg, Arc::clone(&spans)) {
@@ -145,12 +245,8 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
                     None
                 }
             });
-    let snap = collector.collect();
-    if let Some(m) = &mut metrics {
-        m.refresh(&snap);
-    }
+    let mut snap = collector.collect();
     let identities = Arc::new(crate::export::otlp::Identities::default());
-    identities.refresh(&snap);
     let _spans = match (&opts.otlp, collector.tracer_mut()) {
         (Some(cfg), Some(tracer)) => match tracer.take_span_ring() {
             Some(ring) => Some(crate::export::otlp::start(
@@ -171,44 +267,106 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         }
         (None, _) => None,
     };
-    let first = serde_json::to_vec(&snap).unwrap_or_default();
-    *latest.lock().expect("not poisoned") = Arc::new(first);
+    let mut publisher = Publisher {
+        latest: Arc::clone(&latest),
+        metrics,
+        identities: opts.otlp.is_some().then_some(identities),
+        interval: opts.interval,
+    };
+    publisher.publish(&mut snap, true);
+    let start_error = |source| DaemonError::Socket {
+        what: "starting the server for",
+        path: opts.socket.clone(),
+        source,
+    };
     {
         let latest = Arc::clone(&latest);
         std::thread::Builder::new()
             .name("socket".into())
             .spawn(move || serve(listener, latest))
-            .map_err(|source| DaemonError::Socket {
-                what: "starting the server for",
-                path: opts.socket.clone(),
-                source,
-            })?;
+            .map_err(start_error)?;
     }
+    let snapshots = spawn_collector(collector, opts.interval).map_err(start_error)?;
     log::info!(
         "serving snapshots every {:?} on {}",
         opts.interval,
         opts.socket.display()
     );
-    let mut next = Instant::now() + opts.interval;
+    // Wakes often enough to stop promptly on a signal.
+    let poll = opts.interval.min(Duration::from_millis(100));
+    let mut republish = Instant::now() + opts.interval * 3 / 2;
+    let mut collector_gone = false;
     while !crate::signals::stop_requested() {
-        crate::signals::sleep(next.saturating_duration_since(Instant::now()));
-        if crate::signals::stop_requested() {
-            break;
+        match snapshots.recv_timeout(poll) {
+            Ok(new) => {
+                snap = new;
+                publisher.publish(&mut snap, true);
+                // Half an interval of slack: a collector on time never causes a republish.
+                republish = Instant::now() + opts.interval * 3 / 2;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                if !collector_gone {
+                    log::warn!("the collector stopped: serving its last snapshot, marked stale");
+                    collector_gone = true;
+                }
+                crate::signals::sleep(poll);
+            }
         }
-        next += opts.interval;
-        let snap = collector.collect();
-        if let Some(m) = &mut metrics {
-            m.refresh(&snap);
-        }
-        if opts.otlp.is_some() {
-            identities.refresh(&snap);
-        }
-        match serde_json::to_vec(&snap) {
-            Ok(body) => *latest.lock().expect("not poisoned") = Arc::new(body),
-            Err(e) => log::warn!("serialising a snapshot: {e}"),
+        // No new snapshot for an interval: the last one again, with its age (stale after two).
+        if Instant::now() >= republish {
+            publisher.publish(&mut snap, false);
+            if snap.agent.stale {
+                log::debug!(
+                    "no snapshot for {:.1}s: serving the last one marked stale",
+                    snap.agent.age_seconds
+                );
+            }
+            republish += opts.interval;
         }
     }
     let _ = std::fs::remove_file(&opts.socket);
     log::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot served again after two intervals without a new one is marked stale, in the
+    /// socket's JSON and in `/metrics`; a new one is not.
+    #[test]
+    fn a_late_collector_makes_what_is_served_stale() {
+        let latest: Latest = Arc::new(Mutex::new(Arc::new(Vec::new())));
+        let body = Arc::new(encode::Latest::with_snapshot_age());
+        let mut publisher = Publisher {
+            latest: Arc::clone(&latest),
+            metrics: Some(Metrics {
+                view: MetricsView::new(MetricsOptions::default(), Arc::default()),
+                latest: Arc::clone(&body),
+                http: Arc::default(),
+            }),
+            identities: None,
+            interval: Duration::from_secs(1),
+        };
+        let served = |latest: &Latest| -> serde_json::Value {
+            serde_json::from_slice(&latest.lock().unwrap()).unwrap()
+        };
+        let text = |body: &encode::Latest| body.get().text(encode::Format::Text);
+        let mut snap = crate::tui::fixture::snapshot();
+        snap.taken_at_unix_ms = model::now_unix_ms() - 500;
+        publisher.publish(&mut snap, true);
+        assert_eq!(served(&latest)["agent"]["stale"], false);
+        assert!(text(&body).contains("vgpu_agent_snapshot_stale{} 0"));
+        // No new snapshot for 3 s: served again, stale, with its age.
+        snap.taken_at_unix_ms = model::now_unix_ms() - 3_000;
+        publisher.publish(&mut snap, false);
+        let json = served(&latest);
+        assert_eq!(json["agent"]["stale"], true);
+        assert!(json["agent"]["age_seconds"].as_f64().unwrap() >= 3.0);
+        let t = text(&body);
+        assert!(t.contains("vgpu_agent_snapshot_stale{} 1"), "{t}");
+        assert!(t.contains("vgpu_agent_snapshot_age_seconds{} 3."), "{t}");
+    }
 }

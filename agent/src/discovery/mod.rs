@@ -14,6 +14,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use region::tenant_fs::{self, Access, FileKey, TenantFile, TenantFsError};
+
 use crate::host::HostPaths;
 
 /// Which library a file is.
@@ -44,13 +46,6 @@ impl LibraryKind {
         match self {
             LibraryKind::Cuda => "libcuda.so.1",
             LibraryKind::Nccl => "libnccl.so.2",
-        }
-    }
-
-    fn needle(self) -> &'static str {
-        match self {
-            LibraryKind::Cuda => "/libcuda.so",
-            LibraryKind::Nccl => "/libnccl.so",
         }
     }
 }
@@ -127,20 +122,44 @@ fn identify(
 
 /// The host's copy of a library, as the loader would find it.
 pub fn host_library(host: &HostPaths, kind: LibraryKind) -> Option<LibraryFile> {
-    if let Ok(buf) = fs::read(&host.ld_so_cache)
-        && let Ok(entries) = ldcache::parse(&buf)
-        && let Some(e) = entries.iter().find(|e| e.soname == kind.soname())
-    {
-        let p = host.rooted(&e.path);
-        if let Some(lib) = identify(kind, &p, &e.path, FoundBy::Host) {
-            return Some(lib);
-        }
-    }
-    host.driver_dirs.iter().find_map(|dir| {
-        let path = Path::new(dir).join(kind.soname());
-        identify(kind, &host.rooted(&path), &path, FoundBy::Host)
-    })
+    host_candidates(host, kind.soname())
+        .into_iter()
+        .find_map(|(rooted, path)| identify(kind, &rooted, &path, FoundBy::Host))
 }
+
+/// Where the host's loader would find `soname`, as paths reachable from here (under
+/// [`HostPaths::root`]): the loader cache's entry first, then the driver directories. Only
+/// regular files are returned.
+pub fn host_soname(host: &HostPaths, soname: &str) -> Option<PathBuf> {
+    host_candidates(host, soname)
+        .into_iter()
+        .map(|(rooted, _)| rooted)
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file()))
+}
+
+/// Candidates for `soname` on the host, in the loader's order: (path from here, path on the host).
+fn host_candidates(host: &HostPaths, soname: &str) -> Vec<(PathBuf, PathBuf)> {
+    let mut out = Vec::new();
+    if let Ok(buf) = tenant_fs::open_checked(&host.ld_so_cache, None, Access::Read)
+        .and_then(|f| f.read_bounded(MAX_LD_SO_CACHE_BYTES))
+        && let Ok(entries) = ldcache::parse(&buf)
+    {
+        out.extend(
+            entries
+                .iter()
+                .filter(|e| e.soname == soname)
+                .map(|e| (host.rooted(&e.path), e.path.clone())),
+        );
+    }
+    out.extend(host.driver_dirs.iter().map(|dir| {
+        let path = Path::new(dir).join(soname);
+        (host.rooted(&path), path)
+    }));
+    out
+}
+
+/// The host's loader cache is read whole, up to this size (a few hundred KiB in practice).
+const MAX_LD_SO_CACHE_BYTES: u64 = 64 << 20;
 
 /// A library named by the user (`--libcuda PATH`).
 pub fn configured_library(kind: LibraryKind, path: &Path) -> Option<LibraryFile> {
@@ -156,12 +175,26 @@ pub struct ProcessScan {
     pub users: Vec<(u32, FileId)>,
     /// Processes whose maps could not be read (they exited, or permission).
     pub unreadable: usize,
+    /// Libraries a process maps that were not used, and why (each reported once).
+    pub refused: Vec<String>,
 }
 
 /// Remembers which library files were already found, so repeated scans report only new ones.
 #[derive(Debug, Default)]
 pub struct Discovery {
     seen: HashSet<FileId>,
+    /// Mappings refused already (reported once).
+    refused: HashSet<(u32, FileId)>,
+}
+
+/// Opens a library for reading its symbols: a process's mapping through its `map_files` entry,
+/// a host library by its path; either way only if it is still the file `lib.id` names.
+pub fn open_library(lib: &LibraryFile) -> Result<TenantFile, TenantFsError> {
+    let key = FileKey {
+        dev: lib.id.dev,
+        ino: lib.id.inode,
+    };
+    tenant_fs::open_checked(&lib.attach_path, Some(key), Access::Read)
 }
 
 impl Discovery {
@@ -193,28 +226,33 @@ impl Discovery {
             else {
                 continue;
             };
-            let Ok(maps) = fs::read_to_string(entry.path().join("maps")) else {
+            let Ok((maps, read)) = procmaps::read(&host.proc, pid) else {
                 scan.unreadable += 1;
                 continue;
             };
+            if read.truncated {
+                log::debug!(
+                    "pid {pid}: maps longer than {} bytes; the rest was not read",
+                    procmaps::MAX_MAPS_BYTES
+                );
+            }
             self.scan_one(host, pid, &maps, &mut scan);
         }
         scan
     }
 
-    fn scan_one(&mut self, host: &HostPaths, pid: u32, maps: &str, scan: &mut ProcessScan) {
+    fn scan_one(
+        &mut self,
+        host: &HostPaths,
+        pid: u32,
+        maps: &[procmaps::MappedFile],
+        scan: &mut ProcessScan,
+    ) {
         for kind in LibraryKind::ALL {
-            if !maps.contains(kind.needle()) {
-                continue;
-            }
             let mut this_process = HashSet::new();
-            for m in maps
-                .lines()
-                .filter(|l| l.contains(kind.needle()))
-                .filter_map(procmaps::parse_line)
-            {
-                let name = m.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                if !kind.matches_file_name(name) {
+            for m in maps {
+                let name = m.path.file_name().unwrap_or_default().to_string_lossy();
+                if !kind.matches_file_name(&name) {
                     continue;
                 }
                 let id = FileId {
@@ -224,44 +262,41 @@ impl Discovery {
                 if !this_process.insert(id) {
                     continue;
                 }
-                scan.users.push((pid, id));
                 if self.seen.contains(&id) {
+                    scan.users.push((pid, id));
                     continue;
                 }
-                // The path means something only inside the process's mount namespace: reach it
-                // through the process's root, or through map_files when it was deleted.
-                let attach_path = if m.deleted {
-                    host.proc
-                        .join(pid.to_string())
-                        .join("map_files")
-                        .join(format!("{:x}-{:x}", m.start, m.end))
-                } else {
-                    host.proc
-                        .join(pid.to_string())
-                        .join("root")
-                        .join(m.path.strip_prefix("/").unwrap_or(&m.path))
-                };
+                // The path means something only inside the process's mount namespace, and the
+                // process controls it: probe and read the file through the kernel's reference to
+                // the mapping instead, and only if it is the file the maps line names (for
+                // overlayfs, both name the file as the process sees it).
                 let found = LibraryFile {
                     kind,
                     id,
-                    attach_path,
+                    attach_path: tenant_fs::map_files_path(&host.proc, pid, m.start, m.end),
                     path: m.path.clone(),
                     found_by: FoundBy::Process { pid },
                 };
-                // The maps line's (dev, inode) is the identity (for overlayfs it names the real
-                // file, which is what the kernel probes); the path must still lead to it.
-                if let Ok(meta) = fs::metadata(&found.attach_path)
-                    && (meta.dev(), meta.ino()) != (id.dev, id.inode)
-                    && !m.deleted
-                {
-                    log::debug!(
-                        "pid {pid}: {} is {}:{} on disk but {} in maps (overlay or replaced file)",
-                        found.attach_path.display(),
-                        meta.dev(),
-                        meta.ino(),
-                        id
-                    );
+                if let Err(e) = open_library(&found) {
+                    if self.refused.insert((pid, id)) {
+                        let e = match &e {
+                            TenantFsError::Io { source, .. }
+                                if source.raw_os_error() == Some(libc::EPERM) =>
+                            {
+                                format!(
+                                    "{e} (opening a process's map_files entry needs \
+                                     CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN)"
+                                )
+                            }
+                            e => e.to_string(),
+                        };
+                        let why = format!("pid {pid}: not probing {}: {e}", m.path.display());
+                        log::warn!("{why}");
+                        scan.refused.push(why);
+                    }
+                    continue;
                 }
+                scan.users.push((pid, id));
                 self.seen.insert(id);
                 scan.new.push(found);
             }
@@ -297,22 +332,27 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut lines = String::new();
         let mut ids = Vec::new();
-        for name in ["libcuda.so.1", "libnccl.so.2", "libnccl-net.so"] {
+        let proc = tmp.path().join("proc");
+        fs::create_dir_all(proc.join("10").join("map_files")).unwrap();
+        for (i, name) in ["libcuda.so.1", "libnccl.so.2", "libnccl-net.so"]
+            .into_iter()
+            .enumerate()
+        {
             let lib = tmp.path().join(name);
             fs::write(&lib, name).unwrap();
             let meta = fs::metadata(&lib).unwrap();
             let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+            let range = format!("7f{i}0-7f{i}8");
             lines += &format!(
-                "7f00-7f10 r-xp 00000000 {major:x}:{minor:x} {} {}\n",
+                "{range} r-xp 00000000 {major:x}:{minor:x} {} {}\n",
                 meta.ino(),
                 lib.display()
             );
+            std::os::unix::fs::symlink(&lib, proc.join("10").join("map_files").join(range))
+                .unwrap();
             ids.push(meta.ino());
         }
-        let proc = tmp.path().join("proc");
-        fs::create_dir_all(proc.join("10")).unwrap();
         fs::write(proc.join("10").join("maps"), &lines).unwrap();
-        std::os::unix::fs::symlink("/", proc.join("10").join("root")).unwrap();
         let host = HostPaths {
             proc,
             ..HostPaths::system()
@@ -341,12 +381,14 @@ mod tests {
             lib.display()
         );
 
-        // A fake /proc with two processes mapping the same file; their root is "/".
+        // A fake /proc with two processes mapping the same file (map_files entries are links
+        // to it, as the kernel's magic links lead to it).
         let proc = tmp.path().join("proc");
         for pid in ["10", "11"] {
-            fs::create_dir_all(proc.join(pid)).unwrap();
+            fs::create_dir_all(proc.join(pid).join("map_files")).unwrap();
             fs::write(proc.join(pid).join("maps"), &line).unwrap();
-            std::os::unix::fs::symlink("/", proc.join(pid).join("root")).unwrap();
+            std::os::unix::fs::symlink(&lib, proc.join(pid).join("map_files").join("7f00-7f10"))
+                .unwrap();
         }
         let host = HostPaths {
             proc,
@@ -356,15 +398,49 @@ mod tests {
         let scan = d.scan_processes(&host);
         assert_eq!(scan.new.len(), 1, "{scan:?}");
         assert_eq!(scan.new[0].id, FileId { dev, inode: ino });
-        assert!(
-            scan.new[0]
-                .attach_path
-                .ends_with(lib.strip_prefix("/").unwrap())
-        );
+        assert!(scan.new[0].attach_path.ends_with("map_files/7f00-7f10"));
+        assert_eq!(scan.new[0].path, lib);
         assert_eq!(scan.users.len(), 2);
         // A second scan reports users again but nothing new.
         let again = d.scan_processes(&host);
         assert!(again.new.is_empty());
         assert_eq!(again.users.len(), 2);
+    }
+
+    /// The maps line names one file; the process's mapping is another now (the tenant swapped
+    /// what the path leads to): refused, reported once, never probed.
+    #[test]
+    fn a_mapping_that_is_not_the_file_maps_names_is_refused_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lib = tmp.path().join("libcuda.so.1");
+        fs::write(&lib, b"lib").unwrap();
+        let other = tmp.path().join("other");
+        fs::write(&other, b"other").unwrap();
+        let meta = fs::metadata(&lib).unwrap();
+        let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+        let line = format!(
+            "7f00-7f10 r-xp 00000000 {major:x}:{minor:x} {} {}\n",
+            meta.ino(),
+            lib.display()
+        );
+        let proc = tmp.path().join("proc");
+        fs::create_dir_all(proc.join("10").join("map_files")).unwrap();
+        fs::write(proc.join("10").join("maps"), &line).unwrap();
+        std::os::unix::fs::symlink(&other, proc.join("10").join("map_files").join("7f00-7f10"))
+            .unwrap();
+        let host = HostPaths {
+            proc,
+            ..HostPaths::system()
+        };
+        let mut d = Discovery::new();
+        let scan = d.scan_processes(&host);
+        assert!(scan.new.is_empty(), "{scan:?}");
+        assert_eq!(scan.refused.len(), 1, "{scan:?}");
+        assert!(
+            scan.refused[0].contains("not the file"),
+            "{}",
+            scan.refused[0]
+        );
+        assert!(d.scan_processes(&host).refused.is_empty(), "reported once");
     }
 }

@@ -1,5 +1,11 @@
 //! Every metric the agent exports: name, type, unit, labels and help, in one table that the
-//! exporter, `docs/metrics.md` and the dashboard test all read.
+//! exporter, `docs/metrics.md` and the dashboard tests all read.
+//!
+//! **How much a node exports.** By default a container's API series go per API kind
+//! ([`KINDS`]): calls, errors, bytes and time per (container, kind, source), and the latency
+//! distribution per kind for the whole node ([`NODE_LATENCY`]). `--metrics-per-api` adds the
+//! `api` label to the API families and a latency histogram per container and API
+//! ([`API_LATENCY`]); `--metrics-pid-labels` adds per-process families.
 // The names, sources and the whole list are read by the docs and dashboard tests, not the binary.
 #![cfg_attr(not(test), allow(dead_code))]
 
@@ -43,8 +49,30 @@ pub struct Def {
     pub help: &'static str,
     /// Where the figure comes from in the model (for docs/metrics.md).
     pub source: &'static str,
+    /// When the family is exported.
+    pub only: Only,
+}
+
+/// When a family is exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Only {
+    /// Always.
+    Always,
+    /// Only with `--metrics-per-api`.
+    PerApi,
     /// Only with `--metrics-pid-labels`.
-    pub per_process: bool,
+    PidLabels,
+}
+
+impl Only {
+    /// The flag that turns the family on (for docs/metrics.md).
+    pub fn flag(self) -> Option<&'static str> {
+        match self {
+            Only::Always => None,
+            Only::PerApi => Some("--metrics-per-api"),
+            Only::PidLabels => Some("--metrics-pid-labels"),
+        }
+    }
 }
 
 impl Def {
@@ -87,15 +115,38 @@ const fn def(
         per_container,
         help,
         source,
-        per_process: false,
+        only: Only::Always,
     }
 }
 
 const fn per_process(d: Def) -> Def {
     Def {
-        per_process: true,
+        only: Only::PidLabels,
         ..d
     }
+}
+
+const fn per_api(d: Def) -> Def {
+    Def {
+        only: Only::PerApi,
+        ..d
+    }
+}
+
+/// The label that only `--metrics-per-api` adds (the API families carry it then).
+pub const API_LABEL: &str = "api";
+
+/// The values of the `kind` label: the API kinds of `agent_common::api::ApiKind`, with
+/// `lifecycle` and `info` (driver and context lifecycle, memory queries) as `other`.
+pub const KINDS: &[&str] = &["alloc", "free", "launch", "sync", "copy", "nccl", "other"];
+
+/// The `kind` label of an API kind of the model.
+pub fn kind_label(kind: &str) -> &'static str {
+    KINDS
+        .iter()
+        .find(|k| **k == kind)
+        .copied()
+        .unwrap_or("other")
 }
 
 use Type::{Counter, Gauge, Histogram};
@@ -191,8 +242,8 @@ pub const CONTAINER_DRIFT: Def = def(
     Some(Bytes),
     true,
     &["between"],
-    "Largest disagreement over the drift threshold between two memory views of one process, per pair of views (0 when none).",
-    "processes[].memory.drift",
+    "Largest disagreement over the drift threshold between two memory views of one process, per pair of views compared for some process of the container (0 when none).",
+    "processes[].memory.drift, processes[].memory (the views present)",
 );
 pub const API_CALLS: Def = def(
     "vgpu_api_calls",
@@ -200,7 +251,7 @@ pub const API_CALLS: Def = def(
     None,
     true,
     API,
-    "CUDA driver and NCCL API calls (NCCL: kind=\"nccl\").",
+    "CUDA driver and NCCL API calls per kind (NCCL: kind=\"nccl\"); per API with --metrics-per-api.",
     "processes[].apis[].calls (one source per process and API)",
 );
 pub const API_ERRORS: Def = def(
@@ -221,14 +272,32 @@ pub const API_BYTES: Def = def(
     "Bytes named by API calls: allocation and copy sizes, NCCL payloads (count x datatype size).",
     "processes[].apis[].bytes",
 );
-pub const API_LATENCY: Def = def(
+pub const API_TIME: Def = def(
+    "vgpu_api_time",
+    Counter,
+    Some(Seconds),
+    true,
+    API,
+    "Time inside API calls (NCCL: the host-side call that enqueues the collective); divided by the calls, the mean latency.",
+    "processes[].apis[].total_ns",
+);
+pub const API_LATENCY: Def = per_api(def(
     "vgpu_api_latency",
     Histogram,
     Some(Seconds),
     true,
     API,
-    "Latency of API calls (NCCL: the host-side call that enqueues the collective).",
+    "Latency of API calls per container and API (NCCL: the host-side call that enqueues the collective).",
     "processes[].apis[].hist (log2 buckets; le = 2^k ns, k = 10, 12, .., 34), total_ns",
+));
+pub const NODE_LATENCY: Def = def(
+    "vgpu_node_api_latency",
+    Histogram,
+    Some(Seconds),
+    false,
+    &["kind"],
+    "Latency of the node's API calls by kind, every container together (NCCL: the host-side call that enqueues the collective).",
+    "processes[].apis[].hist of every container (log2 buckets; le = 2^k ns, k = 10, 12, .., 34), total_ns",
 );
 pub const API_HOOK: Def = def(
     "vgpu_api_hook",
@@ -245,8 +314,8 @@ pub const API_DENIED: Def = def(
     None,
     true,
     API,
-    "Calls the limiter denied (allocations over the limit).",
-    "processes[].apis[].denied (limiter source)",
+    "Allocation calls the limiter denied (over the limit), as the processes count them.",
+    "processes[].apis[].denied (limiter source, kind alloc)",
 );
 pub const SYNC: Def = def(
     "vgpu_sync",
@@ -410,6 +479,51 @@ pub const AGENT_SNAPSHOT_TIME: Def = def(
     "When the snapshot behind this exposition was taken (Unix time).",
     "taken_at_unix_ms",
 );
+pub const AGENT_SNAPSHOT_AGE: Def = def(
+    "vgpu_agent_snapshot_age",
+    Gauge,
+    Some(Seconds),
+    false,
+    &[],
+    "Seconds since the snapshot behind this exposition was taken, at the time of the scrape (grows when the agent stops refreshing).",
+    "taken_at_unix_ms, against the clock at each scrape",
+);
+pub const AGENT_SNAPSHOT_STALE: Def = def(
+    "vgpu_agent_snapshot_stale",
+    Gauge,
+    None,
+    false,
+    &[],
+    "1 when the collector has not finished a snapshot for more than two intervals: this exposition repeats the last one.",
+    "agent.stale",
+);
+pub const AGENT_COLLECT_TIME: Def = def(
+    "vgpu_agent_snapshot_collect_duration",
+    Gauge,
+    Some(Seconds),
+    false,
+    &[],
+    "How long the snapshot behind this exposition took to collect.",
+    "agent.collect_seconds",
+);
+pub const AGENT_REGIONS_UNREAD: Def = def(
+    "vgpu_agent_regions_unread",
+    Gauge,
+    None,
+    false,
+    &["reason"],
+    "Regions the snapshot did not read whole, by reason: time or retries (the region's read budget ran out), blocked (a read of it started earlier has not returned).",
+    "agent.regions_unread",
+);
+pub const AGENT_HTTP_DROPPED: Def = def(
+    "vgpu_agent_http_connections_dropped",
+    Counter,
+    None,
+    false,
+    &["reason"],
+    "/metrics connections the server closed or refused, by reason: header_timeout, deadline, evicted (idle, to make room at the connection cap), refused (at the cap).",
+    "agent.http_dropped",
+);
 pub const AGENT_SPANS: Def = def(
     "vgpu_agent_spans_exported",
     Counter,
@@ -489,7 +603,9 @@ pub const ALL: &[Def] = &[
     API_CALLS,
     API_ERRORS,
     API_BYTES,
+    API_TIME,
     API_LATENCY,
+    NODE_LATENCY,
     API_HOOK,
     API_DENIED,
     SYNC,
@@ -510,6 +626,11 @@ pub const ALL: &[Def] = &[
     AGENT_MAP_ENTRIES,
     AGENT_WARNINGS,
     AGENT_SNAPSHOT_TIME,
+    AGENT_SNAPSHOT_AGE,
+    AGENT_SNAPSHOT_STALE,
+    AGENT_COLLECT_TIME,
+    AGENT_REGIONS_UNREAD,
+    AGENT_HTTP_DROPPED,
     AGENT_SPANS,
     AGENT_SPANS_DROPPED,
     HOST_PROCESS_SM_UTILIZATION,
@@ -524,7 +645,8 @@ pub fn metric_names() -> Vec<String> {
     ALL.iter().flat_map(Def::series_names).collect()
 }
 
-/// All label names of a family, container labels first.
+/// All label names a family can carry, container labels first (`api` included: see
+/// [`labels_in`]).
 pub fn label_names(d: &Def) -> Vec<&'static str> {
     let mut v: Vec<&str> = if d.per_container {
         CONTAINER_LABELS.to_vec()
@@ -532,6 +654,15 @@ pub fn label_names(d: &Def) -> Vec<&'static str> {
         vec![]
     };
     v.extend(d.labels);
+    v
+}
+
+/// The label names a family carries as exported: without `api` unless `per_api`.
+pub fn labels_in(d: &Def, per_api: bool) -> Vec<&'static str> {
+    let mut v = label_names(d);
+    if !per_api {
+        v.retain(|l| *l != API_LABEL);
+    }
     v
 }
 

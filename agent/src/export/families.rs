@@ -1,6 +1,6 @@
 //! The families of `/metrics`, from the folded counters ([`super::metrics::MetricsView`]) and the
-//! snapshot's gauges: one [`FamilyData`] per entry of [`super::defs`], label values in the order
-//! of [`defs::label_names`].
+//! snapshot's gauges: one [`FamilyData`] per entry of [`super::defs`] that the options turn on,
+//! label values in the order of [`defs::labels_in`].
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -50,6 +50,10 @@ pub(super) fn container_gauges(
         }
         if let Some(n) = p.memory.probes_allocations {
             *allocations.entry(l.clone()).or_default() += n;
+        }
+        // 0 for every pair of views compared for some process, so that "no drift" is a value.
+        for between in p.memory.compared() {
+            drift.entry((l.clone(), between.to_owned())).or_default();
         }
         if let Some(d) = &p.memory.drift {
             let e = drift.entry((l.clone(), d.between.clone())).or_default();
@@ -132,52 +136,78 @@ pub(super) fn container_gauges(
     );
 }
 
-pub(super) fn api_families(published: &BTreeMap<ContainerLabels, Counters>, out: &mut Exposition) {
+/// The API families: per (container, kind, source), or per (container, API, kind, source) with
+/// `per_api` (then with a latency histogram each); and the node's latency histogram per kind.
+pub(super) fn api_families(
+    published: &BTreeMap<ContainerLabels, Counters>,
+    per_api: bool,
+    out: &mut Exposition,
+) {
     let mut calls = vec![];
     let mut errors = vec![];
     let mut bytes = vec![];
+    let mut time = vec![];
     let mut latency = vec![];
     let mut hook = vec![];
     let mut denied = vec![];
     let mut sync = vec![];
     let mut throttled = vec![];
+    let mut node: BTreeMap<&'static str, Totals> = BTreeMap::new();
     for (l, c) in published {
         let mut sync_ns = 0u64;
         for ((api, kind, source), t) in &c.apis {
+            let api_label = per_api.then(|| api.to_string());
             let labels: Labels = l
                 .iter()
                 .cloned()
-                .chain([api.to_string(), kind.to_string(), source.to_string()])
+                .chain(api_label)
+                .chain([kind.to_string(), source.to_string()])
                 .collect();
             calls.push((labels.clone(), Value::Int(t.calls)));
             errors.push((labels.clone(), Value::Int(t.errors)));
             if t.bytes > 0 {
                 bytes.push((labels.clone(), Value::Int(t.bytes)));
             }
+            time.push((labels.clone(), Value::Float(ns_to_s(t.total_ns))));
             if *source == "limiter" {
                 hook.push((labels.clone(), Value::Float(ns_to_s(t.hook_ns))));
-                denied.push((labels.clone(), Value::Int(t.denied)));
+                // The limiter denies allocations only.
+                if *kind == "alloc" {
+                    denied.push((labels.clone(), Value::Int(t.denied)));
+                }
             }
-            if &**kind == "sync" {
+            if *kind == "sync" {
                 sync_ns += t.total_ns;
             }
-            latency.push((labels, histogram(t)));
+            node.entry(kind).or_default().add_totals(t);
+            if per_api {
+                latency.push((labels, histogram(t)));
+            }
         }
         let l: Labels = l.to_vec().into();
         sync.push((Arc::clone(&l), Value::Float(ns_to_s(sync_ns))));
         throttled.push((l, Value::Float(ns_to_s(c.throttled_ns))));
     }
+    let node_latency = node
+        .iter()
+        .map(|(kind, t)| (Labels::from(vec![kind.to_string()]), histogram(t)))
+        .collect();
     for (def, s) in [
         (&defs::API_CALLS, calls),
         (&defs::API_ERRORS, errors),
         (&defs::API_BYTES, bytes),
+        (&defs::API_TIME, time),
         (&defs::API_LATENCY, latency),
+        (&defs::NODE_LATENCY, node_latency),
         (&defs::API_HOOK, hook),
         (&defs::API_DENIED, denied),
         (&defs::SYNC, sync),
         (&defs::THROTTLED, throttled),
     ] {
-        out.families.push(FamilyData { def, samples: s });
+        if def.only == defs::Only::PerApi && !per_api {
+            continue;
+        }
+        out.families.push(FamilyData::new(def, per_api, s));
     }
 }
 
@@ -312,6 +342,31 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
         one(Value::Float(snap.taken_at_unix_ms as f64 / 1e3)),
     );
     fam(
+        &defs::AGENT_SNAPSHOT_STALE,
+        one(Value::Int(u64::from(a.stale))),
+    );
+    fam(
+        &defs::AGENT_COLLECT_TIME,
+        one(Value::Float(a.collect_seconds)),
+    );
+    fam(
+        &defs::AGENT_REGIONS_UNREAD,
+        ["time", "retries", "blocked"]
+            .iter()
+            .map(|&reason| {
+                let n = a.regions_unread.iter().filter(|u| u.reason == reason);
+                (vec![reason.to_owned()], Value::Int(n.count() as u64))
+            })
+            .collect(),
+    );
+    fam(
+        &defs::AGENT_HTTP_DROPPED,
+        a.http_dropped
+            .iter()
+            .map(|(k, v)| (vec![k.clone()], Value::Int(*v)))
+            .collect(),
+    );
+    fam(
         &defs::AGENT_SPANS,
         one(Value::Int(spans.exported.load(Relaxed))),
     );
@@ -341,6 +396,7 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
 pub(super) fn per_process(
     snap: &Snapshot,
     labels_of: &dyn Fn(&str) -> ContainerLabels,
+    per_api: bool,
     out: &mut Exposition,
 ) {
     let (mut calls, mut errors, mut mem) = (vec![], vec![], vec![]);
@@ -349,11 +405,25 @@ pub(super) fn per_process(
             .into_iter()
             .chain([p.key.pid.to_string(), p.comm.clone()])
             .collect();
+        // (api or none, kind, source) -> (calls, errors)
+        let mut apis: BTreeMap<(Option<&str>, &str, &str), (u64, u64)> = BTreeMap::new();
         for a in p.effective_apis() {
+            let key = (
+                per_api.then_some(a.api.as_str()),
+                defs::kind_label(&a.kind),
+                source_name(a.source),
+            );
+            let e = apis.entry(key).or_default();
+            e.0 += a.calls;
+            e.1 += a.errors;
+        }
+        for ((api, kind, source), (n, errs)) in apis {
             let mut l = base.clone();
-            l.extend([a.api.clone(), a.kind.clone(), source_name(a.source).into()]);
-            calls.push((l.clone(), Value::Int(a.calls)));
-            errors.push((l, Value::Int(a.errors)));
+            l.extend(api.map(str::to_owned));
+            l.extend([kind.to_owned(), source.to_owned()]);
+            let l: Labels = l.into();
+            calls.push((l.clone(), Value::Int(n)));
+            errors.push((l, Value::Int(errs)));
         }
         for (view, v) in [
             ("limiter", p.memory.limiter),
@@ -363,7 +433,7 @@ pub(super) fn per_process(
             if let Some(b) = v {
                 let mut l = base.clone();
                 l.push(view.into());
-                mem.push((l, Value::Int(b)));
+                mem.push((l.into(), Value::Int(b)));
             }
         }
     }
@@ -372,6 +442,6 @@ pub(super) fn per_process(
         (&defs::PROCESS_API_ERRORS, errors),
         (&defs::PROCESS_MEMORY_USED, mem),
     ] {
-        out.families.push(FamilyData::of(def, samples));
+        out.families.push(FamilyData::new(def, per_api, samples));
     }
 }

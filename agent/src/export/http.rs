@@ -1,18 +1,32 @@
-//! The smallest HTTP server that serves `/metrics`: std's `TcpListener`, one thread, one
-//! connection at a time, bounded reads and writes. Scrapes come every few seconds from one or
-//! two Prometheus servers; nothing here needs more. A scrape encodes nothing: it writes the body
-//! the last refresh encoded ([`Latest`]).
+//! `/metrics` over HTTP/1.1 on hyper, on the agent's tokio runtime ([`crate::runtime`]): every
+//! connection is a task of its own, so a slow or idle client never delays another. Each
+//! connection has a whole-request deadline and a header deadline, and the number of open
+//! connections is capped ([`Limits`]); at the cap a new connection evicts the oldest one that
+//! has not sent its request yet (an idle or slow client), else it is refused. Whatever is
+//! dropped is counted ([`HttpCounters`]). A scrape encodes nothing: it sends the text the last
+//! refresh encoded ([`Latest`]), shared by every scrape without a copy, then its own tail (the
+//! snapshot's age at that moment, `# EOF`; see [`crate::export::encode`]).
 //!
 //! Content negotiation: OpenMetrics text for clients that accept it (Prometheus does), else the
 //! Prometheus text format 0.0.4 (curl, `promtool check metrics`, older scrapers); gzip for
 //! clients that accept it (Prometheus does).
 
 use std::{
-    io::{BufWriter, Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    sync::Arc,
+    collections::BTreeMap,
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+    },
     time::Duration,
 };
+
+use bytes::{Buf, Bytes, buf::Chain};
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode, body::Incoming, header, service::service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Notify;
 
 use super::{
     ExportError,
@@ -21,183 +35,268 @@ use super::{
 
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-const MAX_REQUEST: usize = 8 << 10;
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Binds `addr` and serves the latest body on a thread of its own; returns the bound address
+/// What one client may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The request head (request line and headers) must arrive within this.
+    pub header_timeout: Duration,
+    /// The whole exchange (head read, response written) must end within this.
+    pub deadline: Duration,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Bytes of the request head at most.
+    pub max_head: usize,
+}
+
+impl Limits {
+    /// 5 s for the head (a scraper sends it in one packet), 10 s for the whole exchange
+    /// (Prometheus' default scrape timeout), 512 connections (a node has one or two scrapers; an
+    /// attacker's idle connections are evicted before a scraper is refused), 8 KiB of head.
+    pub const DEFAULT: Limits = Limits {
+        header_timeout: Duration::from_secs(5),
+        deadline: Duration::from_secs(10),
+        max_connections: 512,
+        max_head: 8 << 10,
+    };
+}
+
+/// Connections the server dropped, by reason (cumulative).
+#[derive(Debug, Default)]
+pub struct HttpCounters {
+    /// The head did not arrive within [`Limits::header_timeout`].
+    pub header_timeout: AtomicU64,
+    /// The exchange outlasted [`Limits::deadline`].
+    pub deadline: AtomicU64,
+    /// Closed before its request to make room at [`Limits::max_connections`].
+    pub evicted: AtomicU64,
+    /// Refused at [`Limits::max_connections`] (every open connection was being answered).
+    pub refused: AtomicU64,
+}
+
+impl HttpCounters {
+    /// `(reason, count)` pairs, as the metrics label them.
+    pub fn by_reason(&self) -> BTreeMap<String, u64> {
+        [
+            ("header_timeout", &self.header_timeout),
+            ("deadline", &self.deadline),
+            ("evicted", &self.evicted),
+            ("refused", &self.refused),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.load(Relaxed)))
+        .collect()
+    }
+}
+
+/// Binds `addr` and serves the latest body with [`Limits::DEFAULT`]; returns the bound address
 /// (port 0 picks a free one).
+#[cfg(test)]
 pub fn serve(addr: SocketAddr, latest: Arc<Latest>) -> Result<SocketAddr, ExportError> {
-    let listener = TcpListener::bind(addr).map_err(|source| ExportError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ExportError::Bind { addr, source })?;
-    std::thread::Builder::new()
-        .name("metrics-http".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                if let Err(e) = handle(conn, &latest) {
-                    log::debug!("metrics connection: {e}");
-                }
-            }
-        })
-        .map_err(ExportError::Thread)?;
+    serve_with(addr, latest, Limits::DEFAULT, Arc::default())
+}
+
+/// As [`serve`], with these limits, counting drops in `counters`.
+pub fn serve_with(
+    addr: SocketAddr,
+    latest: Arc<Latest>,
+    limits: Limits,
+    counters: Arc<HttpCounters>,
+) -> Result<SocketAddr, ExportError> {
+    let bind = |source| ExportError::Bind { addr, source };
+    let listener = std::net::TcpListener::bind(addr).map_err(bind)?;
+    let bound = listener.local_addr().map_err(bind)?;
+    listener.set_nonblocking(true).map_err(bind)?;
+    let runtime = crate::runtime::handle().map_err(ExportError::Thread)?;
+    let listener = {
+        let _entered = runtime.enter();
+        tokio::net::TcpListener::from_std(listener).map_err(bind)?
+    };
+    let server = Arc::new(Server {
+        latest,
+        limits,
+        counters,
+        open: Mutex::new(Open::default()),
+    });
+    runtime.spawn(server.accept(listener));
     Ok(bound)
 }
 
-/// Reads the request head (up to the blank line), bounded in size and time.
-fn read_head(conn: &mut TcpStream) -> std::io::Result<String> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > MAX_REQUEST {
-            return Err(std::io::Error::other("request head too large"));
+/// A connection as the cap sees it.
+struct Conn {
+    /// Its request head has arrived (it is being answered: never evicted).
+    answering: AtomicBool,
+    evict: Notify,
+}
+
+#[derive(Default)]
+struct Open {
+    next: u64,
+    /// By age: the first entry is the oldest.
+    conns: BTreeMap<u64, Arc<Conn>>,
+}
+
+struct Server {
+    latest: Arc<Latest>,
+    limits: Limits,
+    counters: Arc<HttpCounters>,
+    open: Mutex<Open>,
+}
+
+impl Server {
+    async fn accept(self: Arc<Server>, listener: tokio::net::TcpListener) {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors or memory: let connections end before accepting more.
+                    log::debug!("accepting a metrics connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Some((id, conn)) = self.admit() else {
+                self.counters.refused.fetch_add(1, Relaxed);
+                continue;
+            };
+            tokio::spawn(Arc::clone(&self).connection(stream, id, conn));
         }
     }
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+
+    /// Registers a new connection; at the cap, evicts the oldest one still waiting for its
+    /// request, or refuses this one (`None`) if every open connection is being answered.
+    fn admit(&self) -> Option<(u64, Arc<Conn>)> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.conns.len() >= self.limits.max_connections {
+            let idle = open
+                .conns
+                .iter()
+                .find(|(_, c)| !c.answering.load(Relaxed))
+                .map(|(&id, _)| id)?;
+            if let Some(c) = open.conns.remove(&idle) {
+                // notify_one stores a permit if the task is not waiting yet.
+                c.evict.notify_one();
+                self.counters.evicted.fetch_add(1, Relaxed);
+            }
+        }
+        let id = open.next;
+        open.next += 1;
+        let conn = Arc::new(Conn {
+            answering: AtomicBool::new(false),
+            evict: Notify::new(),
+        });
+        open.conns.insert(id, Arc::clone(&conn));
+        Some((id, conn))
+    }
+
+    async fn connection(
+        self: Arc<Server>,
+        stream: tokio::net::TcpStream,
+        id: u64,
+        conn: Arc<Conn>,
+    ) {
+        // The body goes out in large writes; the last one must not wait for an ACK.
+        let _ = stream.set_nodelay(true);
+        let service = {
+            let server = Arc::clone(&self);
+            let conn = Arc::clone(&conn);
+            service_fn(move |req| {
+                conn.answering.store(true, Relaxed);
+                let response = server.respond(&req);
+                async move { Ok::<_, Infallible>(response) }
+            })
+        };
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_timeout)
+            .max_header_size(self.limits.max_head)
+            .keep_alive(false);
+        let serving = builder.serve_connection(TokioIo::new(stream), service);
+        tokio::select! {
+            done = tokio::time::timeout(self.limits.deadline, serving) => match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_timeout() => {
+                    self.counters.header_timeout.fetch_add(1, Relaxed);
+                }
+                Ok(Err(e)) => log::debug!("metrics connection: {e}"),
+                Err(_) => {
+                    self.counters.deadline.fetch_add(1, Relaxed);
+                }
+            },
+            () = conn.evict.notified() => {}
+        }
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.conns.remove(&id);
+    }
+
+    fn respond(&self, req: &Request<Incoming>) -> Response<Full<Chain<Bytes, Bytes>>> {
+        let text = |status: StatusCode, body: &'static str| {
+            let body = Bytes::from_static(body.as_bytes()).chain(Bytes::new());
+            let mut r = Response::new(Full::new(body));
+            *r.status_mut() = status;
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain"),
+            );
+            r
+        };
+        if req.method() != hyper::Method::GET {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+        }
+        if req.uri().path() != "/metrics" {
+            return text(StatusCode::NOT_FOUND, "see /metrics\n");
+        }
+        let values = |name| {
+            req.headers()
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+        };
+        let (format, gzip) = negotiate(values(header::ACCEPT), values(header::ACCEPT_ENCODING));
+        let [shared, tail] = self.latest.get().pieces(format, gzip);
+        let mut r = Response::new(Full::new(shared.chain(tail)));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(match format {
+                Format::OpenMetrics => CONTENT_TYPE,
+                Format::Text => TEXT_CONTENT_TYPE,
+            }),
+        );
+        if gzip {
+            h.insert(
+                header::CONTENT_ENCODING,
+                header::HeaderValue::from_static("gzip"),
+            );
+        }
+        r
+    }
 }
 
-fn head(status: &str, ctype: &str, gzip: bool, len: usize) -> String {
-    let encoding = if gzip {
-        "Content-Encoding: gzip\r\n"
-    } else {
-        ""
-    };
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{encoding}Content-Length: {len}\r\nConnection: close\r\n\r\n"
-    )
-}
-
-fn respond(conn: &mut TcpStream, status: &str, body: &[u8]) -> std::io::Result<()> {
-    conn.write_all(head(status, "text/plain", false, body.len()).as_bytes())?;
-    conn.write_all(body)?;
-    conn.flush()
-}
-
-/// What the request asks for: (format, gzip).
-fn negotiate(head: &str) -> (Format, bool) {
-    let header = |name: &'static str| {
-        head.lines().skip(1).filter_map(move |l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-    };
-    let format = if header("accept").any(|v| v.contains("application/openmetrics-text")) {
+/// What the request asks for, from its `Accept` and `Accept-Encoding` values: (format, gzip).
+fn negotiate<'a>(
+    mut accept: impl Iterator<Item = &'a str>,
+    accept_encoding: impl Iterator<Item = &'a str>,
+) -> (Format, bool) {
+    let format = if accept.any(|v| v.contains("application/openmetrics-text")) {
         Format::OpenMetrics
     } else {
         Format::Text
     };
     // `gzip`, possibly with a weight; `gzip;q=0` refuses it.
-    let gzip = header("accept-encoding")
-        .flat_map(|v| v.split(','))
-        .any(|c| {
-            let mut parts = c.split(';').map(str::trim);
-            parts.next().is_some_and(|n| n.eq_ignore_ascii_case("gzip"))
-                && !parts.any(|p| {
-                    p.strip_prefix("q=")
-                        .and_then(|q| q.parse::<f64>().ok())
-                        .is_some_and(|q| q == 0.0)
-                })
-        });
+    let gzip = accept_encoding.flat_map(|v| v.split(',')).any(|c| {
+        let mut parts = c.split(';').map(str::trim);
+        parts.next().is_some_and(|n| n.eq_ignore_ascii_case("gzip"))
+            && !parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f64>().ok())
+                    .is_some_and(|q| q == 0.0)
+            })
+    });
     (format, gzip)
 }
 
-fn handle(mut conn: TcpStream, latest: &Latest) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(IO_TIMEOUT))?;
-    conn.set_write_timeout(Some(IO_TIMEOUT))?;
-    // The body goes out in large writes (BufWriter); the last one must not wait for an ACK.
-    conn.set_nodelay(true)?;
-    let request = read_head(&mut conn)?;
-    let mut parts = request.lines().next().unwrap_or("").split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => {
-            let (format, gzip) = negotiate(&request);
-            let ctype = match format {
-                Format::OpenMetrics => CONTENT_TYPE,
-                Format::Text => TEXT_CONTENT_TYPE,
-            };
-            let body = latest.get();
-            let mut w = BufWriter::with_capacity(256 << 10, conn);
-            if gzip {
-                let gz = body.gzipped(format);
-                w.write_all(head("200 OK", ctype, true, gz.len()).as_bytes())?;
-                w.write_all(gz)?;
-            } else {
-                w.write_all(head("200 OK", ctype, false, body.len(format)).as_bytes())?;
-                body.write_to(format, &mut w)?;
-            }
-            w.flush()
-        }
-        ("GET", _) => respond(&mut conn, "404 Not Found", b"see /metrics\n"),
-        _ => respond(&mut conn, "405 Method Not Allowed", b"GET only\n"),
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn negotiation_reads_accept_and_accept_encoding() {
-        let prometheus = "GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0;q=0.6,text/plain;version=0.0.4;q=0.3\r\nAccept-Encoding: gzip\r\n";
-        assert_eq!(negotiate(prometheus), (Format::OpenMetrics, true));
-        let curl = "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n";
-        assert_eq!(negotiate(curl), (Format::Text, false));
-        let refused = "GET /metrics HTTP/1.1\r\naccept-encoding: deflate, gzip;q=0\r\n";
-        assert_eq!(negotiate(refused), (Format::Text, false));
-        let weighted = "GET /metrics HTTP/1.1\r\nACCEPT-ENCODING: br;q=1.0, GZIP;q=0.5\r\n";
-        assert_eq!(negotiate(weighted), (Format::Text, true));
-    }
-
-    #[test]
-    fn scrapes_get_the_latest_body_in_the_asked_format() {
-        use crate::export::{encode::Body, metrics::tests as m};
-        let latest = Arc::new(Latest::default());
-        let addr = serve("127.0.0.1:0".parse().unwrap(), Arc::clone(&latest)).unwrap();
-        let snap = m::synthetic(2, 3);
-        let mut view = crate::export::metrics::MetricsView::new(
-            Default::default(),
-            Arc::new(Default::default()),
-        );
-        let body = Body::encode(&view.update(&snap));
-        let (om, text) = (body.text(Format::OpenMetrics), body.text(Format::Text));
-        latest.set(body);
-        let get = |extra: &str| {
-            let mut s = TcpStream::connect(addr).unwrap();
-            write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n{extra}\r\n").unwrap();
-            let mut resp = Vec::new();
-            s.read_to_end(&mut resp).unwrap();
-            let at = resp.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-            let head = String::from_utf8(resp[..at].to_vec()).unwrap();
-            (head, resp[at + 4..].to_vec())
-        };
-        let (h, b) = get("Accept: application/openmetrics-text; version=1.0.0\r\n");
-        assert!(h.contains(CONTENT_TYPE), "{h}");
-        assert!(h.contains(&format!("Content-Length: {}", om.len())), "{h}");
-        assert_eq!(String::from_utf8(b).unwrap(), om);
-        let (h, b) = get("Accept-Encoding: gzip\r\n");
-        assert!(
-            h.contains(TEXT_CONTENT_TYPE) && h.contains("Content-Encoding: gzip"),
-            "{h}"
-        );
-        let mut unzipped = String::new();
-        flate2::read::GzDecoder::new(&b[..])
-            .read_to_string(&mut unzipped)
-            .unwrap();
-        assert_eq!(unzipped, text);
-        let (h, _) = get("");
-        assert!(h.starts_with("HTTP/1.1 200 OK"), "{h}");
-        let mut s = TcpStream::connect(addr).unwrap();
-        write!(s, "GET /other HTTP/1.1\r\n\r\n").unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
-    }
-}
+#[path = "http_tests.rs"]
+mod tests;

@@ -2,6 +2,11 @@
 //! aggregates ([`MetricsView::update`]), turns them into families ([`super::families`]; listed in
 //! [`super::defs`]) and encodes them once ([`super::encode`]); scrapes share that body.
 //!
+//! **Per kind unless asked.** A container's API figures are folded per (kind, source) by default
+//! and per (API, kind, source) with [`MetricsOptions::per_api`]: 7 kinds instead of up to 80 APIs
+//! per container, which is what a fleet's Prometheus can afford (docs/metrics.md gives the
+//! series counts and body sizes).
+//!
 //! **Counters stay monotonic per container.** The model's counters are per process (probes: since
 //! attach; limiter: since the process started), and a process leaves the model some time after it
 //! exits. The view keeps, per container and series, the last-known values of processes that left
@@ -16,21 +21,27 @@ use std::{
 
 use agent_common::hist::HIST_BUCKETS;
 
-use super::{defs::Def, families};
+use super::{
+    defs::{self, Def},
+    families,
+};
 use crate::model::{ApiUsage, Container, Process, ProcessKey, Snapshot, Source};
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MetricsOptions {
     /// Per-process series (pid, comm labels) too.
     pub pid_labels: bool,
+    /// API series per API (`api` label) and latency histograms per container and API, instead
+    /// of per kind.
+    pub per_api: bool,
 }
 
 /// (container, pod, namespace) label values.
 pub(super) type ContainerLabels = [String; 3];
 
-/// (api, kind, source); names are interned ([`Names`]): a key is cloned for every process and
-/// series at every refresh.
-pub(super) type ApiKey = (Arc<str>, Arc<str>, &'static str);
+/// (api, kind, source): `api` is empty unless per API, `kind` a [`defs::KINDS`] label; names are
+/// interned ([`Names`]): a key is cloned for every process and series at every refresh.
+pub(super) type ApiKey = (Arc<str>, &'static str, &'static str);
 
 /// API and kind names seen, shared by every key that names them (bounded by the API table).
 #[derive(Default)]
@@ -85,7 +96,7 @@ impl Totals {
         }
     }
 
-    fn add_totals(&mut self, o: &Totals) {
+    pub(super) fn add_totals(&mut self, o: &Totals) {
         self.calls += o.calls;
         self.errors += o.errors;
         self.bytes += o.bytes;
@@ -151,12 +162,19 @@ pub(super) fn source_name(s: Source) -> &'static str {
     }
 }
 
-/// A process's own counters (one source per API: [`Process::effective_apis`]).
-fn process_counters(p: &Process, names: &mut Names) -> Counters {
+/// A process's own counters (one source per API: [`Process::effective_apis`]), per API or per
+/// kind.
+fn process_counters(p: &Process, names: &mut Names, per_api: bool) -> Counters {
     let mut c = Counters::default();
+    let no_api = names.get("");
     for a in p.effective_apis() {
+        let api = if per_api {
+            names.get(&a.api)
+        } else {
+            Arc::clone(&no_api)
+        };
         c.apis
-            .entry((names.get(&a.api), names.get(&a.kind), source_name(a.source)))
+            .entry((api, defs::kind_label(&a.kind), source_name(a.source)))
             .or_default()
             .add(a);
     }
@@ -180,7 +198,7 @@ fn container_labels(c: Option<&Container>, key: &str) -> ContainerLabels {
     ]
 }
 
-/// One sample: label values in the order of [`defs::label_names`], and a value.
+/// One sample: label values in the order of [`FamilyData::names`], and a value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     Int(u64),
@@ -195,14 +213,27 @@ pub type Labels = Arc<[String]>;
 #[derive(Clone, Debug)]
 pub struct FamilyData {
     pub def: &'static Def,
+    /// The label names, as [`defs::labels_in`] gives them for the mode.
+    pub names: Vec<&'static str>,
     pub samples: Vec<(Labels, Value)>,
 }
 
 impl FamilyData {
+    /// A family whose labels do not depend on `--metrics-per-api`.
     pub fn of(def: &'static Def, samples: Vec<(Vec<String>, Value)>) -> FamilyData {
+        debug_assert!(!def.labels.contains(&defs::API_LABEL), "{}", def.base);
+        FamilyData::new(
+            def,
+            false,
+            samples.into_iter().map(|(l, v)| (l.into(), v)).collect(),
+        )
+    }
+
+    pub fn new(def: &'static Def, per_api: bool, samples: Vec<(Labels, Value)>) -> FamilyData {
         FamilyData {
             def,
-            samples: samples.into_iter().map(|(l, v)| (l.into(), v)).collect(),
+            names: defs::labels_in(def, per_api),
+            samples,
         }
     }
 }
@@ -211,6 +242,8 @@ impl FamilyData {
 #[derive(Clone, Debug, Default)]
 pub struct Exposition {
     pub families: Vec<FamilyData>,
+    /// When the snapshot behind it was taken (Unix ms), for the age a scrape reports.
+    pub taken_at_unix_ms: Option<u64>,
 }
 
 impl Exposition {
@@ -286,7 +319,7 @@ impl MetricsView {
         let mut now: BTreeMap<ContainerLabels, Counters> = self.departed.clone();
         for p in &snap.processes {
             let labels = labels_of(&p.container);
-            let c = process_counters(p, &mut self.names);
+            let c = process_counters(p, &mut self.names, self.opts.per_api);
             now.entry(labels.clone()).or_default().add(&c);
             self.last.insert(p.key, (labels, c));
         }
@@ -301,13 +334,16 @@ impl MetricsView {
         }
         self.published = now;
 
-        let mut out = Exposition::default();
+        let mut out = Exposition {
+            families: vec![],
+            taken_at_unix_ms: Some(snap.taken_at_unix_ms),
+        };
         families::container_gauges(snap, &labels_of, &mut self.denied_published, &mut out);
-        families::api_families(&self.published, &mut out);
+        families::api_families(&self.published, self.opts.per_api, &mut out);
         families::gpu_and_agent(snap, &self.spans, &mut out);
         super::gpu_use::families(snap, &labels_of, &mut out);
         if self.opts.pid_labels {
-            families::per_process(snap, &labels_of, &mut out);
+            families::per_process(snap, &labels_of, self.opts.per_api, &mut out);
         }
         out
     }
@@ -316,3 +352,7 @@ impl MetricsView {
 #[cfg(test)]
 #[path = "metrics_tests.rs"]
 pub(super) mod tests;
+
+#[cfg(test)]
+#[path = "scrape_bench.rs"]
+mod scrape_bench;

@@ -3,7 +3,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use super::*;
 use crate::export::{
     defs::{self, Def, Type, Unit},
-    encode::{Body, Format, Latest},
+    encode::{Body, Format},
 };
 use crate::model::{
     AgentStatus, Container, LimiterProcess, MemoryViews, Process, ProcessKey, RegionDevice,
@@ -92,27 +92,51 @@ pub(crate) fn snapshot(containers: Vec<Container>, processes: Vec<Process>) -> S
 }
 
 /// `containers` containers of one process each, `apis` APIs per process (the scrape benchmark's
-/// model).
+/// model): the APIs are taken from every kind of the API table in turn (alloc, free, sync, copy,
+/// launch, lifecycle, info, NCCL, alloc, ...), so a container uses every kind label; the limiter
+/// counts the kinds it intercepts (alloc, free, launch, info), the probes the others, as in a
+/// container under the limiter. Pod names are as long as a Deployment's.
 pub(crate) fn synthetic(containers: usize, apis: usize) -> Snapshot {
-    let names: Vec<&str> = agent_common::api::APIS.iter().map(|s| s.name).collect();
+    use agent_common::api::{APIS, ApiKind};
+    let mut by_kind: Vec<Vec<&agent_common::api::ApiSpec>> = vec![];
+    for s in APIS {
+        match by_kind.iter_mut().find(|v| v[0].kind == s.kind) {
+            Some(v) => v.push(s),
+            None => by_kind.push(vec![s]),
+        }
+    }
+    let picked: Vec<&agent_common::api::ApiSpec> = (0..apis)
+        .map(|i| {
+            let kind = &by_kind[i % by_kind.len()];
+            kind[(i / by_kind.len()) % kind.len()]
+        })
+        .collect();
     let mut cs = vec![];
     let mut ps = vec![];
     for c in 0..containers {
-        let apis = (0..apis)
-            .map(|i| {
+        let apis = picked
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                let source = match spec.kind {
+                    ApiKind::Alloc | ApiKind::Free | ApiKind::Launch | ApiKind::Info => {
+                        Source::Limiter
+                    }
+                    _ => Source::Probes,
+                };
                 api(
-                    names[i % names.len()],
-                    "copy",
-                    Source::Probes,
+                    spec.name,
+                    spec.kind.name(),
+                    source,
                     1000 + i as u64,
-                    5000,
+                    5000 << (i % 12),
                 )
             })
             .collect();
         let p = process(1000 + c as u32, &format!("c{c:03}"), apis);
         cs.push(container(
             &format!("c{c:03}"),
-            Some(&format!("pod-{c}")),
+            Some(&format!("train-{c:03}-7d9f8c6b5-x2k4p")),
             &[&p],
         ));
         ps.push(p);
@@ -138,6 +162,16 @@ fn view() -> MetricsView {
     MetricsView::new(MetricsOptions::default(), Arc::new(SpanCounters::default()))
 }
 
+fn per_api_view() -> MetricsView {
+    MetricsView::new(
+        MetricsOptions {
+            per_api: true,
+            ..Default::default()
+        },
+        Arc::new(SpanCounters::default()),
+    )
+}
+
 #[test]
 fn containers_aggregate_their_processes_and_stay_monotonic_when_one_leaves() {
     let a = process(
@@ -151,7 +185,7 @@ fn containers_aggregate_their_processes_and_stay_monotonic_when_one_leaves() {
         vec![api("cuMemAlloc_v2", "alloc", Source::Probes, 7, 3000)],
     );
     let ca = container("ctr-a", Some("trainer-0"), &[&a, &b]);
-    let mut v = view();
+    let mut v = per_api_view();
     let e = v.update(&snapshot(vec![ca.clone()], vec![a.clone(), b.clone()]));
     let labels = ["trainer-0", "ml", "cuMemAlloc_v2", "probes"];
     assert_eq!(int(&e, &defs::API_CALLS, &labels), 12);
@@ -186,7 +220,7 @@ fn histogram_buckets_are_the_log2_bounds_in_seconds() {
         ],
     );
     let c = container("c", None, &[&p]);
-    let e = view().update(&snapshot(vec![c], vec![p]));
+    let e = per_api_view().update(&snapshot(vec![c], vec![p]));
     let Some(Value::Histogram(sum, count, buckets)) =
         sample(&e, &defs::API_LATENCY, &["cuCtxSynchronize"])
     else {
@@ -257,6 +291,7 @@ fn regions_limits_and_limiter_figures() {
         ],
         problems: vec![],
         read_retries: 0,
+        writable_by_others: None,
     });
     let e = view().update(&snapshot(vec![c], vec![p]));
     assert_eq!(int(&e, &defs::CONTAINER_MEMORY_LIMIT, &["p", "0"]), 4 << 30);
@@ -275,7 +310,7 @@ fn regions_limits_and_limiter_figures() {
         int(&e, &defs::CONTAINER_MEMORY_USED, &["p", "probes"]),
         1 << 20
     );
-    assert_eq!(int(&e, &defs::API_DENIED, &["cuMemAlloc_v2", "limiter"]), 0);
+    assert_eq!(int(&e, &defs::API_DENIED, &["alloc", "limiter"]), 0);
     assert_eq!(
         sample(&e, &defs::CONTAINER_SM_LIMIT, &["p", "0"]),
         Some(&Value::Float(0.5))
@@ -302,33 +337,68 @@ fn pid_labels_only_when_asked() {
             .is_empty()
     );
     let mut v = MetricsView::new(
-        MetricsOptions { pid_labels: true },
+        MetricsOptions {
+            pid_labels: true,
+            ..Default::default()
+        },
         Arc::new(SpanCounters::default()),
     );
+    let e = v.update(&s);
     assert_eq!(
-        int(&v.update(&s), &defs::PROCESS_API_CALLS, &["42", "train42"]),
+        int(&e, &defs::PROCESS_API_CALLS, &["42", "train42", "free"]),
         3
+    );
+    assert!(
+        e.family(&defs::PROCESS_API_CALLS)
+            .iter()
+            .all(|(l, _)| !l.iter().any(|v| v == "cuMemFree_v2")),
+        "per kind unless --metrics-per-api"
     );
 }
 
-#[test]
-fn the_exposition_is_openmetrics_with_every_family_named_in_the_table() {
-    let mut s = synthetic(3, 5);
-    s.agent.events_lost = BTreeMap::from([("stack_full".to_owned(), 2)]);
-    s.containers[0].regions.push(RegionInfo {
-        path: "/r".into(),
-        format: "hami".into(),
-        devices: vec![RegionDevice {
-            index: 0,
-            memory_limit: 1 << 30,
-            sm_limit_pct: 30,
-            reserved: 1 << 29,
-            denied: 1,
-            context_charge: None,
-        }],
-        problems: vec![],
-        read_retries: 0,
-    });
+/// Every container with a region on device 0 (limit, SM share, reservation, a denial) held by
+/// its process, as the limiter and NVML see it, and one GPU.
+pub(crate) fn with_a_region_and_a_gpu(mut s: Snapshot) -> Snapshot {
+    for c in &mut s.containers {
+        c.regions.push(RegionInfo {
+            path: format!("/r/{}", c.key),
+            format: "vgpu".into(),
+            devices: vec![RegionDevice {
+                index: 0,
+                memory_limit: 16 << 30,
+                sm_limit_pct: 30,
+                reserved: 9 << 30,
+                denied: 1,
+                context_charge: None,
+            }],
+            problems: vec![],
+            read_retries: 0,
+            writable_by_others: None,
+        });
+    }
+    for p in &mut s.processes {
+        p.limiter = Some(LimiterProcess {
+            region: format!("/r/{}", p.container),
+            slot: 0,
+            held: vec![9 << 30],
+            context_bytes: vec![512 << 20],
+            throttled_ns: 2_000_000_000,
+            dropped_records: 0,
+            shard_problems: vec![],
+        });
+        p.memory.limiter = Some(9 << 30);
+        p.memory.limiter_allocations = Some((9 << 30) - (512 << 20));
+        p.memory.nvml = Some(9 << 30);
+        p.nvml = vec![crate::model::NvmlProcess {
+            device: 0,
+            used_memory: Some(9 << 30),
+            sm_util_pct: Some(30.0),
+            mem_util_pct: None,
+            use_window: None,
+            use_unavailable: None,
+            busy: Default::default(),
+        }];
+    }
     s.gpus.push(crate::model::GpuDevice {
         index: 0,
         uuid: Some("GPU-1".into()),
@@ -339,39 +409,97 @@ fn the_exposition_is_openmetrics_with_every_family_named_in_the_table() {
         power_mw: None,
         temperature_c: None,
     });
-    let text = Body::encode(&view().update(&s)).text(Format::OpenMetrics);
-    assert!(text.ends_with("# EOF\n"), "{text}");
-    assert!(
-        text.contains("# TYPE vgpu_api_latency_seconds histogram"),
-        "{text}"
-    );
-    assert!(
-        text.contains("# UNIT vgpu_api_latency_seconds seconds"),
-        "{text}"
-    );
-    assert!(
-        text.contains("vgpu_agent_events_lost_total{cause=\"stack_full\"} 2"),
-        "{text}"
-    );
-    assert!(
-        text.contains(
-            "vgpu_api_calls_total{container=\"c000\",pod=\"pod-0\",namespace=\"ml\",api=\"cuMemAlloc_v2\",kind=\"copy\",source=\"probes\"} 1000"
-        ),
-        "{text}"
-    );
-    assert!(text.contains("vgpu_container_sm_limit_ratio{"), "{text}");
-    assert!(
-        text.contains("vgpu_gpu_utilization_ratio{device=\"0\"} 0.4"),
-        "{text}"
-    );
+    s
+}
+
+#[test]
+fn the_exposition_is_openmetrics_per_kind_unless_per_api() {
+    let mut s = with_a_region_and_a_gpu(synthetic(3, 5));
+    s.agent.events_lost = BTreeMap::from([("stack_full".to_owned(), 2)]);
+    let pod = "pod=\"train-000-7d9f8c6b5-x2k4p\",namespace=\"ml\"";
     let names = defs::metric_names();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let name = line.split(['{', ' ']).next().unwrap();
+    for per_api in [false, true] {
+        let mut v = if per_api { per_api_view() } else { view() };
+        let text = Body::encode(&v.update(&s)).text(Format::OpenMetrics);
+        assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(
-            names.iter().any(|n| n == name),
-            "{name} is not in defs::ALL"
+            text.contains("vgpu_agent_events_lost_total{cause=\"stack_full\"} 2"),
+            "{text}"
         );
+        let api = if per_api {
+            "api=\"cuMemAlloc_v2\","
+        } else {
+            ""
+        };
+        let calls = format!(
+            "vgpu_api_calls_total{{container=\"c000\",{pod},{api}kind=\"alloc\",source=\"limiter\"}} 1000\n"
+        );
+        assert!(text.contains(&calls), "{calls} in {text}");
+        assert_eq!(text.contains("api=\""), per_api, "{text}");
+        // The histogram per container and API only with the flag; the node's per kind always.
+        assert_eq!(
+            text.contains("# TYPE vgpu_api_latency_seconds histogram"),
+            per_api
+        );
+        assert!(
+            text.contains("vgpu_node_api_latency_seconds_count{kind=\"alloc\"} 3000\n"),
+            "{text}"
+        );
+        assert!(text.contains("vgpu_container_sm_limit_ratio{"), "{text}");
+        // No drift is a value for the pairs compared (the probes did not see the start).
+        assert!(text.contains("between=\"limiter/nvml\"} 0\n"), "{text}");
+        assert!(!text.contains("between=\"probes/limiter\""), "{text}");
+        assert!(
+            text.contains("vgpu_gpu_utilization_ratio{device=\"0\"} 0.4"),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(
+                names.iter().any(|n| n == name),
+                "{name} is not in defs::ALL"
+            );
+        }
+        // Every family of the mode is there (the snapshot has something for each).
+        for d in defs::ALL.iter().filter(|d| match d.only {
+            defs::Only::Always => d.base != defs::AGENT_SNAPSHOT_AGE.base,
+            defs::Only::PerApi => per_api,
+            defs::Only::PidLabels => false,
+        }) {
+            assert!(
+                text.contains(&format!("# TYPE {} ", d.family())),
+                "{} missing (per_api {per_api})",
+                d.base
+            );
+        }
     }
+}
+
+#[test]
+fn kinds_fold_lifecycle_and_info_into_other() {
+    let p = process(
+        10,
+        "c",
+        vec![
+            api("cuInit", "lifecycle", Source::Probes, 1, 900),
+            api("cuCtxCreate_v2", "lifecycle", Source::Probes, 2, 900),
+            api("cuMemGetInfo_v2", "info", Source::Probes, 4, 900),
+            api("ncclAllReduce", "nccl", Source::Probes, 8, 900),
+        ],
+    );
+    let c = container("c", None, &[&p]);
+    let e = view().update(&snapshot(vec![c], vec![p]));
+    assert_eq!(int(&e, &defs::API_CALLS, &["other", "probes"]), 7);
+    assert_eq!(int(&e, &defs::API_CALLS, &["nccl", "probes"]), 8);
+    assert_eq!(e.family(&defs::API_CALLS).len(), 2);
+    match sample(&e, &defs::API_TIME, &["other"]) {
+        Some(Value::Float(s)) => assert!((s - 7.0 * 900e-9).abs() < 1e-15, "{s}"),
+        other => panic!("{other:?}"),
+    }
+    for (kind, want) in [("lifecycle", "other"), ("info", "other"), ("nccl", "nccl")] {
+        assert_eq!(defs::kind_label(kind), want);
+    }
+    assert!(defs::KINDS.iter().all(|k| defs::kind_label(k) == *k));
 }
 
 /// The reference table of docs/metrics.md, from [`defs::ALL`].
@@ -389,11 +517,18 @@ fn docs_table() -> String {
         t.push_str(&format!(
             "| `{names}` | {kind} | {} | {} | {} | {} |\n",
             d.unit.map_or("-", Unit::as_str),
-            defs::label_names(d).join(", "),
-            if d.per_process {
-                format!("{} (opt-in)", d.help)
-            } else {
-                d.help.to_owned()
+            defs::label_names(d)
+                .iter()
+                .map(|l| if *l == defs::API_LABEL {
+                    format!("{l} (with `--metrics-per-api`)")
+                } else {
+                    l.to_string()
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            match d.only.flag() {
+                Some(flag) => format!("{} (only with `{flag}`)", d.help),
+                None => d.help.to_owned(),
             }
             .replace('|', "\\|"),
             d.source.replace('|', "\\|"),
@@ -418,76 +553,5 @@ fn docs_list_every_metric() {
     assert!(
         doc == want,
         "docs/metrics.md is out of date: run with VGPU_BLESS=1"
-    );
-}
-
-/// The scrape benchmark (docs/benchmarks.md): a model of 100 containers x 40 APIs. Per refresh:
-/// the time to fold a snapshot in and to encode the body; per scrape: an HTTP GET of the body
-/// as Prometheus asks for it (OpenMetrics, gzip) and uncompressed; p50/p99 of 200 rounds, each a
-/// refresh then one scrape of each kind (so every gzip scrape compresses a new body).
-/// `cargo test --release -p vgpu-agent --bin vgpu-agent scrape_benchmark -- --ignored --nocapture`
-#[test]
-#[ignore = "a benchmark: run it in release mode"]
-fn scrape_benchmark() {
-    use std::{
-        io::{Read, Write},
-        time::Instant,
-    };
-    let snap = synthetic(100, 40);
-    let mut v = view();
-    let latest = Arc::new(Latest::default());
-    let addr =
-        crate::export::http::serve("127.0.0.1:0".parse().unwrap(), Arc::clone(&latest)).unwrap();
-    let pct = |xs: &mut Vec<f64>, q: f64| {
-        xs.sort_by(f64::total_cmp);
-        xs[((xs.len() - 1) as f64 * q).round() as usize]
-    };
-    let scrape = |encoding: &str| {
-        let t = Instant::now();
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0\r\n{encoding}\r\n"
-        )
-        .unwrap();
-        let mut body = Vec::new();
-        s.read_to_end(&mut body).unwrap();
-        (t.elapsed().as_secs_f64() * 1e3, body.len())
-    };
-    let (mut fold, mut encode, mut plain, mut gzip) = (vec![], vec![], vec![], vec![]);
-    let (mut size, mut gz_size) = (0, 0);
-    for _ in 0..200 {
-        let t = Instant::now();
-        let e = v.update(&snap);
-        fold.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        let body = Body::encode(&e);
-        encode.push(t.elapsed().as_secs_f64() * 1e3);
-        latest.set(body);
-        let (ms, n) = scrape("Accept-Encoding: gzip\r\n");
-        gzip.push(ms);
-        gz_size = n;
-        let (ms, n) = scrape("");
-        plain.push(ms);
-        size = n;
-    }
-    let series = snap.processes.len() * 40;
-    let fig = |xs: &mut Vec<f64>| format!("{:.2}, {:.2}", pct(xs, 0.5), pct(xs, 0.99));
-    let (f, e, g, p) = (
-        fig(&mut fold),
-        fig(&mut encode),
-        fig(&mut gzip),
-        fig(&mut plain),
-    );
-    println!(
-        "scrape-bench: {{\"containers\": 100, \"apis\": 40, \"api_series\": {series}, \"bytes\": {size}, \
-         \"gzip_bytes\": {gz_size}, \"fold_p50_p99_ms\": [{f}], \"encode_p50_p99_ms\": [{e}], \
-         \"scrape_gzip_p50_p99_ms\": [{g}], \"scrape_plain_p50_p99_ms\": [{p}], \"target_50ms_met\": {}}}",
-        pct(&mut gzip, 0.99) < 50.0 && pct(&mut plain, 0.99) < 50.0
-    );
-    assert!(size > 1 << 20, "the scrape returned the whole exposition");
-    assert!(
-        gz_size > 1 << 10 && gz_size < size / 4,
-        "gzip: {gz_size} of {size}"
     );
 }

@@ -17,6 +17,9 @@ pub struct ProcessFacts {
     pub cgroup_path: Option<String>,
 }
 
+/// Bytes of `/proc/<pid>/cmdline` read.
+const MAX_CMDLINE_BYTES: usize = 64 << 10;
+
 /// Parses `comm` and the start time out of a `/proc/<pid>/stat` line. The comm is in parentheses
 /// and may itself contain spaces and parentheses, so fields are counted from the last `)`.
 pub fn parse_stat(stat: &str) -> Option<(String, u64)> {
@@ -33,8 +36,9 @@ impl ProcessFacts {
     pub fn read(proc: &Path, pid: u32) -> Option<ProcessFacts> {
         let dir = proc.join(pid.to_string());
         let (comm, start_ticks) = parse_stat(&fs::read_to_string(dir.join("stat")).ok()?)?;
-        let cmdline = fs::read(dir.join("cmdline"))
-            .map(|b| {
+        // A process chooses how long its command line is (megabytes): read what is shown.
+        let cmdline = region::tenant_fs::read_proc(&dir.join("cmdline"), MAX_CMDLINE_BYTES)
+            .map(|(b, _)| {
                 b.split(|&c| c == 0)
                     .filter(|a| !a.is_empty())
                     .map(String::from_utf8_lossy)
@@ -73,5 +77,39 @@ mod tests {
         assert!(me.start_ticks > 0);
         assert!(!me.comm.is_empty());
         assert_eq!(ProcessFacts::read(Path::new("/proc"), u32::MAX), None);
+    }
+
+    /// A process with a 1 MB command line costs the reader 64 KiB.
+    #[test]
+    fn a_huge_command_line_is_read_within_its_bound() {
+        // Ten arguments of 100 KiB (one argument may be at most 128 KiB).
+        let long = "x".repeat(100 << 10);
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30"])
+            .args(std::iter::repeat_n(&long, 10))
+            .spawn()
+            .unwrap();
+        // Until the child has called exec, its command line is the test binary's.
+        let read = || ProcessFacts::read(Path::new("/proc"), child.id()).unwrap();
+        let started = std::time::Instant::now();
+        let mut facts = read();
+        while !facts.cmdline.starts_with("sh ")
+            && started.elapsed() < std::time::Duration::from_secs(10)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            facts = read();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            facts.cmdline.starts_with("sh -c sleep 30 xxx"),
+            "{}",
+            facts.cmdline.chars().take(40).collect::<String>()
+        );
+        assert!(
+            facts.cmdline.len() <= MAX_CMDLINE_BYTES,
+            "{}",
+            facts.cmdline.len()
+        );
     }
 }

@@ -39,6 +39,22 @@ fn threshold(a: u64, b: u64) -> u64 {
 }
 
 impl MemoryViews {
+    /// The pairs of views that are compared for this process (the same conditions as
+    /// [`MemoryViews::reconcile`]): a pair missing here can never drift.
+    pub fn compared(&self) -> Vec<&'static str> {
+        let mut v = vec![];
+        if self.limiter.is_some() && self.nvml.is_some() {
+            v.push("limiter/nvml");
+        }
+        if self.probes.is_some() && self.limiter_allocations.is_some() && self.probes_complete {
+            v.push("probes/limiter");
+        }
+        if self.probes.is_some() && self.nvml.is_some() {
+            v.push("probes/nvml");
+        }
+        v
+    }
+
     /// Fills in `drift` from the views present.
     pub fn reconcile(mut self) -> MemoryViews {
         let mut worst: Option<Drift> = None;
@@ -74,6 +90,31 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn drift_is_only_reported_between_compared_views() {
+        let all = [None, Some(0), Some(GIB)];
+        for limiter in all {
+            for nvml in all {
+                for probes in all {
+                    for complete in [false, true] {
+                        let v = MemoryViews {
+                            limiter,
+                            limiter_allocations: limiter,
+                            probes,
+                            probes_complete: complete,
+                            nvml,
+                            ..Default::default()
+                        };
+                        let compared = v.compared();
+                        if let Some(d) = v.reconcile().drift {
+                            assert!(compared.contains(&d.between.as_str()), "{d:?} {compared:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn agreeing_views_have_no_drift() {

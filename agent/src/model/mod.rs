@@ -204,6 +204,27 @@ pub struct RegionInfo {
     pub problems: Vec<String>,
     /// Seqlock retries while reading (a sign of contention).
     pub read_retries: u64,
+    /// Why a uid other than the container's could have written the region (its mode lets group
+    /// or others write it, or its owner is not the uid of its users), so its figures may not be
+    /// the container's own. `None`: only its owner could.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writable_by_others: Option<String>,
+}
+
+/// A region this snapshot did not read whole (docs/security.md); its
+/// [`RegionInfo::problems`] say so too.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionUnread {
+    /// The region (as [`RegionInfo::path`]).
+    pub path: String,
+    /// `time` or `retries`: that part of the region's read budget ran out; `blocked`: a read of
+    /// the file started earlier has not returned (nothing of it was read this time).
+    pub reason: String,
+    /// Claimed slots not read (0 when blocked: not known).
+    pub slots: u32,
+    /// For `blocked`: seconds since the read started.
+    #[serde(default)]
+    pub blocked_seconds: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -295,6 +316,23 @@ pub struct AgentStatus {
     pub map_entries: BTreeMap<String, usize>,
     pub nvml_problems: Vec<String>,
     pub warnings: Vec<String>,
+    /// Seconds this snapshot took to collect.
+    #[serde(default)]
+    pub collect_seconds: f64,
+    /// Regions not read whole this snapshot.
+    #[serde(default)]
+    pub regions_unread: Vec<RegionUnread>,
+    /// Set by the daemon when it serves this snapshot again because its collector has not
+    /// finished a new one for more than two intervals: what it shows is stale.
+    #[serde(default)]
+    pub stale: bool,
+    /// Seconds from when the snapshot was taken to when it was served (the daemon's socket,
+    /// `/metrics`); 0 in-process.
+    #[serde(default)]
+    pub age_seconds: f64,
+    /// `/metrics` connections the server dropped, by reason (the daemon only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub http_dropped: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -328,6 +366,11 @@ impl Default for AgentStatus {
             map_entries: BTreeMap::new(),
             nvml_problems: vec![],
             warnings: vec![],
+            collect_seconds: 0.0,
+            regions_unread: vec![],
+            stale: false,
+            age_seconds: 0.0,
+            http_dropped: BTreeMap::new(),
         }
     }
 }
@@ -354,6 +397,27 @@ impl Snapshot {
     pub fn process(&self, key: ProcessKey) -> Option<&Process> {
         self.processes.iter().find(|p| p.key == key)
     }
+
+    /// Seconds from when this snapshot was taken to `now_unix_ms` (0 if the clock went back).
+    pub fn age_at(&self, now_unix_ms: u64) -> f64 {
+        now_unix_ms.saturating_sub(self.taken_at_unix_ms) as f64 / 1e3
+    }
+
+    /// Whether what it shows is stale at `now_unix_ms` for a reader refreshing every `interval`:
+    /// the daemon said so, or it is older than two intervals (of the reader's or the daemon's,
+    /// whichever is longer).
+    pub fn is_stale_at(&self, now_unix_ms: u64, interval: std::time::Duration) -> bool {
+        let period = interval.as_secs_f64().max(self.interval_seconds);
+        self.agent.stale || self.age_at(now_unix_ms) > 2.0 * period
+    }
+}
+
+/// Now, as `taken_at_unix_ms` counts.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ pub mod process_use;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::PathBuf,
+    path::Path,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -185,25 +185,59 @@ pub struct NvmlGpuSource<B: NvmlBackend = library::NvmlLibrary> {
 
 impl NvmlGpuSource<library::NvmlLibrary> {
     /// NVML from the library the loader finds (`libnvidia-ml.so.1`).
+    #[cfg(test)]
     pub fn system() -> Self {
-        Self::with_library(PathBuf::from(library::DEFAULT_LIBRARY))
+        Self::with_library(std::path::PathBuf::from(library::DEFAULT_LIBRARY))
     }
 
     /// NVML from a given library name or path.
-    pub fn with_library(path: PathBuf) -> Self {
-        let open = move || {
-            library::NvmlLibrary::open(&path).map_err(|source| {
-                let library = path.display().to_string();
-                match source {
-                    NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => {
-                        NvmlProblem::NotFound { library, source }
-                    }
-                    source => NvmlProblem::Init { library, source },
-                }
-            })
-        };
-        Self::with_opener(Box::new(open), RETRY_INIT_EVERY)
+    #[cfg(test)]
+    pub fn with_library(path: std::path::PathBuf) -> Self {
+        Self::with_opener(Box::new(move || open_library(&path)), RETRY_INIT_EVERY)
     }
+
+    /// NVML for an agent that sees the host under `host.root`: the library the loader finds
+    /// (the agent's own environment, or what the NVIDIA container toolkit injected into its
+    /// container), else the host's own `libnvidia-ml.so.1`, found as the host's loader would find
+    /// it (its `ld.so.cache`, then the driver directories) under the host root. The host's files
+    /// are root's, not a tenant's: loading the host driver's NVML is what `nvidia-smi` on the
+    /// host does. Looked up again at every retry, so a driver installed later is found.
+    pub fn for_host(host: crate::host::HostPaths) -> Self {
+        Self::with_opener(
+            Box::new(move || open_here_or_on_host(&host, open_library)),
+            RETRY_INIT_EVERY,
+        )
+    }
+}
+
+/// Opens NVML with `open`: the name the loader searches for first, then, if the loader found
+/// nothing, the host's copy under the host root.
+fn open_here_or_on_host<B>(
+    host: &crate::host::HostPaths,
+    open: impl Fn(&Path) -> Result<B, NvmlProblem>,
+) -> Result<B, NvmlProblem> {
+    match open(Path::new(library::DEFAULT_LIBRARY)) {
+        Err(NvmlProblem::NotFound { library, source }) => {
+            match crate::discovery::host_soname(host, library::DEFAULT_LIBRARY) {
+                Some(on_host) => open(&on_host),
+                None => Err(NvmlProblem::NotFound { library, source }),
+            }
+        }
+        other => other,
+    }
+}
+
+/// Loads and initialises NVML from `path` (a name the loader searches for, or a path).
+fn open_library(path: &Path) -> Result<library::NvmlLibrary, NvmlProblem> {
+    library::NvmlLibrary::open(path).map_err(|source| {
+        let library = path.display().to_string();
+        match source {
+            NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => {
+                NvmlProblem::NotFound { library, source }
+            }
+            source => NvmlProblem::Init { library, source },
+        }
+    })
 }
 
 impl<B: NvmlBackend> NvmlGpuSource<B> {

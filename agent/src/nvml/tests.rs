@@ -1,6 +1,6 @@
 use std::{
     cell::RefCell,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -398,5 +398,53 @@ fn the_system_library_answers_either_way() {
     assert!(
         !snap.devices.is_empty() || !snap.problems.is_empty(),
         "{snap:?}"
+    );
+}
+
+/// In a container that sees the host under `--host-root` and has no NVML of its own (the
+/// DaemonSet's image), the host driver's NVML is opened where the host's loader would find it;
+/// what the loader finds itself comes first; without either, the loader's miss is reported.
+#[test]
+fn the_host_nvml_is_opened_when_the_loader_finds_none() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("usr/lib/x86_64-linux-gnu/nvidia/current");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("libnvidia-ml.so.1"), b"\x7fELF").unwrap();
+    let host = crate::host::HostPaths::system().with_root(root.path().to_owned());
+    let not_found = |p: &Path| NvmlProblem::NotFound {
+        library: p.display().to_string(),
+        source: NvmlError::LibraryNotFound,
+    };
+    let tried = RefCell::new(Vec::new());
+    let loader_has_none = |p: &Path| {
+        tried.borrow_mut().push(p.to_owned());
+        if p.is_absolute() {
+            Ok(p.to_owned())
+        } else {
+            Err(not_found(p))
+        }
+    };
+    assert_eq!(
+        open_here_or_on_host(&host, loader_has_none).unwrap(),
+        dir.join("libnvidia-ml.so.1")
+    );
+    assert_eq!(
+        tried.take(),
+        [
+            PathBuf::from("libnvidia-ml.so.1"),
+            dir.join("libnvidia-ml.so.1")
+        ]
+    );
+    let loader_has_one = |p: &Path| Ok::<_, NvmlProblem>(p.to_owned());
+    assert_eq!(
+        open_here_or_on_host(&host, loader_has_one).unwrap(),
+        PathBuf::from("libnvidia-ml.so.1")
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let host = crate::host::HostPaths::system().with_root(empty.path().to_owned());
+    let err = open_here_or_on_host(&host, |p: &Path| Err::<(), _>(not_found(p))).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "NVML not found: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?)"
     );
 }

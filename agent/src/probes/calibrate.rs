@@ -24,9 +24,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::ProbeCookie;
+use agent_common::{ProbeCookie, maps::StatsKey};
 
 use super::{ProbeError, Probes, symbols::Prologue};
+
+mod stubs;
+
+use stubs::{CalibrationFn, STUBS, UNPROBED_BODY};
 
 /// The measured cost of one probed call of one prologue class.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -38,12 +42,16 @@ pub struct ClassCost {
     pub unprobed_ns: f64,
     /// Added cost of one entry + return hit when the agent started, ns.
     pub per_hit_ns: f64,
-    /// The part of that cost that falls inside the latency the probes measure (their mean
-    /// in-kernel latency of a function that takes a few ns): subtracted when attributing time to
-    /// the driver.
+    /// The part of that cost that falls inside the latency the probes measure (the latency they
+    /// measured of the calibration function less its unprobed time; the median of the last few
+    /// re-measurements): subtracted when attributing time to the driver.
     pub inband_ns: f64,
     /// The current cost of one hit (the median of the last few re-measurements), ns.
     pub last_per_hit_ns: f64,
+    /// One standard error of `last_per_hit_ns`, ns: the spread of the re-measurements it is the
+    /// median of (of the batches of the one measurement while there is only one).
+    #[serde(default)]
+    pub last_se_ns: f64,
     /// Probed calls of this class charged so far, all processes.
     pub charged_calls: u64,
 }
@@ -75,6 +83,15 @@ pub struct ProbeCost {
     /// counters.
     #[serde(default)]
     pub charged_ns: BTreeMap<u32, f64>,
+    /// One standard error of `charged_ns` per process, ns: each interval's calls times the
+    /// standard error of the cost they were charged at, summed (not in quadrature: consecutive
+    /// intervals are priced from overlapping re-measurements, so their errors are correlated).
+    #[serde(default)]
+    pub charged_se_ns: BTreeMap<u32, f64>,
+    /// The in-band part of the hits charged per process, ns (each interval's calls times the
+    /// in-band cost then): what its probed calls' measured latencies are corrected by.
+    #[serde(default)]
+    pub charged_inband_ns: BTreeMap<u32, f64>,
     /// Every class measured.
     #[serde(default)]
     pub classes: Vec<ClassCost>,
@@ -110,147 +127,64 @@ impl ProbeCost {
     }
 }
 
-type CalibrationFn = unsafe extern "C" fn(*mut i32) -> i32;
+/// A timing: the median ns per call over some batches, and one standard error of it (the
+/// spread of the batches).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Timed {
+    ns: f64,
+    se_ns: f64,
+}
 
-// One function per prologue class, each starting with an instruction of its class and going on
-// into the common body (`vgpu_calibrate_body`), which returns 0. `vgpu_calibrate_other` starts like
-// every entry point of NVIDIA's 5xx libcuda in Debian: a compare of a RIP-relative word with an
-// immediate.
-#[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    ".pushsection .text.vgpu_calibrate,\"ax\",@progbits",
-    ".globl vgpu_calibrate_push",
-    ".type vgpu_calibrate_push,@function",
-    ".p2align 4",
-    "vgpu_calibrate_push:",
-    "push rbp",
-    "mov rbp, rsp",
-    "pop rbp",
-    "jmp {body}",
-    ".size vgpu_calibrate_push, .-vgpu_calibrate_push",
-    ".globl vgpu_calibrate_nop5",
-    ".type vgpu_calibrate_nop5,@function",
-    ".p2align 4",
-    "vgpu_calibrate_nop5:",
-    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
-    "jmp {body}",
-    ".size vgpu_calibrate_nop5, .-vgpu_calibrate_nop5",
-    ".globl vgpu_calibrate_endbr64",
-    ".type vgpu_calibrate_endbr64,@function",
-    ".p2align 4",
-    "vgpu_calibrate_endbr64:",
-    ".byte 0xf3, 0x0f, 0x1e, 0xfa",
-    "jmp {body}",
-    ".size vgpu_calibrate_endbr64, .-vgpu_calibrate_endbr64",
-    ".globl vgpu_calibrate_other",
-    ".type vgpu_calibrate_other,@function",
-    ".p2align 4",
-    "vgpu_calibrate_other:",
-    "cmp dword ptr [rip + vgpu_calibrate_word], 0x321cba00",
-    "jmp {body}",
-    ".size vgpu_calibrate_other, .-vgpu_calibrate_other",
-    ".popsection",
-    ".pushsection .data.vgpu_calibrate,\"aw\",@progbits",
-    ".p2align 2",
-    "vgpu_calibrate_word:",
-    ".long 0",
-    ".popsection",
-    body = sym vgpu_calibrate_body,
-);
-
-/// The common body of the calibration functions: a few hundred nanoseconds of loads and
-/// branches over a 2 KiB table, about what a driver entry point does before its real work. A hit
-/// costs more than its trap: the code that runs after it finds its predictors and cache lines
-/// disturbed, and a function that returned at once would not show that (on the development VM a
-/// bare `ret` put the cost about 10% under the slowdown of a probed simulated-driver call).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn vgpu_calibrate_body(_v: *mut i32) -> i32 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static TABLE: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
-    let mut acc = 0u64;
-    for i in 0..64usize {
-        // Relaxed: nothing else reads or writes the table; the loads only stand for work.
-        let v = TABLE[(i * 37) % 256].load(Ordering::Relaxed);
-        if (v ^ i as u64) & 1 == 0 {
-            acc = acc.wrapping_add(v);
-        } else {
-            acc ^= v.rotate_left(7);
+impl Timed {
+    /// `v`'s median, and the standard error of its mean as that of the median.
+    fn of(v: &[f64]) -> Timed {
+        Timed {
+            ns: median(v),
+            se_ns: standard_error(v),
         }
     }
-    black_box(acc);
-    0
+
+    /// The difference of two independent timings.
+    fn minus(self, o: Timed) -> Timed {
+        Timed {
+            ns: (self.ns - o.ns).max(0.0),
+            se_ns: self.se_ns.hypot(o.se_ns),
+        }
+    }
 }
 
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" {
-    fn vgpu_calibrate_push(v: *mut i32) -> i32;
-    fn vgpu_calibrate_nop5(v: *mut i32) -> i32;
-    fn vgpu_calibrate_endbr64(v: *mut i32) -> i32;
-    fn vgpu_calibrate_other(v: *mut i32) -> i32;
+/// The standard error of the mean of `v` (0 for fewer than two values).
+fn standard_error(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (var / n).sqrt()
 }
 
-/// The calibration function of each class: its symbol and a pointer to call it.
-#[cfg(target_arch = "x86_64")]
-pub const STUBS: [(Prologue, &str, CalibrationFn); 4] = [
-    (Prologue::Push, "vgpu_calibrate_push", vgpu_calibrate_push),
-    (Prologue::Nop5, "vgpu_calibrate_nop5", vgpu_calibrate_nop5),
-    (
-        Prologue::Endbr64,
-        "vgpu_calibrate_endbr64",
-        vgpu_calibrate_endbr64,
-    ),
-    (
-        Prologue::Other,
-        "vgpu_calibrate_other",
-        vgpu_calibrate_other,
-    ),
-];
-
-/// The calibration functions' common body, called directly: never probed, it gives the
-/// unprobed time of a calibration call at each re-measurement.
-#[cfg(target_arch = "x86_64")]
-const UNPROBED_BODY: CalibrationFn = body_call;
-
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn body_call(v: *mut i32) -> i32 {
-    vgpu_calibrate_body(v)
+/// Median ns per call over `batches` batches of `batch` calls, and its spread.
+fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> Timed {
+    time_batches(func, batch, batches, || None).0
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-const UNPROBED_BODY: CalibrationFn = unprobed_self_call;
-
-/// Elsewhere, one plain Rust function stands for every class.
-#[cfg(not(target_arch = "x86_64"))]
-pub const STUBS: [(Prologue, &str, CalibrationFn); 1] =
-    [(Prologue::Other, "vgpu_agent_calibration_target", self_call)];
-
-/// A plain Rust function of the agent's own binary (the calibration target where there are no
-/// class stubs).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn vgpu_agent_calibration_target(v: *mut i32) -> i32 {
-    black_box(v);
-    0
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe extern "C" fn self_call(v: *mut i32) -> i32 {
-    vgpu_agent_calibration_target(v)
-}
-
-/// The same work as [`vgpu_agent_calibration_target`], in a function that is never probed.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe extern "C" fn unprobed_self_call(v: *mut i32) -> i32 {
-    black_box(v);
-    0
-}
-
-/// Median ns per call over `batches` batches of `batch` calls.
-fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> f64 {
+/// As [`time_calls`], and the median over the batches of the latency per call the probes
+/// measured (`row`: the calibration row's calls and total latency so far, read between
+/// batches; `None` when it cannot be read). Medians of batches, both: a batch that was
+/// preempted moves neither, where a mean over all the calls would carry every preemption (at
+/// the start on a loaded VM the mean put the in-band part at 7-9 us, over twice a whole hit).
+fn time_batches(
+    func: CalibrationFn,
+    batch: u32,
+    batches: u32,
+    mut row: impl FnMut() -> Option<(u64, u64)>,
+) -> (Timed, Option<f64>) {
     let mut per_call = Vec::with_capacity(batches as usize);
+    let mut latency = Vec::with_capacity(batches as usize);
     let mut v = 0i32;
     for _ in 0..batches {
+        let before = row();
         let t = Instant::now();
         for _ in 0..batch {
             // SAFETY: every calibration function takes one out-pointer to an int (which it
@@ -258,9 +192,30 @@ fn time_calls(func: CalibrationFn, batch: u32, batches: u32) -> f64 {
             black_box(unsafe { func(&mut v) });
         }
         per_call.push(t.elapsed().as_nanos() as f64 / batch as f64);
+        if let (Some((c0, t0)), Some((c1, t1))) = (before, row())
+            && c1 > c0
+        {
+            latency.push(t1.saturating_sub(t0) as f64 / (c1 - c0) as f64);
+        }
     }
-    per_call.sort_by(f64::total_cmp);
-    per_call[per_call.len() / 2]
+    let latency = (!latency.is_empty()).then(|| median(&latency));
+    (Timed::of(&per_call), latency)
+}
+
+/// What one re-measurement of a class found: its probed and unprobed timings, and the latency
+/// per call the probes measured (ns) where it could be read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Measured {
+    probed: Timed,
+    unprobed: Timed,
+    latency: Option<f64>,
+}
+
+impl Measured {
+    /// The in-band part of a hit.
+    fn inband(&self) -> Option<f64> {
+        self.latency.map(|l| (l - self.unprobed.ns).max(0.0))
+    }
 }
 
 /// Calls per burst batch: about `target` of probed calls at `probed_ns` each.
@@ -273,8 +228,9 @@ struct Class {
     func: CalibrationFn,
     /// Calls per re-measurement batch (sized to take about 0.7 ms probed).
     burst: u32,
-    /// The last re-measurements, ns per hit (the newest last).
-    recent: Vec<f64>,
+    /// The last re-measurements of a hit (the newest last), and of its in-band part.
+    recent: Vec<Timed>,
+    recent_inband: Vec<f64>,
 }
 
 /// Re-measurements a charge is taken over: their median, so that one burst that was preempted or
@@ -288,9 +244,25 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The price of a hit from its last re-measurements: their median, and one standard error of
+/// it from their spread (from the one measurement's own batches while there is only one).
+fn price(recent: &[Timed]) -> Timed {
+    let values: Vec<f64> = recent.iter().map(|t| t.ns).collect();
+    match recent {
+        [] => Timed {
+            ns: 0.0,
+            se_ns: 0.0,
+        },
+        [one] => *one,
+        _ => Timed::of(&values),
+    }
+}
+
 /// Keeps the calibration probes attached and re-measures their cost.
 pub struct Calibrator {
     classes: Vec<Class>,
+    /// The agent's own calibration row in the probes' aggregation map.
+    row: Option<StatsKey>,
     pub cost: ProbeCost,
     /// The class to report before any call is charged (the host driver's).
     default_main: Prologue,
@@ -326,7 +298,7 @@ impl Calibrator {
         let mut found = Vec::new();
         for (prologue, name, func) in STUBS {
             let (offset, seen) =
-                super::symbols::find_function(&file, &data, name).ok_or_else(|| {
+                super::symbols::find_function(&file, &*data, name).ok_or_else(|| {
                     ProbeError::NotElf {
                         path: path.clone(),
                         reason: format!("calibration function {name} not found (stripped binary?)"),
@@ -341,41 +313,45 @@ impl Calibrator {
         let offsets: Vec<u64> = found.iter().map(|f| f.3).collect();
         probes.attach_calibration(&path, &offsets)?;
         let me = std::process::id();
-        let in_band_total = |probes: &Probes| -> Result<(u64, u64), ProbeError> {
-            Ok(probes
-                .read_stats()?
-                .iter()
-                .filter(|(k, _)| k.tgid == me && k.api == ProbeCookie::CALIBRATION_API)
-                .fold((0, 0), |(c, t), (_, s)| (c + s.calls, t + s.total_ns)))
-        };
         let (mut classes, mut costs, mut calls) = (Vec::new(), Vec::new(), 0u64);
+        let mut row = None;
         for (prologue, name, func, _, unprobed) in found {
-            let before = in_band_total(probes)?;
             // A single-stepped probe can cost ~15 us in a VM: size batches to finish in ~100 ms.
-            let probe_once = time_calls(func, 20, 1);
+            let probe_once = time_calls(func, 20, 1).ns;
+            // The calibration row exists once a probed call was made: its key (the agent's
+            // cgroup) is looked up once.
+            if row.is_none() {
+                row = probes
+                    .read_stats()?
+                    .into_iter()
+                    .find(|(k, _)| k.tgid == me && k.api == ProbeCookie::CALIBRATION_API)
+                    .map(|(k, _)| k);
+            }
             let batch = batch_for(Duration::from_millis(10), probe_once);
-            let probed = time_calls(func, batch, 9);
-            let after = in_band_total(probes)?;
-            let (n, total) = (after.0 - before.0, after.1.saturating_sub(before.1));
-            let inband_ns = if n > 0 {
-                (total as f64 / n as f64 - unprobed).max(0.0)
-            } else {
-                0.0
-            };
+            let (probed, latency) = time_batches(func, batch, 9, || read_row(probes, row));
+            let inband_ns = Measured {
+                probed,
+                unprobed,
+                latency,
+            }
+            .inband()
+            .unwrap_or(0.0);
             calls += u64::from(batch) * 9 + 20;
-            let per_hit_ns = (probed - unprobed).max(0.0);
+            let hit = probed.minus(unprobed);
             classes.push(Class {
                 func,
-                burst: batch_for(Duration::from_micros(700), probed),
-                recent: vec![(probed - unprobed).max(0.0)],
+                burst: batch_for(Duration::from_micros(700), probed.ns),
+                recent: vec![hit],
+                recent_inband: vec![inband_ns],
             });
             costs.push(ClassCost {
                 prologue,
                 target: format!("self:{name}"),
-                unprobed_ns: unprobed,
-                per_hit_ns,
+                unprobed_ns: unprobed.ns,
+                per_hit_ns: hit.ns,
                 inband_ns,
-                last_per_hit_ns: per_hit_ns,
+                last_per_hit_ns: hit.ns,
+                last_se_ns: hit.se_ns,
                 charged_calls: 0,
             });
         }
@@ -393,12 +369,15 @@ impl Calibrator {
             remeasured: 0,
             last_per_hit_ns: 0.0,
             charged_ns: BTreeMap::new(),
+            charged_se_ns: BTreeMap::new(),
+            charged_inband_ns: BTreeMap::new(),
             classes: costs,
             process_prologue: BTreeMap::new(),
         };
         cost.set_main(default_main);
         Ok(Calibrator {
             classes,
+            row,
             cost,
             default_main,
             calls_seen: BTreeMap::new(),
@@ -409,36 +388,84 @@ impl Calibrator {
     /// median: about 2 ms a class) and charges the calls each process made since the last poll
     /// at the median of the last [`RECENT`] measurements. `calls` is every process's probed calls
     /// so far, by the class of the functions called.
-    pub fn remeasure(&mut self, calls: &BTreeMap<(u32, Prologue), u64>) {
-        let mut per_hit = BTreeMap::new();
-        for (class, cost) in self.classes.iter_mut().zip(&mut self.cost.classes) {
+    pub fn remeasure(&mut self, calls: &BTreeMap<(u32, Prologue), u64>, probes: &Probes) {
+        let mut measured = BTreeMap::new();
+        for (class, cost) in self.classes.iter().zip(&self.cost.classes) {
             // Only classes with probed calls: each burst takes CPU time from the workloads.
             if !calls.keys().any(|(_, p)| *p == cost.prologue) {
                 continue;
             }
-            let probed = time_calls(class.func, class.burst, 3);
+            let (probed, latency) =
+                time_batches(class.func, class.burst, 3, || read_row(probes, self.row));
             // The unprobed time again, around the same moment: the body's own time moves with
             // the machine (on the VM by 1.7x between modes), and a baseline from the start would
             // put that move into the cost of a hit.
             let unprobed = time_calls(UNPROBED_BODY, class.burst, 3);
-            cost.unprobed_ns = unprobed;
-            let now = (probed - unprobed).max(0.0);
+            measured.insert(
+                cost.prologue,
+                Measured {
+                    probed,
+                    unprobed,
+                    latency,
+                },
+            );
+        }
+        self.settle(calls, &measured);
+    }
+
+    /// Takes in one re-measurement per class (`measured`: a burst's probed and unprobed
+    /// timings) and charges each process's calls since the last poll at the resulting price.
+    fn settle(
+        &mut self,
+        calls: &BTreeMap<(u32, Prologue), u64>,
+        measured: &BTreeMap<Prologue, Measured>,
+    ) {
+        for (class, cost) in self.classes.iter_mut().zip(&mut self.cost.classes) {
+            let Some(m) = measured.get(&cost.prologue) else {
+                continue;
+            };
+            cost.unprobed_ns = m.unprobed.ns;
             if class.recent.len() == RECENT {
                 class.recent.remove(0);
             }
-            class.recent.push(now);
-            let current = median(&class.recent);
-            per_hit.insert(cost.prologue, current);
-            cost.last_per_hit_ns = current;
+            class.recent.push(m.probed.minus(m.unprobed));
+            if let Some(inband) = m.inband() {
+                if class.recent_inband.len() == RECENT {
+                    class.recent_inband.remove(0);
+                }
+                class.recent_inband.push(inband);
+            }
+            let current = price(&class.recent);
+            if !class.recent_inband.is_empty() {
+                cost.inband_ns = median(&class.recent_inband);
+            }
+            cost.last_per_hit_ns = current.ns;
+            cost.last_se_ns = current.se_ns;
             self.cost.calls += u64::from(class.burst) * 3;
         }
         self.cost.remeasured += 1;
-        let charged = charge(
-            &mut self.cost.charged_ns,
-            &mut self.calls_seen,
-            calls,
-            |p| per_hit.get(&p).copied().unwrap_or(0.0),
-        );
+        // Each class at its current price (a class without calls keeps its last one).
+        let prices: BTreeMap<Prologue, (Timed, f64)> = self
+            .cost
+            .classes
+            .iter()
+            .map(|c| {
+                let price = Timed {
+                    ns: c.last_per_hit_ns,
+                    se_ns: c.last_se_ns,
+                };
+                (c.prologue, (price, c.inband_ns))
+            })
+            .collect();
+        let charged = charge(&mut self.cost, &mut self.calls_seen, calls, |p| {
+            prices.get(&p).copied().unwrap_or((
+                Timed {
+                    ns: 0.0,
+                    se_ns: 0.0,
+                },
+                0.0,
+            ))
+        });
         for (prologue, n) in charged {
             if let Some(c) = self
                 .cost
@@ -476,24 +503,36 @@ impl Calibrator {
         for p in pids {
             self.calls_seen.retain(|(pid, _), _| pid != p);
             self.cost.charged_ns.remove(p);
+            self.cost.charged_se_ns.remove(p);
+            self.cost.charged_inband_ns.remove(p);
             self.cost.process_prologue.remove(p);
         }
     }
 }
 
-/// Charges each process's calls since the last poll at the cost of their class; returns the
-/// calls charged per class.
+/// The calibration row's calls and total latency (ns) so far.
+fn read_row(probes: &Probes, row: Option<StatsKey>) -> Option<(u64, u64)> {
+    let s = probes.stats_row(&row?).ok()??;
+    Some((s.calls, s.total_ns))
+}
+
+/// Charges each process's calls since the last poll at the cost of their class (and their
+/// share of its standard error); returns the calls charged per class.
 fn charge(
-    charged: &mut BTreeMap<u32, f64>,
+    cost: &mut ProbeCost,
     seen: &mut BTreeMap<(u32, Prologue), u64>,
     calls: &BTreeMap<(u32, Prologue), u64>,
-    per_hit: impl Fn(Prologue) -> f64,
+    per_hit: impl Fn(Prologue) -> (Timed, f64),
 ) -> BTreeMap<Prologue, u64> {
     let mut by_class = BTreeMap::new();
     for (&key, &n) in calls {
         // Fewer calls than last time: the rows were removed and the pid reused.
         let before = seen.get(&key).copied().filter(|&b| b <= n).unwrap_or(0);
-        *charged.entry(key.0).or_insert(0.0) += (n - before) as f64 * per_hit(key.1);
+        let (price, inband) = per_hit(key.1);
+        let new = (n - before) as f64;
+        *cost.charged_ns.entry(key.0).or_insert(0.0) += new * price.ns;
+        *cost.charged_se_ns.entry(key.0).or_insert(0.0) += new * price.se_ns;
+        *cost.charged_inband_ns.entry(key.0).or_insert(0.0) += new * inband;
         *by_class.entry(key.1).or_insert(0) += n - before;
         seen.insert(key, n);
     }
@@ -501,91 +540,4 @@ fn charge(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_interval_is_charged_at_its_own_cost_and_class() {
-        let (mut charged, mut seen) = (BTreeMap::new(), BTreeMap::new());
-        let cost = |k: f64| move |p: Prologue| if p == Prologue::Push { k } else { 10.0 * k };
-        let (push, other) = (Prologue::Push, Prologue::Other);
-        let by = charge(
-            &mut charged,
-            &mut seen,
-            &[((7, push), 100)].into(),
-            cost(1_000.0),
-        );
-        assert_eq!(by, [(push, 100)].into());
-        let by = charge(
-            &mut charged,
-            &mut seen,
-            &[((7, push), 300), ((7, other), 5), ((8, push), 50)].into(),
-            cost(2_000.0),
-        );
-        assert_eq!(by, [(push, 250), (other, 5)].into());
-        assert_eq!(
-            charged[&7],
-            100.0 * 1_000.0 + 200.0 * 2_000.0 + 5.0 * 20_000.0
-        );
-        assert_eq!(charged[&8], 50.0 * 2_000.0);
-        // A reused pid whose rows were removed starts again.
-        charge(
-            &mut charged,
-            &mut seen,
-            &[((8, push), 10)].into(),
-            cost(3_000.0),
-        );
-        assert_eq!(charged[&8], 50.0 * 2_000.0 + 10.0 * 3_000.0);
-    }
-
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn each_class_has_a_function_that_starts_like_it_in_this_binary() {
-        let (path, data) = own_binary().unwrap();
-        let file = object::File::parse(&*data).unwrap();
-        for (prologue, name, func) in STUBS {
-            let (_, seen) = super::super::symbols::find_function(&file, &data, name)
-                .unwrap_or_else(|| panic!("{name} in {}", path.display()));
-            assert_eq!(seen, prologue, "{name}");
-            let mut v = 0;
-            // SAFETY: see `time_calls`.
-            assert_eq!(unsafe { func(&mut v) }, 0);
-        }
-        let main = ProbeCost {
-            target: String::new(),
-            prologue: Prologue::Other,
-            calls: 0,
-            unprobed_ns: 0.0,
-            per_hit_ns: 0.0,
-            inband_ns: 0.0,
-            remeasured: 0,
-            last_per_hit_ns: 0.0,
-            charged_ns: BTreeMap::new(),
-            classes: [(Prologue::Push, 1_000.0), (Prologue::Other, 3_000.0)]
-                .map(|(prologue, ns)| ClassCost {
-                    prologue,
-                    target: String::new(),
-                    unprobed_ns: 1.0,
-                    per_hit_ns: ns,
-                    inband_ns: ns / 2.0,
-                    last_per_hit_ns: ns,
-                    charged_calls: 0,
-                })
-                .into(),
-            process_prologue: [(7, Prologue::Push)].into(),
-        };
-        assert_eq!(main.class_of(7).unwrap().per_hit_ns, 1_000.0);
-        assert_eq!(
-            main.class_of(8).unwrap().per_hit_ns,
-            3_000.0,
-            "the main class"
-        );
-    }
-
-    #[test]
-    fn batches_take_about_the_time_asked() {
-        assert_eq!(batch_for(Duration::from_micros(700), 3_500.0), 200);
-        assert_eq!(batch_for(Duration::from_millis(10), 0.0), 5_000);
-        assert_eq!(batch_for(Duration::from_micros(10), 15_000.0), 20);
-    }
-}
+mod tests;

@@ -70,6 +70,8 @@ pub enum ProbeError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Library(#[from] region::tenant_fs::TenantFsError),
     #[error("{} is not an ELF library: {reason}", path.display())]
     NotElf { path: PathBuf, reason: String },
     #[error("eBPF map {name}: {source}")]
@@ -224,7 +226,7 @@ impl Probes {
     pub fn attach_library(&mut self, file: LibraryFile) -> Result<&AttachedLibrary, ProbeError> {
         let kinds = probed_kinds(file.kind);
         let apis = ApiId::all().filter(|a| a.spec().is_some_and(|s| kinds.contains(&s.kind)));
-        let symbols = symbols::resolve(&file.attach_path, apis)?;
+        let symbols = symbols::resolve(&file, apis)?;
         let mut lib = AttachedLibrary {
             file,
             symbols,
@@ -370,6 +372,17 @@ impl Probes {
                 source: Box::new(e),
             })?;
         Ok(map.iter().filter_map(Result::ok).collect())
+    }
+
+    /// One aggregation row (the calibration re-reads its own between batches: a lookup, not a
+    /// walk of the whole map).
+    pub fn stats_row(&self, key: &StatsKey) -> Result<Option<ApiStats>, ProbeError> {
+        let map: BpfHashMap<_, StatsKey, ApiStats> = BpfHashMap::try_from(self.map("STATS")?)
+            .map_err(|e| ProbeError::Map {
+                name: "STATS",
+                source: Box::new(e),
+            })?;
+        Ok(map.get(key, 0).ok())
     }
 
     /// Every aggregation row.

@@ -21,9 +21,16 @@ use std::{
 use agent_common::ApiKind;
 use serde::{Deserialize, Serialize};
 
+mod exposure;
 mod gaps;
+mod windows;
 
-use gaps::{Gap, Reference, calls_of_kinds, charge, gap_estimates, own_rate, reference_kinds};
+pub use exposure::Exposure;
+#[cfg(test)]
+use exposure::Spread;
+use exposure::Weight;
+use gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates, reference_kinds};
+use windows::commit;
 
 /// The kinds a budget controls.
 pub const SAMPLED_KINDS: [ApiKind; 3] = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
@@ -38,7 +45,10 @@ pub struct Budget {
 }
 
 /// Duty cycles that keep `cost` (each kind's probe cost when always attached, a share of wall
-/// time) under `budget` (a share of wall time), by water-filling.
+/// time) under `budget` (a share of wall time), by water-filling. A kind that would get at least
+/// [`WHOLE_ABOVE`] of its full cost, and whose full cost is still within what is left of the
+/// budget, stays attached whole (the others share a little less): a gap of a few per cent of a
+/// window saves next to nothing, and would stop it being the reference of the others' gaps.
 pub fn duties(cost: &[f64], budget: f64) -> Vec<f64> {
     let mut order: Vec<usize> = (0..cost.len()).collect();
     order.sort_by(|a, b| cost[*a].total_cmp(&cost[*b]));
@@ -46,7 +56,7 @@ pub fn duties(cost: &[f64], budget: f64) -> Vec<f64> {
     let mut out = vec![1.0; cost.len()];
     for (i, &k) in order.iter().enumerate() {
         let share = left / (cost.len() - i) as f64;
-        if cost[k] <= share {
+        if cost[k] <= share || (cost[k] * WHOLE_ABOVE <= share && cost[k] <= left) {
             left -= cost[k];
         } else {
             out[k] = share / cost[k];
@@ -55,6 +65,9 @@ pub fn duties(cost: &[f64], budget: f64) -> Vec<f64> {
     }
     out
 }
+
+/// See [`duties`].
+const WHOLE_ABOVE: f64 = 0.9;
 
 /// The per-hit cost assumed when calibration is off (the GPU machine's, docs/gpu-validation.md).
 pub const UNCALIBRATED_PER_HIT_NS: f64 = 1_600.0;
@@ -86,17 +99,23 @@ struct KindState {
     /// The detached time before the current window (from the last window's close to this one's
     /// opening, polls and attaching included).
     gap: Duration,
-    /// The current window's reference kinds (others attached all along: see [`Reference`]), and
-    /// their calls per process when it opened.
-    refs: Vec<ApiKind>,
-    ref_at_open: BTreeMap<u32, u64>,
+    /// Every kind's calls per process when the current window opened (its reference kinds are
+    /// picked when it closes: the kinds attached all through it, see [`Reference`]).
+    at_open: BTreeMap<ApiKind, BTreeMap<u32, u64>>,
     opened_at: Instant,
+    /// Since when the kind has been attached without a break (re-measuring a kind that fits the
+    /// budget whole is no break).
+    attached_since: Instant,
     /// The last closed window's reference, as seen at its close.
     last: Option<Reference>,
-    /// The gap estimate charged when the current window opened (from the window before the gap
-    /// alone), replaced by the full one when it closes: a snapshot taken meanwhile already counts
-    /// the gap.
+    /// The estimate of the gap before the current window, made when it opened (from the window
+    /// before the gap alone): part of every reading until the window closes and the full
+    /// estimate replaces it.
     provisional: BTreeMap<u32, Gap>,
+    /// The weights the last closed window's values got so far in the gap estimates (by
+    /// reference, by pace: see [`Spread`]), per process: the gap before it; the gap after it
+    /// completes them.
+    weights: BTreeMap<u32, Weight>,
 }
 
 /// What the schedule did, for the model.
@@ -106,7 +125,7 @@ pub struct SamplingStatus {
     pub budget_share: f64,
     pub window_seconds: f64,
     pub kinds: Vec<KindSampling>,
-    /// Per process (host pid) and kind, cumulative: see [`Exposure`].
+    /// Per process (host pid) and kind, cumulative up to the last reading: see [`Exposure`].
     pub exposure: BTreeMap<u32, BTreeMap<String, Exposure>>,
 }
 
@@ -121,22 +140,6 @@ pub struct KindSampling {
     pub attached_seconds: f64,
 }
 
-/// A process's calls of one kind seen in closed windows, and what they stand for: each window's
-/// calls x (window + the off time that followed it) / window. The ratio of the two scales the
-/// process's probed figures of that kind (a Horvitz-Thompson estimate: the duty changes with the
-/// rate, so one share over the whole recording would be biased towards idle times).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Exposure {
-    pub probed_calls: u64,
-    pub estimated_calls: f64,
-    /// The part of `estimated_calls` made in the detached gaps, estimated from a reference kind
-    /// ([`Reference`]) or by pace.
-    #[serde(default)]
-    pub gap_calls_by_reference: f64,
-    #[serde(default)]
-    pub gap_calls_by_pace: f64,
-}
-
 /// The schedule of every sampled kind.
 pub struct Schedule {
     budget: Budget,
@@ -145,6 +148,9 @@ pub struct Schedule {
     always_on: Vec<ApiKind>,
     /// When each sampled kind was last detached.
     detached_at: Vec<(ApiKind, Instant)>,
+    /// What closed windows and the gaps before them stand for, per process and kind; the
+    /// status adds what is pending ([`KindState::pending`]).
+    committed: BTreeMap<u32, BTreeMap<String, Exposure>>,
     pub status: SamplingStatus,
 }
 
@@ -174,13 +180,15 @@ impl Schedule {
                     last_rates: BTreeMap::new(),
                     closed_at: None,
                     gap: Duration::ZERO,
-                    refs: reference_kinds(always_on, &[], kind),
-                    ref_at_open: BTreeMap::new(),
+                    at_open: BTreeMap::new(),
                     opened_at: now,
+                    attached_since: now,
                     last: None,
                     provisional: BTreeMap::new(),
+                    weights: BTreeMap::new(),
                 })
                 .collect(),
+            committed: BTreeMap::new(),
             status: SamplingStatus {
                 budget_share: budget.share,
                 window_seconds: budget.window.as_secs_f64(),
@@ -238,7 +246,6 @@ impl Schedule {
                 .map(|(pid, n)| (*n as f64 / open, per_hit_ns(*pid)))
                 .max_by(|a, b| (a.0 * a.1).total_cmp(&(b.0 * b.1)));
             (k.rate, k.rate_per_hit_ns) = busiest.unwrap_or((0.0, 0.0));
-            k.calls_at_open = counts;
             replan = true;
         }
         if replan {
@@ -259,13 +266,19 @@ impl Schedule {
             }
         }
         let w = self.budget.window;
-        // Kinds attached all along, as reference candidates: the never-sampled ones, and the
-        // sampled ones that fit the budget whole.
-        let whole: Vec<ApiKind> = self
+        // Reference candidates: the never-sampled kinds, and the sampled ones that fit the
+        // budget whole (staying attached), with since when each has been attached.
+        let whole: Vec<(ApiKind, Instant)> = self
             .kinds
             .iter()
             .filter(|k| k.on && k.duty >= 1.0)
+            .map(|k| (k.kind, k.attached_since))
+            .collect();
+        let all: Vec<ApiKind> = self
+            .kinds
+            .iter()
             .map(|k| k.kind)
+            .chain(self.always_on.iter().copied())
             .collect();
         for (k, seen) in self.kinds.iter_mut().zip(&seen) {
             if now < k.until {
@@ -278,49 +291,63 @@ impl Schedule {
                 } else {
                     w.mul_f64(1.0 / k.duty - 1.0)
                 };
-                let rates: BTreeMap<u32, f64> = seen
+                let windows: BTreeMap<u32, Window> = seen
                     .iter()
-                    .map(|(pid, n)| (*pid, own_rate(open.as_secs_f64(), *n, per_hit_ns(*pid))))
+                    .map(|(pid, n)| (*pid, Window::new(open.as_secs_f64(), *n, per_hit_ns(*pid))))
                     .collect();
+                let rates: BTreeMap<u32, f64> =
+                    windows.iter().map(|(pid, w)| (*pid, w.rate())).collect();
+                // The window's reference: the kinds attached all through it.
+                let refs = reference_kinds(&self.always_on, &whole, k.kind, k.opened_at);
                 let reference = Reference::closing(
-                    &k.refs,
+                    &refs,
                     k.opened_at,
-                    &k.ref_at_open,
-                    calls_of_kinds(&k.refs, &mut counted),
+                    &k.at_open_of(&refs),
+                    calls_of_kinds(&refs, &mut counted),
                     seen,
+                    k.last.as_ref(),
                 );
-                let between = gap_estimates(k, &self.detached_at, Some((&reference, &rates)));
-                let provisional = std::mem::take(&mut k.provisional);
+                let between = if k.closed_at.is_some() {
+                    gap_estimates(
+                        k,
+                        &self.detached_at,
+                        GapEnd {
+                            seconds: k.gap.as_secs_f64(),
+                            ref_calls: &k.at_open_of(k.last_reference_kinds()),
+                        },
+                        Some((&reference, &rates)),
+                    )
+                } else {
+                    BTreeMap::new()
+                };
                 log::debug!(
                     "sampling {}: window of {:?} saw {seen:?} (own-pace rates {rates:?}); gap of {:?} before it: {between:?}",
                     k.kind.name(),
                     open,
                     k.gap,
                 );
-                charge(
-                    &mut self.status.exposure,
-                    k.kind,
-                    seen,
+                k.weights = commit(
+                    &mut self.committed,
+                    k,
+                    &windows,
+                    &rates,
+                    &reference,
                     &between,
-                    &provisional,
                 );
+                k.provisional.clear();
                 k.last_rates = rates;
                 k.last = Some(reference);
                 k.closed_at = Some(now);
                 k.gap = Duration::ZERO;
+                k.attached += now.duration_since(k.since);
                 if k.duty >= 1.0 {
                     // Stays attached; measured again after another window (an idle process
                     // that starts calling is caught within one).
-                    k.calls_at_open = counted(k.kind);
-                    k.refs = reference_kinds(&self.always_on, &whole, k.kind);
-                    k.ref_at_open = calls_of_kinds(&k.refs, &mut counted);
-                    k.opened_at = now;
-                    k.attached += now.duration_since(k.since);
                     k.since = now;
                     k.until = now + w;
+                    k.open(now, &all, &self.detached_at, &mut counted);
                     continue;
                 }
-                k.attached += now.duration_since(k.since);
                 k.on = false;
                 k.since = now;
                 k.until = now + off;
@@ -328,49 +355,55 @@ impl Schedule {
                 self.detached_at.push((k.kind, now));
                 out.push((k.kind, false));
             } else {
-                k.calls_at_open = counted(k.kind);
-                k.refs = reference_kinds(&self.always_on, &whole, k.kind);
-                k.ref_at_open = calls_of_kinds(&k.refs, &mut counted);
-                k.opened_at = now;
                 k.on = true;
                 k.since = now;
                 k.until = now + w;
+                k.attached_since = now;
+                k.open(now, &all, &self.detached_at, &mut counted);
                 out.push((k.kind, true));
             }
         }
+        self.publish(now, &mut counted);
         out
     }
 
     /// A window opened at `at` (after its attach returned: attaching can take milliseconds on a
     /// loaded machine, and a call is counted only once it is done). `calls` are read again now:
-    /// the window's calls and its reference calls are counted from here, alike. The detached time
-    /// before it is known now, and charged when it closes.
+    /// the window's calls and its reference calls are counted from here, alike, and the detached
+    /// time before it is known now (estimated provisionally until the window closes).
     pub fn opened(
         &mut self,
         kind: ApiKind,
         at: Instant,
         mut calls: impl FnMut(ApiKind) -> BTreeMap<u32, u64>,
     ) {
+        let all: Vec<ApiKind> = self
+            .kinds
+            .iter()
+            .map(|k| k.kind)
+            .chain(self.always_on.iter().copied())
+            .collect();
         if let Some(k) = self.kinds.iter_mut().find(|k| k.kind == kind && k.on) {
-            k.until += at.saturating_duration_since(k.since);
-            k.since = at;
-            k.opened_at = at;
-            k.calls_at_open = calls(kind);
-            k.ref_at_open = calls_of_kinds(&k.refs, &mut calls);
-            k.gap = k
-                .closed_at
-                .map(|c| at.saturating_duration_since(c))
-                .unwrap_or_default();
-            let provisional = gap_estimates(k, &self.detached_at, None);
-            charge(
-                &mut self.status.exposure,
-                kind,
-                &BTreeMap::new(),
-                &provisional,
-                &BTreeMap::new(),
-            );
-            k.provisional = provisional;
+            k.attached_since = at;
+            k.open(at, &all, &self.detached_at, &mut calls);
         }
+        self.publish(at, &mut calls);
+    }
+
+    /// Sets the status's exposure: what closed windows committed, and what is pending at `now`.
+    fn publish(&mut self, now: Instant, calls: &mut impl FnMut(ApiKind) -> BTreeMap<u32, u64>) {
+        let mut exposure = self.committed.clone();
+        for k in &self.kinds {
+            for (pid, e) in k.pending(now, &self.detached_at, calls) {
+                exposure
+                    .entry(pid)
+                    .or_default()
+                    .entry(k.kind.name().to_owned())
+                    .or_default()
+                    .add(&e);
+            }
+        }
+        self.status.exposure = exposure;
     }
 
     fn attached_at(&self, now: Instant) -> Vec<Duration> {
@@ -380,8 +413,9 @@ impl Schedule {
             .collect()
     }
 
-    /// The schedule's state, for the model.
-    pub fn poll(&mut self, now: Instant) {
+    /// The schedule's state at `now`, for the model: `calls` as for [`Schedule::due`] (the
+    /// exposure includes the window still open and the gap in progress up to now).
+    pub fn poll(&mut self, now: Instant, mut calls: impl FnMut(ApiKind) -> BTreeMap<u32, u64>) {
         let attached = self.attached_at(now);
         self.status.kinds = self
             .kinds
@@ -394,14 +428,18 @@ impl Schedule {
                 attached_seconds: a.as_secs_f64(),
             })
             .collect();
+        self.publish(now, &mut calls);
     }
 
     /// Forgets exited processes.
     pub fn forget(&mut self, pids: &[u32]) {
         for p in pids {
+            self.committed.remove(p);
             self.status.exposure.remove(p);
             for k in &mut self.kinds {
                 k.last_rates.remove(p);
+                k.provisional.remove(p);
+                k.weights.remove(p);
                 if let Some(last) = &mut k.last {
                     last.ratios.remove(p);
                     last.at_close.remove(p);
@@ -411,5 +449,7 @@ impl Schedule {
     }
 }
 
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;

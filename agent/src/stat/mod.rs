@@ -44,7 +44,11 @@ pub fn run(opts: StatOptions) -> Result<StatReport, StatError> {
         },
         verb: "tracing",
     })?;
-    Ok(finish(&w.first, &w.last, w.source, w.seconds))
+    let mut report = finish(&w.first, &w.last, w.source, w.seconds);
+    let now = crate::model::now_unix_ms();
+    report.snapshot.age_seconds = w.last.age_at(now);
+    report.snapshot.stale = w.last.is_stale_at(now, opts.poll_interval);
+    Ok(report)
 }
 
 fn finish(first: &Snapshot, last: &Snapshot, source: &'static str, seconds: f64) -> StatReport {

@@ -79,6 +79,25 @@ pub fn table(r: &StatReport) -> String {
             .collect();
         let _ = writeln!(out, "events lost or unmatched: {}", parts.join(", "));
     }
+    let snap = &r.snapshot;
+    if snap.stale {
+        let _ = writeln!(
+            out,
+            "STALE: the last snapshot is {:.1}s old (the collector has not finished a newer one)",
+            snap.age_seconds
+        );
+    }
+    for u in &snap.regions_unread {
+        let what = if u.reason == "blocked" {
+            format!("its read has been blocked for {:.1}s", u.blocked_seconds)
+        } else {
+            format!(
+                "read budget exhausted ({}), {} slot(s) unread",
+                u.reason, u.slots
+            )
+        };
+        let _ = writeln!(out, "region not read whole: {} ({what})", u.path);
+    }
     for w in &r.warnings {
         let _ = writeln!(out, "warning: {w}");
     }
@@ -186,7 +205,57 @@ pub fn table(r: &StatReport) -> String {
             for problem in &reg.problems {
                 let _ = writeln!(out, "  region {}: {problem}", reg.path);
             }
+            if let Some(w) = &reg.writable_by_others {
+                let _ = writeln!(out, "  region {}: writable by other uids: {w}", reg.path);
+            }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stat::report::{ProbeInfo, SnapshotStatus};
+
+    #[test]
+    fn a_stale_snapshot_and_unread_regions_are_said() {
+        let r = StatReport {
+            schema: crate::stat::report::SCHEMA,
+            source: "daemon",
+            duration_seconds: 10.0,
+            probes: ProbeInfo {
+                unavailable: None,
+                attach_mode: None,
+                launch_probes: LaunchProbes::Off,
+                launch_probe_seconds: 0.0,
+                cost: None,
+                libraries: vec![],
+            },
+            health: Default::default(),
+            warnings: vec![],
+            snapshot: SnapshotStatus {
+                age_seconds: 7.31,
+                stale: true,
+                collect_seconds: 0.1,
+                regions_unread: vec![crate::model::RegionUnread {
+                    path: "/r/hostile.cache".into(),
+                    reason: "retries".into(),
+                    slots: 1020,
+                    blocked_seconds: 0.0,
+                }],
+            },
+            processes: vec![],
+            cgroups: vec![],
+            containers: vec![],
+        };
+        let t = table(&r);
+        assert!(t.contains("STALE: the last snapshot is 7.3s old"), "{t}");
+        assert!(
+            t.contains(
+                "region not read whole: /r/hostile.cache (read budget exhausted (retries), 1020 slot(s) unread)"
+            ),
+            "{t}"
+        );
+    }
 }

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{
-    ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, Snapshot, Source,
+    ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, RegionUnread,
+    Snapshot, Source,
     by_device::DeviceMemory,
     gpu_use::{WindowUse, window_use},
 };
@@ -112,6 +113,20 @@ pub struct ProbeInfo {
     pub libraries: Vec<LibraryStatus>,
 }
 
+/// The window's last snapshot: how fresh it was and what it could not read.
+#[derive(Clone, Debug, Serialize)]
+pub struct SnapshotStatus {
+    /// Seconds from when it was taken to when the report was made.
+    pub age_seconds: f64,
+    /// Older than two intervals when the report was made, or served again by a daemon whose
+    /// collector is late: the figures may not be current.
+    pub stale: bool,
+    /// Seconds it took to collect.
+    pub collect_seconds: f64,
+    /// Regions it did not read whole (read budget exhausted, or a read that blocked).
+    pub regions_unread: Vec<RegionUnread>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct StatReport {
     pub schema: &'static str,
@@ -122,6 +137,7 @@ pub struct StatReport {
     /// Lost or unmatched events during the window, by cause (see docs/stat-json.md).
     pub health: BTreeMap<String, u64>,
     pub warnings: Vec<String>,
+    pub snapshot: SnapshotStatus,
     pub processes: Vec<ProcessRow>,
     pub cgroups: Vec<CgroupRow>,
     pub containers: Vec<ContainerRow>,
@@ -287,6 +303,12 @@ pub fn build(
         },
         health,
         warnings,
+        snapshot: SnapshotStatus {
+            age_seconds: a.age_seconds,
+            stale: a.stale,
+            collect_seconds: a.collect_seconds,
+            regions_unread: a.regions_unread.clone(),
+        },
         processes,
         cgroups: cgroups
             .into_iter()

@@ -26,6 +26,9 @@ pub struct Model {
     pub snapshot: Option<Snapshot>,
     pub history: History,
     pub source: SourceStatus,
+    /// Whole seconds since the snapshot shown was taken, when it is stale (older than two
+    /// intervals, or the daemon serves it again because its collector is late).
+    pub stale_seconds: Option<u64>,
 }
 
 impl Model {
@@ -33,6 +36,18 @@ impl Model {
         self.history.record(&snap);
         self.snapshot = Some(snap);
         self.source.error = None;
+    }
+
+    /// Updates [`Model::stale_seconds`] for `now_unix_ms`; true if it changed (redraw).
+    pub fn check_stale(&mut self, now_unix_ms: u64, interval: std::time::Duration) -> bool {
+        let stale = self
+            .snapshot
+            .as_ref()
+            .filter(|s| s.is_stale_at(now_unix_ms, interval))
+            .map(|s| s.age_at(now_unix_ms) as u64);
+        let changed = stale != self.stale_seconds;
+        self.stale_seconds = stale;
+        changed
     }
 }
 

@@ -129,6 +129,7 @@ fn region(limit: u64, reserved: u64, denied: u64) -> RegionInfo {
         }],
         problems: vec![],
         read_retries: 0,
+        writable_by_others: None,
     }
 }
 
@@ -379,6 +380,8 @@ pub fn snapshot() -> Snapshot {
                 remeasured: 0,
                 last_per_hit_ns: 1_700.0,
                 charged_ns: BTreeMap::new(),
+                charged_se_ns: BTreeMap::new(),
+                charged_inband_ns: BTreeMap::new(),
                 classes: Vec::new(),
                 process_prologue: BTreeMap::new(),
             }),
@@ -389,6 +392,7 @@ pub fn snapshot() -> Snapshot {
             map_entries: BTreeMap::new(),
             nvml_problems: vec![],
             warnings: vec![],
+            ..AgentStatus::default()
         },
         gpus: vec![gpu(0, 87, 11 * GIB), gpu(1, 12, 3 * GIB)],
         containers: vec![train, squeezed, unlimited, host],
@@ -459,6 +463,7 @@ pub fn with_errors() -> Snapshot {
         devices: vec![],
         problems: vec!["not a regular file (a FIFO): not read".into()],
         read_retries: 0,
+        writable_by_others: None,
     });
     s.agent.region_errors = 1;
     s.agent.warnings = vec![

@@ -148,6 +148,10 @@ where
                 }
             }
         }
+        // A paused view is old on purpose; otherwise the header says when what it shows is stale.
+        if !state.paused {
+            dirty |= model.check_stale(crate::model::now_unix_ms(), state.interval);
+        }
         if dirty {
             let height = terminal.size()?.height;
             state.page = view::page_rows(height.saturating_sub(6));

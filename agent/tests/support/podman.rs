@@ -272,9 +272,9 @@ impl Drop for CdiSpec {
     }
 }
 
-/// The DaemonSet (deploy/daemonset.yaml) as JSON, through python3-yaml (installed by setup).
+/// The DaemonSet (deploy/base/daemonset.yaml) as JSON, through python3-yaml (installed by setup).
 pub fn daemonset() -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/daemonset.yaml");
     let out = Command::new("python3")
         .args([
             "-c",

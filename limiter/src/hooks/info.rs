@@ -1,34 +1,22 @@
 //! Memory information: a limited device reports its limit as its total and what is left of the
-//! limit as free, so frameworks size their caches to the limit.
-//!
-//! Both figures are also capped by what the driver reports: a limit larger than the device does not
-//! make the device look larger, and memory that other processes hold outside the limit is not shown
-//! as free. Subtractions saturate at zero (HAMi-core #200 wrapped them).
+//! limit as free, so frameworks size their caches to the limit (`limiter_core::info` has the
+//! rule).
 
-use super::{Gate, enter, memory::current_device};
-use crate::{
-    accounting::Accounting,
-    cuda::*,
-    guard::shield,
-    real_driver::{PfnDeviceTotalMem, PfnMemGetInfo, Sym, sym},
+use limiter_core::{
+    accounting::Accounting as _,
+    info::{limited_info, limited_total},
 };
 
-/// `(free, total)` as seen under the limit of `device`, from the driver's `(free, total)`. `used`
-/// is the container's reservation (the region's) or this process's (in-process accounting).
-pub fn limited_info(ledger: &impl Accounting, device: usize, free: u64, total: u64) -> (u64, u64) {
-    match ledger.limit(device) {
-        Some(limit) => {
-            let left = limit.saturating_sub(ledger.used(device));
-            (left.min(free), limit.min(total))
-        }
-        None => (free, total),
-    }
-}
+use super::gate::{Gate, enter, shield};
+use crate::platform::{
+    cuda::*,
+    driver::{PfnDeviceTotalMem, PfnMemGetInfo, Sym, sym},
+};
 
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemGetInfo_v2`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     // SAFETY: forwards the caller's arguments unchanged.
     let call = |real: PfnMemGetInfo| unsafe { real(free, total) };
     let h = match enter::<sym::MemGetInfoV2>() {
@@ -37,13 +25,17 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         Gate::Hook(h) => h,
     };
     // Pools may have returned memory at a synchronisation: charge what they hold now.
-    shield(|| h.process.pools.settle_all(h.state, &h.process.ledger));
+    shield(|| {
+        h.process
+            .pools
+            .settle_all(h.state.driver, &h.process.ledger)
+    });
     let t0 = h.state.clock.now();
     let r = call(h.real);
     let t1 = h.state.clock.now();
     shield(|| {
         if r == CUDA_SUCCESS && !free.is_null() && !total.is_null() {
-            let dev = current_device(h.state);
+            let dev = h.state.current_device();
             // SAFETY: the driver succeeded and wrote both values; the pointers are the caller's.
             unsafe {
                 let (f, t) = limited_info(
@@ -64,7 +56,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 /// # Safety
 /// The caller follows the contract of the driver's `cuDeviceTotalMem_v2`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+pub(crate) unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     // SAFETY: forwards the caller's arguments unchanged.
     let call = |real: PfnDeviceTotalMem| unsafe { real(bytes, dev) };
     let h = match enter::<sym::DeviceTotalMemV2>() {
@@ -79,10 +71,10 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
         if r == CUDA_SUCCESS
             && !bytes.is_null()
             && let Ok(device) = usize::try_from(dev)
-            && let Some(limit) = h.process.ledger.limit(device)
+            && let limit @ Some(_) = h.process.ledger.limit(device)
         {
             // SAFETY: the driver succeeded and wrote the total; the pointer is the caller's.
-            unsafe { bytes.write((bytes.read() as u64).min(limit) as usize) };
+            unsafe { bytes.write(limited_total(limit, bytes.read() as u64) as usize) };
         }
         h.record(Sym::DeviceTotalMemV2, t0, t1, r == CUDA_SUCCESS);
     });

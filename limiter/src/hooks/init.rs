@@ -3,16 +3,16 @@
 
 use std::ffi::c_uint;
 
-use super::passthrough;
-use crate::{
+use super::gate::passthrough;
+use crate::platform::{
     cuda::CUresult,
-    real_driver::{PfnInit, sym},
+    driver::{PfnInit, sym},
 };
 
 /// # Safety
 /// The caller follows the contract of the driver's `cuInit`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+pub(crate) unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     // SAFETY: forwards the caller's arguments unchanged to the real `cuInit`.
     passthrough::<sym::Init>(|real: PfnInit| unsafe { real(flags) })
 }

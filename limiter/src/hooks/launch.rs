@@ -5,21 +5,24 @@
 //! reads (`rdtsc` where the TSC is invariant), one thread-local access for the cached shard writer
 //! and one seqlock section of plain stores. No hook self-time is recorded for launches (it would
 //! take a third clock read); `cargo xtask bench limiter` measures it instead. Under an SM limit
-//! the controller (`sm.rs`) may hold the launch back before it reaches the driver; that time is
+//! the controller (`limiter_core::sm`) may hold the launch back before it reaches the driver; that time is
 //! recorded as throttled, not as launch latency.
 
 use std::ffi::{c_uint, c_void};
 
-use super::passthrough;
+use limiter_core::accounting::Accounting as _;
+
+use super::gate::{passthrough, shield};
 use crate::{
-    accounting::Accounting as _,
-    cuda::*,
-    guard::shield,
-    process,
-    real_driver::{
-        PfnGraphLaunch, PfnLaunchCooperativeKernel, PfnLaunchKernel, PfnLaunchKernelEx, Symbol, sym,
+    platform::{
+        clock::Clock,
+        cuda::*,
+        driver::{
+            DriverEnv, PfnGraphLaunch, PfnLaunchCooperativeKernel, PfnLaunchKernel,
+            PfnLaunchKernelEx, Symbol, sym,
+        },
     },
-    state,
+    runtime,
 };
 
 /// A launch hook. Once the state exists, launches skip the re-entrancy guard (two thread-local
@@ -29,7 +32,8 @@ use crate::{
 /// before its first other CUDA call, the guarded path runs.
 #[inline(always)]
 fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
-    let (Some(state), Some(process)) = (state::ready(), process::ready()) else {
+    let rt = runtime::get();
+    let (Some(state), Some(process)) = (rt.state(), rt.process()) else {
         return passthrough::<S>(call);
     };
     let Some(real) = state.driver.get::<S>() else {
@@ -43,7 +47,7 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
         0
     };
     state.poll_control();
-    let throttled = crate::sm::CONTROLLER.admit(|| crate::sm::DriverEnv {
+    let throttled = state.sm.admit(|| DriverEnv {
         driver: state.driver,
     });
     if throttled != 0 {
@@ -71,7 +75,7 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
 /// recorded as the hook's self-time.
 #[cold]
 #[inline(never)]
-fn debug_hook_delay(clock: crate::clock::Clock, ns: u64) -> u64 {
+fn debug_hook_delay(clock: Clock, ns: u64) -> u64 {
     let start = clock.now();
     loop {
         let spent = clock.ns_between(start, clock.now());
@@ -87,7 +91,7 @@ macro_rules! launch_kernel {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
+        pub(crate) unsafe extern "C" fn $name(
             f: CUfunction,
             grid_x: c_uint,
             grid_y: c_uint,
@@ -130,7 +134,7 @@ macro_rules! launch_kernel_ex {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
+        pub(crate) unsafe extern "C" fn $name(
             config: *const CUlaunchConfig,
             f: CUfunction,
             kernel_params: *mut *mut c_void,
@@ -152,7 +156,7 @@ macro_rules! launch_cooperative {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
+        pub(crate) unsafe extern "C" fn $name(
             f: CUfunction,
             grid_x: c_uint,
             grid_y: c_uint,
@@ -196,7 +200,7 @@ macro_rules! graph_launch {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(graph: CUgraphExec, stream: CUstream) -> CUresult {
+        pub(crate) unsafe extern "C" fn $name(graph: CUgraphExec, stream: CUstream) -> CUresult {
             // SAFETY: forwards the caller's arguments unchanged to the same variant.
             launch::<$sym>(|real: PfnGraphLaunch| unsafe { real(graph, stream) })
         }

@@ -7,13 +7,12 @@
 //! the table before the call (the driver cannot hand the address out again before it is freed) and
 //! put back if the free fails.
 //!
-//! What is charged (design principle 6, "a limit means what nvidia-smi shows"):
-//! - each allocation's size rounded up to the driver's granularity, [`charged_size`]: 2 MiB
-//!   multiples from 2 MiB on, 512-byte multiples below (the driver packs small allocations into
-//!   shared 2 MiB pages, so rounding those to 2 MiB would over-charge many small buffers);
-//! - once per process and device, before its first allocation there, the context's memory
-//!   (`VGPU_CONTEXT_BYTES`, default 544 MiB), held until the process exits (see `process.rs`);
-//! - stream-ordered pools: their reserved size, not their live allocations (see `pools.rs`).
+//! Each hook's common path reads as four steps: **reserve** the charge (an allocation) or take it
+//! out of the table (a free), **call** the driver, **keep** the allocation in the table or
+//! **return** its reservation (release a free's charge, or put it back if the free failed), and
+//! **record** the call. What is charged is `limiter_core::charge`'s rule (the driver's
+//! granularity, the context once per device, pools by their reserved size). The cache hints
+//! between the steps are `hints`'; the rare branches are in [`unusual`], out of line.
 //!
 //! Devices: `cuMemCreate` charges `prop->location.id` for device locations and nothing for host
 //! locations; every other allocation charges the current context's device (`cuCtxGetDevice`; 0
@@ -24,64 +23,27 @@ use std::ffi::c_uint;
 
 mod unusual;
 
+use limiter_core::{
+    accounting::{Accounting as _, Denied},
+    charge::{Charge, charged_size, pitch_estimate, pitched_size},
+};
+
 use self::unusual::{
-    call_unaccounted, context_device, correct_pitch_charge, deny, release_stale,
-    reserve_after_pools, settle_free_unusual, settle_unusual,
+    call_unaccounted, correct_pitch_charge, deny, release_stale, reserve_after_pools,
+    settle_free_unusual, settle_unusual,
 };
-use super::{Gate, Hooked, enter, passthrough};
+use super::gate::{Gate, Hooked, enter, passthrough, shield};
 use crate::{
-    accounting::{Accounting as _, AllocTable, Charge, Denied},
-    cuda::*,
-    entry_lines,
-    guard::shield,
-    pools,
-    process::Process,
-    real_driver::{Symbol, sym},
-    state::State,
-    wake_lines::WakeLines,
+    hints::{self, WakeLines},
+    platform::{
+        cuda::*,
+        driver::{PfnMemAllocPitch, Symbol, sym},
+    },
+    runtime::{
+        process::{Process, Space},
+        state::State,
+    },
 };
-
-/// Pitch alignment assumed when reserving for `cuMemAllocPitch_v2` before the driver chooses the
-/// pitch: the reservation is then corrected to `pitch * height`.
-const PITCH_ALIGN: u64 = 512;
-
-/// The driver's allocation granularity for sizes from 2 MiB on.
-pub const GRANULE: u64 = 2 << 20;
-/// Alignment of smaller allocations.
-pub const SMALL_ALIGN: u64 = 512;
-
-/// What an allocation of `bytes` is charged: see the module documentation.
-pub fn charged_size(bytes: u64) -> u64 {
-    let align = if bytes >= GRANULE {
-        GRANULE
-    } else {
-        SMALL_ALIGN
-    };
-    bytes.div_ceil(align).saturating_mul(align)
-}
-
-/// The current context's device, 0 without one. With a single device that is 0 without asking
-/// the driver (a call into it per allocation, with its own cold cache lines).
-pub fn current_device(state: &State) -> usize {
-    if state.single_device() {
-        return 0;
-    }
-    context_device(state)
-}
-
-/// Which table a key lives in.
-#[derive(Clone, Copy)]
-enum Space {
-    Ptr,
-    Handle,
-}
-
-fn table(process: &Process, space: Space) -> &AllocTable {
-    match space {
-        Space::Ptr => &process.ptrs,
-        Space::Handle => &process.handles,
-    }
-}
 
 /// Reserves `charge` (and, the first time on its device, the context) in the process's ledger.
 /// A denial first settles the process's pools (memory they returned at a synchronisation) and
@@ -95,49 +57,61 @@ fn reserve(state: &State, process: &Process, charge: Charge) -> Result<(), Denie
     }
 }
 
-/// Reserves `charge` (if any), calls the driver, then records the allocation under the key the
-/// driver wrote to `out` or returns the reservation.
+/// An allocation: reserves its charge (if any), calls the driver, then keeps the allocation under
+/// the key the driver wrote to `out` or returns the reservation, and records the call.
+#[inline(always)]
 fn allocate<S: Symbol>(
     out: *const u64,
     space: Space,
     plan: impl FnOnce(&State) -> Option<Charge>,
     call: impl FnOnce(S::Fn) -> CUresult,
 ) -> CUresult {
-    entry_lines::before_alloc();
-    let h: Hooked<S::Fn> = match enter::<S>() {
+    hints::before_alloc();
+    // Bound first, then passed on: matched into the call, the hook's frame grows (by 32 bytes
+    // for a free, a stack line more after its driver call).
+    let h = match enter::<S>() {
         Gate::Direct(f) => return call(f),
         Gate::Fail(code) => return code,
         Gate::Hook(h) => h,
     };
+    allocate_hooked::<S>(h, out, space, plan, call)
+}
+
+/// [`allocate`] once the hook's logic runs (its in-process tests start here).
+#[inline(always)]
+fn allocate_hooked<S: Symbol>(
+    h: Hooked<S::Fn>,
+    out: *const u64,
+    space: Space,
+    plan: impl FnOnce(&State) -> Option<Charge>,
+    call: impl FnOnce(S::Fn) -> CUresult,
+) -> CUresult {
     let (state, process) = (h.state, h.process);
-    let api = state.api(S::SYM);
-    let clock = &state.clock;
-    let reserved = shield(|| {
+    // Reserve.
+    let planned = shield(|| {
         state.debug_panic(S::SYM);
         let charge = plan(state)?;
-        process.ledger.prefetch_reserve(charge.device);
+        hints::reservation(&process.ledger, charge.device);
         Some(reserve(state, process, charge).map(|()| charge))
     });
-    let charge = match reserved {
+    let charge = match planned {
         Some(None) => None,
         Some(Some(Ok(c))) => Some(c),
         None => return call_unaccounted(&h, S::SYM, call),
         Some(Some(Err(denied))) => return deny(&h, S::SYM, denied),
     };
-    let wake = WakeLines::for_allocation(state, process, api);
-    let t0 = clock.now();
-    let r = call(h.real);
-    let t1 = clock.now();
-    let latency = clock.get().ns_between(t0, t1);
-    wake.fetch(latency);
+    // Call.
+    let wake = WakeLines::for_allocation(state, process, S::SYM.api());
+    let (r, t0, t1) = call_driver(&h, call, &wake);
+    // Keep or return, record.
     shield(|| {
         let ok = r == CUDA_SUCCESS;
-        if ok && charge.is_some() && !out.is_null() {
-            // SAFETY: the driver succeeded, so it wrote the new address/handle to `out`.
-            table(process, space).prefetch(unsafe { out.read() });
-        }
         let mut allocated = 0;
         if let Some(c) = charge {
+            if ok && !out.is_null() {
+                // SAFETY: the driver succeeded, so it wrote the new address/handle to `out`.
+                hints::table_line(process, space, unsafe { out.read() });
+            }
             settle_allocation(state, process, space, c, ok, out);
             if ok {
                 allocated = c.bytes;
@@ -146,6 +120,21 @@ fn allocate<S: Symbol>(
         h.record_bytes(S::SYM, t0, t1, ok, (allocated, 0));
     });
     r
+}
+
+/// Calls the driver, timed, and fetches the wake lines the moment it returns.
+#[inline(always)]
+fn call_driver<F: Copy>(
+    h: &Hooked<F>,
+    call: impl FnOnce(F) -> CUresult,
+    wake: &WakeLines,
+) -> (CUresult, u64, u64) {
+    let clock = &h.state.clock;
+    let t0 = clock.now();
+    let r = call(h.real);
+    let t1 = clock.now();
+    wake.fetch(clock.get().ns_between(t0, t1));
+    (r, t0, t1)
 }
 
 /// After the driver call: keeps, corrects or returns an allocation's reservation. The common
@@ -162,51 +151,57 @@ fn settle_allocation(
     if c.pool != 0 || !ok || out.is_null() {
         return settle_unusual(state, process, space, c, ok, out);
     }
-    keep(process, space, c, out);
-}
-
-/// Records a successful allocation's charge under the key the driver wrote to `out` (non-null).
-#[inline(always)]
-fn keep(process: &Process, space: Space, c: Charge, out: *const u64) {
     // SAFETY: the driver succeeded, so it wrote the new address/handle to the caller's `out`.
     let key = unsafe { out.read() };
-    if let Some(stale) = table(process, space).insert(key, c) {
+    if let Some(stale) = process.keep(space, key, c) {
         release_stale(process, stale);
     }
 }
 
-/// Calls the driver's free for `key`, releasing the key's charge if it succeeds.
+/// A free: takes the key's charge out of the table (the driver cannot hand the address out again
+/// before it is freed), calls the driver, then returns the charge (or puts it back if the free
+/// failed) and records the call.
+#[inline(always)]
 fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
-    if matches!(space, Space::Ptr) {
-        entry_lines::before_free(key);
+    if space == Space::Ptr {
+        hints::before_free(key);
     }
-    let h: Hooked<S::Fn> = match enter::<S>() {
+    let h = match enter::<S>() {
         Gate::Direct(f) => return call(f),
         Gate::Fail(code) => return code,
         Gate::Hook(h) => h,
     };
+    free_hooked::<S>(h, key, space, call)
+}
+
+/// [`free`] once the hook's logic runs (its in-process tests start here).
+#[inline(always)]
+fn free_hooked<S: Symbol>(
+    h: Hooked<S::Fn>,
+    key: u64,
+    space: Space,
+    call: impl FnOnce(S::Fn) -> CUresult,
+) -> CUresult {
     let (state, process) = (h.state, h.process);
+    // Take the charge.
     let taken = shield(|| {
         state.debug_panic(S::SYM);
-        table(process, space).remove(key)
+        process.take(space, key)
     });
+    // Call.
     let releases = matches!(taken, Some(Some(c)) if c.device == 0 && c.pool == 0);
-    let wake = WakeLines::for_free(state, process, state.api(S::SYM), releases);
-    let t0 = state.clock.now();
-    let r = call(h.real);
-    let t1 = state.clock.now();
-    let latency = state.clock.get().ns_between(t0, t1);
-    wake.fetch(latency);
+    let wake = WakeLines::for_free(state, process, S::SYM.api(), releases);
+    let (r, t0, t1) = call_driver(&h, call, &wake);
+    // Return (or put back), record.
     shield(|| {
-        let mut freed = 0;
-        match taken.flatten() {
+        let freed = match taken.flatten() {
             Some(c) if r == CUDA_SUCCESS && c.pool == 0 => {
                 process.ledger.release(c.device, c.bytes);
-                freed = c.bytes;
+                c.bytes
             }
-            Some(c) => freed = settle_free_unusual(state, process, space, key, c, r),
-            None => {}
-        }
+            Some(c) => settle_free_unusual(state, process, space, key, c, r),
+            None => 0,
+        };
         let ok = r == CUDA_SUCCESS && taken.is_some();
         h.record_bytes(S::SYM, t0, t1, ok, (0, freed));
     });
@@ -216,7 +211,7 @@ fn free<S: Symbol>(key: u64, space: Space, call: impl FnOnce(S::Fn) -> CUresult)
 fn on_current(bytes: usize) -> impl FnOnce(&State) -> Option<Charge> {
     move |state| {
         Some(Charge {
-            device: current_device(state),
+            device: state.current_device(),
             bytes: charged_size(bytes as u64),
             pool: 0,
         })
@@ -226,10 +221,10 @@ fn on_current(bytes: usize) -> impl FnOnce(&State) -> Option<Charge> {
 /// A stream-ordered allocation from `pool`, or from the current device's pool when `None`.
 fn from_pool(bytes: usize, pool: Option<CUmemoryPool>) -> impl FnOnce(&State) -> Option<Charge> {
     move |state| {
-        let device = current_device(state);
+        let device = state.current_device();
         let pool = match pool {
             Some(p) => p as u64,
-            None => pools::device_pool(state, device).unwrap_or(0),
+            None => state.driver.device_pool(device).unwrap_or(0),
         };
         Some(Charge {
             device,
@@ -239,11 +234,31 @@ fn from_pool(bytes: usize, pool: Option<CUmemoryPool>) -> impl FnOnce(&State) ->
     }
 }
 
+/// A `cuMemCreate` of `size` bytes at `prop`'s location: charged on a device location, free on
+/// the host.
+fn at_location(
+    size: usize,
+    prop: *const CUmemAllocationProp,
+) -> impl FnOnce(&State) -> Option<Charge> {
+    move |state| {
+        if prop.is_null() {
+            return None;
+        }
+        // SAFETY: the caller passes a valid `CUmemAllocationProp`; only its leading fields are read.
+        let location = unsafe { (*prop).location };
+        (location.kind == CU_MEM_LOCATION_TYPE_DEVICE).then(|| Charge {
+            device: usize::try_from(location.id).unwrap_or_else(|_| state.current_device()),
+            bytes: charged_size(size as u64),
+            pool: 0,
+        })
+    }
+}
+
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemAlloc_v2`.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.hot.vgpu")]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     // SAFETY: forwards the caller's arguments unchanged.
     allocate::<sym::MemAllocV2>(dptr, Space::Ptr, on_current(bytesize), |real| unsafe {
         real(dptr, bytesize)
@@ -253,7 +268,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemAllocManaged`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(
+pub(crate) unsafe extern "C" fn cuMemAllocManaged(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     flags: c_uint,
@@ -269,7 +284,7 @@ macro_rules! alloc_async {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
+        pub(crate) unsafe extern "C" fn $name(
             dptr: *mut CUdeviceptr,
             bytesize: usize,
             stream: CUstream,
@@ -290,7 +305,7 @@ macro_rules! alloc_from_pool_async {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
+        pub(crate) unsafe extern "C" fn $name(
             dptr: *mut CUdeviceptr,
             bytesize: usize,
             pool: CUmemoryPool,
@@ -313,39 +328,59 @@ alloc_from_pool_async!(cuMemAllocFromPoolAsync_ptsz, sym::MemAllocFromPoolAsyncP
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemAllocPitch_v2`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(
+pub(crate) unsafe extern "C" fn cuMemAllocPitch_v2(
     dptr: *mut CUdeviceptr,
     pitch: *mut usize,
     width_in_bytes: usize,
     height: usize,
     element_size_bytes: c_uint,
 ) -> CUresult {
-    let estimate = charged_size(
-        (width_in_bytes as u64)
-            .div_ceil(PITCH_ALIGN)
-            .saturating_mul(PITCH_ALIGN)
-            .saturating_mul(height as u64),
-    );
+    // SAFETY: forwards the caller's arguments unchanged.
+    let call = |real: PfnMemAllocPitch| unsafe {
+        real(dptr, pitch, width_in_bytes, height, element_size_bytes)
+    };
+    hints::before_alloc();
+    let h = match enter::<sym::MemAllocPitchV2>() {
+        Gate::Direct(f) => return call(f),
+        Gate::Fail(code) => return code,
+        Gate::Hook(h) => h,
+    };
+    allocate_pitched(h, dptr, pitch, width_in_bytes, height, call)
+}
+
+/// A pitched allocation: reserved as estimated before the driver chooses the pitch, then
+/// corrected to `pitch * height` (freed and refused if that does not fit).
+fn allocate_pitched(
+    h: Hooked<PfnMemAllocPitch>,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    call: impl FnOnce(PfnMemAllocPitch) -> CUresult,
+) -> CUresult {
+    let (state, process) = (h.state, h.process);
+    let estimate = pitch_estimate(width as u64, height as u64);
     let mut device = 0;
-    let r = allocate::<sym::MemAllocPitchV2>(
+    let r = allocate_hooked::<sym::MemAllocPitchV2>(
+        h,
         dptr,
         Space::Ptr,
         |state| {
-            device = current_device(state);
+            device = state.current_device();
             Some(Charge {
                 device,
                 bytes: estimate,
                 pool: 0,
             })
         },
-        // SAFETY: forwards the caller's arguments unchanged.
-        |real| unsafe { real(dptr, pitch, width_in_bytes, height, element_size_bytes) },
+        call,
     );
     if r == CUDA_SUCCESS && !pitch.is_null() && !dptr.is_null() {
         // SAFETY: the driver succeeded, so both out-pointers hold its answer.
         let (actual_pitch, addr) = unsafe { (pitch.read() as u64, dptr.read()) };
-        let actual = charged_size(actual_pitch.saturating_mul(height as u64));
-        return shield(|| correct_pitch_charge(addr, actual, estimate, device)).unwrap_or(r);
+        let actual = pitched_size(actual_pitch, height as u64);
+        return shield(|| correct_pitch_charge(state, process, addr, actual, estimate, device))
+            .unwrap_or(r);
     }
     r
 }
@@ -353,35 +388,26 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemCreate`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemCreate(
+pub(crate) unsafe extern "C" fn cuMemCreate(
     handle: *mut CUmemGenericAllocationHandle,
     size: usize,
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    let plan = |state: &State| {
-        if prop.is_null() {
-            return None;
-        }
-        // SAFETY: the caller passes a valid `CUmemAllocationProp`; only its leading fields are read.
-        let location = unsafe { (*prop).location };
-        (location.kind == CU_MEM_LOCATION_TYPE_DEVICE).then(|| Charge {
-            device: usize::try_from(location.id).unwrap_or_else(|_| current_device(state)),
-            bytes: charged_size(size as u64),
-            pool: 0,
-        })
-    };
     // SAFETY: forwards the caller's arguments unchanged.
-    allocate::<sym::MemCreate>(handle, Space::Handle, plan, |real| unsafe {
-        real(handle, size, prop, flags)
-    })
+    allocate::<sym::MemCreate>(
+        handle,
+        Space::Handle,
+        at_location(size, prop),
+        |real| unsafe { real(handle, size, prop, flags) },
+    )
 }
 
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemFree_v2`.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.hot.vgpu")]
-pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     // SAFETY: forwards the caller's argument unchanged.
     free::<sym::MemFreeV2>(dptr, Space::Ptr, |real| unsafe { real(dptr) })
 }
@@ -391,7 +417,7 @@ macro_rules! free_async {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+        pub(crate) unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
             // SAFETY: forwards the caller's arguments unchanged to the same variant.
             free::<$sym>(dptr, Space::Ptr, |real| unsafe { real(dptr, stream) })
         }
@@ -404,7 +430,7 @@ free_async!(cuMemFreeAsync_ptsz, sym::MemFreeAsyncPtsz);
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemRelease`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     // SAFETY: forwards the caller's argument unchanged.
     free::<sym::MemRelease>(handle, Space::Handle, |real| unsafe { real(handle) })
 }
@@ -414,7 +440,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemMap`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemMap(
+pub(crate) unsafe extern "C" fn cuMemMap(
     ptr: CUdeviceptr,
     size: usize,
     offset: usize,
@@ -428,7 +454,7 @@ pub unsafe extern "C" fn cuMemMap(
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemPoolCreate`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPoolCreate(
+pub(crate) unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut CUmemoryPool,
     props: *const CUmemPoolProps,
 ) -> CUresult {
@@ -441,11 +467,20 @@ fn pool_op<S: Symbol>(
     call: impl FnOnce(S::Fn) -> CUresult,
     after: impl FnOnce(&State, &Process),
 ) -> CUresult {
-    let h: Hooked<S::Fn> = match enter::<S>() {
+    let h = match enter::<S>() {
         Gate::Direct(f) => return call(f),
         Gate::Fail(code) => return code,
         Gate::Hook(h) => h,
     };
+    pool_op_hooked::<S>(h, call, after)
+}
+
+/// [`pool_op`] once the hook's logic runs.
+fn pool_op_hooked<S: Symbol>(
+    h: Hooked<S::Fn>,
+    call: impl FnOnce(S::Fn) -> CUresult,
+    after: impl FnOnce(&State, &Process),
+) -> CUresult {
     let t0 = h.state.clock.now();
     let r = call(h.real);
     let t1 = h.state.clock.now();
@@ -459,33 +494,42 @@ fn pool_op<S: Symbol>(
 }
 
 /// A destroyed pool's charge is released.
-///
-/// # Safety
-/// The caller follows the contract of the driver's `cuMemPoolDestroy`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    pool_op::<sym::MemPoolDestroy>(
-        // SAFETY: forwards the caller's argument unchanged.
-        |real| unsafe { real(pool) },
-        |_, process| process.pools.destroyed(&process.ledger, pool as u64),
-    )
+fn destroyed(pool: CUmemoryPool) -> impl FnOnce(&State, &Process) {
+    move |_, process| process.pools.destroyed(&process.ledger, pool as u64)
 }
 
 /// A trimmed pool is charged what it still holds.
-///
+fn trimmed(pool: CUmemoryPool) -> impl FnOnce(&State, &Process) {
+    move |state, process| {
+        if let Some(device) = process.pools.device_of(pool as u64) {
+            process
+                .pools
+                .settle(state.driver, &process.ledger, pool as u64, device, 0, true);
+        }
+    }
+}
+
+/// # Safety
+/// The caller follows the contract of the driver's `cuMemPoolDestroy`.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    // SAFETY: forwards the caller's argument unchanged.
+    pool_op::<sym::MemPoolDestroy>(|real| unsafe { real(pool) }, destroyed(pool))
+}
+
 /// # Safety
 /// The caller follows the contract of the driver's `cuMemPoolTrimTo`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemPoolTrimTo(
+    pool: CUmemoryPool,
+    min_bytes_to_keep: usize,
+) -> CUresult {
     pool_op::<sym::MemPoolTrimTo>(
         // SAFETY: forwards the caller's arguments unchanged.
         |real| unsafe { real(pool, min_bytes_to_keep) },
-        |state, process| {
-            if let Some(device) = process.pools.device_of(pool as u64) {
-                process
-                    .pools
-                    .settle(state, &process.ledger, pool as u64, device, 0, true);
-            }
-        },
+        trimmed(pool),
     )
 }
+
+#[cfg(test)]
+mod tests;

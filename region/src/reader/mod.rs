@@ -7,21 +7,24 @@
 //! version, sizes and every count are validated against this crate's constants and the file's
 //! size before use; indices come from those constants; arithmetic on values read from the file
 //! saturates or wraps instead of panicking. The reader never reclaims anything.
+//!
+//! A snapshot has a [`ReadBudget`]: wall time and seqlock retries for the whole region. A region
+//! whose records stay odd (a stuck writer, or a tenant that writes odd sequences on purpose)
+//! would otherwise cost every record its full [`crate::seqlock::READ_RETRIES`] copies: 1,024
+//! slots of such records took 190 s to read. When the budget runs out the read stops, and what
+//! was not read is named in [`RegionSnapshot::unread`], never waited for. A slot is in a
+//! snapshot whole or not at all: one the budget ran out in is left out with the slots after it
+//! (its figures would be short of its counters' and go back; a reader keeps the last whole ones).
 
 use std::fs::File;
 use std::mem::offset_of;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{Ordering, fence};
 
-use agent_common::api::API_SLOTS;
-use agent_common::hist::HIST_BUCKETS;
-
-use crate::init::{PHASE_READY, init_phase, init_pid};
+use crate::init::init_pid;
 use crate::layout::{
-    HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC,
-    RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord, region_size_for, shard_stride_for,
-    slot_stride_for,
+    HEADER_SIZE, MAX_DEVICES, RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord,
+    shard_stride_for, slot_stride_for,
 };
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
 use crate::pread::{self, PreadError};
@@ -29,17 +32,26 @@ use crate::procfs::{self, Liveness};
 use crate::slots::{
     PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
 };
+use crate::tenant_fs::{self, Access, TenantFile};
 
+mod budget;
 mod shards;
 mod snapshot;
+mod validate;
+pub use budget::ReadBudget;
+use budget::Spend;
 pub use snapshot::{
-    ApiStats, DeviceSnapshot, ReadCounters, RegionSnapshot, ShardProblem, ShardProblemKind,
-    SlotPhase, SlotSnapshot,
+    ApiStats, BudgetLimit, DeviceSnapshot, ReadCounters, RegionSnapshot, ShardProblem,
+    ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
 };
+pub(crate) use validate::validate_header;
 
 /// Errors reading a region. Each names what was wrong; none is a panic.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
+    /// The file could not be opened as a tenant's file may be (a link, not a regular file, ...).
+    #[error(transparent)]
+    Open(#[from] crate::tenant_fs::TenantFsError),
     /// Opening, sizing or mapping the file failed.
     #[error("{call} on `{path}` failed")]
     Io {
@@ -116,122 +128,6 @@ pub struct Geometry {
     pub minor: u32,
 }
 
-fn expect_field(field: &'static str, offset: u64, found: u64, want: u64) -> Result<(), ReadError> {
-    if found == want {
-        Ok(())
-    } else {
-        Err(ReadError::BadField {
-            field,
-            offset,
-            found,
-            expected: want.to_string(),
-        })
-    }
-}
-
-/// Validates a header against this crate's layout and the file size. Used by the reader and by
-/// writers joining a region another process initialised.
-pub(crate) fn validate_header(header: &RegionHeader, file_len: u64) -> Result<Geometry, ReadError> {
-    let r = Ordering::Relaxed;
-    // Acquire: pairs with the initialiser's Release CAS to READY.
-    let state = header.init_state.load(Ordering::Acquire);
-    if init_phase(state) != PHASE_READY {
-        return Err(ReadError::NotReady { state });
-    }
-    let magic = header.magic.load(r);
-    if magic != REGION_MAGIC {
-        return Err(ReadError::BadMagic {
-            offset: 8,
-            found: magic,
-            expected: REGION_MAGIC,
-        });
-    }
-    let version = header.layout_version.load(r);
-    let (major, minor) = ((version >> 32) as u32, version as u32);
-    if !(OLDEST_READABLE_MAJOR..=LAYOUT_MAJOR).contains(&major) {
-        return Err(ReadError::UnsupportedVersion {
-            major,
-            minor,
-            supported: LAYOUT_MAJOR,
-        });
-    }
-    expect_field(
-        "shards_per_slot",
-        36,
-        header.shards_per_slot.load(r).into(),
-        SHARDS_PER_SLOT as u64,
-    )?;
-    expect_field(
-        "api_slots",
-        40,
-        header.api_slots.load(r).into(),
-        API_SLOTS as u64,
-    )?;
-    expect_field(
-        "hist_buckets",
-        44,
-        header.hist_buckets.load(r).into(),
-        HIST_BUCKETS as u64,
-    )?;
-    expect_field(
-        "max_devices",
-        48,
-        header.max_devices.load(r).into(),
-        MAX_DEVICES as u64,
-    )?;
-    expect_field(
-        "slot_stride",
-        56,
-        header.slot_stride.load(r),
-        slot_stride_for(major) as u64,
-    )?;
-    expect_field(
-        "slots_offset",
-        64,
-        header.slots_offset.load(r),
-        HEADER_SIZE as u64,
-    )?;
-    expect_field(
-        "shard_stride",
-        72,
-        header.shard_stride.load(r),
-        shard_stride_for(major) as u64,
-    )?;
-    let slot_count = header.slot_count.load(r);
-    if slot_count == 0 || slot_count > MAX_SLOTS {
-        return Err(ReadError::BadField {
-            field: "slot_count",
-            offset: 32,
-            found: slot_count.into(),
-            expected: format!("1..={MAX_SLOTS}"),
-        });
-    }
-    let device_count = header.device_count.load(r);
-    if device_count == 0 || device_count as usize > MAX_DEVICES {
-        return Err(ReadError::BadField {
-            field: "device_count",
-            offset: 52,
-            found: device_count.into(),
-            expected: format!("1..={MAX_DEVICES}"),
-        });
-    }
-    let total_size = region_size_for(major, slot_count);
-    expect_field("total_size", 24, header.total_size.load(r), total_size)?;
-    if file_len < total_size {
-        return Err(ReadError::Truncated {
-            len: file_len,
-            needed: total_size,
-        });
-    }
-    Ok(Geometry {
-        slot_count,
-        device_count,
-        total_size,
-        major,
-        minor,
-    })
-}
-
 /// A read-only view of a region file (read with `pread`, never mapped).
 pub struct RegionReader {
     file: File,
@@ -249,30 +145,17 @@ impl std::fmt::Debug for RegionReader {
 }
 
 impl RegionReader {
-    /// Opens and validates a region read-only.
+    /// Opens and validates a region read-only, by a path the operator gave
+    /// ([`tenant_fs::open_no_links`]: no symbolic link anywhere in it, only a regular file).
     pub fn open(path: &Path) -> Result<RegionReader, ReadError> {
-        let io = |call| {
-            move |source| ReadError::Io {
-                call,
-                path: path.to_path_buf(),
-                source,
-            }
-        };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(io("open"))?;
-        let meta = file.metadata().map_err(io("fstat"))?;
-        if !meta.is_file() {
-            return Err(ReadError::BadField {
-                field: "file type",
-                offset: 0,
-                found: 0,
-                expected: "a regular file".into(),
-            });
-        }
-        let len = meta.len();
+        RegionReader::from_file(tenant_fs::open_no_links(path, Access::Read)?)
+    }
+
+    /// Validates a region opened through [`tenant_fs`] (read-only).
+    pub fn from_file(file: TenantFile) -> Result<RegionReader, ReadError> {
+        let path = file.path().to_path_buf();
+        let len = file.current_len()?;
+        let file = file.into_file();
         if len < HEADER_SIZE as u64 {
             return Err(ReadError::Truncated {
                 len,
@@ -281,7 +164,7 @@ impl RegionReader {
         }
         let mut reader = RegionReader {
             file,
-            path: path.to_path_buf(),
+            path,
             geometry: Geometry {
                 slot_count: 0,
                 device_count: 0,
@@ -324,9 +207,16 @@ impl RegionReader {
         pread::read_u64(&self.file, offset).map_err(|e| self.pread_error(e))
     }
 
-    /// Reads the whole region. Each shard is read consistently or reported; a dead writer never
-    /// makes this spin, and a file truncated or rewritten meanwhile gives a typed error.
+    /// Reads the region within [`ReadBudget::DEFAULT`] (see [`RegionReader::snapshot_within`]).
     pub fn snapshot(&self) -> Result<RegionSnapshot, ReadError> {
+        self.snapshot_within(&ReadBudget::DEFAULT)
+    }
+
+    /// Reads the whole region, or as much of it as `budget` allows (the rest is named in
+    /// [`RegionSnapshot::unread`]). Each shard is read consistently or reported; a dead writer
+    /// never makes this spin, and a file truncated or rewritten meanwhile gives a typed error.
+    pub fn snapshot_within(&self, budget: &ReadBudget) -> Result<RegionSnapshot, ReadError> {
+        let mut spend = Spend::new(budget);
         let len = self
             .file
             .metadata()
@@ -373,14 +263,34 @@ impl RegionReader {
             shard_b: vec![0u64; words].into_boxed_slice(),
         };
         let stride = slot_stride_for(geometry.major) as u64;
+        let at = |index: u32| HEADER_SIZE as u64 + u64::from(index) * stride;
+        let mut unread = None;
         for index in 0..geometry.slot_count {
-            let offset = HEADER_SIZE as u64 + u64::from(index) * stride;
-            if let Some(slot) =
-                self.read_slot(offset, index, geometry, my_ns, &mut scratch, &mut counters)?
-            {
-                slots.push(slot);
+            if !spend.in_time() {
+                unread = Some(index);
+                break;
             }
+            let ctx = SlotContext {
+                offset: at(index),
+                index,
+                geometry,
+                my_ns,
+            };
+            let read = self.read_slot(&ctx, &mut scratch, &mut counters, &mut spend)?;
+            if !read.whole {
+                unread = Some(index);
+                break;
+            }
+            slots.extend(read.slot);
         }
+        let unread = match unread {
+            Some(first_slot) => Some(Unread {
+                limit: spend.out.unwrap_or(BudgetLimit::Time),
+                first_slot,
+                slots: self.count_claimed(first_slot, &at)?,
+            }),
+            None => None,
+        };
         Ok(RegionSnapshot {
             geometry,
             creator_pid: init_pid(header.init_state.load(r)),
@@ -391,22 +301,38 @@ impl RegionReader {
             devices,
             slots,
             counters,
+            unread,
         })
     }
 
-    /// Reads slot `index` (at `offset`): its state word, its header, each shard it has used
-    /// (`used_shards`) under the shard's seqlock or its records' (layout 3), then the state word
-    /// again; a slot whose word changed meanwhile (recycled) is re-read, at most
-    /// [`SLOT_READ_ATTEMPTS`] times.
+    /// Non-free slots from `first` on, by their state words alone (one 8-byte read each).
+    fn count_claimed(&self, first: u32, at: &dyn Fn(u32) -> u64) -> Result<u32, ReadError> {
+        let mut claimed = 0;
+        for index in first..self.geometry.slot_count {
+            if slot_phase(self.read_u64(at(index))?) != PHASE_FREE {
+                claimed += 1;
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Reads slot `ctx.index` (at `ctx.offset`): its state word, its header, each shard it has
+    /// used (`used_shards`) under the shard's seqlock or its records' (layout 3), then the state
+    /// word again; a slot whose word changed meanwhile (recycled) is re-read, at most
+    /// [`SLOT_READ_ATTEMPTS`] times. A slot `spend` runs out in is left out ([`SlotRead::CUT`]).
     fn read_slot(
         &self,
-        offset: u64,
-        index: u32,
-        geometry: Geometry,
-        my_ns: u64,
+        ctx: &SlotContext,
         scratch: &mut Scratch,
         counters: &mut ReadCounters,
-    ) -> Result<Option<SlotSnapshot>, ReadError> {
+        spend: &mut Spend,
+    ) -> Result<SlotRead, ReadError> {
+        let SlotContext {
+            offset,
+            index,
+            geometry,
+            my_ns,
+        } = *ctx;
         let v3 = geometry.major >= 3;
         let shards_at = offset
             + if v3 {
@@ -421,12 +347,12 @@ impl RegionReader {
             // with Release after the identity): see `seqlock::read_copied`.
             fence(Ordering::Acquire);
             let phase = match slot_phase(word) {
-                PHASE_FREE => return Ok(None),
+                PHASE_FREE => return Ok(SlotRead::whole(None)),
                 PHASE_CLAIMING => SlotPhase::Claiming,
                 PHASE_LIVE => SlotPhase::Live,
                 PHASE_RECLAIMING => SlotPhase::Reclaiming,
                 // Garbage phase in a hostile file: show nothing rather than guess.
-                _ => return Ok(None),
+                _ => return Ok(SlotRead::whole(None)),
             };
             let h = if v3 {
                 self.read_pod(offset, &mut *scratch.header)?;
@@ -444,15 +370,25 @@ impl RegionReader {
             // hides its own statistics.
             let mut totals = shards::Totals::new();
             for shard_index in (0..SHARDS_PER_SLOT).filter(|i| h.used_shards & (1 << i) != 0) {
+                if !spend.in_time() {
+                    return Ok(SlotRead::CUT);
+                }
                 let at = shards_at + shard_index as u64 * shard_stride;
                 if v3 {
-                    let tid = h.shard_owner[shard_index];
                     let copies = (&mut scratch.shard[..], &mut scratch.shard_b[..]);
-                    self.read_shard_v3(at, (shard_index, pid, tid), copies, &mut totals, counters)?;
+                    let shard = (shard_index, pid, h.shard_owner[shard_index]);
+                    self.read_shard_v3(at, shard, copies, &mut totals, (counters, spend))?;
                 } else {
                     let buf = &mut scratch.shard[..];
+                    let before = counters.seqlock_retries;
                     self.read_shard_v2(at, (shard_index, pid), buf, &mut totals, counters)?;
+                    // A layout 1/2 shard has at most READ_RETRIES attempts of its own.
+                    spend.retry(counters.seqlock_retries - before);
                 }
+            }
+            // The budget ran out in the last shard: records may have been left out for it.
+            if !spend.in_time() {
+                return Ok(SlotRead::CUT);
             }
             fence(Ordering::Acquire);
             // The owner may have changed while we copied (a new owner must first move the word
@@ -462,11 +398,14 @@ impl RegionReader {
                 if attempt + 1 == SLOT_READ_ATTEMPTS {
                     counters.slots_skipped += 1;
                 }
+                if !spend.in_time() {
+                    return Ok(SlotRead::CUT);
+                }
                 continue;
             }
             let alive = (my_ns != 0 && h.pid_ns == my_ns && phase == SlotPhase::Live)
                 .then(|| procfs::liveness(pid, h.start_time) == Liveness::Alive);
-            return Ok(Some(SlotSnapshot {
+            let slot = SlotSnapshot {
                 index,
                 phase,
                 pid,
@@ -480,9 +419,36 @@ impl RegionReader {
                 throttled_ns: totals.throttled_ns,
                 apis: totals.merged.into_iter().flatten().collect(),
                 shard_problems: totals.problems,
-            }));
+            };
+            return Ok(SlotRead::whole(Some(slot)));
         }
-        Ok(None)
+        Ok(SlotRead::whole(None))
+    }
+}
+
+/// Where a slot is and what the reader needs to know about the region to read it.
+struct SlotContext {
+    offset: u64,
+    index: u32,
+    geometry: Geometry,
+    my_ns: u64,
+}
+
+/// A slot as read: `None` if free (or left out); `whole` false if the budget ran out during it
+/// (then `slot` is `None`: the slot is left out).
+struct SlotRead {
+    slot: Option<SlotSnapshot>,
+    whole: bool,
+}
+
+impl SlotRead {
+    const CUT: SlotRead = SlotRead {
+        slot: None,
+        whole: false,
+    };
+
+    fn whole(slot: Option<SlotSnapshot>) -> SlotRead {
+        SlotRead { slot, whole: true }
     }
 }
 

@@ -15,14 +15,17 @@
 //!   instant with no writer inside. No order of a copy's words is assumed. A record that differs
 //!   is copied again and compared with its previous copy, at most [`seqlock::READ_RETRIES`]
 //!   copies in all; the loom model `loom_record_copies_that_agree_are_consistent` checks the
-//!   argument.
+//!   argument. Each copy after the first takes one retry from the snapshot's budget
+//!   ([`super::Spend`]); when it runs out the records still pending are left out and reported.
 use std::mem::offset_of;
 use std::sync::atomic::{Ordering, fence};
 
 use agent_common::api::{API_SLOTS, ApiId};
 use agent_common::hist::HIST_BUCKETS;
 
-use super::{ApiStats, ReadCounters, ReadError, RegionReader, ShardProblem, ShardProblemKind};
+use super::{
+    ApiStats, ReadCounters, ReadError, RegionReader, ShardProblem, ShardProblemKind, Spend,
+};
 use crate::layout::{API_RECORD_SIZE, ApiRecord, SHARD_SIZE};
 use crate::layout_v2::{ApiCountersV2, SHARD_SIZE_V2, ShardV2};
 use crate::seqlock::{self, SeqRead};
@@ -156,15 +159,15 @@ impl RegionReader {
     }
 
     /// Layout 3: shard `index` of slot owner `pid` (its thread `tid`), at `at`, record by record
-    /// (see the module documentation). Records that stay inconsistent are left out, and the
-    /// shard is reported once.
+    /// (see the module documentation). Records that stay inconsistent (or are still pending
+    /// when `spend` runs out) are left out, and the shard is reported once.
     pub(super) fn read_shard_v3(
         &self,
         at: u64,
         (index, pid, tid): (usize, u32, u64),
         (last, fresh): (&mut [u64], &mut [u64]),
         totals: &mut Totals,
-        counters: &mut ReadCounters,
+        (counters, spend): (&mut ReadCounters, &mut Spend),
     ) -> Result<(), ReadError> {
         let (last, fresh) = (&mut last[..SHARD_WORDS], &mut fresh[..SHARD_WORDS]);
         self.read_words(at, last)?;
@@ -188,6 +191,9 @@ impl RegionReader {
         let mut attempt = 1;
         while !pending.is_empty() && attempt < seqlock::READ_RETRIES {
             if attempt > 1 {
+                if !spend.retry(pending.len() as u64) {
+                    break;
+                }
                 seqlock::backoff(attempt);
                 counters.seqlock_retries += pending.len() as u64;
             }

@@ -127,6 +127,28 @@ pub struct ReadCounters {
     pub slots_skipped: u64,
 }
 
+/// Which part of a [`super::ReadBudget`] ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetLimit {
+    /// The wall time.
+    Time,
+    /// The retries.
+    Retries,
+}
+
+/// What a snapshot left unread because its [`super::ReadBudget`] ran out: the slots from
+/// `first_slot` on were not read (their state words were, to count them); the slot the budget
+/// ran out in is one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unread {
+    /// What ran out.
+    pub limit: BudgetLimit,
+    /// The first slot not read (the one being read when the budget ran out).
+    pub first_slot: u32,
+    /// Non-free slots from `first_slot` on that were not read.
+    pub slots: u32,
+}
+
 /// A consistent-per-shard view of a region.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegionSnapshot {
@@ -148,4 +170,6 @@ pub struct RegionSnapshot {
     pub slots: Vec<SlotSnapshot>,
     /// Read effort.
     pub counters: ReadCounters,
+    /// What the read budget left unread (`None`: the whole region was read).
+    pub unread: Option<Unread>,
 }

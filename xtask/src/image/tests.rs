@@ -84,15 +84,16 @@ fn building_twice_from_copies_gives_the_same_digest() {
 #[test]
 fn the_manifests_name_the_image_this_builds() {
     let version = version().unwrap();
-    let daemonset = fs::read_to_string(repo_root().join("deploy/daemonset.yaml")).unwrap();
+    let daemonset = fs::read_to_string(repo_root().join("deploy/base/daemonset.yaml")).unwrap();
     assert!(
         daemonset.contains(&format!("image: {IMAGE_NAME}:{version}\n")),
-        "deploy/daemonset.yaml must run {IMAGE_NAME}:{version}"
+        "deploy/base/daemonset.yaml must run {IMAGE_NAME}:{version}"
     );
-    let kustomization = fs::read_to_string(repo_root().join("deploy/kustomization.yaml")).unwrap();
+    let kustomization =
+        fs::read_to_string(repo_root().join("deploy/base/kustomization.yaml")).unwrap();
     assert!(
         kustomization.contains(&format!("- name: {IMAGE_NAME}\n"))
             && kustomization.contains(&format!("newTag: \"{version}\"\n")),
-        "deploy/kustomization.yaml must map {IMAGE_NAME} with newTag \"{version}\":\n{kustomization}"
+        "deploy/base/kustomization.yaml must map {IMAGE_NAME} with newTag \"{version}\":\n{kustomization}"
     );
 }

@@ -1,11 +1,11 @@
 //! The calls made while a sampled kind is detached: estimated from reference kinds ([`Reference`])
-//! or by pace, and charged to each process's [`Exposure`].
+//! or by pace, with the weight each gap adds to its estimator's uncertainty ([`Gap`]).
 
 use std::{collections::BTreeMap, time::Instant};
 
 use agent_common::ApiKind;
 
-use super::{Exposure, KindState};
+use super::KindState;
 
 /// A pace clock for the detached gaps that the probes themselves do not disturb: the calls of
 /// the other sampled kinds while they fit the budget whole and stay attached (synchronisations
@@ -17,28 +17,63 @@ use super::{Exposure, KindState};
 /// process that starts or exits in the gap has reference calls only while it runs.
 #[derive(Clone, Debug)]
 pub(super) struct Reference {
-    kinds: Vec<ApiKind>,
+    pub(super) kinds: Vec<ApiKind>,
     /// When that window opened (its reference kinds must have stayed attached since).
     opened_at: Instant,
     /// Reference calls per process at its close.
     pub(super) at_close: BTreeMap<u32, u64>,
-    /// Sampled calls per reference call, per process with enough reference calls in the window.
+    /// Sampled calls per reference call, per process with enough reference calls in the window,
+    /// and the rounding variance of that ratio (see [`super::Spread::rounding`]).
     pub(super) ratios: BTreeMap<u32, f64>,
+    pub(super) rounding: BTreeMap<u32, f64>,
+    /// Reference calls per window, per process: a moving average over its windows.
+    typical: BTreeMap<u32, f64>,
 }
 
-/// Reference calls a window needs for its ratio to be used (fewer: the pace estimate instead).
-const MIN_REFERENCE_CALLS: u64 = 8;
+/// Reference calls a process makes in a typical window for its ratios to be used (fewer: the
+/// pace estimate instead). Typical, not this window's: a process that makes 7 or 8 reference
+/// calls a window, by the phase at which a window meets them, would otherwise have only its
+/// windows of 8 used, and all its ratios taken one reference call short (4.5% low in a
+/// generated job of this kind).
+const MIN_REFERENCE_CALLS: f64 = 8.0;
 
-/// A process's calls per second of its own time in a window that was open `open` seconds and
-/// saw `n` of its calls. While attached, each call also took a probe hit, so the process got
-/// through only `open - n x per_hit` of its own work (without this a tight launch loop, slowed 3x
-/// by the probes while they are attached, would be counted 3x short). The correction is capped at
-/// 90% of the window, for callers on many threads at once.
-pub(super) fn own_rate(open: f64, n: u64, per_hit_ns: f64) -> f64 {
-    let own = (open - n as f64 * per_hit_ns / 1e9)
-        .max(open * 0.1)
-        .max(1e-9);
-    n as f64 / own
+/// The weight of the latest window in the moving average of reference calls per window.
+const TYPICAL_WEIGHT: f64 = 0.25;
+
+/// What one process did in a closed window of `open` seconds: its `calls`, and how much of the
+/// window was its own time (the rest went to probe hits).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Window {
+    pub(super) calls: u64,
+    pub(super) own_seconds: f64,
+    pub(super) probe_seconds: f64,
+}
+
+impl Window {
+    /// While attached, each call also took a probe hit, so the process got through only
+    /// `open - n x per_hit` of its own work (without this a tight launch loop, slowed 3x by the
+    /// probes while they are attached, would be counted 3x short). The correction is capped at
+    /// 90% of the window, for callers on many threads at once.
+    pub(super) fn new(open: f64, calls: u64, per_hit_ns: f64) -> Window {
+        let own = (open - calls as f64 * per_hit_ns / 1e9)
+            .max(open * 0.1)
+            .max(1e-9);
+        Window {
+            calls,
+            own_seconds: own,
+            probe_seconds: (open - own).max(0.0),
+        }
+    }
+
+    /// Calls per second of the process's own time.
+    pub(super) fn rate(&self) -> f64 {
+        self.calls as f64 / self.own_seconds
+    }
+
+    /// The rounding variance of the rate (one call in the window, rounded evenly).
+    pub(super) fn rounding(&self) -> f64 {
+        (1.0 / self.own_seconds).powi(2) / 12.0
+    }
 }
 
 /// Each process's calls of `kinds` together.
@@ -55,16 +90,24 @@ pub(super) fn calls_of_kinds(
     sum
 }
 
-/// The reference kinds of a window of `kind` opening now.
+/// The reference kinds of a window of `kind` that opened at `opened_at` and closes now: the
+/// kinds never detached, and those attached whole (`whole`: each with since when it has been)
+/// since before the window opened.
 pub(super) fn reference_kinds(
     always_on: &[ApiKind],
-    whole: &[ApiKind],
+    whole: &[(ApiKind, Instant)],
     kind: ApiKind,
+    opened_at: Instant,
 ) -> Vec<ApiKind> {
     let mut refs: Vec<ApiKind> = always_on
         .iter()
-        .chain(whole)
         .copied()
+        .chain(
+            whole
+                .iter()
+                .filter(|(_, since)| *since <= opened_at)
+                .map(|(k, _)| *k),
+        )
         .filter(|k| *k != kind)
         .collect();
     refs.sort_by_key(|k| *k as u8);
@@ -74,77 +117,102 @@ pub(super) fn reference_kinds(
 
 impl Reference {
     /// A window closing: `at_open`/`at_close` are the reference calls per process at its ends,
-    /// `seen` its sampled calls per process.
+    /// `seen` its sampled calls per process, `last` the window before it.
     pub(super) fn closing(
         kinds: &[ApiKind],
         opened_at: Instant,
         at_open: &BTreeMap<u32, u64>,
         at_close: BTreeMap<u32, u64>,
         seen: &BTreeMap<u32, u64>,
+        last: Option<&Reference>,
     ) -> Reference {
-        let ratios = at_close
-            .iter()
-            .filter_map(|(pid, close)| {
-                let in_window = close.saturating_sub(at_open.get(pid).copied().unwrap_or(0));
-                (in_window >= MIN_REFERENCE_CALLS).then(|| {
-                    let n = seen.get(pid).copied().unwrap_or(0);
-                    (*pid, n as f64 / in_window as f64)
-                })
-            })
-            .collect();
+        let (mut ratios, mut rounding, mut typical) =
+            (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        let earlier = last.filter(|l| l.kinds == kinds).map(|l| &l.typical);
+        for (pid, close) in &at_close {
+            let in_window = close.saturating_sub(at_open.get(pid).copied().unwrap_or(0));
+            let usual = match earlier.and_then(|t| t.get(pid)) {
+                Some(t) => t + TYPICAL_WEIGHT * (in_window as f64 - t),
+                None => in_window as f64,
+            };
+            typical.insert(*pid, usual);
+            if usual >= MIN_REFERENCE_CALLS && in_window > 0 {
+                let n = seen.get(pid).copied().unwrap_or(0);
+                let ratio = n as f64 / in_window as f64;
+                ratios.insert(*pid, ratio);
+                rounding.insert(*pid, (ratio / in_window as f64).powi(2) / 12.0);
+            }
+        }
         Reference {
             kinds: kinds.to_vec(),
             opened_at,
             at_close,
             ratios,
+            rounding,
+            typical,
         }
     }
 
-    /// The calls of `pid` in the gap between this (earlier) window and the next, whose reference
-    /// calls at its opening were `next_at_open`: the gap's reference calls times the mean of the
-    /// ratios of the two windows (`next`: once it closed), or of the one that has a ratio (a
-    /// process that started or exited in the gap). `None` when neither has.
+    /// The calls of `pid` in the gap between this (earlier) window and the end of the gap, where
+    /// the reference calls were `end_calls`: the gap's reference calls times the mean of the
+    /// ratios of this window and the next (`next`: once it closed), or of the one that has a
+    /// ratio (a process that started or exited in the gap). `None` when neither has.
     fn gap_calls(
         &self,
-        next_at_open: &BTreeMap<u32, u64>,
+        end_calls: &BTreeMap<u32, u64>,
         next: Option<&Reference>,
         pid: u32,
-    ) -> Option<f64> {
-        let ratios: Vec<f64> = [self.ratios.get(&pid), next.and_then(|n| n.ratios.get(&pid))]
-            .into_iter()
-            .flatten()
-            .copied()
-            .collect();
-        if ratios.is_empty() {
+    ) -> Option<Gap> {
+        // The next window's ratio is to the same reference only if it has the same kinds.
+        let next = next.filter(|n| n.kinds == self.kinds);
+        let (before, after) = (
+            self.ratios.get(&pid).copied(),
+            next.and_then(|n| n.ratios.get(&pid)).copied(),
+        );
+        let sides = [before, after].into_iter().flatten().count();
+        if sides == 0 {
             return None;
         }
-        let ratio = ratios.iter().sum::<f64>() / ratios.len() as f64;
-        let gap = next_at_open
+        let ratio = (before.unwrap_or(0.0) + after.unwrap_or(0.0)) / sides as f64;
+        let gap = end_calls
             .get(&pid)
             .copied()
             .unwrap_or(0)
-            .saturating_sub(self.at_close.get(&pid).copied().unwrap_or(0));
-        Some(gap as f64 * ratio)
+            .saturating_sub(self.at_close.get(&pid).copied().unwrap_or(0)) as f64;
+        let share = gap / sides as f64;
+        Some(Gap::new(
+            How::Reference,
+            gap * ratio,
+            before.map_or(0.0, |_| share),
+            after.map_or(0.0, |_| share),
+        ))
     }
 }
 
-/// The calls of each process in the detached gap before `k`'s current window: by the reference
-/// where it held all along (the same kinds, none detached since the window before the gap
-/// opened), else by pace. `next`: the current window's reference and own-pace rates once it
-/// closed; `None` while it is open (from the window before the gap alone, then).
+/// How a gap ends: its length, and the calls per process of the reference kinds of the window
+/// before it at its end.
+pub(super) struct GapEnd<'a> {
+    pub(super) seconds: f64,
+    pub(super) ref_calls: &'a BTreeMap<u32, u64>,
+}
+
+/// The calls of each process in the detached gap after `k`'s last closed window: by that
+/// window's reference where it held all along (none of its kinds detached since the window
+/// opened), else by pace. `next`: the window after the gap and its own-pace rates once it
+/// closed; `None` while it is open or the gap goes on (from the window before the gap alone,
+/// then).
 pub(super) fn gap_estimates(
     k: &KindState,
     detached_at: &[(ApiKind, Instant)],
+    end: GapEnd,
     next: Option<(&Reference, &BTreeMap<u32, f64>)>,
 ) -> BTreeMap<u32, Gap> {
     let by_reference = k.last.as_ref().filter(|last| {
-        last.kinds == k.refs
-            && !k.refs.is_empty()
+        !last.kinds.is_empty()
             && !detached_at
                 .iter()
                 .any(|(d, at)| last.kinds.contains(d) && *at >= last.opened_at)
     });
-    let gap = k.gap.as_secs_f64();
     let none = BTreeMap::new();
     let after = next.map(|(_, rates)| rates).unwrap_or(&none);
     let mut pids: std::collections::BTreeSet<u32> =
@@ -155,15 +223,23 @@ pub(super) fn gap_estimates(
     pids.into_iter()
         .map(|pid| {
             let estimate = match by_reference
-                .and_then(|last| last.gap_calls(&k.ref_at_open, next.map(|(r, _)| r), pid))
+                .and_then(|last| last.gap_calls(end.ref_calls, next.map(|(r, _)| r), pid))
             {
-                Some(calls) => Gap::ByReference(calls),
-                None if next.is_some() => {
-                    Gap::ByPace(pace_gap_calls(&k.last_rates, after, gap, pid))
-                }
+                Some(gap) => gap,
+                None if next.is_some() => Gap::new(
+                    How::Pace,
+                    pace_gap_calls(&k.last_rates, after, end.seconds, pid),
+                    end.seconds / 2.0,
+                    end.seconds / 2.0,
+                ),
                 // One-sided: the whole gap at the rate before it (the trapezoid needs the rate
                 // after it).
-                None => Gap::ByPace(gap * k.last_rates.get(&pid).copied().unwrap_or(0.0)),
+                None => Gap::new(
+                    How::Pace,
+                    end.seconds * k.last_rates.get(&pid).copied().unwrap_or(0.0),
+                    end.seconds,
+                    0.0,
+                ),
             };
             (pid, estimate)
         })
@@ -184,55 +260,58 @@ pub(super) fn pace_gap_calls(
     gap * (rate(before) + rate(after)) / 2.0
 }
 
-/// The calls estimated for a detached gap, and how.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Gap {
-    ByReference(f64),
-    ByPace(f64),
+/// How a gap's calls were estimated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum How {
+    Reference,
+    Pace,
 }
 
-impl Gap {
-    fn calls(self) -> f64 {
+impl How {
+    /// Its index in a `[reference, pace]` pair.
+    pub(super) fn index(self) -> usize {
         match self {
-            Gap::ByReference(c) | Gap::ByPace(c) => c,
+            How::Reference => 0,
+            How::Pace => 1,
         }
     }
 }
 
-/// Adds a window to each process's exposure: its calls (`seen`), and the calls estimated for the
-/// detached gap before it (`between`), in place of what was charged for that gap provisionally.
-pub(super) fn charge(
-    exposure: &mut BTreeMap<u32, BTreeMap<String, Exposure>>,
-    kind: ApiKind,
-    seen: &BTreeMap<u32, u64>,
-    between: &BTreeMap<u32, Gap>,
-    provisional: &BTreeMap<u32, Gap>,
-) {
-    let pids: std::collections::BTreeSet<u32> = seen
-        .keys()
-        .chain(between.keys())
-        .chain(provisional.keys())
-        .copied()
-        .collect();
-    for pid in pids {
-        let n = seen.get(&pid).copied().unwrap_or(0);
-        let now = between.get(&pid).copied().unwrap_or(Gap::ByPace(0.0));
-        let before = provisional.get(&pid).copied().unwrap_or(Gap::ByPace(0.0));
-        if n == 0 && now.calls() == 0.0 && before.calls() == 0.0 {
-            continue;
+/// The calls estimated for a detached gap, and how: its length (reference calls, or seconds)
+/// times a mean of the values of the windows beside it. `before` and `after` are the weights
+/// those windows' values got (the length over the number of values averaged; 0 for a window
+/// whose value was not used, and for both when the gap was estimated as zero): the estimate's
+/// variance is the sum over the windows of their squared weights times a value's variance
+/// (see [`super::Spread`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Gap {
+    pub(super) how: How,
+    pub(super) calls: f64,
+    pub(super) before: f64,
+    pub(super) after: f64,
+}
+
+impl Gap {
+    pub(super) fn new(how: How, calls: f64, before: f64, after: f64) -> Gap {
+        let used = calls > 0.0;
+        Gap {
+            how,
+            calls,
+            before: if used { before } else { 0.0 },
+            after: if used { after } else { 0.0 },
         }
-        let e = exposure
-            .entry(pid)
-            .or_default()
-            .entry(kind.name().to_owned())
-            .or_default();
-        e.probed_calls += n;
-        e.estimated_calls += n as f64 + now.calls() - before.calls();
-        for (gap, sign) in [(before, -1.0), (now, 1.0)] {
-            match gap {
-                Gap::ByReference(c) => e.gap_calls_by_reference += sign * c,
-                Gap::ByPace(c) => e.gap_calls_by_pace += sign * c,
-            }
+    }
+
+    /// Its calls, as an addition to a process's exposure.
+    pub(super) fn exposure(&self) -> super::Exposure {
+        let mut e = super::Exposure {
+            estimated_calls: self.calls,
+            ..Default::default()
+        };
+        match self.how {
+            How::Reference => e.gap_calls_by_reference = self.calls,
+            How::Pace => e.gap_calls_by_pace = self.calls,
         }
+        e
     }
 }

@@ -149,6 +149,7 @@ mod tests {
             devices: vec![],
             problems: vec!["not a region".into()],
             read_retries: 0,
+            writable_by_others: None,
         });
         s.agent.region_errors = 1;
         let e = errors(&s);

@@ -461,6 +461,12 @@ fn container_facts<'s>(
         for p in &r.problems {
             out.push(Line::from(Span::styled(format!("  problem: {p}"), t.bad())));
         }
+        if let Some(w) = &r.writable_by_others {
+            out.push(Line::from(Span::styled(
+                format!("  writable by other uids: {w}"),
+                t.warn(),
+            )));
+        }
     }
     Some((out, procs))
 }

@@ -44,6 +44,8 @@ pub fn lines(model: &Model, state: &ViewState, t: &Theme, width: u16) -> Vec<Lin
     ));
     if state.paused {
         title.push(Span::styled("  PAUSED", t.bad()));
+    } else if let Some(age) = model.stale_seconds {
+        title.push(Span::styled(format!("  STALE {age}s"), t.bad()));
     }
     out.push(Line::from(title));
     if let Some(e) = &model.source.error {
@@ -164,6 +166,10 @@ fn agent_line(s: &Snapshot, t: &Theme) -> Line<'static> {
     ));
     spans.push(Span::styled("  regions ", t.key()));
     spans.push(Span::raw(a.regions_read.to_string()));
+    if !a.regions_unread.is_empty() {
+        spans.push(Span::styled("  unread ", t.key()));
+        spans.push(Span::styled(a.regions_unread.len().to_string(), t.warn()));
+    }
     let errors = a.region_errors + a.warnings.len();
     spans.push(Span::styled("  errors ", t.key()));
     spans.push(Span::styled(

@@ -87,6 +87,33 @@ fn detail_of_a_container() {
     both("detail_container", &m, &s);
 }
 
+/// A region another uid could have written says so in its container's detail.
+#[test]
+fn detail_of_a_container_flags_a_region_other_uids_can_write() {
+    let mut m = Model::default();
+    let mut snap = fixture::snapshot();
+    let c = snap
+        .containers
+        .iter_mut()
+        .find(|c| c.key == fixture::TRAIN_ID)
+        .unwrap();
+    c.regions[0].writable_by_others = Some("mode 0666: any local user can write it".into());
+    m.apply(snap);
+    let s = with(&m, &[Action::Enter, Action::Enter]);
+    let t = draw(&m, &s, 160, 48);
+    let text: String = t
+        .backend()
+        .buffer()
+        .content()
+        .iter()
+        .map(|c| c.symbol())
+        .collect();
+    assert!(
+        text.contains("writable by other uids: mode 0666: any local user can write it"),
+        "{text}"
+    );
+}
+
 #[test]
 fn detail_of_a_process() {
     let m = model();
@@ -193,6 +220,38 @@ fn a_source_error_is_shown() {
         Some("no agent answers on /run/vgpu-agent/agent.sock: Connection refused".into());
     let t = draw(&m, &ViewState::default(), 80, 24);
     insta::assert_snapshot!("source_error_80x24", t.backend());
+}
+
+/// A daemon whose collector is late and a region over its read budget: the header says STALE
+/// with the snapshot's age, and how many regions were not read whole.
+#[test]
+fn a_stale_snapshot_and_an_unread_region_are_marked() {
+    let mut m = model();
+    let mut s = fixture::snapshot();
+    s.agent.stale = true;
+    s.agent.regions_unread = vec![crate::model::RegionUnread {
+        path: "/var/lib/vgpu-agent/regions/hostile.cache".into(),
+        reason: "retries".into(),
+        slots: 1023,
+        blocked_seconds: 0.0,
+    }];
+    m.apply(s);
+    let taken = m.snapshot.as_ref().unwrap().taken_at_unix_ms;
+    let interval = std::time::Duration::from_secs(1);
+    assert!(m.check_stale(taken + 12_400, interval));
+    assert_eq!(m.stale_seconds, Some(12));
+    assert!(!m.check_stale(taken + 12_900, interval), "same second");
+    let t = draw(&m, &ViewState::default(), 160, 48);
+    let text = format!("{}", t.backend());
+    assert!(text.contains("STALE 12s"), "{text}");
+    assert!(text.contains("unread 1"), "{text}");
+    insta::assert_snapshot!("stale_160x48", t.backend());
+    // A fresh snapshot, read within two intervals, is not stale.
+    m.apply(fixture::snapshot());
+    assert!(m.check_stale(taken + 1_500, interval));
+    assert_eq!(m.stale_seconds, None);
+    assert!(m.check_stale(taken + 2_500, interval), "past two intervals");
+    assert_eq!(m.stale_seconds, Some(2));
 }
 
 #[test]

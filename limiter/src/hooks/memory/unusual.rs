@@ -3,37 +3,21 @@
 //! live, a pitched allocation's corrected charge. All out of line and out of `.text.hot`, so that
 //! the common path's code stays in few cache lines (limiter/README.md, "Cold calls").
 
-use super::{Space, keep, table};
-use crate::{
-    accounting::{Accounting as _, Charge, Denied},
-    cuda::*,
-    guard::shield,
-    hooks::Hooked,
-    log,
-    process::{self, Process},
-    real_driver::{self, Sym, sym},
-    state::State,
+use limiter_core::{
+    accounting::{Accounting as _, Denied},
+    charge::Charge,
 };
 
-/// [`current_device`] with several devices: asks the driver. Out of line (a single device is the
-/// common case on a shared GPU).
-#[cold]
-#[inline(never)]
-pub(super) fn context_device(state: &State) -> usize {
-    let Some(get) = state.driver.get::<real_driver::sym::CtxGetDevice>() else {
-        return 0;
-    };
-    let mut dev: CUdevice = 0;
-    // SAFETY: `dev` is a valid out-pointer for the duration of the call.
-    let r = unsafe { get(&mut dev) };
-    if r == CUDA_SUCCESS {
-        usize::try_from(dev).unwrap_or(0)
-    } else {
-        0
-    }
-}
+use crate::{
+    hooks::gate::{Hooked, shield},
+    platform::{cuda::*, driver::Sym, log},
+    runtime::{
+        process::{Process, Space},
+        state::State,
+    },
+};
 
-/// [`reserve`] after a denial: settles the pools and retries once if that returned anything.
+/// `reserve` after a denial: settles the pools and retries once if that returned anything.
 #[cold]
 #[inline(never)]
 pub(super) fn reserve_after_pools(
@@ -42,7 +26,7 @@ pub(super) fn reserve_after_pools(
     charge: Charge,
     denied: Denied,
 ) -> Result<(), Denied> {
-    if process.pools.any_charged() && process.pools.settle_all(state, &process.ledger) > 0 {
+    if process.pools.any_charged() && process.pools.settle_all(state.driver, &process.ledger) > 0 {
         process.ledger.try_reserve(charge.device, charge.bytes)
     } else {
         Err(denied)
@@ -75,12 +59,16 @@ pub(super) fn deny<F>(h: &Hooked<F>, sym: Sym, denied: Denied) -> CUresult {
         h.process.ledger.record_denied(sym.api(), denied.requested);
         let now = h.state.clock.now();
         h.record(sym, now, now, false);
-        log::debug!("{}: denied: {denied}", sym.name().to_string_lossy());
+        log::debug!(
+            h.state.log_level(),
+            "{}: denied: {denied}",
+            sym.name().to_string_lossy()
+        );
     });
     CUDA_ERROR_OUT_OF_MEMORY
 }
 
-/// [`settle_allocation`] of a pool allocation (its pool is settled), or of a plain one that
+/// `settle_allocation` of a pool allocation (its pool is settled), or of a plain one that
 /// failed or has no address (its reservation is returned).
 #[cold]
 #[inline(never)]
@@ -98,9 +86,13 @@ pub(super) fn settle_unusual(
     }
     process
         .pools
-        .settle(state, &process.ledger, c.pool, c.device, c.bytes, ok);
+        .settle(state.driver, &process.ledger, c.pool, c.device, c.bytes, ok);
     if ok && !out.is_null() {
-        keep(process, space, c, out);
+        // SAFETY: the driver succeeded, so it wrote the new address to the caller's `out`.
+        let key = unsafe { out.read() };
+        if let Some(stale) = process.keep(space, key, c) {
+            release_stale(process, stale);
+        }
     }
 }
 
@@ -126,27 +118,26 @@ pub(super) fn settle_free_unusual(
     r: CUresult,
 ) -> u64 {
     if r != CUDA_SUCCESS {
-        table(process, space).insert(key, c);
+        process.keep(space, key, c);
         return 0;
     }
     process
         .pools
-        .settle(state, &process.ledger, c.pool, c.device, 0, true);
+        .settle(state.driver, &process.ledger, c.pool, c.device, 0, true);
     c.bytes
 }
 
 /// Replaces the estimated charge of a pitched allocation by its real size; if the real size does not
 /// fit, the allocation is freed and the caller gets `CUDA_ERROR_OUT_OF_MEMORY`.
 pub(super) fn correct_pitch_charge(
+    state: &State,
+    process: &Process,
     addr: CUdeviceptr,
     actual: u64,
     estimate: u64,
     device: usize,
 ) -> CUresult {
-    let (Some(state), Some(process)) = (crate::state::ready(), process::ready()) else {
-        return CUDA_SUCCESS;
-    };
-    if actual == estimate || process.ptrs.remove(addr).is_none() {
+    if actual == estimate || process.take(Space::Ptr, addr).is_none() {
         return CUDA_SUCCESS;
     }
     let fits = if actual > estimate {
@@ -159,21 +150,17 @@ pub(super) fn correct_pitch_charge(
         true
     };
     if fits {
-        process.ptrs.insert(
-            addr,
-            Charge {
-                device,
-                bytes: actual,
-                pool: 0,
-            },
-        );
+        let charge = Charge {
+            device,
+            bytes: actual,
+            pool: 0,
+        };
+        process.keep(Space::Ptr, addr, charge);
         return CUDA_SUCCESS;
     }
     process.ledger.release(device, estimate);
-    if let Some(free) = state.driver.get::<sym::MemFreeV2>() {
-        // SAFETY: `addr` was just allocated by the driver and is not known to the caller yet.
-        unsafe { free(addr) };
-    }
+    // The driver just allocated `addr`; the caller has not been told about it.
+    state.driver.free(addr);
     process
         .ledger
         .record_denied(state.api(Sym::MemAllocPitchV2), actual);

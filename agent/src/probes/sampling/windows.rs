@@ -1,0 +1,190 @@
+//! A window of one kind opening, standing open, and closing: what it counts from, what a
+//! reading counts while it is open or while the gap after it runs ([`KindState::pending`]), and
+//! what it adds to each process's exposure when it closes ([`commit`]).
+
+use std::{collections::BTreeMap, time::Instant};
+
+use agent_common::ApiKind;
+
+use super::{
+    Exposure, KindState,
+    exposure::Weight,
+    gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates},
+};
+
+impl KindState {
+    /// Opens a window at `at`: the calls of the kind and of its reference kinds are counted from
+    /// here, and the gap before it is estimated provisionally.
+    pub(super) fn open(
+        &mut self,
+        at: Instant,
+        kinds: &[ApiKind],
+        detached_at: &[(ApiKind, Instant)],
+        calls: &mut impl FnMut(ApiKind) -> BTreeMap<u32, u64>,
+    ) {
+        self.until += at.saturating_duration_since(self.since);
+        self.since = at;
+        self.opened_at = at;
+        self.at_open = kinds.iter().map(|k| (*k, calls(*k))).collect();
+        self.calls_at_open = self.at_open.get(&self.kind).cloned().unwrap_or_default();
+        self.gap = self
+            .closed_at
+            .map(|c| at.saturating_duration_since(c))
+            .unwrap_or_default();
+        self.provisional = if self.closed_at.is_some() {
+            gap_estimates(
+                self,
+                detached_at,
+                GapEnd {
+                    seconds: self.gap.as_secs_f64(),
+                    ref_calls: &self.at_open_of(self.last_reference_kinds()),
+                },
+                None,
+            )
+        } else {
+            BTreeMap::new()
+        };
+    }
+
+    /// The reference kinds of the last closed window (none before the first).
+    pub(super) fn last_reference_kinds(&self) -> &[ApiKind] {
+        self.last.as_ref().map_or(&[], |l| &l.kinds)
+    }
+
+    /// Each process's calls of `kinds` together when the current window opened.
+    pub(super) fn at_open_of(&self, kinds: &[ApiKind]) -> BTreeMap<u32, u64> {
+        calls_of_kinds(kinds, &mut |k| {
+            self.at_open.get(&k).cloned().unwrap_or_default()
+        })
+    }
+
+    /// What the kind's calls stand for beyond what closed windows committed, per process, at
+    /// `now`: the calls of the window still open and the provisional estimate of the gap before
+    /// it, or the estimate of the gap in progress.
+    pub(super) fn pending(
+        &self,
+        now: Instant,
+        detached_at: &[(ApiKind, Instant)],
+        calls: &mut impl FnMut(ApiKind) -> BTreeMap<u32, u64>,
+    ) -> BTreeMap<u32, Exposure> {
+        let mut out: BTreeMap<u32, Exposure> = BTreeMap::new();
+        let gaps = if self.on {
+            for (pid, n) in calls(self.kind) {
+                let seen = n.saturating_sub(self.calls_at_open.get(&pid).copied().unwrap_or(0));
+                if seen > 0 {
+                    let e = out.entry(pid).or_default();
+                    e.probed_calls += seen;
+                    e.estimated_calls += seen as f64;
+                }
+            }
+            self.provisional.clone()
+        } else if let Some(closed) = self.closed_at {
+            let ref_calls = calls_of_kinds(self.last_reference_kinds(), calls);
+            gap_estimates(
+                self,
+                detached_at,
+                GapEnd {
+                    seconds: now.saturating_duration_since(closed).as_secs_f64(),
+                    ref_calls: &ref_calls,
+                },
+                None,
+            )
+        } else {
+            BTreeMap::new()
+        };
+        // The last window's weights as they stand (completed when the gap after it is).
+        let mut weights = self.weights.clone();
+        for (pid, gap) in gaps {
+            if gap.calls != 0.0 {
+                out.entry(pid).or_default().add(&gap.exposure());
+                weights.entry(pid).or_default().weight[gap.how.index()] += gap.before;
+            }
+        }
+        for (pid, w) in weights {
+            let e = w.exposure();
+            if !e.is_empty() {
+                out.entry(pid).or_default().add(&e);
+            }
+        }
+        out
+    }
+}
+
+/// Commits a closed window of `k` to each process's exposure: its calls (`windows`), the calls
+/// estimated for the gap before it (`between`), and what the window adds to the spread of each
+/// estimator (its value against the last window's, its own and probe time for the pace, and the
+/// last window's weight, now complete). Returns the new window's weights so far.
+pub(super) fn commit(
+    committed: &mut BTreeMap<u32, BTreeMap<String, Exposure>>,
+    k: &KindState,
+    windows: &BTreeMap<u32, Window>,
+    rates: &BTreeMap<u32, f64>,
+    reference: &Reference,
+    between: &BTreeMap<u32, Gap>,
+) -> BTreeMap<u32, Weight> {
+    let consecutive_refs = k.last.as_ref().is_some_and(|l| l.kinds == reference.kinds);
+    let pids: std::collections::BTreeSet<u32> = windows
+        .keys()
+        .chain(between.keys())
+        .chain(k.weights.keys())
+        .copied()
+        .collect();
+    let mut weights = BTreeMap::new();
+    for pid in pids {
+        let mut e = Exposure::default();
+        // The last window's weight is complete with the gap after it; this window's starts.
+        let mut last = k.weights.get(&pid).copied().unwrap_or_default();
+        let mut next = Weight::new([
+            reference.rounding.get(&pid).copied().unwrap_or(0.0),
+            windows.get(&pid).map_or(0.0, Window::rounding),
+        ]);
+        if let Some(g) = between.get(&pid)
+            && g.calls != 0.0
+        {
+            last.weight[g.how.index()] += g.before;
+            next.weight[g.how.index()] = g.after;
+        }
+        e.add(&last.exposure());
+        if windows.contains_key(&pid) || next.weight != [0.0; 2] {
+            weights.insert(pid, next);
+        }
+        if let Some(w) = windows.get(&pid) {
+            e.probed_calls = w.calls;
+            e.estimated_calls = w.calls as f64;
+            if w.calls > 0 {
+                e.pace.own_seconds = w.own_seconds;
+                e.pace.probe_seconds = w.probe_seconds;
+            }
+        }
+        if let Some(g) = between.get(&pid)
+            && g.calls != 0.0
+        {
+            e.add(&g.exposure());
+        }
+        let rate = rates.get(&pid).copied().unwrap_or(0.0);
+        if let Some(before) = k.last_rates.get(&pid)
+            && (rate > 0.0 || *before > 0.0)
+        {
+            e.pace.pairs = 1;
+            e.pace.sq_diff = (rate - before).powi(2);
+        }
+        if consecutive_refs
+            && let (Some(now), Some(before)) = (
+                reference.ratios.get(&pid),
+                k.last.as_ref().and_then(|l| l.ratios.get(&pid)),
+            )
+        {
+            e.reference.pairs = 1;
+            e.reference.sq_diff = (now - before).powi(2);
+        }
+        if !e.is_empty() {
+            committed
+                .entry(pid)
+                .or_default()
+                .entry(k.kind.name().to_owned())
+                .or_default()
+                .add(&e);
+        }
+    }
+    weights
+}

@@ -1,0 +1,418 @@
+//! Configuration from the environment, compatible with HAMi-core's variables.
+//!
+//! Read once, at the first CUDA call, never on a call and never in a process that does not use
+//! CUDA. Parsing is pure: [`Config::from_vars`] takes the variables as pairs (the limiter passes
+//! the process environment's), so it is tested without touching the process environment. A
+//! malformed value is an error naming the variable and the value; the limiter then fails every
+//! intercepted call rather than run unlimited.
+
+use std::{ffi::OsString, path::PathBuf};
+
+/// Devices addressed by per-device variables (`_0` ..= `_15`), as in HAMi-core.
+pub const MAX_DEVICES: usize = 16;
+
+pub(crate) const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+pub(crate) const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+pub(crate) const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+pub(crate) const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+pub const REAL_LIBCUDA: &str = "VGPU_REAL_LIBCUDA";
+pub const REAL_LIBNVML: &str = "VGPU_REAL_LIBNVML";
+pub(crate) const CONTEXT_BYTES: &str = "VGPU_CONTEXT_BYTES";
+pub(crate) const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
+pub(crate) const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
+pub(crate) const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
+pub(crate) const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
+
+/// The SM controller's period when `VGPU_SM_PERIOD_MS` is unset (see [`crate::sm`]).
+pub(crate) const DEFAULT_SM_PERIOD_MS: u64 = 100;
+/// Accepted `VGPU_SM_PERIOD_MS` values.
+pub(crate) const SM_PERIOD_RANGE_MS: std::ops::RangeInclusive<u64> = 10..=1000;
+
+/// HAMi-core's region path when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset; used when a memory
+/// limit is set, so that the limit holds across all processes of the container.
+pub(crate) const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
+
+/// Context memory charged per process and device by default. Measured on the GPU machine
+/// (NVIDIA H200, driver 580.159.04, 2026-11-22): nvidia-smi showed 518 MiB per process beyond
+/// its allocations (scripts/gpu/validate-limiter.sh, docs/gpu-validation.md); 544 MiB leaves 5%
+/// for other GPUs and drivers, so that what nvidia-smi shows stays under the limit. Set
+/// `VGPU_CONTEXT_BYTES` to what your GPU shows.
+pub(crate) const DEFAULT_CONTEXT_BYTES: u64 = 544 << 20;
+
+/// HAMi-core's `LIBCUDA_LOG_LEVEL` scale.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// 0: nothing at all, not even configuration errors.
+    Silent = 0,
+    /// 1 (default): errors.
+    Error = 1,
+    /// 2: warnings.
+    Warn = 2,
+    /// 3: information.
+    Info = 3,
+    /// 4: debugging detail.
+    Debug = 4,
+}
+
+impl Level {
+    pub(crate) const DEFAULT: Level = Level::Error;
+
+    pub(crate) const fn from_u8(v: u8) -> Option<Level> {
+        match v {
+            0 => Some(Level::Silent),
+            1 => Some(Level::Error),
+            2 => Some(Level::Warn),
+            3 => Some(Level::Info),
+            4 => Some(Level::Debug),
+            _ => None,
+        }
+    }
+
+    /// How a message of this level is tagged.
+    pub const fn tag(self) -> &'static str {
+        match self {
+            Level::Silent => "",
+            Level::Error => "ERROR",
+            Level::Warn => "WARN",
+            Level::Info => "INFO",
+            Level::Debug => "DEBUG",
+        }
+    }
+}
+
+/// Why a byte count does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BytesError {
+    #[error("empty value")]
+    Empty,
+    #[error("expected digits followed by an optional k, m, g or t suffix")]
+    Syntax,
+    #[error("does not fit in 64 bits")]
+    Overflow,
+}
+
+/// A configuration error: the variable, its value and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A memory limit that is not a byte count.
+    #[error("{var}={value:?}: invalid byte count: {reason}")]
+    Bytes {
+        var: String,
+        value: String,
+        #[source]
+        reason: BytesError,
+    },
+    /// An SM limit outside 0..=100.
+    #[error("{var}={value:?}: expected a percentage from 0 to 100")]
+    SmLimit { var: String, value: String },
+    /// A log level outside 0..=4.
+    #[error("{var}={value:?}: expected a log level from 0 (silent) to 4 (debug)")]
+    LogLevel { var: String, value: String },
+    /// A per-device suffix that is not a device index below [`MAX_DEVICES`].
+    #[error("{var}: the suffix after {prefix}_ must be a device index from 0 to {max}", max = MAX_DEVICES - 1)]
+    DeviceIndex { var: String, prefix: &'static str },
+    /// An empty path.
+    #[error("{var} is set but empty")]
+    EmptyPath { var: String },
+    /// A variable of ours whose name or value is not UTF-8.
+    #[error("{var}: value is not valid UTF-8")]
+    NotUnicode { var: String },
+    /// Any other malformed value, with what was expected.
+    #[error("{var}={value:?}: {reason}")]
+    Invalid {
+        var: String,
+        value: String,
+        reason: String,
+    },
+}
+
+/// The limiter's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Memory limit per device in bytes; `None` (unset or `0`) means no limit.
+    pub memory_limit: [Option<u64>; MAX_DEVICES],
+    /// SM share per device in percent; `None` (unset, `0` or `100`) means no SM limit.
+    pub sm_limit: [Option<u8>; MAX_DEVICES],
+    /// The SM controller's period in milliseconds (`VGPU_SM_PERIOD_MS`).
+    pub sm_period_ms: u64,
+    /// The NVML correction of SM shares (`VGPU_SM_FEEDBACK`, `1` or `0`; default on).
+    pub sm_feedback: bool,
+    /// Path of the shared accounting region (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
+    pub shared_cache: Option<PathBuf>,
+    pub log_level: Level,
+    /// Where the real driver is (`VGPU_REAL_LIBCUDA`); `None` means `libcuda.so.1`.
+    pub real_libcuda: Option<PathBuf>,
+    /// Where the real NVML is (`VGPU_REAL_LIBNVML`); `None` means `libnvidia-ml.so.1`.
+    pub real_libnvml: Option<PathBuf>,
+    /// Context memory charged per process and device at its first allocation there
+    /// (`VGPU_CONTEXT_BYTES`, default [`DEFAULT_CONTEXT_BYTES`]; `0` charges none).
+    pub context_bytes: u64,
+    /// Test knob (`VGPU_DEBUG_PANIC_IN=<hooked symbol>`): the limiter's logic of that hook panics,
+    /// to show that the panic is caught, counted and the call still reaches the driver.
+    pub debug_panic_in: Option<String>,
+    /// Test knob (`VGPU_DEBUG_HOOK_DELAY_NS`): every launch hook busy-waits this long and records
+    /// it as hook self-time, so that attribution can be checked against a known limiter cost.
+    pub debug_hook_delay_ns: u64,
+}
+
+impl Config {
+    /// The region path: `CUDA_DEVICE_MEMORY_SHARED_CACHE` when set, else HAMi-core's default
+    /// path when some device has a memory limit, else none (accounting stays in the process).
+    pub fn region_path(&self) -> Option<PathBuf> {
+        self.shared_cache.clone().or_else(|| {
+            self.memory_limit
+                .iter()
+                .any(Option::is_some)
+                .then(|| PathBuf::from(DEFAULT_SHARED_CACHE))
+        })
+    }
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            memory_limit: [None; MAX_DEVICES],
+            sm_limit: [None; MAX_DEVICES],
+            sm_period_ms: DEFAULT_SM_PERIOD_MS,
+            sm_feedback: true,
+            shared_cache: None,
+            log_level: Level::DEFAULT,
+            real_libcuda: None,
+            real_libnvml: None,
+            context_bytes: DEFAULT_CONTEXT_BYTES,
+            debug_panic_in: None,
+            debug_hook_delay_ns: 0,
+        }
+    }
+}
+
+/// Parses a byte count: decimal digits with an optional binary suffix `k`, `m`, `g` or `t` (either
+/// case), as HAMi-core accepts: `"4g"`, `"4096m"`, `"1073741824"`.
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, BytesError> {
+    if s.is_empty() {
+        return Err(BytesError::Empty);
+    }
+    let (digits, shift) = match s.as_bytes()[s.len() - 1].to_ascii_lowercase() {
+        b'k' => (&s[..s.len() - 1], 10),
+        b'm' => (&s[..s.len() - 1], 20),
+        b'g' => (&s[..s.len() - 1], 30),
+        b't' => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(BytesError::Syntax);
+    }
+    let n: u64 = digits.parse().map_err(|_| BytesError::Overflow)?;
+    n.checked_mul(1u64 << shift).ok_or(BytesError::Overflow)
+}
+
+/// What a variable name means to us.
+enum Var {
+    Memory(Option<usize>),
+    Sm(Option<usize>),
+    SharedCache,
+    LogLevel,
+    RealLibcuda,
+    RealLibnvml,
+    ContextBytes,
+    DebugPanicIn,
+    DebugHookDelayNs,
+    SmPeriodMs,
+    SmFeedback,
+}
+
+fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
+    fn indexed(name: &str, prefix: &'static str) -> Result<Option<Option<usize>>, ConfigError> {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            return Ok(None);
+        };
+        if rest.is_empty() {
+            return Ok(Some(None));
+        }
+        let Some(idx) = rest.strip_prefix('_') else {
+            return Ok(None);
+        };
+        let bad = || ConfigError::DeviceIndex {
+            var: name.to_owned(),
+            prefix,
+        };
+        if idx.is_empty()
+            || !idx.bytes().all(|b| b.is_ascii_digit())
+            || (idx.len() > 1 && idx.starts_with('0'))
+        {
+            return Err(bad());
+        }
+        match idx.parse::<usize>() {
+            Ok(i) if i < MAX_DEVICES => Ok(Some(Some(i))),
+            _ => Err(bad()),
+        }
+    }
+    // CUDA_DEVICE_MEMORY_SHARED_CACHE shares the prefix CUDA_DEVICE_MEMORY_: match it first.
+    if name == SHARED_CACHE {
+        return Ok(Some(Var::SharedCache));
+    }
+    if name == LOG_LEVEL {
+        return Ok(Some(Var::LogLevel));
+    }
+    match name {
+        REAL_LIBCUDA => return Ok(Some(Var::RealLibcuda)),
+        REAL_LIBNVML => return Ok(Some(Var::RealLibnvml)),
+        CONTEXT_BYTES => return Ok(Some(Var::ContextBytes)),
+        DEBUG_PANIC_IN => return Ok(Some(Var::DebugPanicIn)),
+        DEBUG_HOOK_DELAY_NS => return Ok(Some(Var::DebugHookDelayNs)),
+        SM_PERIOD_MS => return Ok(Some(Var::SmPeriodMs)),
+        SM_FEEDBACK => return Ok(Some(Var::SmFeedback)),
+        _ => {}
+    }
+    if let Some(i) = indexed(name, MEMORY_LIMIT)? {
+        return Ok(Some(Var::Memory(i)));
+    }
+    if let Some(i) = indexed(name, SM_LIMIT)? {
+        return Ok(Some(Var::Sm(i)));
+    }
+    Ok(None)
+}
+
+impl Config {
+    /// Builds the configuration from `(name, value)` pairs. Per-device variables override the
+    /// global one whatever their order; the first error found is returned.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        let mut mem_global = None;
+        let mut mem_dev = [None; MAX_DEVICES];
+        let mut sm_global = None;
+        let mut sm_dev = [None; MAX_DEVICES];
+        for (name, value) in vars {
+            // Names that are not UTF-8 cannot be ours.
+            let Some(name) = name.to_str() else { continue };
+            let Some(var) = classify(name)? else { continue };
+            let value = value.into_string().map_err(|_| ConfigError::NotUnicode {
+                var: name.to_owned(),
+            })?;
+            match var {
+                Var::Memory(idx) => {
+                    let bytes = parse_bytes(&value).map_err(|reason| ConfigError::Bytes {
+                        var: name.to_owned(),
+                        value: value.clone(),
+                        reason,
+                    })?;
+                    let limit = (bytes != 0).then_some(bytes);
+                    match idx {
+                        None => mem_global = Some(limit),
+                        Some(i) => mem_dev[i] = Some(limit),
+                    }
+                }
+                Var::Sm(idx) => {
+                    let pct = match value.parse::<u8>() {
+                        Ok(p) if p <= 100 && !value.starts_with('+') => p,
+                        _ => {
+                            return Err(ConfigError::SmLimit {
+                                var: name.to_owned(),
+                                value,
+                            });
+                        }
+                    };
+                    let limit = (pct != 0 && pct != 100).then_some(pct);
+                    match idx {
+                        None => sm_global = Some(limit),
+                        Some(i) => sm_dev[i] = Some(limit),
+                    }
+                }
+                Var::SharedCache => {
+                    if value.is_empty() {
+                        return Err(ConfigError::EmptyPath {
+                            var: name.to_owned(),
+                        });
+                    }
+                    cfg.shared_cache = Some(PathBuf::from(value));
+                }
+                Var::RealLibcuda => {
+                    if value.is_empty() {
+                        return Err(ConfigError::EmptyPath {
+                            var: name.to_owned(),
+                        });
+                    }
+                    cfg.real_libcuda = Some(PathBuf::from(value));
+                }
+                Var::RealLibnvml => {
+                    if value.is_empty() {
+                        return Err(ConfigError::EmptyPath {
+                            var: name.to_owned(),
+                        });
+                    }
+                    cfg.real_libnvml = Some(PathBuf::from(value));
+                }
+                Var::ContextBytes => {
+                    cfg.context_bytes =
+                        parse_bytes(&value).map_err(|reason| ConfigError::Bytes {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason,
+                        })?;
+                }
+                Var::DebugPanicIn => cfg.debug_panic_in = Some(value),
+                Var::DebugHookDelayNs => {
+                    cfg.debug_hook_delay_ns = value
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|ns| *ns <= 1_000_000_000)
+                        .ok_or_else(|| ConfigError::Invalid {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason: "expected nanoseconds, 0 to 1000000000".into(),
+                        })?;
+                }
+                Var::SmPeriodMs => {
+                    cfg.sm_period_ms = value
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|ms| SM_PERIOD_RANGE_MS.contains(ms) && !value.starts_with('+'))
+                        .ok_or_else(|| ConfigError::Invalid {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason: format!(
+                                "expected milliseconds, {} to {}",
+                                SM_PERIOD_RANGE_MS.start(),
+                                SM_PERIOD_RANGE_MS.end()
+                            ),
+                        })?;
+                }
+                Var::SmFeedback => {
+                    cfg.sm_feedback = match value.as_str() {
+                        "1" => true,
+                        "0" => false,
+                        _ => {
+                            return Err(ConfigError::Invalid {
+                                var: name.to_owned(),
+                                value: value.clone(),
+                                reason: "expected 1 or 0".into(),
+                            });
+                        }
+                    };
+                }
+                Var::LogLevel => {
+                    cfg.log_level = value
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|_| !value.starts_with('+'))
+                        .and_then(Level::from_u8)
+                        .ok_or_else(|| ConfigError::LogLevel {
+                            var: name.to_owned(),
+                            value,
+                        })?;
+                }
+            }
+        }
+        for i in 0..MAX_DEVICES {
+            cfg.memory_limit[i] = mem_dev[i].unwrap_or(mem_global.flatten());
+            cfg.sm_limit[i] = sm_dev[i].unwrap_or(sm_global.flatten());
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests;

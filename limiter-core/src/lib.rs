@@ -1,0 +1,27 @@
+//! The limiter's logic, apart from everything that touches the process: no `unsafe`, no statics,
+//! no system calls. The preloaded library (`limiter/`) holds the one instance of each piece and
+//! feeds it the driver's answers; here each piece is a plain value that tests build, drive and
+//! check, also under miri (`cargo +nightly-2026-08-01 miri test -p limiter-core`).
+//!
+//! - [`config`]: HAMi-core's environment variables, parsed from `(name, value)` pairs.
+//! - [`accounting`]: what an accounting backend offers the hooks ([`accounting::Accounting`]), the
+//!   in-process backend, and what a call records.
+//! - [`charge`]: what an allocation is charged (granularity, pitched allocations) and the
+//!   once-per-device context charge.
+//! - [`alloc_table`]: the live allocations (address or handle to charge), lock-free on the common
+//!   path.
+//! - [`pools`]: what each stream-ordered pool is charged, settled against the driver's reserved
+//!   size.
+//! - [`info`]: memory information as the limit shows it (`cuMemGetInfo`, NVML).
+//! - [`sm`]: the SM share's duty cycle per device and its correction law from NVML's
+//!   measurements ([`sm::feedback`]).
+
+#![forbid(unsafe_code)]
+
+pub mod accounting;
+pub mod alloc_table;
+pub mod charge;
+pub mod config;
+pub mod info;
+pub mod pools;
+pub mod sm;

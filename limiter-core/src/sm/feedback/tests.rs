@@ -1,0 +1,134 @@
+use super::*;
+
+/// A plant in virtual time: the process gets `gain` times its effective share (contention below
+/// 1, a window's CPU gaps counted as idle above 1), capped at 100; NVML averages each sample
+/// period (1/6 s) and publishes the sample `lag_ms` later, with a deterministic +-2 point noise.
+/// Returns the true share (percent) at each tick after `settle_s`, and the time (s) after which
+/// it stayed within 3 points of the target.
+fn plant(target: u8, gain: f64, lag_ms: u64, run_s: u64) -> (Vec<f64>, f64) {
+    let mut lp = Loop::new(target);
+    let sample_ms = 167;
+    let mut pending: VecDeque<(u64, u32)> = VecDeque::new();
+    let (mut acc, mut n, mut next_sample, mut next_tick) = (0.0, 0u32, sample_ms, 500);
+    let mut seed = 12345u64;
+    let mut shares = Vec::new();
+    let mut settled_at = 0.0;
+    for t in 1..=run_s * 1000 {
+        let share = (gain * lp.effective()).min(100.0);
+        acc += share;
+        n += 1;
+        if t >= next_sample {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let noise = ((seed >> 33) % 5) as f64 - 2.0;
+            pending.push_back((
+                t * 1000,
+                (acc / f64::from(n) + noise).max(0.0).round() as u32,
+            ));
+            (acc, n) = (0.0, 0);
+            next_sample += sample_ms;
+        }
+        if t >= next_tick {
+            next_tick += 500;
+            let fresh: Vec<_> = pending
+                .iter()
+                .filter(|s| s.0 / 1000 + lag_ms <= t)
+                .copied()
+                .collect();
+            pending.retain(|s| s.0 / 1000 + lag_ms > t);
+            // Binding unless the process is already at 100% effective.
+            lp.tick(t, &fresh, lp.effective() < 100.0);
+            let share = (gain * lp.effective()).min(100.0);
+            if (share - f64::from(target)).abs() >= 3.0 {
+                settled_at = t as f64 / 1000.0;
+            }
+            shares.push(share);
+        }
+    }
+    (shares, settled_at)
+}
+
+#[test]
+fn converges_within_10_s_without_oscillating_for_any_contention_and_lag() {
+    // Miri interprets every millisecond of the plant: one contention and the longest lag there.
+    let (plants, lags): (&[(u8, f64)], &[u64]) = if cfg!(miri) {
+        (&[(60, 0.62)], &[1000])
+    } else {
+        (
+            &[
+                (60, 0.62),
+                (60, 0.75),
+                (40, 0.5),
+                (50, 1.0),
+                (40, 1.3),
+                (30, 1.6),
+            ],
+            &[200, 600, 1000],
+        )
+    };
+    for &(target, gain) in plants {
+        for &lag_ms in lags {
+            let (shares, settled) = plant(target, gain, lag_ms, 40);
+            eprintln!("target {target}, gain {gain}, lag {lag_ms} ms: settled after {settled} s");
+            assert!(
+                settled <= 10.0,
+                "target {target}, gain {gain}, lag {lag_ms} ms: settled at {settled} s: {shares:?}"
+            );
+            // Steady state: within 3 points for the last 30 s (no limit cycle).
+            let late = &shares[20..];
+            let worst = late
+                .iter()
+                .map(|s| (s - f64::from(target)).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                worst < 3.0,
+                "target {target}, gain {gain}, lag {lag_ms}: {shares:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn effective_share_stays_within_half_the_target_and_100() {
+    // Measured far above: lowered, but not below target / 2.
+    let mut lp = Loop::new(40);
+    for t in 1..100 {
+        lp.tick(t * 500, &[(t * 500_000, 100)], true);
+    }
+    assert_eq!(lp.effective(), 20.0);
+    // Measured far below: raised, but not above 100.
+    let mut lp = Loop::new(40);
+    for t in 1..100 {
+        lp.tick(t * 500, &[(t * 500_000, 0)], true);
+    }
+    assert_eq!(lp.effective(), 100.0);
+}
+
+#[test]
+fn holds_in_the_dead_band_without_samples_and_while_the_limit_does_not_bind() {
+    let mut lp = Loop::new(50);
+    lp.tick(500, &[(500_000, 51)], true);
+    assert_eq!(lp.effective(), 50.0, "dead band");
+    lp.tick(1000, &[], true);
+    assert_eq!(lp.effective(), 50.0, "no sample");
+    // A process that launches little is below its share on its own: not raised...
+    let mut lp = Loop::new(50);
+    for t in 1..10 {
+        lp.tick(t * 500, &[(t * 500_000, 10)], false);
+    }
+    assert_eq!(lp.effective(), 50.0, "raised while not binding");
+    // ...but one above its share is lowered even so (once the averaged samples say so).
+    for t in 10..20 {
+        lp.tick(t * 500, &[(t * 500_000, 70)], false);
+    }
+    assert!(lp.effective() < 50.0);
+}
+
+#[test]
+fn one_step_is_bounded() {
+    let mut lp = Loop::new(50);
+    lp.tick(500, &[(500_000, 5)], true);
+    assert!(lp.effective() <= 50.0 + MAX_STEP, "{}", lp.effective());
+    assert!(lp.effective() > 50.0);
+}

@@ -1,0 +1,63 @@
+//! The subset of `cuda.h` (CUDA 12) that the limiter's hooks need: handle types, result codes and the
+//! one structure whose fields the limiter reads.
+//!
+//! Reference: the CUDA Driver API, <https://docs.nvidia.com/cuda/cuda-driver-api/> (cuda.h of CUDA
+//! 12.x). Only the leading fields of [`CUmemAllocationProp`] are declared: the limiter reads them
+//! through a pointer the caller owns and never creates or copies the structure.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+/// `CUresult`.
+pub(crate) type CUresult = c_int;
+/// `CUdeviceptr` (`CUdeviceptr_v2`, 64-bit since CUDA 3.2).
+pub(crate) type CUdeviceptr = u64;
+/// `CUdevice`.
+pub(crate) type CUdevice = c_int;
+/// `CUstream`.
+pub(crate) type CUstream = *mut c_void;
+/// `CUfunction`.
+pub(crate) type CUfunction = *mut c_void;
+/// `CUgraphExec`.
+pub(crate) type CUgraphExec = *mut c_void;
+/// `CUmemoryPool`.
+pub(crate) type CUmemoryPool = *mut c_void;
+/// `CUmemGenericAllocationHandle` (`unsigned long long`).
+pub(crate) type CUmemGenericAllocationHandle = u64;
+/// `CUlaunchConfig` is only passed through.
+pub(crate) type CUlaunchConfig = c_void;
+/// `CUmemPoolProps` is only passed through.
+pub(crate) type CUmemPoolProps = c_void;
+/// `CUdriverProcAddressQueryResult`.
+pub(crate) type CUdriverProcAddressQueryResult = c_int;
+
+pub(crate) const CUDA_SUCCESS: CUresult = 0;
+pub(crate) const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub(crate) const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub(crate) const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE` of `CUmemLocationType`.
+pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CUmemLocation {
+    /// `CUmemLocationType`.
+    pub(crate) kind: c_int,
+    /// Device ordinal when `kind` is [`CU_MEM_LOCATION_TYPE_DEVICE`].
+    pub(crate) id: c_int,
+}
+
+/// The leading fields of `CUmemAllocationProp`; the rest (`win32HandleMetaData`, `allocFlags`) is
+/// never read.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct CUmemAllocationProp {
+    /// `CUmemAllocationType`.
+    pub(crate) kind: c_uint,
+    /// `CUmemAllocationHandleType`.
+    pub(crate) requested_handle_types: c_uint,
+    pub(crate) location: CUmemLocation,
+}
+
+const _: () = assert!(std::mem::offset_of!(CUmemAllocationProp, location) == 8);

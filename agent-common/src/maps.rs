@@ -125,6 +125,9 @@ pub struct NcclInflight {
     pub rank: u32,
     /// The `cudaStream_t` argument of calls that take one.
     pub stream: u64,
+    /// ncclCommInit* with an `ncclUniqueId`: NCCL's communicator id (`api::comm_id_of`), 0 if
+    /// the id could not be read.
+    pub comm_id: u64,
 }
 
 /// A communicator of a process: (process, `ncclComm_t`).
@@ -147,6 +150,9 @@ pub struct NcclCommInfo {
     /// 1 once ncclCommDestroy or ncclCommAbort succeeded on it.
     pub destroyed: u16,
     pub _pad: u32,
+    /// NCCL's communicator id, the same in every rank (`api::comm_id_of` of the unique id it
+    /// was created from); 0 when not known (ncclCommInitAll, an unreadable id).
+    pub comm_id: u64,
 }
 
 /// How many entries of ncclCommInitAll's `comms` array the return probe reads (a bounded loop).
@@ -280,9 +286,9 @@ const _: () = {
     assert!(core::mem::size_of::<AllocVal>() == 16);
     assert!(core::mem::size_of::<LiveMem>() == 16);
     assert!(core::mem::size_of::<NcclStatsKey>() == 24);
-    assert!(core::mem::size_of::<NcclInflight>() == 48);
+    assert!(core::mem::size_of::<NcclInflight>() == 56);
     assert!(core::mem::size_of::<NcclCommKey>() == 16);
-    assert!(core::mem::size_of::<NcclCommInfo>() == 16);
+    assert!(core::mem::size_of::<NcclCommInfo>() == 24);
     assert!(core::mem::size_of::<SpanEvent>() == 80);
 };
 

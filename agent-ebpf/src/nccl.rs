@@ -1,8 +1,12 @@
 //! The NCCL probes: per-communicator call aggregation, and the communicators that
-//! ncclCommInit* calls create and ncclCommDestroy marks destroyed.
+//! ncclCommInit* calls create (with NCCL's communicator id, hashed from the `ncclUniqueId` at
+//! entry, so the ranks of one communicator in different processes share it) and ncclCommDestroy
+//! marks destroyed.
 
 use agent_common::{
-    api::{NcclOp, nccl_datatype_size},
+    api::{
+        COMM_ID_SEED, NCCL_UNIQUE_ID_BYTES, NcclOp, UniqueIdAt, comm_id_step, nccl_datatype_size,
+    },
     maps::{
         Health, InflightKey, NCCL_INIT_ALL_MAX, NcclCommInfo, NcclCommKey, NcclInflight,
         NcclStatsKey,
@@ -10,7 +14,10 @@ use agent_common::{
 };
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_user_buf,
+    },
     programs::{ProbeContext, RetProbeContext},
 };
 
@@ -19,6 +26,24 @@ use crate::{
     shared::{account, arg_at, cookie_of, count, read_user_u64, regs_and_sp},
     span::{Call, maybe_span},
 };
+
+/// NCCL's communicator id of the `ncclUniqueId` at `addr` in user memory (`api::comm_id_of`);
+/// 0 if it cannot be read. Runs once per communicator creation.
+#[inline(always)]
+fn comm_id_at(addr: u64) -> u64 {
+    let mut id = [0u8; NCCL_UNIQUE_ID_BYTES];
+    // SAFETY: bpf_probe_read_user copies from user memory with fault handling into a buffer of
+    // the length given; a bad address returns an error instead of faulting.
+    if addr == 0 || unsafe { bpf_probe_read_user_buf(addr as *const u8, &mut id) }.is_err() {
+        count(Health::UserReadFailed);
+        return 0;
+    }
+    let mut h = COMM_ID_SEED;
+    for b in id {
+        h = comm_id_step(h, b);
+    }
+    h
+}
 
 #[inline(always)]
 pub(crate) fn on_nccl_entry(ctx: &ProbeContext) {
@@ -37,6 +62,7 @@ pub(crate) fn on_nccl_entry(ctx: &ProbeContext) {
         nranks: 0,
         rank: 0,
         stream: 0,
+        comm_id: 0,
     };
     if let Some(l) = cookie.stream() {
         rec.stream = arg_at(&regs, sp, l);
@@ -57,6 +83,11 @@ pub(crate) fn on_nccl_entry(ctx: &ProbeContext) {
             rec.out_ptr = regs[0];
             rec.nranks = regs[1] as u32;
             rec.rank = regs[2] as u32;
+            rec.comm_id = match cookie.nccl_unique_id() {
+                Some(UniqueIdAt::ByValue) => comm_id_at(sp.wrapping_add(8)),
+                Some(UniqueIdAt::Pointer(l)) => comm_id_at(arg_at(&regs, sp, l)),
+                None => 0,
+            };
         }
         NcclOp::InitAll => {
             rec.out_ptr = regs[0];
@@ -72,7 +103,7 @@ pub(crate) fn on_nccl_entry(ctx: &ProbeContext) {
 }
 
 #[inline(always)]
-fn comm_created(tgid: u32, comm: u64, rank: u32, nranks: u32, api: u16) {
+fn comm_created(tgid: u32, comm: u64, rank: u32, nranks: u32, api: u16, comm_id: u64) {
     let key = NcclCommKey {
         tgid,
         _pad: 0,
@@ -84,6 +115,7 @@ fn comm_created(tgid: u32, comm: u64, rank: u32, nranks: u32, api: u16) {
         init_api: api,
         destroyed: 0,
         _pad: 0,
+        comm_id,
     };
     if NCCL_COMMS.insert(&key, &info, BPF_ANY as u64).is_err() {
         count(Health::NcclDropped);
@@ -118,7 +150,7 @@ pub(crate) fn on_nccl_return(ctx: &RetProbeContext) {
         NcclOp::InitOne if ok => {
             if let Some(c) = read_user_u64(rec.out_ptr) {
                 comm = c;
-                comm_created(tgid, c, rec.rank, rec.nranks, api);
+                comm_created(tgid, c, rec.rank, rec.nranks, api, rec.comm_id);
             }
         }
         NcclOp::InitAll if ok => {
@@ -129,7 +161,7 @@ pub(crate) fn on_nccl_return(ctx: &RetProbeContext) {
                 if let Some(c) = read_user_u64(rec.out_ptr.wrapping_add(8 * i as u64))
                     && c != 0
                 {
-                    comm_created(tgid, c, i, rec.nranks, api);
+                    comm_created(tgid, c, i, rec.nranks, api, 0);
                 }
             }
         }

@@ -97,6 +97,17 @@ fn real_libnccl_every_call_is_counted_with_its_bytes() {
     assert_eq!(nccl["found_by"]["by"], "process", "{nccl}");
 }
 
+/// NCCL's communicator id (`commId` in its INFO lines) of a unique id printed in hex by
+/// cuda-exercise.
+fn comm_id_hex(unique_id: &str) -> String {
+    let bytes: Vec<u8> = (0..unique_id.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&unique_id[i..i + 2], 16).unwrap())
+        .collect();
+    let id: [u8; agent_common::api::NCCL_UNIQUE_ID_BYTES] = bytes.try_into().unwrap();
+    format!("{:#x}", agent_common::api::comm_id_of(&id))
+}
+
 /// Builds testing/fake-nccl (always-succeeding NCCL entry points that hand out fake
 /// communicators) as `dir/libnccl.so.2`.
 fn fake_libnccl(dir: &std::path::Path) -> std::path::PathBuf {
@@ -174,6 +185,7 @@ fn communicators_are_tracked_with_rank_size_and_their_calls() {
             .find(|r| r["comm"] == c)
             .unwrap_or_else(|| panic!("communicator {c} not reported: {comms:#?}"))
     };
+    let want_comm_id = comm_id_hex(made["unique_id"].as_str().unwrap());
     let used = made["collectives_comm"].as_str().unwrap();
     assert_eq!(used, made_comms[0]);
     let expect = [
@@ -200,6 +212,14 @@ fn communicators_are_tracked_with_rank_size_and_their_calls() {
         );
         assert_eq!(r["destroyed"], true, "destroyed at the end: {r}");
         assert_eq!(r["errors"], 0, "{r}");
+        // NCCL's communicator id, hashed from the unique id the call was given (by value on the
+        // stack, or the first of ncclCommInitRankScalable's array); ncclCommInitAll makes its own
+        // inside NCCL, which the probes do not see.
+        if created_by == "ncclCommInitAll" {
+            assert!(r.get("comm_id").is_none(), "{r}");
+        } else {
+            assert_eq!(r["comm_id"], want_comm_id, "{r}");
+        }
         if *c == used {
             // Its creation, every data call, its destruction.
             assert_eq!(r["calls"].as_u64(), Some(1 + data_calls + 1), "{r}");
@@ -216,4 +236,74 @@ fn communicators_are_tracked_with_rank_size_and_their_calls() {
             assert_eq!(r["bytes"], 0, "{r}");
         }
     }
+}
+
+/// Two processes, ranks 0 and 1 of one communicator (rank 0 made the unique id and passed it on
+/// through a file, as torchrun's store does): each process has its own `ncclComm_t`, and both
+/// report the same NCCL communicator id, with the calls and bytes each rank issued.
+#[test]
+fn two_ranks_in_two_processes_report_one_communicator_id() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = fake_libnccl(&dir.path().join("lib"));
+    let id_file = dir.path().join("unique-id");
+    // Rank r issues 5 + r all-reduces of 1000 + r float32 elements.
+    let start = |r: u64| {
+        let d = dir.path().join(format!("rank{r}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let mut cmd = exercise(&lib);
+        cmd.args(["nccl-rank", "--nranks", "2", "--rank", &r.to_string()])
+            .arg("--unique-id-file")
+            .arg(&id_file)
+            .args(["--all-reduce", &(5 + r).to_string()])
+            .args(["--count", &(1000 + r).to_string(), "--datatype", "7"]);
+        Workload::start(cmd, &d)
+    };
+    let ranks = [start(0), start(1)];
+    let mut stat = Stat::start(&["--no-calibrate"]);
+    stat.wait_for("libnccl.so.2 [", ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    let pids: Vec<u32> = ranks.iter().map(Workload::pid).collect();
+    for w in &ranks {
+        w.go();
+    }
+    let made: Vec<serde_json::Value> = ranks.into_iter().map(Workload::finish).collect();
+    let report = stat.finish();
+
+    assert_eq!(made[0]["unique_id"], made[1]["unique_id"], "{made:?}");
+    let want_id = comm_id_hex(made[0]["unique_id"].as_str().unwrap());
+    let mut addresses = vec![];
+    for (r, (pid, m)) in pids.iter().zip(&made).enumerate() {
+        let r = r as u64;
+        let row = process(&report, *pid);
+        let comms = row["communicators"].as_array().unwrap();
+        assert_eq!(comms.len(), 1, "{comms:#?}");
+        let c = &comms[0];
+        assert_eq!(c["comm"], m["comm"], "{c}");
+        assert_eq!(c["comm_id"], want_id.as_str(), "{c}");
+        assert_eq!(
+            (c["rank"].as_u64(), c["nranks"].as_u64()),
+            (Some(r), Some(2))
+        );
+        assert_eq!(c["created_by"], "ncclCommInitRankConfig");
+        // Its creation, the all-reduces, its destruction; bytes = count x 4 per all-reduce.
+        let all_reduce = 5 + r;
+        assert_eq!(c["calls"].as_u64(), Some(1 + all_reduce + 1), "{c}");
+        assert_eq!(
+            c["bytes"].as_u64(),
+            Some(all_reduce * (1000 + r) * 4),
+            "{c}"
+        );
+        assert_eq!(
+            api(row, "ncclAllReduce"),
+            (all_reduce, 0, all_reduce * (1000 + r) * 4)
+        );
+        addresses.push(c["comm"].clone());
+    }
+    // The fake hands out 0x10000 first in every process: an ncclComm_t names a communicator only
+    // within its process, and equal addresses in two processes say nothing. The id does.
+    assert_eq!(addresses[0], addresses[1]);
 }

@@ -1,8 +1,11 @@
 /* A fake libnccl.so.2 for the agent's tests of communicator tracking: the traced NCCL entry
  * points with NCCL 2.28's C signatures (nccl.h) that always succeed, without a GPU.
- * ncclCommInit* hand out distinct fake communicators (never dereferenced). Built by the test
- * with `cc -shared -fPIC -O0 -o libnccl.so.2 fake_nccl.c`. */
+ * ncclCommInit* hand out distinct fake communicators (never dereferenced). ncclGetUniqueId gives
+ * each process and call its own id (as NCCL's differ: the root's address and a random magic),
+ * with bytes from the whole 0..255 range, so the ranks of one communicator share an id only by
+ * passing it on. Built by the test with `cc -shared -fPIC -O0 -o libnccl.so.2 fake_nccl.c`. */
 #include <stddef.h>
+#include <unistd.h>
 
 typedef struct ncclComm *ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
@@ -17,7 +20,15 @@ static ncclComm_t fresh(void) {
 }
 
 ncclResult_t ncclGetVersion(int *v) { *v = 22803; return 0; }
-ncclResult_t ncclGetUniqueId(ncclUniqueId *id) { for (int i = 0; i < 128; i++) id->internal[i] = (char)i; return 0; }
+static unsigned ids_made;
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    unsigned seed = (unsigned)getpid() * 2654435761u + ++ids_made * 40503u;
+    for (int i = 0; i < 128; i++) {
+        seed = seed * 1103515245u + 12345u;
+        id->internal[i] = (char)(seed >> 16);
+    }
+    return 0;
+}
 ncclResult_t ncclCommInitRank(ncclComm_t *c, int nranks, ncclUniqueId id, int rank) {
     (void)nranks; (void)id; (void)rank; *c = fresh(); return 0;
 }

@@ -1,7 +1,7 @@
 //! Where a call's arguments are ([`ArgLoc`]), and the attach cookie ([`ProbeCookie`]) that carries
 //! an API's id and argument locations to the generic eBPF programs.
 
-use super::{ApiId, MemEffect, NcclArgs, NcclOp};
+use super::{ApiId, MemEffect, NcclArgs, NcclOp, UniqueIdAt};
 // Named in doc links only.
 #[cfg(doc)]
 use super::{ApiKind, ApiSpec};
@@ -68,8 +68,8 @@ const fn loc(l: Option<ArgLoc>) -> u64 {
 /// Bits 0..16: api id; 16..20: size argument index + 1 (0 = none); 20..24: [`MemEffect`].
 /// NCCL ([`NcclArgs`], zero for the CUDA driver API): 24..28: count [`ArgLoc`] + 1 (0 = none);
 /// 28..32: datatype `ArgLoc` + 1; 32..36: communicator `ArgLoc` + 1; 36..40: [`NcclOp`].
-/// 40..44: the stream argument's `ArgLoc` + 1 (0 = none; [`ApiSpec::stream`]). Bits 44..64 are
-/// free.
+/// 40..44: the stream argument's `ArgLoc` + 1 (0 = none; [`ApiSpec::stream`]). 44..48: where an
+/// ncclCommInit* call's `ncclUniqueId` is ([`UniqueIdAt::encode`]). Bits 48..64 are free.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeCookie(pub u64);
@@ -93,7 +93,8 @@ impl ProbeCookie {
                 | (loc(args.count) << 24)
                 | (loc(args.datatype) << 28)
                 | (loc(args.comm) << 32)
-                | ((args.op as u64 & 0xf) << 36),
+                | ((args.op as u64 & 0xf) << 36)
+                | (UniqueIdAt::encode(args.unique_id) << 44),
         )
     }
 
@@ -147,6 +148,12 @@ impl ProbeCookie {
         NcclOp::from_u8(((self.0 >> 36) & 0xf) as u8)
     }
 
+    /// Where an ncclCommInit* call's `ncclUniqueId` is.
+    #[inline(always)]
+    pub const fn nccl_unique_id(self) -> Option<UniqueIdAt> {
+        UniqueIdAt::decode(self.0 >> 44)
+    }
+
     /// All NCCL argument locations at once.
     pub const fn nccl_args(self) -> NcclArgs {
         NcclArgs {
@@ -154,6 +161,7 @@ impl ProbeCookie {
             datatype: self.nccl_datatype(),
             comm: self.nccl_comm(),
             op: self.nccl_op(),
+            unique_id: self.nccl_unique_id(),
         }
     }
 

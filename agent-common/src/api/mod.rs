@@ -9,7 +9,10 @@ mod nccl;
 mod tests;
 
 pub use cookie::{ArgLoc, ProbeCookie};
-pub use nccl::{NCCL_NUM_TYPES, NcclArgs, NcclOp, nccl_datatype_size};
+pub use nccl::{
+    COMM_ID_SEED, NCCL_NUM_TYPES, NCCL_UNIQUE_ID_BYTES, NcclArgs, NcclOp, UniqueIdAt, comm_id_of,
+    comm_id_step, nccl_datatype_size,
+};
 
 /// What a call does, which decides the eBPF program that probes it and how it is shown.
 #[repr(u8)]
@@ -251,12 +254,12 @@ pub const APIS: &[ApiSpec] = &[
     // Registers are x86-64 SysV at the first instruction; `[rsp+8]` is the 7th integer argument.
     // ncclCommInitRank(ncclComm_t* comm /*rdi*/, int nranks /*rsi*/, ncclUniqueId commId
     //   /*128 bytes by value: stack, no register*/, int rank /*rdx*/)
-    nccl("ncclCommInitRank", NcclArgs::op(NcclOp::InitOne, None)),
+    nccl("ncclCommInitRank", NcclArgs::init_one(UniqueIdAt::ByValue)),
     // ncclCommInitRankConfig(ncclComm_t* comm /*rdi*/, int nranks /*rsi*/, ncclUniqueId commId
     //   /*stack*/, int rank /*rdx*/, ncclConfig_t* config /*rcx*/): what PyTorch calls.
     nccl(
         "ncclCommInitRankConfig",
-        NcclArgs::op(NcclOp::InitOne, None),
+        NcclArgs::init_one(UniqueIdAt::ByValue),
     ),
     // ncclCommInitAll(ncclComm_t* comms /*rdi*/, int ndev /*rsi*/, const int* devlist /*rdx*/)
     nccl("ncclCommInitAll", NcclArgs::op(NcclOp::InitAll, None)),
@@ -264,7 +267,7 @@ pub const APIS: &[ApiSpec] = &[
     //   /*rdx*/, int nId /*rcx*/, ncclUniqueId* commIds /*r8*/, ncclConfig_t* config /*r9*/)
     nccl(
         "ncclCommInitRankScalable",
-        NcclArgs::op(NcclOp::InitOne, None),
+        NcclArgs::init_one(UniqueIdAt::Pointer(L::R8)),
     ),
     // ncclCommDestroy(ncclComm_t comm /*rdi*/), ncclCommAbort(ncclComm_t comm /*rdi*/)
     nccl(

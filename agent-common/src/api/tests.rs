@@ -96,9 +96,10 @@ fn nccl_cookie_encoding_is_pinned() {
             "{name}"
         );
     }
-    // Communicator creation: op in bits 36..40, no count/datatype/comm location.
+    // Communicator creation: op in bits 36..40, the unique id by value in 44..48, no
+    // count/datatype/comm location.
     let init = c("ncclCommInitRank");
-    assert_eq!(init.0, 68 | (1 << 36));
+    assert_eq!(init.0, 68 | (1 << 36) | (1 << 44));
     assert_eq!(c("ncclCommInitRankConfig").nccl_op(), NcclOp::InitOne);
     assert_eq!(c("ncclCommInitAll").nccl_op(), NcclOp::InitAll);
     let d = c("ncclCommDestroy");
@@ -107,6 +108,34 @@ fn nccl_cookie_encoding_is_pinned() {
         (NcclOp::Destroy, Some(ArgLoc::Rdi))
     );
     assert_eq!(c("ncclGroupEnd").0 >> 16, 0);
+    // Where the unique id is: bits 44..48, 1 = by value at [rsp+8], 2 + ArgLoc = a pointer.
+    assert_eq!(init.nccl_unique_id(), Some(UniqueIdAt::ByValue));
+    assert_eq!(
+        c("ncclCommInitRankConfig").nccl_unique_id(),
+        Some(UniqueIdAt::ByValue)
+    );
+    let scalable = c("ncclCommInitRankScalable");
+    assert_eq!((scalable.0 >> 44) & 0xf, 2 + ArgLoc::R8 as u64);
+    assert_eq!(
+        scalable.nccl_unique_id(),
+        Some(UniqueIdAt::Pointer(ArgLoc::R8))
+    );
+    assert_eq!(c("ncclCommInitAll").nccl_unique_id(), None);
+    assert_eq!(c("ncclAllReduce").nccl_unique_id(), None);
+}
+
+#[test]
+fn comm_id_is_nccls_hash_of_the_unique_id() {
+    // Expected values from NCCL's own hashUniqueId (src/init.cc, 2.28) compiled with gcc on
+    // x86-64, where `char` is signed: bytes 0..128, bytes 255 down to 128, zeros.
+    let ascending: [u8; NCCL_UNIQUE_ID_BYTES] = core::array::from_fn(|i| i as u8);
+    let descending: [u8; NCCL_UNIQUE_ID_BYTES] = core::array::from_fn(|i| 255 - i as u8);
+    assert_eq!(comm_id_of(&ascending), 0x20b4_8553_2cbd_7f67);
+    assert_eq!(comm_id_of(&descending), 0x9c09_74b9_3e33_0f02);
+    assert_eq!(
+        comm_id_of(&[0; NCCL_UNIQUE_ID_BYTES]),
+        0xd6f7_ddbc_a6ef_589b
+    );
 }
 
 #[test]

@@ -238,8 +238,10 @@ pub fn build(
                         SlotView {
                             region: shown.clone(),
                             slot: slot.index,
-                            held: slot.held.clone(),
-                            context: slot.context_bytes.clone(),
+                            // The devices shown for the region (what a slot holds is
+                            // reserved on its device, so nothing held is cut off).
+                            held: slot.held.iter().take(keep).copied().collect(),
+                            context: slot.context_bytes.iter().take(keep).copied().collect(),
                             throttled_ns: slot.throttled_ns,
                             dropped_records: slot.dropped_records,
                             problems,
@@ -324,6 +326,7 @@ pub fn build(
     let mut communicators: BTreeMap<u32, BTreeMap<u64, Communicator>> = BTreeMap::new();
     let new_comm = |comm: u64| Communicator {
         comm: format!("{comm:#x}"),
+        comm_id: None,
         rank: None,
         nranks: None,
         created_by: None,
@@ -365,6 +368,7 @@ pub fn build(
         c.rank = Some(info.rank);
         c.nranks = Some(info.nranks);
         c.created_by = Some(ApiId(info.init_api).name().to_owned());
+        c.comm_id = (info.comm_id != 0).then(|| format!("{:#x}", info.comm_id));
         c.destroyed = info.destroyed != 0;
     }
     let live: HashMap<u32, (u64, u64)> = inp

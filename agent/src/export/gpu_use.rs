@@ -101,3 +101,52 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod two_gpu_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::export::metrics::{MetricsOptions, MetricsView};
+
+    /// A container on two GPUs has a series per device for its memory (limiter and NVML views),
+    /// its limit and its SM use, not one number for both.
+    #[test]
+    fn a_container_on_two_gpus_has_series_per_device() {
+        let snap = crate::tui::fixture::two_gpus::snapshot();
+        let e = MetricsView::new(MetricsOptions::default(), Arc::default()).update(&snap);
+        let of = |def: &defs::Def, extra: usize| -> Vec<(Vec<String>, Value)> {
+            let mut v: Vec<(Vec<String>, Value)> = e
+                .family(def)
+                .iter()
+                .filter(|(l, _)| l[0] == "trainer")
+                .map(|(l, v)| (l[3..3 + extra].to_vec(), v.clone()))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        const GIB: u64 = 1 << 30;
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            of(&defs::CONTAINER_MEMORY_USED, 2),
+            [
+                (s(&["0", "limiter"]), Value::Int(6 * GIB)),
+                (s(&["0", "nvml"]), Value::Int(6 * GIB + (20 << 20))),
+                (s(&["1", "limiter"]), Value::Int(9 * GIB)),
+                (s(&["1", "nvml"]), Value::Int(9 * GIB + (20 << 20))),
+            ]
+        );
+        assert_eq!(
+            of(&defs::CONTAINER_MEMORY_LIMIT, 1),
+            [
+                (s(&["0"]), Value::Int(8 * GIB)),
+                (s(&["1"]), Value::Int(12 * GIB))
+            ]
+        );
+        let sm: Vec<String> = of(&defs::CONTAINER_SM_UTILIZATION, 1)
+            .into_iter()
+            .map(|(l, _)| l[0].clone())
+            .collect();
+        assert_eq!(sm, ["0", "1"]);
+    }
+}

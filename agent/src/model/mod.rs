@@ -6,8 +6,10 @@
 //! started); views take differences between two snapshots. A process is identified by its pid
 //! *and* start time, so a reused pid is a different process.
 
+pub mod by_device;
 mod drift;
 pub mod gpu_use;
+pub mod nccl;
 mod rates;
 
 use std::collections::BTreeMap;
@@ -148,6 +150,12 @@ pub struct NvmlProcess {
 pub struct Communicator {
     /// The `ncclComm_t` (an address in the process), as `0x...`.
     pub comm: String,
+    /// NCCL's communicator id (`0x...`, as `NCCL_DEBUG=INFO` prints `commId`): the same in every
+    /// rank of the communicator, whichever process holds it. Hashed from the `ncclUniqueId` the
+    /// creating call was given; `None` when not seen (created before the probes were attached,
+    /// or by ncclCommInitAll, whose id NCCL makes inside).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_id: Option<String>,
     /// This process's rank and the communicator's size, from the ncclCommInit* call that created
     /// it (`None` if it was created before the probes were attached).
     pub rank: Option<u32>,

@@ -157,6 +157,9 @@ pub fn table(r: &StatReport) -> String {
                     },
                     if c.destroyed { "  (destroyed)" } else { "" },
                 );
+                if let Some(id) = &c.comm_id {
+                    let _ = writeln!(out, "    commId {id}");
+                }
             }
         }
     }

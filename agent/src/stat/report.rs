@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::model::{
     ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, RegionUnread,
     Snapshot, Source,
+    by_device::DeviceMemory,
     gpu_use::{WindowUse, window_use},
 };
 
@@ -67,6 +68,9 @@ pub struct ProcessRow {
     pub live_allocations: u64,
     /// The three views of the process's memory (limiter, probes, NVML) and any drift.
     pub memory: MemoryViews,
+    /// Per device at the end of the window: bytes held in the limiter's region and NVML's used
+    /// memory.
+    pub memory_by_device: Vec<DeviceMemory>,
     pub apis: Vec<ApiRow>,
     /// NCCL communicators the process created or used while traced (calls, errors and bytes
     /// within the window; rank, size, creator and state as last seen).
@@ -90,6 +94,8 @@ pub struct ContainerRow {
     pub name: String,
     pub pids: Vec<u32>,
     pub regions: Vec<RegionInfo>,
+    /// Per device at the end of the window, the container's processes' memory summed.
+    pub memory_by_device: Vec<DeviceMemory>,
     /// Per device, the container's processes' SM and memory-bandwidth use over the window,
     /// summed (NVML).
     pub gpu_use: Vec<WindowUse>,
@@ -237,6 +243,7 @@ pub fn build(
             live_bytes,
             live_allocations: p.memory.probes_allocations.unwrap_or(0),
             memory: p.memory.clone(),
+            memory_by_device: p.memory_by_device(),
             apis: apis.iter().map(ApiRow::from_usage).collect(),
             communicators,
             gpu_use: window_use(first, last, &[p.key]),
@@ -256,6 +263,7 @@ pub fn build(
                 .filter(|p| reported.contains(p))
                 .collect(),
             regions: c.regions.clone(),
+            memory_by_device: last.memory_by_device(&c.processes),
             gpu_use: window_use(first, last, &c.processes),
         })
         .filter(|c| !c.pids.is_empty() || !c.regions.is_empty())

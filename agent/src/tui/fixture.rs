@@ -1,7 +1,9 @@
 //! A synthetic model for the view tests: a pod with two training processes (one drifting, one
 //! doing NCCL), a docker container squeezed by its limit (allocations denied, throttled), one with
 //! an unlimited region on a device without per-process utilisation (MIG), and a host process
-//! without a limiter.
+//! without a limiter. [`two_gpus`] is a node whose containers use both of its GPUs.
+
+pub mod two_gpus;
 
 use std::collections::BTreeMap;
 

@@ -199,15 +199,27 @@ pub fn container_row<'a>(snap: &Snapshot, c: &'a Container) -> ContainerRow<'a> 
     f.p99_ns = p99_of(merged_hist(&all_apis));
     (f.sm, f.mem_bw) = utils(snap, &c.processes);
     let devices: Vec<_> = c.regions.iter().flat_map(|r| &r.devices).collect();
+    // A region has a limit for every device of the node; the container's limit is the sum over
+    // the devices it uses (holds memory on or was denied on), else its first device's: a 4 GiB
+    // limit on each of 8 GPUs is not 32 GiB for a container on one of them.
+    let in_use: Vec<_> = devices
+        .iter()
+        .filter(|d| d.reserved > 0 || d.denied > 0)
+        .collect();
+    let limited: Vec<_> = if in_use.is_empty() {
+        c.regions.iter().filter_map(|r| r.devices.first()).collect()
+    } else {
+        in_use.into_iter().copied().collect()
+    };
     let limit = if devices.is_empty() {
         Limit::None
     } else {
         f.memory = Some(devices.iter().map(|d| d.reserved).sum());
         f.denied = f.denied.max(devices.iter().map(|d| d.denied).sum());
-        if devices.iter().any(|d| d.memory_limit == 0) {
+        if limited.iter().any(|d| d.memory_limit == 0) {
             Limit::Unlimited
         } else {
-            Limit::Bytes(devices.iter().map(|d| d.memory_limit).sum())
+            Limit::Bytes(limited.iter().map(|d| d.memory_limit).sum())
         }
     };
     let limit_below_context = devices

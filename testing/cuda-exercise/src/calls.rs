@@ -114,6 +114,7 @@ pub fn nccl_counts(
         "version": version,
         "version_result": version_result,
         "unique_id_result": unique_id_result,
+        "unique_id": nccl::hex(&id),
         "communicators_created": communicators.len(),
         "communicators": communicators,
         "collectives_comm": used,

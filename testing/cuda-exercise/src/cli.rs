@@ -67,6 +67,17 @@ pub enum Command {
         #[arg(long, value_parser = parse_bytes)]
         bytes: u64,
     },
+    /// On each device of `--devices` in turn (its primary context made current): cuMemAlloc_v2
+    /// of `--chunk` bytes until one fails, then 2 MiB until one fails, then 512 bytes until one
+    /// fails, and cuMemGetInfo_v2. Prints per device the bytes allocated, the last refusal (size
+    /// and result) and the memory info; holds everything until stdin closes or SIGTERM, frees it
+    /// and prints the frees that failed.
+    Fill {
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        devices: Vec<i32>,
+        #[arg(long, default_value = "16m", value_parser = parse_bytes)]
+        chunk: u64,
+    },
     /// Keep hitting the memory limit: allocate `--chunk` bytes at a time until an allocation
     /// fails (the device is full or a limiter denies it), wait `--delay-ms`, free the older half
     /// of what is held, wait `--delay-ms`, repeat; until `--seconds` pass (0: until SIGTERM or
@@ -168,6 +179,26 @@ pub enum Command {
         /// Pass the first communicator created (if any) to the collectives instead of NULL.
         #[arg(long)]
         use_comm: bool,
+    },
+    /// One rank of an NCCL communicator across processes (`--lib` names libnccl.so.2): rank 0
+    /// calls ncclGetUniqueId and writes the id to `--unique-id-file` (hex), other ranks wait for
+    /// that file and read it; then ncclCommInitRankConfig, `--all-reduce` ncclAllReduce of
+    /// `--count` elements of `--datatype` on the communicator (NULL if creation failed), and
+    /// ncclCommDestroy. Prints the unique id, the communicator and the calls.
+    NcclRank {
+        #[arg(long, default_value_t = 2)]
+        nranks: i32,
+        #[arg(long)]
+        rank: i32,
+        #[arg(long)]
+        unique_id_file: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        all_reduce: u64,
+        #[arg(long, default_value_t = 1 << 20)]
+        count: usize,
+        /// ncclDataType_t (7: ncclFloat32).
+        #[arg(long, default_value_t = 7)]
+        datatype: i32,
     },
     /// Resolve a symbol with cuGetProcAddress(_v2) and print the address next to dlsym's.
     ProcAddress {

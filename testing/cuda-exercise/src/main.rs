@@ -5,10 +5,12 @@
 mod bench;
 mod calls;
 mod cli;
+mod devices;
 mod driver;
 mod lookup;
 mod memory;
 mod nccl;
+mod nccl_rank;
 mod timing;
 
 use agent_common::api::ApiId;
@@ -100,6 +102,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             api_mix,
         } => memory::alloc_free(&drv, ops, seed, max_size, api_mix),
         Command::Hold { bytes } => memory::hold(&drv, bytes as usize),
+        Command::Fill { devices, chunk } => devices::fill(&drv, &devices, chunk),
         Command::Pressure {
             chunk,
             delay_ms,
@@ -136,6 +139,24 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             nranks,
             use_comm,
         } => calls::nccl_counts(&drv, per_api, bad_datatype, nranks, use_comm),
+        Command::NcclRank {
+            nranks,
+            rank,
+            unique_id_file,
+            all_reduce,
+            count,
+            datatype,
+        } => nccl_rank::rank(
+            &drv,
+            &nccl_rank::RankArgs {
+                nranks,
+                rank,
+                unique_id_file: &unique_id_file,
+                all_reduce,
+                count,
+                datatype,
+            },
+        ),
         Command::ProcAddress {
             symbol,
             cuda_version,

@@ -209,19 +209,8 @@ extern "C" fn on_sigterm(_: libc::c_int) {
     TERMINATED.store(true, Ordering::SeqCst);
 }
 
-pub fn hold(drv: &Driver, bytes: usize) -> Result<ExitCode, String> {
-    let r = drv.init();
-    if r != Some(0) {
-        return Err(format!("cuInit returned {r:?}"));
-    }
-    let mut ignore = |_: &str, _: Option<CUresult>, _: u64| {};
-    drv.primary_context(&mut ignore)
-        .map_err(|e| format!("setting up a context: {e}"))?;
-    let (r, ptr) = drv.mem_alloc(bytes);
-    print(json!({"pid": std::process::id(), "bytes": bytes, "result": r, "ptr": ptr}));
-    if r != Some(0) {
-        return Ok(ExitCode::FAILURE);
-    }
+/// Returns when stdin closes or SIGTERM arrives.
+pub fn wait_until_released() {
     // SAFETY: installs an async-signal-safe handler (one atomic store) for SIGTERM.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
@@ -236,6 +225,22 @@ pub fn hold(drv: &Driver, bytes: usize) -> Result<ExitCode, String> {
     while !TERMINATED.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+pub fn hold(drv: &Driver, bytes: usize) -> Result<ExitCode, String> {
+    let r = drv.init();
+    if r != Some(0) {
+        return Err(format!("cuInit returned {r:?}"));
+    }
+    let mut ignore = |_: &str, _: Option<CUresult>, _: u64| {};
+    drv.primary_context(&mut ignore)
+        .map_err(|e| format!("setting up a context: {e}"))?;
+    let (r, ptr) = drv.mem_alloc(bytes);
+    print(json!({"pid": std::process::id(), "bytes": bytes, "result": r, "ptr": ptr}));
+    if r != Some(0) {
+        return Ok(ExitCode::FAILURE);
+    }
+    wait_until_released();
     let r = drv.mem_free(ptr);
     print(json!({"pid": std::process::id(), "freed": r}));
     Ok(if r == Some(0) {

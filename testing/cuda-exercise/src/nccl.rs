@@ -249,6 +249,53 @@ pub fn call_default(
     })
 }
 
+/// `ncclCommInitRankConfig(&comm, nranks, id, rank, NULL)` (what PyTorch calls): the result and
+/// the communicator (NULL unless it succeeded).
+pub fn init_rank_config(
+    lib: &Driver,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+) -> (Option<NcclResult>, Comm) {
+    let mut out: Comm = std::ptr::null_mut();
+    let r = call!(
+        lib,
+        "ncclCommInitRankConfig",
+        fn(*mut Comm, c_int, UniqueId, c_int, *mut c_void),
+        &mut out,
+        nranks,
+        id,
+        rank,
+        std::ptr::null_mut()
+    );
+    if r != Some(0) {
+        out = std::ptr::null_mut();
+    }
+    (r, out)
+}
+
+/// The unique id as 256 hex digits.
+pub fn hex(id: &UniqueId) -> String {
+    id.internal.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The unique id from [`hex`]'s form.
+pub fn from_hex(text: &str) -> Result<UniqueId, String> {
+    let t = text.trim();
+    let mut id = UniqueId { internal: [0; 128] };
+    if t.len() != 256 || !t.is_ascii() {
+        return Err(format!(
+            "expected 256 hex digits, got {} characters",
+            t.len()
+        ));
+    }
+    for (i, b) in id.internal.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&t[2 * i..2 * i + 2], 16)
+            .map_err(|e| format!("hex digits {}..{}: {e}", 2 * i, 2 * i + 2))?;
+    }
+    Ok(id)
+}
+
 /// ncclCommDestroy on a communicator this program created.
 pub fn destroy(lib: &Driver, comm: *mut c_void) -> Option<NcclResult> {
     call!(lib, "ncclCommDestroy", fn(Comm), comm)

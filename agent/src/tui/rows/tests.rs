@@ -213,3 +213,29 @@ fn sm_use_sums_per_container_and_is_n_a_never_0_where_not_measured() {
     }
     assert_eq!(row(&snap, fixture::TRAIN_ID).sm, Util::Unknown);
 }
+
+#[test]
+fn a_container_on_two_gpus_is_limited_by_both_and_one_on_one_gpu_by_that_one() {
+    let mut snap = fixture::two_gpus::snapshot();
+    let ddp = |s: &Snapshot| {
+        let c = s
+            .containers
+            .iter()
+            .find(|c| c.key == fixture::two_gpus::DDP_ID)
+            .unwrap();
+        let r = container_row(s, c);
+        (r.figures.memory, r.limit)
+    };
+    assert_eq!(ddp(&snap), (Some(15 << 30), Limit::Bytes(20 << 30)));
+    // Rank 1 gone from GPU1: the container uses GPU0 alone, its limit is GPU0's, not the sum
+    // over every device the region has a limit for.
+    snap.containers[0].regions[0].devices[1].reserved = 0;
+    assert_eq!(ddp(&snap), (Some(6 << 30), Limit::Bytes(8 << 30)));
+    // Nothing used yet: the first device's limit.
+    snap.containers[0].regions[0].devices[0].reserved = 0;
+    assert_eq!(ddp(&snap), (Some(0), Limit::Bytes(8 << 30)));
+    // A device in use without a limit makes the container unlimited there.
+    snap.containers[0].regions[0].devices[1].reserved = 1 << 30;
+    snap.containers[0].regions[0].devices[1].memory_limit = 0;
+    assert_eq!(ddp(&snap), (Some(1 << 30), Limit::Unlimited));
+}

@@ -1,6 +1,7 @@
-//! The detail view of a container or a process: identity and memory, GPU use (SM and memory
-//! bandwidth, from NVML), memory and SM use over time, per-API counts and latency histograms with
-//! the limiter's self-time per call, and the probe mode and what it costs.
+//! The detail view of a container or a process: identity and memory (per GPU where there are
+//! several), GPU use (SM and memory bandwidth, from NVML), NCCL communicators (a container's
+//! ranks of one communicator together), memory and SM use over time, per-API counts and latency
+//! histograms with the limiter's self-time per call, and the probe mode and what it costs.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +15,9 @@ use ratatui::{
 
 use super::{Theme, fit, short_bytes, spark};
 use crate::{
-    model::{ApiUsage, Process, ProcessKey, Snapshot, Source},
+    model::{
+        ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source, by_device::DeviceMemory,
+    },
     trace::LaunchProbes,
     tui::{
         app::Model,
@@ -211,6 +214,69 @@ fn gpu_use_line(s: &Snapshot, keys: &[ProcessKey], t: &Theme) -> Line<'static> {
     Line::from(spans)
 }
 
+/// Memory per device, where there is more than one device (one device: the memory line says it).
+fn memory_by_device_line(by: &[DeviceMemory], t: &Theme) -> Option<Line<'static>> {
+    if by.len() < 2 {
+        return None;
+    }
+    // The limiter's figure first, NVML's beside it: `GPU0 6.00 GiB (nvml 6.02 GiB)`.
+    let parts: Vec<String> = by
+        .iter()
+        .map(|d| match (d.limiter, d.nvml) {
+            (Some(l), Some(n)) => format!("GPU{} {} (nvml {})", d.device, bytes(l), bytes(n)),
+            (Some(l), None) => format!("GPU{} {}", d.device, bytes(l)),
+            (None, n) => format!(
+                "GPU{} nvml {}",
+                d.device,
+                n.map(bytes).unwrap_or("-".into())
+            ),
+        })
+        .collect();
+    Some(Line::from(vec![
+        Span::styled("memory by GPU  ", t.key()),
+        Span::raw(parts.join("; ")),
+    ]))
+}
+
+fn rank_of(c: &Communicator) -> String {
+    let num = |v: Option<u32>| v.map(|v| v.to_string()).unwrap_or("?".into());
+    format!("rank {}/{}", num(c.rank), num(c.nranks))
+}
+
+/// The NCCL communicators of these processes: per communicator (one NCCL communicator id), a
+/// line, then a line per rank held here.
+fn communicator_lines(s: &Snapshot, keys: &[ProcessKey], t: &Theme) -> Vec<Line<'static>> {
+    let mut out = Vec::new();
+    for g in s.communicator_groups(keys) {
+        let head = match g.comm_id {
+            Some(id) => format!(
+                "commId {id}: {} rank{}{} here, {} calls, {}",
+                g.ranks.len(),
+                if g.ranks.len() == 1 { "" } else { "s" },
+                g.nranks.map(|n| format!(" of {n}")).unwrap_or_default(),
+                g.calls(),
+                bytes(g.bytes())
+            ),
+            None => "no commId seen (created before the probes, or by ncclCommInitAll)".into(),
+        };
+        out.push(Line::from(vec![
+            Span::styled("nccl  ", t.key()),
+            Span::raw(head),
+        ]));
+        for r in &g.ranks {
+            out.push(Line::from(format!(
+                "  {} pid {} comm {}: {} calls, {}",
+                rank_of(r.communicator),
+                r.process.pid,
+                r.communicator.comm,
+                r.communicator.calls,
+                bytes(r.communicator.bytes)
+            )));
+        }
+    }
+    out
+}
+
 fn series_line(
     what: &str,
     series: Option<&crate::tui::history::Series>,
@@ -267,6 +333,7 @@ fn process_facts(p: &Process, s: &Snapshot, t: &Theme) -> Vec<Line<'static>> {
         ));
     }
     out.push(Line::from(mem));
+    out.extend(memory_by_device_line(&p.memory_by_device(), t));
     out.push(gpu_use_line(s, &[p.key], t));
     if let Some(l) = &p.limiter {
         out.push(Line::from(format!(
@@ -290,12 +357,16 @@ fn process_facts(p: &Process, s: &Snapshot, t: &Theme) -> Vec<Line<'static>> {
     }
     for c in &p.communicators {
         out.push(Line::from(format!(
-            "nccl  comm {} rank {}/{}: {} calls, {}",
+            "nccl  comm {} {}{}: {} calls, {}{}",
             c.comm,
-            c.rank.map(|r| r.to_string()).unwrap_or("?".into()),
-            c.nranks.map(|r| r.to_string()).unwrap_or("?".into()),
+            rank_of(c),
+            c.comm_id
+                .as_deref()
+                .map(|id| format!(" commId {id}"))
+                .unwrap_or_default(),
             c.calls,
-            bytes(c.bytes)
+            bytes(c.bytes),
+            if c.destroyed { " (destroyed)" } else { "" }
         )));
     }
     out
@@ -340,7 +411,9 @@ fn container_facts<'s>(
         },
         row.figures.denied
     )));
+    out.extend(memory_by_device_line(&s.memory_by_device(&c.processes), t));
     out.push(gpu_use_line(s, &c.processes, t));
+    out.extend(communicator_lines(s, &c.processes, t));
     for r in &c.regions {
         let devs: Vec<String> = r
             .devices

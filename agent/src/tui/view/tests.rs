@@ -311,3 +311,65 @@ fn tiny_and_zero_sized_terminals_do_not_panic() {
         }
     }
 }
+
+/// Two GPUs: the header's line per GPU, a DDP pod whose ranks each use one GPU (its limit is the
+/// sum of the two devices' limits, its communicator shown once with both ranks), and a process
+/// holding memory on both GPUs, shown per GPU.
+#[test]
+fn two_gpus() {
+    use fixture::two_gpus::{DDP_ID, PIPELINE_ID};
+    let mut m = Model::default();
+    m.source.name = "in-process".into();
+    m.apply(fixture::two_gpus::snapshot());
+    both("two_gpus", &m, &ViewState::default());
+    let open = |key: &str| {
+        let mut s = ViewState::default();
+        s.update(Action::Home, &m);
+        for _ in 0..4 {
+            if matches!(&s.selected, Some(RowId::Container(k)) if k == key) {
+                break;
+            }
+            s.update(Action::Down, &m);
+        }
+        assert!(matches!(&s.selected, Some(RowId::Container(k)) if k == key));
+        // The first Enter expands the container, the second opens its detail.
+        s.update(Action::Enter, &m);
+        s
+    };
+    let mut ddp = open(DDP_ID);
+    ddp.update(Action::Enter, &m);
+    assert_eq!(
+        ddp.screen,
+        crate::tui::app::Screen::Detail(RowId::Container(DDP_ID.into()))
+    );
+    both("two_gpus_ddp_detail", &m, &ddp);
+    let text = format!("{}", draw(&m, &ddp, 160, 48).backend());
+    assert!(
+        text.contains("nccl  commId 0x5d2c81e0a4f3b7c9: 2 ranks of 2 here, 2400 calls, 600.00 GiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  rank 0/2 pid 7100 comm 0x7f3a5c001200: 1200 calls, 300.00 GiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  rank 1/2 pid 7101 comm 0x7f9e14003400: 1200 calls, 300.00 GiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("GPU0 6.00 GiB of 8.00 GiB") && text.contains("GPU1 9.00 GiB of 12.00 GiB"),
+        "{text}"
+    );
+    let mut pipe = open(PIPELINE_ID);
+    pipe.update(Action::Down, &m);
+    assert!(matches!(&pipe.selected, Some(RowId::Process(k)) if k.pid == 7200));
+    pipe.update(Action::Enter, &m);
+    both("two_gpus_process_detail", &m, &pipe);
+    let text = format!("{}", draw(&m, &pipe, 160, 48).backend());
+    assert!(
+        text.contains(
+            "memory by GPU  GPU0 3.00 GiB (nvml 3.02 GiB); GPU1 5.50 GiB (nvml 5.52 GiB)"
+        ),
+        "{text}"
+    );
+}

@@ -15,8 +15,23 @@ impl Driver {
         &self,
         rec: &mut impl FnMut(&str, Option<CUresult>, u64),
     ) -> Result<(), CUresult> {
+        self.primary_context_on(0, rec)
+    }
+
+    /// The same for device `ordinal`: later calls of this thread work on that device.
+    pub fn primary_context_on(
+        &self,
+        ordinal: c_int,
+        rec: &mut impl FnMut(&str, Option<CUresult>, u64),
+    ) -> Result<(), CUresult> {
         let mut dev: c_int = 0;
-        let r = call!(self, "cuDeviceGet", fn(*mut c_int, c_int), &mut dev, 0);
+        let r = call!(
+            self,
+            "cuDeviceGet",
+            fn(*mut c_int, c_int),
+            &mut dev,
+            ordinal
+        );
         rec("cuDeviceGet", r, 0);
         ok(r)?;
         let mut ctx: Handle = std::ptr::null_mut();

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::report::{ApiRow, StatReport};
 use crate::{
-    model::Source,
+    model::{Source, by_device::DeviceMemory, gpu_use::WindowUse},
     trace::LaunchProbes,
     units::{bytes, nanos},
 };
@@ -35,6 +35,57 @@ fn api_table(out: &mut String, apis: &[ApiRow]) {
             },
         );
     }
+}
+
+/// `  GPU use: GPU0 SM 87% mem 41%, GPU1 SM ? (not observed)` over the window (NVML's
+/// per-process samples); nothing without samples.
+fn gpu_use_line(out: &mut String, uses: &[WindowUse]) {
+    if uses.is_empty() {
+        return;
+    }
+    let pct = |v: Option<f64>| v.map_or_else(|| "?".to_string(), |v| format!("{v:.0}%"));
+    let parts: Vec<String> = uses
+        .iter()
+        .map(|u| {
+            format!(
+                "GPU{} SM {} mem {}{}",
+                u.device,
+                pct(u.sm_util_pct),
+                pct(u.mem_util_pct),
+                if u.sm_util_pct.is_none() {
+                    " (not observed)"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "  GPU use: {}", parts.join(", "));
+}
+
+/// `  memory by GPU: GPU0 limiter 1.50 GiB nvml 1.52 GiB, GPU1 ...`, shown when there is more
+/// than one device or the views are per device only.
+fn memory_by_device_line(out: &mut String, memory: &[DeviceMemory]) {
+    if memory.len() < 2 {
+        return;
+    }
+    let parts: Vec<String> = memory
+        .iter()
+        .map(|m| {
+            let mut views = Vec::new();
+            if let Some(l) = m.limiter {
+                views.push(format!("limiter {}", bytes(l)));
+            }
+            if let Some(n) = m.nvml {
+                views.push(format!("nvml {}", bytes(n)));
+            }
+            if views.is_empty() {
+                views.push("-".into());
+            }
+            format!("GPU{} {}", m.device, views.join(" "))
+        })
+        .collect();
+    let _ = writeln!(out, "  memory by GPU: {}", parts.join(", "));
 }
 
 pub fn table(r: &StatReport) -> String {
@@ -127,6 +178,8 @@ pub fn table(r: &StatReport) -> String {
                 .map(|d| format!("  DRIFT {} ({})", bytes(d.bytes), d.between))
                 .unwrap_or_default(),
         );
+        memory_by_device_line(&mut out, &proc.memory_by_device);
+        gpu_use_line(&mut out, &proc.gpu_use);
         api_table(&mut out, &proc.apis);
         if proc.apis.iter().any(|a| a.latency.is_some()) {
             let _ = writeln!(
@@ -201,6 +254,8 @@ pub fn table(r: &StatReport) -> String {
             c.pids,
             limits.join(", ")
         );
+        memory_by_device_line(&mut out, &c.memory_by_device);
+        gpu_use_line(&mut out, &c.gpu_use);
         for reg in &c.regions {
             for problem in &reg.problems {
                 let _ = writeln!(out, "  region {}: {problem}", reg.path);
@@ -217,6 +272,29 @@ pub fn table(r: &StatReport) -> String {
 mod tests {
     use super::*;
     use crate::stat::report::{ProbeInfo, SnapshotStatus};
+
+    #[test]
+    fn gpu_use_and_memory_by_gpu_are_in_the_table() {
+        let last = crate::tui::fixture::two_gpus::snapshot();
+        let r = crate::stat::report::build(&last, &last, "daemon", 10.0, |_| None);
+        let t = table(&r);
+        let pipeline = t
+            .split("\nPROCESS ")
+            .find(|p| p.starts_with("7200 "))
+            .unwrap_or_else(|| panic!("no process 7200 in {t}"));
+        assert!(
+            pipeline.contains("memory by GPU: GPU0 limiter 3.00 GiB nvml 3.02 GiB, GPU1 limiter 5.50 GiB nvml 5.52 GiB"),
+            "{pipeline}"
+        );
+        assert!(pipeline.contains("  GPU use: GPU0 SM "), "{pipeline}");
+        let containers: Vec<&str> = t.split("\nCONTAINER ").skip(1).collect();
+        assert!(
+            containers
+                .iter()
+                .any(|c| c.contains("memory by GPU: GPU0 ") && c.contains(", GPU1 ")),
+            "{t}"
+        );
+    }
 
     #[test]
     fn a_stale_snapshot_and_unread_regions_are_said() {

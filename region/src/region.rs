@@ -190,6 +190,12 @@ impl Region {
             .map_or(0, |d| d.sm_limit.load(Ordering::Relaxed).min(100) as u8)
     }
 
+    /// The container's SM share of every device (the duty cycle its processes draw from; see
+    /// [`crate::sm_share`]).
+    pub fn sm_shares(&self) -> &[crate::layout::SmShare; MAX_DEVICES] {
+        &self.header().sm
+    }
+
     /// Bytes reserved container-wide on `device`.
     pub fn reserved(&self, device: u32) -> u64 {
         // Acquire: pairs with the AcqRel commits; a momentary value either way.

@@ -23,6 +23,7 @@ use std::{
 
 use agent_common::api::ApiId;
 use limiter_core::{config::REAL_LIBCUDA, pools::PoolSizes, sm};
+use region::SmShare;
 
 use super::{clock::Clock, cuda::*};
 
@@ -496,14 +497,63 @@ impl PoolSizes for Driver {
 }
 
 /// What the SM controller asks of the device: the driver's current device and
-/// `cuCtxSynchronize`, and `CLOCK_MONOTONIC`.
+/// `cuCtxSynchronize`, `CLOCK_MONOTONIC`, and the duty-cycle words of each device (the region's,
+/// shared by the container, or this process's own).
 pub(crate) struct DriverEnv<'a> {
     pub(crate) driver: &'a Driver,
+    pub(crate) windows: &'a [SmShare; region::MAX_DEVICES],
 }
 
-impl sm::Env for DriverEnv<'_> {
+/// A device's duty-cycle words as the controller sees them.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedWindow<'a>(pub(crate) &'a SmShare);
+
+impl sm::Window for SharedWindow<'_> {
+    fn view(&self) -> sm::View {
+        let v = self.0.view();
+        sm::View {
+            start: v.start,
+            last: v.last,
+            resume: v.resume,
+            closed: v.closed,
+        }
+    }
+
+    fn open(&self, now: u64) {
+        self.0.open(now);
+    }
+
+    fn touch(&self, now: u64) {
+        self.0.touch(now);
+    }
+
+    fn close(&self, start: u64, resume: u64) {
+        self.0.close(start, resume);
+    }
+
+    fn repair(&self, seen: sm::View) {
+        self.0.repair(region::sm_share::WindowView {
+            start: seen.start,
+            last: seen.last,
+            resume: seen.resume,
+            closed: seen.closed,
+        });
+    }
+
+    fn duty(&self) -> Option<(u8, u16)> {
+        region::sm_share::decode_duty(self.0.duty())
+    }
+}
+
+impl<'a> sm::Env for DriverEnv<'a> {
+    type Window = SharedWindow<'a>;
+
     fn device(&self) -> Option<usize> {
         self.driver.context_device()
+    }
+
+    fn window(&self, device: usize) -> Option<SharedWindow<'a>> {
+        self.windows.get(device).map(SharedWindow)
     }
 
     fn now_ns(&self) -> u64 {

@@ -222,6 +222,9 @@ pub struct Shard {
     pub apis: [ApiRecord; API_SLOTS],
 }
 
+/// The bit of a slot's `context_bytes` that marks the charge as refused, not held.
+pub const CONTEXT_REFUSED: u64 = 1 << 63;
+
 /// The fixed part of a slot.
 #[repr(C)]
 pub struct SlotHeader {
@@ -236,7 +239,8 @@ pub struct SlotHeader {
     /// ticket of the last operation applied, bits 48..64 (see `reserve`). Devices 0..5 share the
     /// first line with `state` and the intent.
     pub held: [AtomicU64; MAX_DEVICES],
-    /// Context (and module) bytes per device, as set by the limiter, for display.
+    /// Context (and module) bytes per device, as set by the limiter, for display; with
+    /// [`CONTEXT_REFUSED`] set, the charge that was refused (the limit has no room for it).
     pub context_bytes: [AtomicU64; MAX_DEVICES],
     /// Owner's start time, clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: AtomicU64,

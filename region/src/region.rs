@@ -386,6 +386,13 @@ impl Region {
         }
     }
 
+    /// Records that the context charge of `bytes` on `device` was refused to the process (the
+    /// limit has no room for it): `context_bytes` then holds `bytes | CONTEXT_REFUSED` until a
+    /// later charge succeeds.
+    pub fn set_context_refused(&self, slot: &Slot, device: u32, bytes: u64) {
+        self.set_context_bytes(slot, device, bytes | crate::layout::CONTEXT_REFUSED);
+    }
+
     #[inline(always)]
     pub(crate) fn owns(&self, slot: &Slot, record: &SlotRecord) -> bool {
         // Acquire: after the slot's intent is taken, pairs with a reclaimer's state change

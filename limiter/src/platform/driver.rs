@@ -64,6 +64,14 @@ pub(crate) type PfnMemPoolCreate =
     unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult;
 pub(crate) type PfnMemPoolDestroy = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
 pub(crate) type PfnMemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+pub(crate) type PfnDevicePrimaryCtxRetain =
+    unsafe extern "C" fn(*mut *mut c_void, CUdevice) -> CUresult;
+pub(crate) type PfnCtxCreateV2 =
+    unsafe extern "C" fn(*mut *mut c_void, c_uint, CUdevice) -> CUresult;
+pub(crate) type PfnCtxCreateV3 =
+    unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
+pub(crate) type PfnCtxCreateV4 =
+    unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint, CUdevice) -> CUresult;
 pub(crate) type PfnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 pub(crate) type PfnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
 pub(crate) type PfnLaunchKernel = unsafe extern "C" fn(
@@ -176,6 +184,10 @@ driver_symbols! {
     MemPoolTrimTo = c"cuMemPoolTrimTo": PfnMemPoolTrimTo, hooked: true;
     MemGetInfoV2 = c"cuMemGetInfo_v2": PfnMemGetInfo, hooked: true;
     DeviceTotalMemV2 = c"cuDeviceTotalMem_v2": PfnDeviceTotalMem, hooked: true;
+    DevicePrimaryCtxRetain = c"cuDevicePrimaryCtxRetain": PfnDevicePrimaryCtxRetain, hooked: true;
+    CtxCreateV2 = c"cuCtxCreate_v2": PfnCtxCreateV2, hooked: true;
+    CtxCreateV3 = c"cuCtxCreate_v3": PfnCtxCreateV3, hooked: true;
+    CtxCreateV4 = c"cuCtxCreate_v4": PfnCtxCreateV4, hooked: true;
     LaunchKernel = c"cuLaunchKernel": PfnLaunchKernel, hooked: true;
     LaunchKernelPtsz = c"cuLaunchKernel_ptsz": PfnLaunchKernel, hooked: true;
     LaunchKernelEx = c"cuLaunchKernelEx": PfnLaunchKernelEx, hooked: true;

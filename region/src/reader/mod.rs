@@ -18,9 +18,9 @@ use agent_common::hist::HIST_BUCKETS;
 
 use crate::init::{PHASE_READY, init_phase, init_pid};
 use crate::layout::{
-    HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC,
-    RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord, region_size_for, shard_stride_for,
-    slot_stride_for,
+    CONTEXT_REFUSED, HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, OLDEST_READABLE_MAJOR,
+    REGION_MAGIC, RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord, region_size_for,
+    shard_stride_for, slot_stride_for,
 };
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
 use crate::pread::{self, PreadError};
@@ -465,7 +465,20 @@ impl RegionReader {
                 alive,
                 name: String::from_utf8_lossy(&h.name[..name_len]).into_owned(),
                 held: h.held[..devices].iter().map(|&w| bytes(w)).collect(),
-                context_bytes: h.context_bytes[..devices].to_vec(),
+                context_bytes: h.context_bytes[..devices]
+                    .iter()
+                    .map(|&w| if w & CONTEXT_REFUSED == 0 { w } else { 0 })
+                    .collect(),
+                context_refused: h.context_bytes[..devices]
+                    .iter()
+                    .map(|&w| {
+                        if w & CONTEXT_REFUSED == 0 {
+                            0
+                        } else {
+                            w & !CONTEXT_REFUSED
+                        }
+                    })
+                    .collect(),
                 dropped_records: h.dropped_records,
                 throttled_ns: totals.throttled_ns,
                 apis: totals.merged.into_iter().flatten().collect(),

@@ -47,6 +47,10 @@ struct Figures {
     /// The process's slot while it was alive: context bytes held and refused on device 0.
     context_held: u64,
     context_refused: u64,
+    /// What the slot holds on device 0 (what `top`, the detail view and the metrics show as the
+    /// process's memory) and the container's reservation, once the caller freed its allocations.
+    held: u64,
+    reserved: u64,
 }
 
 fn run(how: &str, limit: &str) -> Figures {
@@ -73,6 +77,7 @@ fn run(how: &str, limit: &str) -> Figures {
         .find(|s| s.phase == SlotPhase::Live && s.pid == child.id())
         .unwrap_or_else(|| panic!("no live slot of the caller: {json}"));
     let (context_held, context_refused) = (slot.context_bytes[0], slot.context_refused[0]);
+    let (held, reserved) = (slot.held[0], snap.devices[0].reserved);
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
     let stderr = support::text(&out.stderr);
@@ -85,6 +90,8 @@ fn run(how: &str, limit: &str) -> Figures {
         stderr,
         context_held,
         context_refused,
+        held,
+        reserved,
     }
 }
 
@@ -109,6 +116,8 @@ fn free_after_a_context_appears_is_what_can_be_allocated() {
         // Freed again, the context stays charged (held until the process exits).
         assert_eq!(field(j, "free_after") as u64, free, "{how}: {j}");
         assert_eq!((f.context_held, f.context_refused), (CONTEXT, 0), "{how}");
+        // The context counts in what the process and the container hold.
+        assert_eq!((f.held, f.reserved), (CONTEXT, CONTEXT), "{how}");
         assert!(!f.stderr.contains("context's charge"), "{}", f.stderr);
     }
 }
@@ -130,4 +139,5 @@ fn a_limit_below_one_contexts_charge_is_free_0_a_warning_and_a_flag() {
         f.stderr
     );
     assert_eq!((f.context_held, f.context_refused), (0, CONTEXT));
+    assert_eq!((f.held, f.reserved), (0, 0));
 }

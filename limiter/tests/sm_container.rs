@@ -1,6 +1,7 @@
 //! SM shares are the container's: processes that share one region (one container) at
-//! `CUDA_DEVICE_SM_LIMIT=40` get 40% of the device together, and two containers on one device
-//! each hold their own share.
+//! `CUDA_DEVICE_SM_LIMIT=40` get 40% of the device together, two containers on one device each
+//! hold their own share, and processes killed with SIGKILL anywhere in a window leave the whole
+//! share to the survivor.
 //!
 //! The processes run on one simulated device (`SIMCUDA_SHARED_DEVICE`, testing/sim-cuda's
 //! shared.rs): their launches queue one after the other as a GPU time-slices contexts, and the
@@ -133,6 +134,26 @@ impl DeviceFile {
     }
 }
 
+impl DeviceFile {
+    /// Waits until every process of `pids` has mapped the device and launched (a bound on a slow
+    /// start, not a timing).
+    fn wait_launching(&self, pids: &[u32]) {
+        let deadline = Instant::now() + Duration::from_secs(4);
+        loop {
+            let s = self.sample();
+            if pids.iter().all(|&p| s.launches_of(p) > 0) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "processes {pids:?} did not all launch: {:?}",
+                s.launches
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 struct Sample {
     at: u64,
     /// Device time executed by `at`, ns.
@@ -240,20 +261,7 @@ fn measure(containers: &[(u8, usize)], duty: Loop) -> Measured {
         .map(|&(limit, n)| Container::start(&path, limit, n, duty))
         .collect();
     let pids: Vec<u32> = running.iter().flat_map(Container::pids).collect();
-    // Every process has mapped the device and launched (a bound on a slow start, not a timing).
-    let deadline = Instant::now() + Duration::from_secs(4);
-    loop {
-        let s = device.sample();
-        if pids.iter().all(|&p| s.launches_of(p) > 0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "processes {pids:?} did not all launch: {:?}",
-            s.launches
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    device.wait_launching(&pids);
     std::thread::sleep(duty.settle());
     let a = device.sample();
     std::thread::sleep(MEASURE);
@@ -325,4 +333,36 @@ fn two_containers_on_one_device_each_hold_their_own_share() {
     // (about 35% and 17% here); the NVML correction restores both.
     let m = measure_near(&[(40, 2), (30, 1)], Loop::Nvml);
     assert!((m.device - 70.0).abs() < 7.0, "device {:.1}%", m.device);
+}
+
+#[test]
+fn processes_killed_mid_window_leave_the_share_to_the_others() {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut seen = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let (path, device) = DeviceFile::create("killed");
+        let mut c = Container::start(&path, 40, 3, Loop::Open);
+        device.wait_launching(&c.pids());
+        std::thread::sleep(Duration::from_millis(500));
+        // SIGKILL two of the three, 137 ms apart: wherever each is (launching, draining a closed
+        // window, held until its resume), nothing it leaves half-done may hold the survivor.
+        for mut child in c.children.drain(..2) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            std::thread::sleep(Duration::from_millis(137));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let a = device.sample();
+        std::thread::sleep(Duration::from_millis(2500));
+        let b = device.sample();
+        let share = c.share(&a, &b);
+        eprintln!("survivor of three at 40%: {share:.1}%");
+        c.finish();
+        let _ = std::fs::remove_file(&path);
+        if (share - 40.0).abs() < 5.0 {
+            return;
+        }
+        seen.push(format!("{share:.1}%"));
+    }
+    panic!("the survivor's shares: {seen:?}");
 }

@@ -1,6 +1,6 @@
 //! `vgpu-agent limit`: a run-time SM share reaches a running process under the limiter within
-//! 1 s, a lower memory limit denies the next allocation over it, and malformed values are refused
-//! with a message that names them.
+//! 1 s and holds the container's processes to it together, a lower memory limit denies the next
+//! allocation over it, and malformed values are refused with a message that names them.
 
 mod support;
 
@@ -76,6 +76,87 @@ fn a_run_time_sm_share_takes_effect_within_a_second() {
         String::from_utf8_lossy(&out.stdout).contains("sm 40%"),
         "{out:?}"
     );
+}
+
+/// The device time the shared simulated device (`SIMCUDA_SHARED_DEVICE`) has executed by now:
+/// `(now, executed)`, CLOCK_MONOTONIC ns (testing/sim-cuda's shared.rs: word 0 is when the queued
+/// work ends, word 1 the device time launched).
+fn executed_ns(device: &Path) -> (u64, u64) {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 16];
+    let file = std::fs::File::open(device).unwrap();
+    let at = monotonic_ns();
+    file.read_exact_at(&mut b, 0).unwrap();
+    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+    (at, word(1).saturating_sub(word(0).saturating_sub(at)))
+}
+
+/// The device's busy share over `over`, percent.
+fn device_share(device: &Path, over: Duration) -> f64 {
+    let (t0, e0) = executed_ns(device);
+    std::thread::sleep(over);
+    let (t1, e1) = executed_ns(device);
+    (e1 - e0) as f64 / (t1 - t0) as f64 * 100.0
+}
+
+#[test]
+fn a_run_time_sm_share_holds_all_processes_of_the_container_together() {
+    let dir = tempdir();
+    let region = dir.path().join("c2.region");
+    let device = dir.path().join("gpu.device");
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            workload(dir.path(), &region, &["paced", "--seconds", "9"])
+                .env("SIMCUDA_SHARED_DEVICE", &device)
+                .env("VGPU_SM_FEEDBACK", "0")
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Both launch (a bound on a slow start, not a timing).
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    while !device.exists() || executed_ns(&device).1 == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no launch reached the device"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = device_share(&device, Duration::from_millis(1200));
+    assert!(
+        before > 85.0,
+        "unlimited, the two saturate the device: {before:.1}%"
+    );
+    let set_at = monotonic_ns();
+    let out = limit(&["set", "--region", region.to_str().unwrap(), "--sm", "40"]);
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_millis(800));
+    // Two processes each held to 40% on their own would take 80%: together they get 40. The VM
+    // is shared with other builds: up to three windows, the first within 5 points passes.
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let share = device_share(&device, Duration::from_millis(2000));
+        eprintln!("unlimited {before:.1}%, after limit set --sm 40: {share:.1}%");
+        if (share - 40.0).abs() < 5.0 {
+            seen.clear();
+            break;
+        }
+        seen.push(format!("{share:.1}%"));
+    }
+    assert!(seen.is_empty(), "limit set --sm 40: device shares {seen:?}");
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["errors"], 0, "{v}");
+        // Each process was held back after the change.
+        let held = v["first_held_mono_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no launch was held back: {v}"));
+        assert!(held > set_at, "held before the change: {v}");
+    }
 }
 
 #[test]

@@ -13,31 +13,17 @@ mod support;
 
 use std::{
     io::{BufRead, BufReader},
-    path::{Path, PathBuf},
     process::{Child, Stdio},
-    sync::OnceLock,
 };
 
 use region::reader::{RegionReader, SlotPhase};
-use support::{cc, fake_nvml, fresh_region, paths, preloaded};
+use support::{fake_nvml, fresh_region, preloaded, sm_caller};
 
 /// Simulated device time of one launch.
 const LAUNCH_US: u64 = 500;
 /// Launches between two synchronisations (8 ms of device work per step).
 const SYNC_EVERY: u64 = 16;
 const ATTEMPTS: usize = 3;
-
-fn caller() -> &'static Path {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let libdir = format!("-L{}", paths().libdir.display());
-        cc(
-            "sm_caller.c",
-            "sm_caller",
-            &[&libdir, "-lcuda", "-lpthread", "-rdynamic"],
-        )
-    })
-}
 
 /// A number from the caller's one-line JSON.
 fn field(json: &str, key: &str) -> f64 {
@@ -77,7 +63,7 @@ fn run_env(
 ) -> Run {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let region = fresh_region("sm");
-    let mut c = preloaded(caller());
+    let mut c = preloaded(sm_caller());
     c.args([
         mode,
         &threads.to_string(),

@@ -20,6 +20,30 @@ pub struct Holding {
 }
 
 impl Region {
+    /// The pids of the live slots whose owners are in the caller's pid namespace (and alive), in
+    /// slot order: the container's processes as the caller sees them (the SM correction sums
+    /// their NVML samples). A momentary view.
+    pub fn live_pids(&self) -> Vec<u32> {
+        let own_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        (0..self.slot_count())
+            .filter_map(|i| self.slot_record(i))
+            .filter_map(|record| {
+                let h = &record.header;
+                // Acquire: pairs with the Release publication of LIVE after the owner's identity.
+                let state = h.state.load(Ordering::Acquire);
+                if slot_phase(state) != PHASE_LIVE {
+                    return None;
+                }
+                // Relaxed: written before the Release publication of LIVE (acquired above).
+                let pid_ns = h.pid_ns.load(Ordering::Relaxed);
+                let start_time = h.start_time.load(Ordering::Relaxed);
+                let pid = slot_pid(state);
+                let ours = pid_ns == own_ns || pid_ns == 0 || own_ns == 0;
+                (ours && procfs::liveness(pid, start_time) != Liveness::Dead).then_some(pid)
+            })
+            .collect()
+    }
+
     /// The live slots holding memory on `device`, in slot order. Owners in the caller's pid
     /// namespace that died (and await reclaiming) are left out; owners in another namespace
     /// cannot be checked and are listed. A momentary view: slots may be claimed, retired or
@@ -66,6 +90,7 @@ mod tests {
         assert!(region.holdings(0).is_empty());
         let slot = region.claim_slot().unwrap();
         assert!(region.holdings(0).is_empty(), "nothing held yet");
+        assert_eq!(region.live_pids(), [std::process::id()]);
         region.try_reserve(&slot, 0, 3 << 20).unwrap();
         let list = region.holdings(0);
         assert_eq!(list.len(), 1);
@@ -78,5 +103,6 @@ mod tests {
             region.holdings(0).is_empty(),
             "retired slots are not listed"
         );
+        assert!(region.live_pids().is_empty());
     }
 }

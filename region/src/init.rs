@@ -326,8 +326,10 @@ fn write_header(map: &Mapping, config: &RegionConfig, pid: u32, pid_ns: u64, may
     header
         .spare
         .iter()
+        .chain(header.sm_align.iter())
         .chain(header.tail.iter())
         .for_each(|w| w.store(0, r));
+    header.sm.iter().for_each(|s| s.reset());
     for (i, dev) in header.devices.iter().enumerate() {
         let used = i < config.devices as usize;
         dev.memory_limit

@@ -33,8 +33,9 @@ pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"VGPUREGN");
 pub const LAYOUT_MAJOR: u32 = 3;
 /// The oldest major version the reader still decodes (1: `reserved` and `held` are plain bytes).
 pub const OLDEST_READABLE_MAJOR: u32 = 1;
-/// Layout minor version: additions inside reserved fields; readers accept any minor.
-pub const LAYOUT_MINOR: u32 = 0;
+/// Layout minor version: additions inside reserved fields; readers accept any minor. 1: the
+/// container's SM share per device ([`SmShare`], in what was the header's tail).
+pub const LAYOUT_MINOR: u32 = 1;
 /// Devices per region (as HAMi-core's `CUDA_DEVICE_MAX_COUNT`).
 pub const MAX_DEVICES: usize = 16;
 /// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
@@ -68,6 +69,57 @@ pub struct DeviceState {
     pub reclaimed_bytes: AtomicU64,
     /// Room for growth (minor versions).
     pub spare: [AtomicU64; 2],
+}
+
+/// One device's container-wide SM share (layout 3.1; zero in a 3.0 file, which reads as "no
+/// window yet"): the duty cycle every process of the container draws its GPU time from and its
+/// NVML correction. One cache line; the protocol is in `sm_share` and docs/region.md.
+#[repr(C)]
+#[derive(Debug)]
+pub struct SmShareOf<A> {
+    /// Start of the active window opened last (the first launch, or one after a gap), CLOCK_MONOTONIC
+    /// ns; 0 = none. Only grows.
+    pub window_start: A,
+    /// A recent launch, CLOCK_MONOTONIC ns (refreshed at most every millisecond).
+    pub last_launch: A,
+    /// Launches wait until then (the next window starts then), CLOCK_MONOTONIC ns. Only grows.
+    pub resume_at: A,
+    /// Start of the window closed last.
+    pub closed_start: A,
+    /// Windows closed so far.
+    pub closes: A,
+    /// The duty cycle the windows use: `target percent << 16 | per mille`; 0 = the target's.
+    pub duty: A,
+    /// The process that runs the NVML correction: `pid << 32 | CLOCK_BOOTTIME ms (low 32 bits)`
+    /// of its last renewal; 0 = none.
+    pub feedback_lease: A,
+    /// Zero; for minor versions.
+    pub spare: A,
+}
+
+/// [`SmShareOf`] in a region (or in process memory, for a process without one).
+pub type SmShare = SmShareOf<AtomicU64>;
+
+impl SmShare {
+    /// All words zero: no window yet.
+    pub const fn new() -> SmShare {
+        SmShareOf {
+            window_start: AtomicU64::new(0),
+            last_launch: AtomicU64::new(0),
+            resume_at: AtomicU64::new(0),
+            closed_start: AtomicU64::new(0),
+            closes: AtomicU64::new(0),
+            duty: AtomicU64::new(0),
+            feedback_lease: AtomicU64::new(0),
+            spare: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Default for SmShare {
+    fn default() -> SmShare {
+        SmShare::new()
+    }
 }
 
 /// The first page of a region file.
@@ -116,11 +168,16 @@ pub struct RegionHeader {
     pub spare: [AtomicU64; 4],
     /// Per-device state; entries at and after `device_count` are zero.
     pub devices: [DeviceState; MAX_DEVICES],
+    /// Zero: aligns `sm` to a cache line.
+    pub sm_align: [AtomicU64; 4],
+    /// Per-device SM share (3.1; zero in 3.0 files).
+    pub sm: [SmShare; MAX_DEVICES],
     /// Pads the header to [`HEADER_SIZE`].
     pub tail: [AtomicU64; HEADER_TAIL_WORDS],
 }
 
-const HEADER_FIXED: usize = 160 + MAX_DEVICES * size_of::<DeviceState>();
+const HEADER_FIXED: usize =
+    160 + MAX_DEVICES * size_of::<DeviceState>() + 32 + MAX_DEVICES * size_of::<SmShare>();
 /// Words of padding at the end of the header page.
 pub const HEADER_TAIL_WORDS: usize = (HEADER_SIZE - HEADER_FIXED) / 8;
 
@@ -165,6 +222,9 @@ pub struct Shard {
     pub apis: [ApiRecord; API_SLOTS],
 }
 
+/// The bit of a slot's `context_bytes` that marks the charge as refused, not held.
+pub const CONTEXT_REFUSED: u64 = 1 << 63;
+
 /// The fixed part of a slot.
 #[repr(C)]
 pub struct SlotHeader {
@@ -179,7 +239,8 @@ pub struct SlotHeader {
     /// ticket of the last operation applied, bits 48..64 (see `reserve`). Devices 0..5 share the
     /// first line with `state` and the intent.
     pub held: [AtomicU64; MAX_DEVICES],
-    /// Context (and module) bytes per device, as set by the limiter, for display.
+    /// Context (and module) bytes per device, as set by the limiter, for display; with
+    /// [`CONTEXT_REFUSED`] set, the charge that was refused (the limit has no room for it).
     pub context_bytes: [AtomicU64; MAX_DEVICES],
     /// Owner's start time, clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: AtomicU64,
@@ -260,6 +321,11 @@ const _: () = assert!(offset_of!(RegionHeader, device_count) == 52);
 const _: () = assert!(offset_of!(RegionHeader, slot_stride) == 56);
 const _: () = assert!(offset_of!(RegionHeader, init_takeovers) == 112);
 const _: () = assert!(offset_of!(RegionHeader, devices) == 160);
+// Each device's SM share is one cache line of its own (the mapping is page-aligned).
+const _: () = assert!(size_of::<SmShare>() == 64);
+const _: () = assert!(offset_of!(RegionHeader, sm) == 1216);
+const _: () = assert!(offset_of!(RegionHeader, sm).is_multiple_of(64));
+const _: () = assert!(offset_of!(RegionHeader, tail) == 2240);
 // A reservation on devices 0..5 touches one line of its slot: state, intent, bytes, held word.
 const _: () = assert!(offset_of!(SlotHeader, state) == 0);
 const _: () = assert!(offset_of!(SlotHeader, intent) == 8);
@@ -321,6 +387,8 @@ field_offsets!(
     RegionHeader.last_sweep_ms,
     RegionHeader.spare,
     RegionHeader.devices,
+    RegionHeader.sm_align,
+    RegionHeader.sm,
     RegionHeader.tail,
     DeviceState.memory_limit,
     DeviceState.reserved,
@@ -329,6 +397,14 @@ field_offsets!(
     DeviceState.denied,
     DeviceState.reclaimed_bytes,
     DeviceState.spare,
+    SmShare.window_start,
+    SmShare.last_launch,
+    SmShare.resume_at,
+    SmShare.closed_start,
+    SmShare.closes,
+    SmShare.duty,
+    SmShare.feedback_lease,
+    SmShare.spare,
     SlotRecord.header,
     SlotRecord.shards,
     SlotHeader.state,

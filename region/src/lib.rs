@@ -4,7 +4,8 @@
 //!
 //! - Writers: [`Region::open_or_create`] (CAS initialisation, no file locks),
 //!   [`Region::claim_slot`], [`Region::try_reserve`] / [`Region::release`] (exact limits),
-//!   [`Region::shard_writer`] (lock-free per-thread statistics).
+//!   [`Region::shard_writer`] (lock-free per-thread statistics), [`Region::sm_shares`] (the
+//!   container's SM duty cycle per device, [`sm_share`]).
 //! - Readers: [`reader::RegionReader`] (read-only, validates everything) and
 //!   [`hami::HamiReader`] (HAMi-core's v1 cache file).
 //!
@@ -29,6 +30,7 @@ mod reserve;
 pub mod seqlock;
 mod sigbus;
 mod slots;
+pub mod sm_share;
 mod stats;
 mod sync;
 pub mod tenant_fs;
@@ -41,7 +43,7 @@ pub use control_file::{ControlReader, ControlWriter, read_control};
 pub use error::{RegionError, ReserveError};
 pub use holdings::Holding;
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT, REGION_MODE};
-pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS};
+pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS, SmShare};
 pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, Reserver, SWEEP_INTERVAL_MS};
 pub use reserve::{Denied, MAX_RESERVABLE};
 pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};

@@ -8,8 +8,10 @@ use loom::sync::atomic::AtomicU64;
 use loom::thread;
 use std::sync::atomic::Ordering;
 
+use crate::layout::SmShareOf;
 use crate::reserve::{self, Kind, OpError, Stop};
 use crate::seqlock::{self, SeqRead};
+use crate::sm_share;
 
 /// A writer runs two sections writing the same value into two fields; a concurrent reader must
 /// never accept a copy where the fields differ.
@@ -244,5 +246,133 @@ fn loom_reclaimer_killed_mid_return_is_finished_by_the_next() {
         assert_eq!(m.held_bytes(0, 0), 0);
         assert_eq!(m.reserved(0), m.sum_held(0));
         assert_eq!(m.held_bytes(1, 0), if live_ok { 30 } else { 0 });
+    });
+}
+
+fn sm_share() -> Arc<SmShareOf<AtomicU64>> {
+    let z = || AtomicU64::new(0);
+    Arc::new(SmShareOf {
+        window_start: z(),
+        last_launch: z(),
+        resume_at: z(),
+        closed_start: z(),
+        closes: z(),
+        duty: z(),
+        feedback_lease: z(),
+        spare: z(),
+    })
+}
+
+/// Two processes close the window that started at 100 at once, with different resumes, while a
+/// third launches (reads the window, and opens one at 150 if it finds none): the later resume
+/// wins whatever the order, the window counts one close, and what the launcher reads never goes
+/// backwards.
+#[test]
+fn loom_sm_closes_agree_on_the_latest_resume() {
+    bounded().check(|| {
+        let s = sm_share();
+        s.open(100);
+        let closers: Vec<_> = [300, 400]
+            .into_iter()
+            .map(|resume| {
+                let s = s.clone();
+                thread::spawn(move || s.close(100, resume))
+            })
+            .collect();
+        let first = s.view();
+        s.open(150);
+        let second = s.view();
+        assert!(second.resume >= first.resume && second.start >= first.start);
+        assert!(second.start >= 150);
+        let firsts = closers
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|&f| f)
+            .count();
+        assert_eq!(firsts, 1, "one first close per window");
+        let v = s.view();
+        assert_eq!((v.resume, v.closed, s.closes()), (400, 100, 1));
+    });
+}
+
+/// A process killed in the middle of its close (after raising the resume, before recording the
+/// close) leaves no state anyone waits on: another process's close of the same window still
+/// raises the resume, and the next window (starting at that resume) closes and counts normally.
+#[test]
+fn loom_sm_a_killed_closer_blocks_nobody() {
+    bounded().check(|| {
+        let s = sm_share();
+        s.open(100);
+        let victim = {
+            let s = s.clone();
+            thread::spawn(move || {
+                s.close_until(100, 350, sm_share::Stop::AfterResume);
+            })
+        };
+        s.close(100, 300);
+        victim.join().unwrap();
+        let v = s.view();
+        assert_eq!(
+            v.resume, 350,
+            "the killed process's resume stands, nothing more"
+        );
+        assert!(s.closes() <= 1);
+        let before = s.closes();
+        assert!(s.close(v.resume, 600), "the next window closes");
+        assert_eq!(s.closes(), before + 1);
+        assert_eq!(s.view().closed, 350);
+    });
+}
+
+/// Two processes ask for the correction's lease at the same moment: exactly one gets it; the
+/// other takes it over only once it has lapsed, after which the first cannot renew it.
+#[test]
+fn loom_sm_the_lease_has_one_holder() {
+    bounded().check(|| {
+        let s = sm_share();
+        let other = {
+            let s = s.clone();
+            thread::spawn(move || s.hold_lease(2, 1_000))
+        };
+        let mine = s.hold_lease(1, 1_000);
+        let theirs = other.join().unwrap();
+        assert!(mine ^ theirs, "exactly one holder");
+        let (holder, loser) = if mine { (1, 2) } else { (2, 1) };
+        assert_eq!(s.lease_holder(), holder);
+        let late = 1_000 + sm_share::LEASE_MS + 1;
+        let renew = {
+            let s = s.clone();
+            thread::spawn(move || s.hold_lease(holder, late))
+        };
+        let take = s.hold_lease(loser, late);
+        let renewed = renew.join().unwrap();
+        // Either the holder renewed first (the lease is fresh again), or the loser took the
+        // lapsed lease first (and the holder's renewal, now of someone else's lease, fails).
+        assert!(renewed ^ take);
+        assert_eq!(s.lease_holder(), if take { loser } else { holder });
+    });
+}
+
+/// The duty cycle is replaced only from the value its writer read: a holder that lost the lease
+/// and writes a correction computed earlier cannot overwrite the new holder's newer word.
+#[test]
+fn loom_sm_a_stale_duty_write_is_refused() {
+    bounded().check(|| {
+        let s = sm_share();
+        let start = sm_share::duty_word(40, 400);
+        assert!(s.set_duty(0, start));
+        let stale = {
+            let s = s.clone();
+            thread::spawn(move || s.set_duty(start, sm_share::duty_word(40, 450)))
+        };
+        let newer = s.set_duty(start, sm_share::duty_word(60, 600));
+        let stale_won = stale.join().unwrap();
+        assert!(newer ^ stale_won, "exactly one write from the same value");
+        let want = if newer {
+            sm_share::duty_word(60, 600)
+        } else {
+            sm_share::duty_word(40, 450)
+        };
+        assert_eq!(s.duty(), want);
     });
 }

@@ -190,6 +190,12 @@ impl Region {
             .map_or(0, |d| d.sm_limit.load(Ordering::Relaxed).min(100) as u8)
     }
 
+    /// The container's SM share of every device (the duty cycle its processes draw from; see
+    /// [`crate::sm_share`]).
+    pub fn sm_shares(&self) -> &[crate::layout::SmShare; MAX_DEVICES] {
+        &self.header().sm
+    }
+
     /// Bytes reserved container-wide on `device`.
     pub fn reserved(&self, device: u32) -> u64 {
         // Acquire: pairs with the AcqRel commits; a momentary value either way.
@@ -378,6 +384,13 @@ impl Region {
             // Relaxed: a display value, read by the agent without ordering needs.
             record.header.context_bytes[device as usize].store(bytes, Ordering::Relaxed);
         }
+    }
+
+    /// Records that the context charge of `bytes` on `device` was refused to the process (the
+    /// limit has no room for it): `context_bytes` then holds `bytes | CONTEXT_REFUSED` until a
+    /// later charge succeeds.
+    pub fn set_context_refused(&self, slot: &Slot, device: u32, bytes: u64) {
+        self.set_context_bytes(slot, device, bytes | crate::layout::CONTEXT_REFUSED);
     }
 
     #[inline(always)]

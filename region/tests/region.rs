@@ -245,11 +245,15 @@ fn statistics_round_trip_through_the_reader() {
         });
     });
     region.set_context_bytes(&slot, 0, 512 << 20);
+    // A context charge refused on device 1 (the limit had no room for it) reads as refused,
+    // not held.
+    region.set_context_refused(&slot, 1, 544 << 20);
     let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
     let s = &snap.slots[0];
     assert_eq!(s.pid, std::process::id());
     assert!(!s.name.is_empty());
-    assert_eq!(s.context_bytes[0], 512 << 20);
+    assert_eq!(s.context_bytes, [512 << 20, 0]);
+    assert_eq!(s.context_refused, [0, 544 << 20]);
     assert_eq!(s.throttled_ns, 5_000);
     assert!(s.shard_problems.is_empty());
     let l = s.apis.iter().find(|a| a.api == launch()).unwrap();

@@ -1,26 +1,28 @@
 //! The SM share's closed-loop correction from NVML's per-process utilisation.
 //!
-//! The duty cycle ([`super`]) counts the wall time of a window as this process's busy time. When
+//! The duty cycle ([`super`]) counts the wall time of a window as the container's busy time. When
 //! other contexts share the GPU, the device time-slices between them during the window, so the
-//! process gets less than its share (measured on an H200: 27.9% for a 60% limit beside a 30%
-//! one). With some device limited (and `VGPU_SM_FEEDBACK` not `0`), the limiter's thread `vgpu-sm` reads
-//! every [`TICK`] this process's samples of `nvmlDeviceGetProcessUtilization`, averages `smUtil`
-//! over the newest [`AVERAGE_US`] of them, and corrects the duty cycle the windows use (the
-//! controller's *effective* share; the target stays what the user set):
+//! container gets less than its share (measured on an H200: 27.9% for a 60% limit beside a 30%
+//! one). With some device limited (and `VGPU_SM_FEEDBACK` not `0`), one process of the container
+//! (the holder of the window's lease, see `region::sm_share`) reads every [`TICK`] the samples of
+//! `nvmlDeviceGetProcessUtilization`, keeps those of the container's processes, sums per process
+//! the average `smUtil` over the newest [`AVERAGE_US`] of them, and corrects the duty cycle the
+//! windows use (the *effective* share, the window's `duty` word; the target stays what the user
+//! set):
 //!
 //! `d_eff += GAIN * (target - measured) / g`, with `g = measured / mean(d_eff over the last
-//! 1.5 s)` the plant's gain (how much of its duty cycle the process really gets, clamped to
+//! 3.5 s)` the plant's gain (how much of its duty cycle the container really gets, clamped to
 //! [0.25, 2]), a dead band of [`DEAD_BAND`] points, steps of at most [`MAX_STEP`] and `d_eff`
 //! within `[target / 2, 100]`. Normalising by `g` keeps the loop gain at [`GAIN`] per tick
 //! whatever the contention, so the loop converges in about 5 to 7 s and does not oscillate with
 //! NVML samples that lag up to 1 s (tuned in `feedback/tests.rs` against a plant model with
 //! that lag). It only raises `d_eff` while the limit binds (windows closed since the last tick):
-//! a process that launches little is not below its share because of the limiter.
+//! a container that launches little is not below its share because of the limiter.
 //!
-//! Limits: NVML reports host pids; a process in another pid namespace never finds its own pid in
+//! Limits: NVML reports host pids; processes in another pid namespace never find their pids in
 //! the samples, and the correction stays off (logged once at Info). Without NVML (library,
 //! `nvmlInit_v2` or the symbol missing) the thread logs once at Info and exits: open loop. The
-//! thread never touches the launch path: launches read `d_eff` with one relaxed load.
+//! thread never touches the launch path: launches read `d_eff` from the window.
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -46,8 +48,8 @@ pub struct Loop {
     target: f64,
     /// The effective share in percent.
     eff: f64,
-    /// `(NVML timestamp in us, smUtil)` of this process, newest last.
-    samples: VecDeque<(u64, f64)>,
+    /// `(pid, NVML timestamp in us, smUtil)` of the container's processes, in arrival order.
+    samples: VecDeque<(u32, u64, f64)>,
     /// `(now_ms, eff)` at each tick, newest last.
     effs: VecDeque<(u64, f64)>,
     /// The last average, if any.
@@ -56,9 +58,16 @@ pub struct Loop {
 
 impl Loop {
     pub fn new(target: u8) -> Loop {
+        Loop::resume(target, f64::from(target))
+    }
+
+    /// A loop for `target` that starts from the effective share `eff` (percent) another process
+    /// left in the window: a correction that changes hands is not restarted.
+    pub fn resume(target: u8, eff: f64) -> Loop {
+        let t = f64::from(target);
         Loop {
-            target: f64::from(target),
-            eff: f64::from(target),
+            target: t,
+            eff: eff.clamp(t / 2.0, 100.0),
             samples: VecDeque::new(),
             effs: VecDeque::new(),
             measured: None,
@@ -78,9 +87,11 @@ impl Loop {
         self.measured
     }
 
-    /// One tick at `now_ms`: `fresh` are this process's new samples `(timestamp us, smUtil)`,
-    /// `binding` whether a window closed since the last tick. Returns the new effective share.
-    pub fn tick(&mut self, now_ms: u64, fresh: &[(u64, u32)], binding: bool) -> f64 {
+    /// One tick at `now_ms`: `fresh` are new samples `(pid, timestamp us, smUtil)` of the
+    /// container's processes, `binding` whether a window closed since the last tick. The measured
+    /// share is the sum over processes of each one's average over the newest [`AVERAGE_US`].
+    /// Returns the new effective share.
+    pub fn tick(&mut self, now_ms: u64, fresh: &[(u32, u64, u32)], binding: bool) -> f64 {
         self.effs.push_back((now_ms, self.eff));
         while self
             .effs
@@ -89,21 +100,40 @@ impl Loop {
         {
             self.effs.pop_front();
         }
-        let held = self.samples.iter().map(|s| s.0).max().unwrap_or(0);
         let before = self.samples.len();
-        // Samples already held (NVML may return one again) are not counted twice.
-        self.samples.extend(
-            fresh
+        for &(pid, t, v) in fresh {
+            // Samples already held (NVML may return one again) are not counted twice.
+            let held = self
+                .samples
                 .iter()
-                .filter(|s| s.0 > held)
-                .map(|&(t, v)| (t, f64::from(v.min(100)))),
-        );
+                .filter(|s| s.0 == pid)
+                .map(|s| s.1)
+                .max()
+                .unwrap_or(0);
+            if t > held {
+                self.samples.push_back((pid, t, f64::from(v.min(100))));
+            }
+        }
         if self.samples.len() == before {
             return self.eff;
         }
-        let newest = self.samples.iter().map(|s| s.0).max().unwrap_or(0);
-        self.samples.retain(|s| s.0 + AVERAGE_US > newest);
-        let measured = self.samples.iter().map(|s| s.1).sum::<f64>() / self.samples.len() as f64;
+        let newest = self.samples.iter().map(|s| s.1).max().unwrap_or(0);
+        self.samples.retain(|s| s.1 + AVERAGE_US > newest);
+        let mut pids: Vec<u32> = self.samples.iter().map(|s| s.0).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let measured = pids
+            .iter()
+            .map(|&p| {
+                let (sum, n) = self
+                    .samples
+                    .iter()
+                    .filter(|s| s.0 == p)
+                    .fold((0.0, 0u32), |(sum, n), s| (sum + s.2, n + 1));
+                sum / f64::from(n)
+            })
+            .sum::<f64>()
+            .min(100.0);
         self.measured = Some(measured);
         let err = self.target - measured;
         if err.abs() <= DEAD_BAND || (err > 0.0 && !binding) {

@@ -1,149 +1,130 @@
-//! The SM share controller (`CUDA_DEVICE_SM_LIMIT`): a closed-loop duty cycle per device.
+//! The SM share controller (`CUDA_DEVICE_SM_LIMIT`): a closed-loop duty cycle per device, shared
+//! by every process of the container.
 //!
 //! With no limit (unset, 0 or 100) on any device the launch path pays one relaxed load of
 //! [`Controller::active`] and one predictable branch: no clock read, no shared write, no thread.
 //!
 //! Limited to `s`% on a device, launches run freely during an *active window*. The first launch
 //! after the window has lasted its budget (`s`% of the period `P`, `VGPU_SM_PERIOD_MS`, default
-//! 100 ms) closes it: that thread drains the device (the real `cuCtxSynchronize`: work queued in
+//! 100 ms) closes it: its process drains its work (the real `cuCtxSynchronize`: work queued in
 //! the window runs to its end, so the wait counts as GPU time), measures `busy = drain end -
-//! window start`, and holds the launch back for `idle = busy * (100 - s) / s`. The window's share
-//! of wall time is then `busy / (busy + idle) = s`% whatever the queue depth or kernel length:
-//! the loop closes on what the device actually took, not on a launch count. Threads of the
-//! process share the device's window (atomics, no lock): a thread that launches while another
-//! closes or sleeps waits for the same resume time, not an additional one. The time a launch is
-//! held back (drain wait and sleep) is recorded as the thread's `throttled_ns` in the region.
+//! window start`, and launches are held back until `busy * (100 - s) / s` later. The window's
+//! share of wall time is then `busy / (busy + idle) = s`% whatever the queue depth or kernel
+//! length: the loop closes on what the device actually took, not on a launch count.
 //!
-//! The windows use the device's *effective* share, not the target: it starts at the target and
-//! the NVML feedback loop ([`feedback`]) corrects it when the process gets less (or more)
-//! of the device than its duty cycle, e.g. because other contexts time-slice the GPU. A limited
-//! launch reads it with one relaxed load.
+//! The window's words ([`Window`]) are the container's: in the region (`region::SmShare`), so
+//! every process of the container draws from the same window (a process without a region has its
+//! own). Each process that finds the budget spent drains its own work and closes the window with
+//! its own drain end, and one that launched in a window someone else closed drains before it
+//! waits; the resume time only grows, so the latest end among them sets the idle time. Nothing is
+//! locked: a process killed anywhere leaves a window the others close and reopen without it
+//! ([`window`]). Threads of a process share the window the same way. The time a launch is held
+//! back (drain wait and sleep) is recorded as the thread's `throttled_ns` in the region.
+//!
+//! The windows use the container's *effective* share, not the target: it starts at the target and
+//! the NVML feedback loop ([`feedback`]), run by one process of the container, corrects it when
+//! the container gets less (or more) of the device than its duty cycle, e.g. because other
+//! contexts time-slice the GPU. A limited launch reads it from the window's `duty` word.
 //!
 //! Limits of the model (see docs/sm-limit.md): a window's wall time counts as busy, so a process
 //! that launches while mostly busy on the CPU is held to `s`% of its *launching* time; a launch
 //! gap longer than `P` starts a new window (the device cannot be told apart from an idle one
-//! without device timestamps); the share is per process: `n` processes of a container limited to
-//! `s`% may use up to `n * s`% together.
+//! without device timestamps).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use crate::config::MAX_DEVICES;
 
 pub mod feedback;
+mod window;
 
-/// How often a thread waiting for another thread's drain checks whether it finished.
-const DRAIN_POLL_NS: u64 = 200_000;
-/// `last` is refreshed at most this often (fewer writes to a shared line from many threads).
-const LAST_RESOLUTION_NS: u64 = 1_000_000;
+pub use window::MAX_HOLD_NS;
 
-/// What the controller needs from the driver and the clock (faked in the tests).
+/// One device's duty-cycle words as a launch reads them (CLOCK_MONOTONIC ns; 0 = never set).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Start of the window opened last (the first launch, or one after a gap).
+    pub start: u64,
+    /// A recent launch.
+    pub last: u64,
+    /// Launches wait until then; the next window starts then.
+    pub resume: u64,
+    /// Start of the window closed last.
+    pub closed: u64,
+}
+
+/// One device's duty-cycle words: the region's (`region::SmShare`, shared by the container's
+/// processes) or this process's own. `start` and `resume` only grow.
+pub trait Window {
+    fn view(&self) -> View;
+    /// Opens a window at `now` (raises `start` to `now`, sets `last`).
+    fn open(&self, now: u64);
+    /// Notes a launch at `now`.
+    fn touch(&self, now: u64);
+    /// Closes the window that started at `start`: launches wait until at least `resume`.
+    fn close(&self, start: u64, resume: u64);
+    /// Forgets a window whose words still hold `seen` (times that cannot be believed).
+    fn repair(&self, seen: View);
+    /// The `(target percent, per mille)` the feedback loop set, if any.
+    fn duty(&self) -> Option<(u8, u16)>;
+}
+
+impl<W: Window + ?Sized> Window for &W {
+    fn view(&self) -> View {
+        (**self).view()
+    }
+    fn open(&self, now: u64) {
+        (**self).open(now)
+    }
+    fn touch(&self, now: u64) {
+        (**self).touch(now)
+    }
+    fn close(&self, start: u64, resume: u64) {
+        (**self).close(start, resume)
+    }
+    fn repair(&self, seen: View) {
+        (**self).repair(seen)
+    }
+    fn duty(&self) -> Option<(u8, u16)> {
+        (**self).duty()
+    }
+}
+
+/// What the controller needs from the driver, the clock and the region (faked in the tests).
 pub trait Env {
+    type Window: Window;
     /// The device of the calling thread's current context, if any.
     fn device(&self) -> Option<usize>;
-    /// Monotonic nanoseconds.
+    /// The duty-cycle words of `device`.
+    fn window(&self, device: usize) -> Option<Self::Window>;
+    /// Monotonic nanoseconds (`CLOCK_MONOTONIC`: the same in every process of the host).
     fn now_ns(&self) -> u64;
-    /// Waits until the device has finished all launched work.
+    /// Waits until the device has finished all work this process launched.
     fn drain(&self);
     /// Blocks the calling thread until `now_ns() >= t`.
     fn sleep_until(&self, t: u64);
 }
 
-/// One device's duty cycle. All times are [`Env::now_ns`] values.
-#[derive(Debug, Default)]
-struct Window {
-    /// Start of the current active window (0: none yet).
-    start: AtomicU64,
-    /// Time of a recent launch (refreshed at most every [`LAST_RESOLUTION_NS`]).
-    last: AtomicU64,
-    /// Launches wait until this time.
-    resume: AtomicU64,
-    /// A thread is closing the window (draining and computing `resume`).
-    closing: AtomicBool,
-    /// Windows closed so far: the feedback loop ([`feedback`]) integrates only while the
-    /// limit binds (some window closed since its last tick).
-    closes: AtomicU64,
-}
-
-impl Window {
-    /// Lets a launch through at `pm` per mille of `period_ns`; returns the time it was held back.
-    fn admit<E: Env>(&self, env: &E, pm: u64, period_ns: u64) -> u64 {
-        let budget = period_ns * pm / 1000;
-        let entered = env.now_ns();
-        let mut now = entered;
-        loop {
-            // Acquire: pairs with the closer's Release store, after which `start` is the new
-            // window's.
-            let resume = self.resume.load(Ordering::Acquire);
-            if now < resume {
-                env.sleep_until(resume);
-                now = env.now_ns();
-                continue;
-            }
-            // Acquire: pairs with the closer's Release store of `false`.
-            if self.closing.load(Ordering::Acquire) {
-                env.sleep_until(now + DRAIN_POLL_NS);
-                now = env.now_ns();
-                continue;
-            }
-            // Relaxed (both): momentary values; a closer re-checks `start` after its CAS.
-            let start = self.start.load(Ordering::Relaxed);
-            let last = self.last.load(Ordering::Relaxed);
-            if start == 0 || now.saturating_sub(last) > period_ns {
-                // No window yet, or launches stopped for longer than a period: a new window.
-                self.start.store(now, Ordering::Relaxed);
-                self.last.store(now, Ordering::Relaxed);
-                return now - entered;
-            }
-            if now.saturating_sub(start) < budget {
-                if now.saturating_sub(last) > LAST_RESOLUTION_NS {
-                    self.last.store(now, Ordering::Relaxed);
-                }
-                return now - entered;
-            }
-            // The window has used its budget: close it (one thread), or wait for its closer.
-            // Acquire: pairs with the previous closer's Release store of `false`.
-            if self
-                .closing
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            // Relaxed: we hold `closing`; only a gap reset could have moved `start` meanwhile.
-            if self.start.load(Ordering::Relaxed) != start {
-                self.closing.store(false, Ordering::Release);
-                continue;
-            }
-            env.drain();
-            let end = env.now_ns();
-            let busy = end.saturating_sub(start);
-            let idle = busy.saturating_mul(1000 - pm) / pm;
-            let resume = end + idle;
-            // Relaxed: published by the Release stores of `resume` and `closing` below.
-            self.start.store(resume, Ordering::Relaxed);
-            self.last.store(resume, Ordering::Relaxed);
-            // Release: pairs with the Acquire loads of `resume` above.
-            self.resume.store(resume, Ordering::Release);
-            self.closing.store(false, Ordering::Release);
-            // Relaxed: a statistic read by the feedback thread.
-            self.closes.fetch_add(1, Ordering::Relaxed);
-            now = env.now_ns();
-        }
+/// The duty cycle, in per mille, that `target` percent runs at given the window's `duty` word:
+/// the feedback loop's correction if it was made for this target, else the target itself.
+pub fn effective_permille(target: u8, duty: Option<(u8, u16)>) -> u16 {
+    match duty {
+        Some((t, pm)) if t == target && pm != 0 => pm.min(1000),
+        _ => u16::from(target) * 10,
     }
 }
 
-/// The per-device controllers of this process.
+/// The SM limits of this process and its place in the windows.
 #[derive(Debug)]
 pub struct Controller {
     /// Whether any device is limited: the only thing an unlimited launch reads.
     active: AtomicBool,
     /// Share per device in percent; 0 = unlimited. The target: what the user set.
     percent: [AtomicU8; MAX_DEVICES],
-    /// Duty cycle per device in per mille that the windows actually use: `percent * 10` until
-    /// the feedback loop corrects it ([`feedback`]); reset to the target when it changes.
-    effective: [AtomicU16; MAX_DEVICES],
     period_ns: AtomicU64,
-    windows: [Window; MAX_DEVICES],
+    /// Per device, the start of the window this process last launched in (0: none, or drained
+    /// since): a process that launched in a window another one closed drains before it waits.
+    marks: [AtomicU64; MAX_DEVICES],
 }
 
 impl Controller {
@@ -151,17 +132,8 @@ impl Controller {
         Controller {
             active: AtomicBool::new(false),
             percent: [const { AtomicU8::new(0) }; MAX_DEVICES],
-            effective: [const { AtomicU16::new(0) }; MAX_DEVICES],
             period_ns: AtomicU64::new(crate::config::DEFAULT_SM_PERIOD_MS * 1_000_000),
-            windows: [const {
-                Window {
-                    start: AtomicU64::new(0),
-                    last: AtomicU64::new(0),
-                    resume: AtomicU64::new(0),
-                    closing: AtomicBool::new(false),
-                    closes: AtomicU64::new(0),
-                }
-            }; MAX_DEVICES],
+            marks: [const { AtomicU64::new(0) }; MAX_DEVICES],
         }
     }
 
@@ -172,15 +144,10 @@ impl Controller {
         self.period_ns
             .store(period_ms.max(1) * 1_000_000, Ordering::Relaxed);
         let mut any = false;
-        for ((slot, eff), p) in self.percent.iter().zip(&self.effective).zip(percent) {
+        for (slot, p) in self.percent.iter().zip(percent) {
             let p = p.filter(|&p| p > 0 && p < 100).unwrap_or(0);
             any |= p != 0;
-            // A new target restarts the correction from it. `effective` first: a launch that
-            // sees the new target with the old effective duty behaves as before the change.
-            if slot.load(Ordering::Relaxed) != p {
-                eff.store(u16::from(p) * 10, Ordering::Relaxed);
-                slot.store(p, Ordering::Relaxed);
-            }
+            slot.store(p, Ordering::Relaxed);
         }
         self.active.store(any, Ordering::Relaxed);
     }
@@ -197,41 +164,6 @@ impl Controller {
     pub fn active(&self) -> bool {
         // Relaxed: a configuration flag.
         self.active.load(Ordering::Relaxed)
-    }
-
-    /// The duty cycle in per mille that `device`'s windows use (0: unlimited).
-    pub(crate) fn effective_permille(&self, device: usize) -> u16 {
-        // Relaxed: a configuration value.
-        self.effective
-            .get(device)
-            .map_or(0, |e| e.load(Ordering::Relaxed))
-    }
-
-    /// Sets the duty cycle `device`'s windows use (the feedback loop's correction for `target`),
-    /// unless the device's target is no longer `target`. The target is left as it is.
-    pub fn set_effective_permille(&self, device: usize, target: u8, pm: u16) {
-        let Some(eff) = self.effective.get(device) else {
-            return;
-        };
-        if self.percent(device) != target {
-            return;
-        }
-        // Relaxed: a configuration value; a launch that sees the old one for a moment is fine.
-        // The compare-exchange keeps a concurrent `set_limits` (new target, or unlimited: 0) from
-        // being overwritten by a correction computed for the old target.
-        let cur = eff.load(Ordering::Relaxed);
-        if cur != 0 {
-            let _ =
-                eff.compare_exchange(cur, pm.clamp(1, 1000), Ordering::Relaxed, Ordering::Relaxed);
-        }
-    }
-
-    /// Windows of `device` closed so far (the limit binds while this grows).
-    pub fn closes(&self, device: usize) -> u64 {
-        // Relaxed: a statistic.
-        self.windows
-            .get(device)
-            .map_or(0, |w| w.closes.load(Ordering::Relaxed))
     }
 
     /// Called before every launch: returns at once when nothing is limited (`env` is not even
@@ -252,14 +184,17 @@ impl Controller {
         let Some(device) = env.device() else {
             return 0;
         };
-        // The only load of the correction on the launch path.
-        let pm = u64::from(self.effective_permille(device));
-        if pm == 0 {
+        let target = self.percent(device);
+        if target == 0 {
             return 0;
         }
+        let Some(w) = env.window(device) else {
+            return 0;
+        };
+        let pm = u64::from(effective_permille(target, w.duty()));
         // Relaxed: a configuration value.
         let period = self.period_ns.load(Ordering::Relaxed);
-        self.windows[device].admit(env, pm, period)
+        window::admit(env, &w, &self.marks[device], pm, period)
     }
 }
 

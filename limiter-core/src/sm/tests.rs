@@ -1,23 +1,94 @@
 //! The controller against a simulated device in virtual time: deterministic, so the steady-state
-//! error is checked tightly across kernel lengths and queue depths.
+//! error is checked tightly across kernel lengths, queue depths and numbers of processes sharing
+//! one window.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
 
 use super::*;
 
-/// A device in virtual time: launches queue work after earlier work; the workload costs
-/// `cpu_ns` per launch and synchronises every `sync_every` launches.
+/// Duty-cycle words with the region's semantics (`region::SmShare`): `start` and `resume` only
+/// grow; a close that moves the resume past the window's start records it.
+#[derive(Default)]
+struct Words {
+    start: AtomicU64,
+    last: AtomicU64,
+    resume: AtomicU64,
+    closed: AtomicU64,
+    closes: AtomicU64,
+    duty: AtomicU64,
+}
+
+impl Window for Words {
+    fn view(&self) -> View {
+        View {
+            start: self.start.load(Relaxed),
+            last: self.last.load(Relaxed),
+            resume: self.resume.load(Relaxed),
+            closed: self.closed.load(Relaxed),
+        }
+    }
+    fn open(&self, now: u64) {
+        self.start.fetch_max(now, Relaxed);
+        self.last.store(now, Relaxed);
+    }
+    fn touch(&self, now: u64) {
+        self.last.store(now, Relaxed);
+    }
+    fn close(&self, start: u64, resume: u64) {
+        let before = self.resume.fetch_max(resume, Relaxed);
+        if before <= start && resume > start {
+            self.closed.fetch_max(start, Relaxed);
+            self.closes.fetch_add(1, Relaxed);
+        }
+    }
+    fn repair(&self, seen: View) {
+        let _ = self.start.compare_exchange(seen.start, 0, Relaxed, Relaxed);
+        let _ = self
+            .resume
+            .compare_exchange(seen.resume, 0, Relaxed, Relaxed);
+        let _ = self.last.compare_exchange(seen.last, 0, Relaxed, Relaxed);
+        let _ = self
+            .closed
+            .compare_exchange(seen.closed, 0, Relaxed, Relaxed);
+    }
+    fn duty(&self) -> Option<(u8, u16)> {
+        let w = self.duty.load(Relaxed);
+        (w != 0).then_some(((w >> 16) as u8, w as u16))
+    }
+}
+
+/// A device in virtual time for one process: launches queue work after earlier work; the
+/// workload costs 2 us of CPU per launch and synchronises every `sync_every` launches.
 struct Sim {
     now: Cell<u64>,
     busy_until: Cell<u64>,
     /// Device-busy nanoseconds launched so far.
     busy: Cell<u64>,
     drains: Cell<u32>,
+    words: Words,
 }
 
-impl Env for &Sim {
+impl Sim {
+    fn new(now: u64) -> Sim {
+        Sim {
+            now: Cell::new(now),
+            busy_until: Cell::new(0),
+            busy: Cell::new(0),
+            drains: Cell::new(0),
+            words: Words::default(),
+        }
+    }
+}
+
+impl<'a> Env for &'a Sim {
+    type Window = &'a Words;
     fn device(&self) -> Option<usize> {
         Some(0)
+    }
+    fn window(&self, _: usize) -> Option<&'a Words> {
+        Some(&self.words)
     }
     fn now_ns(&self) -> u64 {
         self.now.get()
@@ -41,7 +112,7 @@ struct Run {
 /// Runs a saturating workload for `seconds` of virtual time and returns the device's busy share
 /// after the first second.
 fn run(pct: u8, kernel_ns: u64, sync_every: u64, seconds: u64) -> Run {
-    run_on(&limited(pct), kernel_ns, sync_every, seconds)
+    run_on(&limited(pct), None, kernel_ns, sync_every, seconds)
 }
 
 /// A controller with device 0 limited to `pct`% (period 100 ms).
@@ -53,13 +124,11 @@ fn limited(pct: u8) -> Controller {
     c
 }
 
-fn run_on(c: &Controller, kernel_ns: u64, sync_every: u64, seconds: u64) -> Run {
-    let sim = Sim {
-        now: Cell::new(1),
-        busy_until: Cell::new(0),
-        busy: Cell::new(0),
-        drains: Cell::new(0),
-    };
+fn run_on(c: &Controller, duty: Option<u64>, kernel_ns: u64, sync_every: u64, seconds: u64) -> Run {
+    let sim = Sim::new(1);
+    if let Some(d) = duty {
+        sim.words.duty.store(d, Relaxed);
+    }
     let warm = 1_000_000_000;
     let end = seconds * 1_000_000_000;
     let (mut busy_at_warm, mut throttled) = (None, 0);
@@ -141,59 +210,273 @@ fn unlimited_builds_no_environment() {
     let mut limits = [None; MAX_DEVICES];
     limits[3] = Some(50);
     c.set_limits(&limits, 100);
-    let sim = Sim {
-        now: Cell::new(1),
-        busy_until: Cell::new(0),
-        busy: Cell::new(0),
-        drains: Cell::new(0),
-    };
+    let sim = Sim::new(1);
     assert_eq!(c.admit(|| &sim), 0);
     assert_eq!(sim.drains.get(), 0);
+    assert_eq!(sim.words.view(), View::default(), "no window on device 0");
 }
 
 #[test]
 fn a_launch_gap_longer_than_a_period_starts_a_new_window() {
-    let c = Controller::new();
-    let mut limits = [None; MAX_DEVICES];
-    limits[0] = Some(50);
-    c.set_limits(&limits, 100);
-    let sim = Sim {
-        now: Cell::new(1_000),
-        busy_until: Cell::new(0),
-        busy: Cell::new(0),
-        drains: Cell::new(0),
-    };
+    let c = limited(50);
+    let sim = Sim::new(1_000);
     assert_eq!(c.admit(|| &sim), 0);
     // Ten idle seconds: not charged as busy time.
     sim.now.set(10_000_000_000);
     assert_eq!(c.admit(|| &sim), 0);
     assert_eq!(sim.drains.get(), 0);
+    assert_eq!(sim.words.view().start, 10_000_000_000);
 }
 
 #[test]
-fn windows_use_the_effective_share_and_a_new_target_resets_it() {
-    let c = limited(40);
-    assert_eq!(c.effective_permille(0), 400);
+fn windows_use_the_duty_cycle_set_for_their_target() {
+    assert_eq!(effective_permille(40, None), 400);
+    assert_eq!(effective_permille(40, Some((40, 800))), 800);
+    assert_eq!(
+        effective_permille(40, Some((30, 500))),
+        400,
+        "made for another target"
+    );
+    assert_eq!(effective_permille(40, Some((40, 0))), 400);
+    assert_eq!(effective_permille(40, Some((40, 5000))), 1000);
+    let seconds = if cfg!(miri) { 3 } else { 20 };
     // The feedback loop's correction is what the duty cycle holds; the target stays.
-    c.set_effective_permille(0, 40, 800);
-    let r = run_on(&c, 500_000, 8, if cfg!(miri) { 3 } else { 20 });
+    let c = limited(40);
+    let r = run_on(&c, Some(40 << 16 | 800), 500_000, 8, seconds);
     assert!((r.share - 80.0).abs() < 2.0, "share {:.2}%", r.share);
     assert_eq!(c.percent(0), 40);
-    // A correction computed for another target is dropped.
-    c.set_effective_permille(0, 30, 500);
-    assert_eq!(c.effective_permille(0), 800);
-    // A new target starts from itself; an unchanged one keeps the correction.
+    // A correction made for another target is not used.
+    let r = run_on(&c, Some(30 << 16 | 800), 500_000, 8, seconds);
+    assert!((r.share - 40.0).abs() < 2.0, "share {:.2}%", r.share);
+    // Unlimited: nothing is held whatever the word says.
     let mut limits = [None; MAX_DEVICES];
-    limits[0] = Some(40);
-    c.set_limits(&limits, 100);
-    assert_eq!(c.effective_permille(0), 800);
-    limits[0] = Some(60);
-    c.set_limits(&limits, 100);
-    assert_eq!(c.effective_permille(0), 600);
-    // Unlimited: no correction sticks.
     limits[0] = None;
     c.set_limits(&limits, 100);
-    c.set_effective_permille(0, 0, 500);
-    assert_eq!(c.effective_permille(0), 0);
     assert_eq!(c.admit(|| -> &Sim { panic!("built the environment") }), 0);
+}
+
+#[test]
+fn a_window_from_another_boot_is_forgotten_not_waited_for() {
+    let c = limited(50);
+    let sim = Sim::new(5_000_000_000);
+    // Times far ahead of this clock: a region file kept from a boot whose clock ran longer.
+    sim.words.start.store(1 << 62, Relaxed);
+    sim.words.resume.store(1 << 62, Relaxed);
+    assert_eq!(c.admit(|| &sim), 0, "not held");
+    assert_eq!(sim.words.view(), View::default());
+    // The next launch opens a window of this boot.
+    assert_eq!(c.admit(|| &sim), 0);
+    assert_eq!(sim.words.view().start, 5_000_000_000);
+}
+
+/// Virtual time for several "processes" (threads), one of which runs at a time: a thread runs
+/// until it blocks (a sleep, a drain, CPU time), then the earliest wake time among the blocked
+/// ones comes next (ties in thread order). Deterministic whatever the host scheduler does.
+struct Des {
+    state: Mutex<Sched>,
+    turn: Condvar,
+}
+
+struct Sched {
+    now: u64,
+    running: usize,
+    /// Per thread: the time it waits for; `None` once finished.
+    wake: Vec<Option<u64>>,
+    /// The shared device: all work finishes in launch order (time-slicing, as a FIFO).
+    busy_until: u64,
+    launched_ns: u64,
+    /// Device time executed by `warm` and by `end`, recorded as the clock passes them.
+    marks: [Option<u64>; 2],
+    bounds: [u64; 2],
+}
+
+impl Sched {
+    fn executed(&self, at: u64) -> u64 {
+        self.launched_ns - self.busy_until.saturating_sub(at)
+    }
+}
+
+impl Des {
+    fn new(threads: usize, warm: u64, end: u64) -> Arc<Des> {
+        Arc::new(Des {
+            state: Mutex::new(Sched {
+                now: 1,
+                running: 0,
+                wake: vec![Some(1); threads],
+                busy_until: 0,
+                launched_ns: 0,
+                marks: [None; 2],
+                bounds: [warm, end],
+            }),
+            turn: Condvar::new(),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.state.lock().unwrap().now
+    }
+
+    /// Blocks thread `me` until `t` (or finishes it, `None`), runs whoever comes next.
+    fn yield_until(&self, me: usize, t: Option<u64>) {
+        let mut s = self.state.lock().unwrap();
+        s.wake[me] = t.map(|t| t.max(s.now));
+        let next = s
+            .wake
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| w.map(|w| (w, i)))
+            .min();
+        if let Some((at, i)) = next {
+            for k in 0..2 {
+                if s.marks[k].is_none() && s.now < s.bounds[k] && at >= s.bounds[k] {
+                    // Nothing launches while the clock jumps: the device's state now is its
+                    // state at the bound.
+                    let bound = s.bounds[k];
+                    s.marks[k] = Some(s.executed(bound));
+                }
+            }
+            s.now = at;
+            s.running = i;
+            self.turn.notify_all();
+        }
+        if t.is_some() {
+            while s.running != me || s.wake[me].is_none_or(|w| w > s.now) {
+                s = self.turn.wait(s).unwrap();
+            }
+        }
+    }
+
+    /// Queues a launch of `kernel_ns`; returns when this process's work will have finished.
+    fn launch(&self, kernel_ns: u64) -> u64 {
+        let mut s = self.state.lock().unwrap();
+        s.busy_until = s.busy_until.max(s.now) + kernel_ns;
+        s.launched_ns += kernel_ns;
+        s.busy_until
+    }
+}
+
+/// One process of the container in the simulation: its own controller (its marks) and its own
+/// queued work, the container's window.
+struct Process<'a> {
+    des: &'a Des,
+    me: usize,
+    words: &'a Words,
+    /// When the work this process launched finishes.
+    mine: Cell<u64>,
+}
+
+impl<'a> Env for &'a Process<'a> {
+    type Window = &'a Words;
+    fn device(&self) -> Option<usize> {
+        Some(0)
+    }
+    fn window(&self, _: usize) -> Option<&'a Words> {
+        Some(self.words)
+    }
+    fn now_ns(&self) -> u64 {
+        self.des.now()
+    }
+    fn drain(&self) {
+        self.des.yield_until(self.me, Some(self.mine.get()));
+    }
+    fn sleep_until(&self, t: u64) {
+        self.des.yield_until(self.me, Some(t + 60_000));
+    }
+}
+
+/// `processes` processes of one container limited to `pct`% run a saturating workload on one
+/// device for `seconds`; process `killed` (if any) stops for good after a second. Returns the
+/// device's busy share after the first second and the windows closed.
+fn container(
+    pct: u8,
+    processes: usize,
+    kernel_ns: u64,
+    sync_every: u64,
+    seconds: u64,
+    killed: Option<usize>,
+) -> (f64, u64) {
+    let (warm, end) = (1_000_000_000, seconds * 1_000_000_000);
+    let des = Des::new(processes, warm, end);
+    let words = Words::default();
+    std::thread::scope(|scope| {
+        for me in 0..processes {
+            let (des, words) = (&*des, &words);
+            scope.spawn(move || {
+                des.yield_until(me, Some(1));
+                let c = limited(pct);
+                let p = Process {
+                    des,
+                    me,
+                    words,
+                    mine: Cell::new(0),
+                };
+                let mut n = 0u64;
+                while des.now() < end {
+                    if killed == Some(me) && des.now() >= warm {
+                        // SIGKILL: mid-window, its work abandoned, nothing closed.
+                        break;
+                    }
+                    c.admit(|| &p);
+                    p.mine.set(des.launch(kernel_ns));
+                    n += 1;
+                    let t = des.now() + 2_000;
+                    des.yield_until(me, Some(t));
+                    if n.is_multiple_of(sync_every) {
+                        des.yield_until(me, Some(p.mine.get()));
+                    }
+                }
+                des.yield_until(me, None);
+            });
+        }
+    });
+    let s = des.state.lock().unwrap();
+    let [Some(at_warm), Some(at_end)] = s.marks else {
+        panic!("the clock never passed the bounds");
+    };
+    let share = (at_end - at_warm) as f64 / (end - warm) as f64 * 100.0;
+    (share, words.closes.load(Relaxed))
+}
+
+#[test]
+fn processes_of_a_container_share_one_budget() {
+    // Miri interprets every step: one case, 3 s there.
+    let (cases, seconds): (&[(u8, usize, u64, u64)], u64) = if cfg!(miri) {
+        (&[(40, 2, 500_000, 16)], 3)
+    } else {
+        (
+            &[
+                (40, 2, 500_000, 16),
+                (40, 4, 500_000, 16),
+                (25, 3, 2_000_000, 1),
+                (60, 2, 50_000, 100),
+                (40, 8, 500_000, 4),
+            ],
+            12,
+        )
+    };
+    for &(pct, processes, kernel_ns, sync_every) in cases {
+        let (share, closes) = container(pct, processes, kernel_ns, sync_every, seconds, None);
+        eprintln!(
+            "{processes} processes at {pct}%, kernel {kernel_ns} ns, sync every {sync_every}: \
+             {share:.2}%, {closes} windows"
+        );
+        assert!(
+            (share - f64::from(pct)).abs() < 2.0,
+            "{processes} processes at {pct}%, kernel {kernel_ns} ns, sync every {sync_every}: \
+             container share {share:.2}%"
+        );
+        assert!(closes > 10, "{closes} windows closed");
+    }
+}
+
+#[test]
+fn a_killed_process_leaves_the_others_their_share() {
+    if cfg!(miri) {
+        return;
+    }
+    // One of three processes is killed mid-window after a second: the other two go on drawing
+    // from the same window, held to the container's share (nobody waits for the dead one).
+    let (share, _) = container(40, 3, 500_000, 16, 12, Some(1));
+    eprintln!("3 processes at 40%, one killed: {share:.2}%");
+    assert!((share - 40.0).abs() < 2.0, "container share {share:.2}%");
 }

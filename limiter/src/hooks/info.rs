@@ -1,6 +1,8 @@
 //! Memory information: a limited device reports its limit as its total and what is left of the
 //! limit as free, so frameworks size their caches to the limit (`limiter_core::info` has the
-//! rule).
+//! rule). Free is what can still be allocated: a successful `cuMemGetInfo` means a context is
+//! current, so its charge is reserved first if it is not yet (a context made through a path
+//! without a hook), and a charge the limit has no room for is not free either.
 
 use limiter_core::{
     accounting::Accounting as _,
@@ -36,11 +38,13 @@ pub(crate) unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut us
     shield(|| {
         if r == CUDA_SUCCESS && !free.is_null() && !total.is_null() {
             let dev = h.state.current_device();
+            h.process.context_exists(dev);
             // SAFETY: the driver succeeded and wrote both values; the pointers are the caller's.
             unsafe {
                 let (f, t) = limited_info(
                     &h.process.ledger,
                     dev,
+                    h.process.context_pending(dev),
                     free.read() as u64,
                     total.read() as u64,
                 );

@@ -49,6 +49,7 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
     state.poll_control();
     let throttled = state.sm.admit(|| DriverEnv {
         driver: state.driver,
+        windows: state.sm_windows(),
     });
     if throttled != 0 {
         shield(|| {

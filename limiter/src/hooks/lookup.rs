@@ -15,6 +15,7 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 
 use super::{
+    context::*,
     gate::{Gate, address, enter, shield},
     info::*,
     init::*,
@@ -51,6 +52,10 @@ pub(crate) fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         Sym::MemPoolTrimTo => cuMemPoolTrimTo as *const (),
         Sym::MemGetInfoV2 => cuMemGetInfo_v2 as *const (),
         Sym::DeviceTotalMemV2 => cuDeviceTotalMem_v2 as *const (),
+        Sym::DevicePrimaryCtxRetain => cuDevicePrimaryCtxRetain as *const (),
+        Sym::CtxCreateV2 => cuCtxCreate_v2 as *const (),
+        Sym::CtxCreateV3 => cuCtxCreate_v3 as *const (),
+        Sym::CtxCreateV4 => cuCtxCreate_v4 as *const (),
         Sym::LaunchKernel => cuLaunchKernel as *const (),
         Sym::LaunchKernelPtsz => cuLaunchKernel_ptsz as *const (),
         Sym::LaunchKernelEx => cuLaunchKernelEx as *const (),
@@ -144,7 +149,7 @@ fn lookup<S: Symbol>(
 /// `cuGetProcAddress`.
 fn name_base(name: &CStr) -> &[u8] {
     let b = name.to_bytes();
-    for suffix in [&b"_ptsz"[..], b"_ptds", b"_v2", b"_v3"] {
+    for suffix in [&b"_ptsz"[..], b"_ptds", b"_v2", b"_v3", b"_v4"] {
         if let Some(base) = b.strip_suffix(suffix) {
             return base;
         }

@@ -4,11 +4,12 @@
 //! - [`gate`]: how every hook starts (re-entry, failure or the limiter's logic) and records.
 //! - [`memory`]: allocations and frees, exact enforcement; [`info`]: memory information under
 //!   the limit; [`launch`]: kernel and graph launches, counted, timed and paced; [`init`]:
-//!   `cuInit`.
+//!   `cuInit`; [`context`]: context creation, where the context's memory is charged.
 //! - [`nvml`]: NVML's memory information and process list under the limit.
 //! - [`lookup`]: the table of our hooks and `cuGetProcAddress`, which hands them out;
 //!   [`dlsym`]: the `dlsym` override, which hands them out too.
 
+pub(crate) mod context;
 pub(crate) mod dlsym;
 pub(crate) mod gate;
 pub(crate) mod info;

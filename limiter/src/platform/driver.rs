@@ -23,6 +23,7 @@ use std::{
 
 use agent_common::api::ApiId;
 use limiter_core::{config::REAL_LIBCUDA, pools::PoolSizes, sm};
+use region::SmShare;
 
 use super::{clock::Clock, cuda::*};
 
@@ -63,6 +64,14 @@ pub(crate) type PfnMemPoolCreate =
     unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult;
 pub(crate) type PfnMemPoolDestroy = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
 pub(crate) type PfnMemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+pub(crate) type PfnDevicePrimaryCtxRetain =
+    unsafe extern "C" fn(*mut *mut c_void, CUdevice) -> CUresult;
+pub(crate) type PfnCtxCreateV2 =
+    unsafe extern "C" fn(*mut *mut c_void, c_uint, CUdevice) -> CUresult;
+pub(crate) type PfnCtxCreateV3 =
+    unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
+pub(crate) type PfnCtxCreateV4 =
+    unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint, CUdevice) -> CUresult;
 pub(crate) type PfnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 pub(crate) type PfnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
 pub(crate) type PfnLaunchKernel = unsafe extern "C" fn(
@@ -175,6 +184,10 @@ driver_symbols! {
     MemPoolTrimTo = c"cuMemPoolTrimTo": PfnMemPoolTrimTo, hooked: true;
     MemGetInfoV2 = c"cuMemGetInfo_v2": PfnMemGetInfo, hooked: true;
     DeviceTotalMemV2 = c"cuDeviceTotalMem_v2": PfnDeviceTotalMem, hooked: true;
+    DevicePrimaryCtxRetain = c"cuDevicePrimaryCtxRetain": PfnDevicePrimaryCtxRetain, hooked: true;
+    CtxCreateV2 = c"cuCtxCreate_v2": PfnCtxCreateV2, hooked: true;
+    CtxCreateV3 = c"cuCtxCreate_v3": PfnCtxCreateV3, hooked: true;
+    CtxCreateV4 = c"cuCtxCreate_v4": PfnCtxCreateV4, hooked: true;
     LaunchKernel = c"cuLaunchKernel": PfnLaunchKernel, hooked: true;
     LaunchKernelPtsz = c"cuLaunchKernel_ptsz": PfnLaunchKernel, hooked: true;
     LaunchKernelEx = c"cuLaunchKernelEx": PfnLaunchKernelEx, hooked: true;
@@ -496,14 +509,63 @@ impl PoolSizes for Driver {
 }
 
 /// What the SM controller asks of the device: the driver's current device and
-/// `cuCtxSynchronize`, and `CLOCK_MONOTONIC`.
+/// `cuCtxSynchronize`, `CLOCK_MONOTONIC`, and the duty-cycle words of each device (the region's,
+/// shared by the container, or this process's own).
 pub(crate) struct DriverEnv<'a> {
     pub(crate) driver: &'a Driver,
+    pub(crate) windows: &'a [SmShare; region::MAX_DEVICES],
 }
 
-impl sm::Env for DriverEnv<'_> {
+/// A device's duty-cycle words as the controller sees them.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedWindow<'a>(pub(crate) &'a SmShare);
+
+impl sm::Window for SharedWindow<'_> {
+    fn view(&self) -> sm::View {
+        let v = self.0.view();
+        sm::View {
+            start: v.start,
+            last: v.last,
+            resume: v.resume,
+            closed: v.closed,
+        }
+    }
+
+    fn open(&self, now: u64) {
+        self.0.open(now);
+    }
+
+    fn touch(&self, now: u64) {
+        self.0.touch(now);
+    }
+
+    fn close(&self, start: u64, resume: u64) {
+        self.0.close(start, resume);
+    }
+
+    fn repair(&self, seen: sm::View) {
+        self.0.repair(region::sm_share::WindowView {
+            start: seen.start,
+            last: seen.last,
+            resume: seen.resume,
+            closed: seen.closed,
+        });
+    }
+
+    fn duty(&self) -> Option<(u8, u16)> {
+        region::sm_share::decode_duty(self.0.duty())
+    }
+}
+
+impl<'a> sm::Env for DriverEnv<'a> {
+    type Window = SharedWindow<'a>;
+
     fn device(&self) -> Option<usize> {
         self.driver.context_device()
+    }
+
+    fn window(&self, device: usize) -> Option<SharedWindow<'a>> {
+        self.windows.get(device).map(SharedWindow)
     }
 
     fn now_ns(&self) -> u64 {

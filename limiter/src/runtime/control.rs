@@ -5,7 +5,8 @@
 //! per `state::CONTROL_POLL_PERIOD_NS` (10 ms) per process, compares the mapped generation word
 //! with the last one applied (a relaxed load and a compare: no clock, no write); a new generation
 //! is read under the block's seqlock, validated, and applied once by the thread that notices it
-//! first: SM shares to the process's controller, memory limits into the region's
+//! first: SM shares to the process's controller (the container's windows follow the new share at
+//! every process's next launch), memory limits into the region's
 //! `DeviceState.memory_limit` (the limiter, not the agent, writes the region). A value the block
 //! does not override keeps the environment's.
 
@@ -48,14 +49,22 @@ impl Control {
     }
 
     /// Applies a new generation if there is one, to the SM controller `sm` and the `region`;
-    /// returns whether it did. The cost when there is none: two relaxed loads and a compare.
+    /// returns whether it did. `sm_base` is the SM share of each device without an override (the
+    /// region's, else the environment's). The cost when there is none: two relaxed loads and a
+    /// compare.
     #[inline(always)]
-    pub(crate) fn poll(&self, config: &Config, region: Option<&Region>, sm: &Controller) -> bool {
+    pub(crate) fn poll(
+        &self,
+        config: &Config,
+        sm_base: &[Option<u8>; MAX_DEVICES],
+        region: Option<&Region>,
+        sm: &Controller,
+    ) -> bool {
         // Relaxed: a change noticed one call later is fine; `apply` reads the block under its
         // seqlock (Acquire) before using any field.
         let generation = self.reader.generation_word().load(Ordering::Relaxed);
         generation != self.applied.load(Ordering::Relaxed)
-            && self.apply(generation, config, region, sm)
+            && self.apply(generation, config, sm_base, region, sm)
     }
 
     #[cold]
@@ -64,6 +73,7 @@ impl Control {
         &self,
         generation: u64,
         config: &Config,
+        sm_base: &[Option<u8>; MAX_DEVICES],
         region: Option<&Region>,
         sm: &Controller,
     ) -> bool {
@@ -80,7 +90,7 @@ impl Control {
         }
         match self.reader.snapshot() {
             Ok(Some(snap)) => {
-                apply_settings(&snap.settings, config, region, sm);
+                apply_settings(&snap.settings, config.sm_period_ms, sm_base, region, sm);
                 log::write(
                     config.log_level,
                     Level::Info,
@@ -114,16 +124,17 @@ impl Control {
     }
 }
 
-/// Applies overrides on top of the environment's configuration.
+/// Applies overrides on top of the SM shares `sm_base` and the region's memory limits.
 fn apply_settings(
     settings: &ControlSettings,
-    config: &Config,
+    sm_period_ms: u64,
+    sm_base: &[Option<u8>; MAX_DEVICES],
     region: Option<&Region>,
     sm: &Controller,
 ) {
     let shares: [Option<u8>; MAX_DEVICES] =
-        std::array::from_fn(|d| settings.sm_percent[d].or(config.sm_limit[d]));
-    sm.set_limits(&shares, config.sm_period_ms);
+        std::array::from_fn(|d| settings.sm_percent[d].or(sm_base[d]));
+    sm.set_limits(&shares, sm_period_ms);
     let Some(region) = region else { return };
     for d in 0..MAX_DEVICES {
         if let Some(p) = settings.sm_percent[d] {

@@ -9,12 +9,16 @@
 //! handler retires the slot, returning everything it still holds; after a crash or SIGKILL the
 //! next claimant or a denied reservation reclaims it (the region's dead-slot sweep).
 
-use std::ptr;
+use std::{
+    ptr,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 use limiter_core::{
     accounting::{Denied, InProcess},
     alloc_table::{ADDRESS_BUCKETS, AllocTable, HANDLE_BUCKETS},
     charge::{Charge, ContextCharges},
+    config::MAX_DEVICES,
     pools::PoolTable,
 };
 use region::{Region, Slot};
@@ -47,6 +51,12 @@ pub(crate) struct Process {
     handles: AllocTable<HANDLE_BUCKETS>,
     /// What each stream-ordered pool is charged.
     pub(crate) pools: PoolTable,
+    /// The log level in force (for the context refusal's warning).
+    log_level: log::Level,
+    /// Whether a refused context charge was logged (once per process).
+    context_warned: AtomicBool,
+    /// Per device: a context charge was refused there (until one is held).
+    context_refused: [AtomicBool; MAX_DEVICES],
 }
 
 impl Process {
@@ -94,6 +104,9 @@ impl Process {
             ptrs: AllocTable::new(),
             handles: AllocTable::new(),
             pools: PoolTable::default(),
+            log_level: config.log_level,
+            context_warned: AtomicBool::new(false),
+            context_refused: std::array::from_fn(|_| AtomicBool::new(false)),
         }
     }
 
@@ -102,16 +115,85 @@ impl Process {
         self.ledger.region().map(|l| (l.region, &l.slot))
     }
 
-    /// Charges this process's context memory on `device` once, before its first allocation
-    /// there (shown in the slot's `context_bytes`). Denied if the context itself does not fit
-    /// (the allocation is then refused too).
+    /// Charges this process's context memory on `device` once: when the context appears
+    /// (created, retained, or first used by a call that needs one) and at the latest before the
+    /// first allocation there (shown in the slot's `context_bytes`). Denied if the context itself
+    /// does not fit (an allocation is then refused too): logged once, and flagged in the slot.
     #[inline(always)]
     pub(crate) fn ensure_context(&self, device: usize) -> Result<(), Denied> {
-        self.context.ensure(device, &self.ledger, |bytes| {
-            if let Some((region, slot)) = self.region_slot() {
-                region.set_context_bytes(slot, device as u32, bytes);
+        self.context
+            .ensure(device, &self.ledger, |bytes| {
+                if let Some((region, slot)) = self.region_slot() {
+                    region.set_context_bytes(slot, device as u32, bytes);
+                }
+            })
+            .map_err(|denied| self.context_refused(denied))
+    }
+
+    /// This process's context charge on `device` if it was refused and is still not held,
+    /// else 0: free memory leaves it out, as the first allocation would reserve it first.
+    pub(crate) fn context_pending(&self, device: usize) -> u64 {
+        // Relaxed: a display figure; the charge itself is decided by the ledger.
+        let refused = self
+            .context_refused
+            .get(device)
+            .is_some_and(|r| r.load(Ordering::Relaxed));
+        if refused && !self.context.charged(device) {
+            self.context.bytes()
+        } else {
+            0
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn context_refused(&self, denied: Denied) -> Denied {
+        let device = denied.device;
+        if let Some(r) = self.context_refused.get(device) {
+            // Relaxed: read only for display figures (`context_pending`).
+            r.store(true, Ordering::Relaxed);
+        }
+        if let Some((region, slot)) = self.region_slot() {
+            region.set_context_refused(slot, device as u32, denied.requested);
+        }
+        // Relaxed: only elects the one warning.
+        if !self.context_warned.swap(true, Ordering::Relaxed) {
+            let mib = |b: u64| b as f64 / f64::from(1 << 20);
+            if denied.limit < denied.requested {
+                // At Error, shown at the default log level: no allocation can ever succeed.
+                log::write(
+                    self.log_level,
+                    log::Level::Error,
+                    format_args!(
+                        "device {device}: the memory limit ({:.0} MiB) is smaller than one \
+                         context's charge ({:.0} MiB, VGPU_CONTEXT_BYTES): every allocation on \
+                         this device will be refused; raise CUDA_DEVICE_MEMORY_LIMIT above the \
+                         charge",
+                        mib(denied.limit),
+                        mib(denied.requested)
+                    ),
+                );
+            } else {
+                log::write(
+                    self.log_level,
+                    log::Level::Warn,
+                    format_args!(
+                        "device {device}: no room for this process's context charge ({:.0} MiB): \
+                         the container holds {:.0} of its {:.0} MiB; its allocations are refused \
+                         until memory is freed",
+                        mib(denied.requested),
+                        mib(denied.used),
+                        mib(denied.limit)
+                    ),
+                );
             }
-        })
+        }
+        denied
+    }
+
+    /// Charges the context of `device` now that it exists (see [`Process::ensure_context`]).
+    pub(crate) fn context_exists(&self, device: usize) {
+        let _ = self.ensure_context(device);
     }
 
     /// Records a live allocation's charge under `key`; returns the charge it replaced, if the key

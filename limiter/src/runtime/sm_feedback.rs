@@ -1,25 +1,35 @@
-//! The SM share's feedback thread, `vgpu-sm`: every `TICK` it reads this process's samples of
-//! `nvmlDeviceGetProcessUtilization` and lets each limited device's correction loop
-//! (`limiter_core::sm::feedback::Loop`) move the duty cycle the controller's windows use.
+//! The SM share's feedback thread, `vgpu-sm`: every `TICK`, for each limited device whose
+//! correction this process runs, it reads the samples of `nvmlDeviceGetProcessUtilization`,
+//! keeps those of the container's processes, and lets the device's correction loop
+//! (`limiter_core::sm::feedback::Loop`) move the duty cycle the container's windows use (the
+//! window's `duty` word).
 //!
 //! One thread per process, started when some device is limited and `VGPU_SM_FEEDBACK` is not `0`
-//! (again in a forked child: threads do not survive fork). Without NVML (library, `nvmlInit_v2`
-//! or the symbol missing) it logs once at Info and exits: open loop. NVML reports host pids; a
-//! process in another pid namespace never finds its own pid in the samples, and its correction
-//! stays off (logged once at Info). The thread never touches the launch path: launches read the
-//! corrected duty cycle with one relaxed load.
+//! (again in a forked child: threads do not survive fork). One process of the container runs
+//! each device's correction: the holder of the window's lease (`region::sm_share`), renewed every
+//! tick; the others' threads only try to take it, which they do once it lapses (its holder
+//! exited or was killed), resuming from the duty cycle it left. Without a region the process is
+//! its own container. Without NVML (library, `nvmlInit_v2` or the symbol missing) the thread
+//! logs once at Info and exits: open loop. NVML reports host pids; processes in another pid
+//! namespace never find theirs in the samples, and the correction stays off (logged once at
+//! Info). The thread never touches the launch path: launches read the duty cycle from the window.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use limiter_core::{
     config::MAX_DEVICES,
     sm::{
-        Controller,
+        Controller, effective_permille,
         feedback::{Loop, TICK},
     },
 };
+use region::{
+    Region, SmShare,
+    sm_share::{decode_duty, duty_word},
+};
 
 use crate::platform::{
+    clock::Clock,
     driver::{Driver, find_real_dlsym},
     guard::{Panics, Reentry},
     log::{self, Level},
@@ -31,7 +41,7 @@ use crate::platform::{
     thread_words::Tls,
 };
 
-/// Ticks with samples of other processes but none of ours before that is logged.
+/// Ticks with samples of other processes but none of the container's before that is logged.
 const FOREIGN_TICKS: u32 = 10;
 /// Log the loop's state at Info every this many ticks.
 const LOG_EVERY: u32 = 4;
@@ -49,6 +59,10 @@ pub(crate) struct Feedback {
 #[derive(Clone, Copy)]
 pub(crate) struct Plant {
     pub(crate) sm: &'static Controller,
+    /// The duty-cycle words of every device (the region's, or this process's own).
+    pub(crate) windows: &'static [SmShare; MAX_DEVICES],
+    /// The container's region: whose processes' samples count.
+    pub(crate) region: Option<&'static Region>,
     pub(crate) driver: &'static Driver,
     pub(crate) log: Level,
     pub(crate) panics: &'static Panics,
@@ -89,7 +103,7 @@ impl Feedback {
     }
 }
 
-/// Per device: the NVML handle, the loop and what was seen.
+/// Per device: the NVML handle, the loop (while this process holds the lease) and what was seen.
 #[derive(Default)]
 struct Device {
     handle: Option<Handle>,
@@ -97,7 +111,7 @@ struct Device {
     last_seen: u64,
     closes: u64,
     foreign_ticks: u32,
-    /// NVML has reported this process at least once.
+    /// NVML has reported a process of the container at least once.
     seen_ours: bool,
     ticks: u32,
 }
@@ -124,12 +138,17 @@ fn run(plant: Plant) {
     loop {
         std::thread::sleep(TICK);
         let now_ms = start.elapsed().as_millis() as u64;
+        // The lease's clock is every process's: CLOCK_MONOTONIC.
+        let lease_ms = Clock::MONOTONIC.now() / 1_000_000;
         // A panic in one tick leaves the loop as it was; the next tick tries again.
         plant.panics.shield(|| {
             let pid = os::pid() as u32;
+            let mut container: Option<Vec<u32>> = None;
             for (d, dev) in devices.iter_mut().enumerate() {
                 let target = plant.sm.percent(d);
-                if target == 0 {
+                let share = &plant.windows[d];
+                if target == 0 || !share.hold_lease(pid, lease_ms) {
+                    // Unlimited, or another process of the container corrects this device.
                     dev.lp = None;
                     continue;
                 }
@@ -138,7 +157,11 @@ fn run(plant: Plant) {
                     .as_ref()
                     .is_none_or(|l| l.target() != f64::from(target))
                 {
-                    dev.lp = Some(Loop::new(target));
+                    // A new target starts from itself; a lease taken over resumes the correction
+                    // its previous holder left in the window.
+                    let pm = effective_permille(target, decode_duty(share.duty()));
+                    dev.lp = Some(Loop::resume(target, f64::from(pm) / 10.0));
+                    dev.closes = share.closes();
                 }
                 if dev.handle.is_none() {
                     dev.handle = sampler.handle(plant.driver, d);
@@ -156,20 +179,27 @@ fn run(plant: Plant) {
                     }
                     continue;
                 }
-                let ours: Vec<(u64, u32)> = buf
+                let pids = container.get_or_insert_with(|| {
+                    let mut pids = plant.region.map_or_else(Vec::new, |r| r.live_pids());
+                    if !pids.contains(&pid) {
+                        pids.push(pid);
+                    }
+                    pids
+                });
+                let ours: Vec<(u32, u64, u32)> = buf
                     .iter()
-                    .filter(|s| s.pid == pid)
-                    .map(|s| (s.time_stamp, s.sm_util))
+                    .filter(|s| pids.contains(&s.pid))
+                    .map(|s| (s.pid, s.time_stamp, s.sm_util))
                     .collect();
-                // Our newest sample, not everyone's: another process's newer sample must not
-                // hide one of ours that NVML publishes later.
-                dev.last_seen = ours.iter().map(|s| s.0).fold(dev.last_seen, u64::max);
-                let closes = plant.sm.closes(d);
+                // The container's newest sample, not everyone's: another process's newer sample
+                // must not hide one of ours that NVML publishes later.
+                dev.last_seen = ours.iter().map(|s| s.1).fold(dev.last_seen, u64::max);
+                let closes = share.closes();
                 let binding = closes != dev.closes;
                 dev.closes = closes;
                 dev.seen_ours |= !ours.is_empty();
-                // Only a pid NVML has never reported is another namespace's; a tick without
-                // our samples (NVML publishes them late, or the process idled) is not.
+                // Only pids NVML has never reported are another namespace's; a tick without our
+                // samples (NVML publishes them late, or the container idled) is not.
                 if !dev.seen_ours && !buf.is_empty() && binding {
                     dev.foreign_ticks += 1;
                     if dev.foreign_ticks == FOREIGN_TICKS && !logged_foreign {
@@ -178,26 +208,33 @@ fn run(plant: Plant) {
                             plant.log,
                             Level::Info,
                             format_args!(
-                                "NVML reports other processes but never pid {pid} (another pid \
-                                 namespace?); the SM share of device {d} stays open-loop"
+                                "NVML reports other processes but never the container's pids \
+                                 {pids:?} (another pid namespace?); the SM share of device {d} \
+                                 stays open-loop"
                             ),
                         );
                     }
                 }
                 let Some(lp) = dev.lp.as_mut() else { continue };
                 let eff = lp.tick(now_ms, &ours, binding);
-                plant
-                    .sm
-                    .set_effective_permille(d, target, (eff * 10.0).round() as u16);
+                let word = duty_word(target, (eff * 10.0).round() as u16);
+                let seen = share.duty();
+                if seen != word {
+                    // From the word just read: a concurrent write (a holder that has not yet
+                    // noticed it lost the lease) is not overwritten; the next tick writes again.
+                    share.set_duty(seen, word);
+                }
                 dev.ticks += 1;
                 if dev.ticks % LOG_EVERY == 0 && lp.measured().is_some() {
                     log::write(
                         plant.log,
                         Level::Info,
                         format_args!(
-                            "SM feedback device {d}: target {target}%, measured {:.1}%, effective \
-                             {eff:.1}%",
-                            lp.measured().unwrap_or(0.0)
+                            "SM feedback device {d}: target {target}%, measured {:.1}% ({} \
+                             process{} of the container), effective {eff:.1}%",
+                            lp.measured().unwrap_or(0.0),
+                            pids.len(),
+                            if pids.len() == 1 { "" } else { "es" },
                         ),
                     );
                 }

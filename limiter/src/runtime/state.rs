@@ -16,7 +16,7 @@ use limiter_core::{
     config::{Config, MAX_DEVICES},
     sm::Controller,
 };
-use region::{InitOutcome, Region, RegionConfig};
+use region::{InitOutcome, Region, RegionConfig, SmShare};
 
 use super::{
     control::Control,
@@ -59,6 +59,12 @@ pub(crate) struct State {
     pub(crate) config: Config,
     /// The SM share's duty cycle per device (`limiter_core::sm`): launches read its switch.
     pub(crate) sm: Controller,
+    /// The SM share of each device without a run-time override: the region's (the first
+    /// initialiser's: one share per container), else the environment's.
+    sm_base: [Option<u8>; MAX_DEVICES],
+    /// The duty-cycle words of a process without a region (with one, the region's are used:
+    /// the container's processes draw from one window per device).
+    local_sm: Box<[SmShare; MAX_DEVICES]>,
     feedback: Feedback,
     /// The runtime's panic counter and thread words (process-wide services the state's users
     /// reach through it).
@@ -89,14 +95,21 @@ impl State {
     /// [`State::start`].
     pub(crate) fn new(config: Config, clock: LazyClock, services: Services) -> State {
         let region = open_region(&config);
+        let sm_base = match &region {
+            Some(r) => {
+                let effective = r.config();
+                std::array::from_fn(|d| Some(effective.sm_limit[d]).filter(|&p| p != 0))
+            }
+            None => config.sm_limit,
+        };
         let sm = Controller::new();
-        sm.set_limits(&config.sm_limit, config.sm_period_ms);
+        sm.set_limits(&sm_base, config.sm_period_ms);
         let control = region
             .as_ref()
             .and_then(|r| Control::open(r, config.log_level));
         // A change written before this process started applies from its first call.
         if let Some(c) = &control {
-            c.poll(&config, region.as_ref(), &sm);
+            c.poll(&config, &sm_base, region.as_ref(), &sm);
         }
         // The next poll after that: a period of ticks counted as nanoseconds (the clock is not
         // converted yet, and would have to wait for its calibration); a TSC of at least 1 GHz
@@ -117,6 +130,8 @@ impl State {
             feedback: Feedback::new(config.sm_feedback),
             config,
             sm,
+            sm_base,
+            local_sm: Box::new([const { SmShare::new() }; MAX_DEVICES]),
             panics: services.panics,
             tls: services.tls,
         }
@@ -127,6 +142,8 @@ impl State {
     pub(crate) fn start(&'static self) {
         self.feedback.ensure_started(Plant {
             sm: &self.sm,
+            windows: self.sm_windows(),
+            region: self.region.as_ref(),
             driver: self.driver,
             log: self.config.log_level,
             panics: self.panics,
@@ -160,11 +177,21 @@ impl State {
         self.region.as_ref()
     }
 
+    /// The duty-cycle words of every device: the region's (the container's), else this
+    /// process's own.
+    #[inline]
+    pub(crate) fn sm_windows(&self) -> &[SmShare; MAX_DEVICES] {
+        match &self.region {
+            Some(r) => r.sm_shares(),
+            None => &self.local_sm,
+        }
+    }
+
     /// Applies a run-time limit change if the control block has one (see `control.rs`).
     #[inline(always)]
     pub(crate) fn poll_control(&'static self) {
         if let Some(c) = &self.control
-            && c.poll(&self.config, self.region.as_ref(), &self.sm)
+            && c.poll(&self.config, &self.sm_base, self.region.as_ref(), &self.sm)
         {
             self.start();
         }
@@ -263,10 +290,12 @@ fn open_region(config: &Config) -> Option<Region> {
                     level,
                     Level::Warn,
                     format_args!(
-                        "region {} was created with other limits (memory {:?}); the region's apply, not ours ({:?})",
+                        "region {} was created with other limits (memory {:?}, SM {:?}); the region's apply, not ours ({:?}, SM {:?})",
                         path.display(),
                         &m.effective.memory_limit[..m.effective.devices as usize],
+                        &m.effective.sm_limit[..m.effective.devices as usize],
                         &m.requested.memory_limit[..m.requested.devices as usize],
+                        &m.requested.sm_limit[..m.requested.devices as usize],
                     ),
                 );
             }

@@ -7,9 +7,15 @@
  * two calls, and published one call late (NVML's samples lag). SCALE 0.5 stands for contention
  * (the process gets half its windows), above 1 for a share NVML sees higher. Another process
  * (pid 4000001, 50%) is always listed; $FAKE_NVML_FOREIGN_PID=1 reports the caller under a pid
- * that is not its own (a process in another pid namespace). Unset SCALE: NOT_SUPPORTED. */
+ * that is not its own (a process in another pid namespace). Unset SCALE: NOT_SUPPORTED.
+ * With $SIMCUDA_SHARED_DEVICE (several processes on one simulated device), every process of the
+ * device's table is reported instead, from its launch counter there (testing/sim-cuda's
+ * shared.rs: words 8 + 2i and 9 + 2i are a pid and its launches), so that the process that runs
+ * a container's correction sees its whole container. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,12 +121,74 @@ static unsigned long long realtime_us(void) {
     clock_gettime(CLOCK_REALTIME, &t);
     return (unsigned long long)t.tv_sec * 1000000ULL + (unsigned long long)t.tv_nsec / 1000;
 }
+
+/* The shared simulated device's process table, per entry: pid, launches at the previous call,
+ * and the sample to publish at the next call. */
+#define SHARED_PROCS 64
+static volatile unsigned long long *shared_words;
+static long shared_prev[SHARED_PROCS];
+static unsigned shared_pid[SHARED_PROCS], shared_util[SHARED_PROCS];
+static unsigned long long shared_prev_us, shared_pending_us;
+
+static int shared_device(void) {
+    const char *path = getenv("SIMCUDA_SHARED_DEVICE");
+    if (!path) return 0;
+    if (!shared_words) {
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) return 0;
+        void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) return 0;
+        shared_words = p;
+    }
+    return 1;
+}
+
+static int shared_samples(nvmlProcessUtilizationSample_t *samples, unsigned *count, unsigned long long last_seen,
+                          double scale, double launch_us) {
+    unsigned n = 1;
+    int ours = shared_pending_us > last_seen;
+    if (ours)
+        for (int i = 0; i < SHARED_PROCS; i++) n += shared_pid[i] != 0;
+    if (!samples) {
+        *count = n;
+        return 0;
+    }
+    if (*count < n) {
+        *count = n;
+        return 7;
+    }
+    unsigned long long now = realtime_us();
+    unsigned k = 0;
+    samples[k++] = (nvmlProcessUtilizationSample_t){4000001, now, 50, 0, 0, 0};
+    if (ours)
+        for (int i = 0; i < SHARED_PROCS; i++)
+            if (shared_pid[i]) samples[k++] = (nvmlProcessUtilizationSample_t){shared_pid[i], shared_pending_us, shared_util[i], 0, 0, 0};
+    *count = k;
+    /* The next samples: each process's share since the previous call. */
+    for (int i = 0; i < SHARED_PROCS; i++) {
+        unsigned pid = (unsigned)__atomic_load_n(&shared_words[8 + 2 * i], __ATOMIC_ACQUIRE);
+        long launches = (long)__atomic_load_n(&shared_words[9 + 2 * i], __ATOMIC_ACQUIRE);
+        shared_pid[i] = 0;
+        if (pid && shared_prev_us && now > shared_prev_us && launches >= shared_prev[i]) {
+            double util = (double)(launches - shared_prev[i]) * launch_us / (double)(now - shared_prev_us) * scale * 100.0;
+            shared_pid[i] = pid;
+            shared_util[i] = util > 100.0 ? 100 : (unsigned)(util + 0.5);
+        }
+        shared_prev[i] = launches;
+    }
+    if (shared_prev_us) shared_pending_us = now;
+    shared_prev_us = now;
+    return 0;
+}
+
 int nvmlDeviceGetProcessUtilization(void *h, nvmlProcessUtilizationSample_t *samples, unsigned *count,
                                     unsigned long long last_seen) {
     const char *scale = getenv("FAKE_NVML_SM_SCALE");
     const char *launch_us = getenv("SIMCUDA_LAUNCH_US");
     if (!scale || !launch_us) return 3;
     if (!count) return 2;
+    if (*(int *)h == 0 && shared_device()) return shared_samples(samples, count, last_seen, atof(scale), atof(launch_us));
     int ours = *(int *)h == 0 && pending_us > last_seen;
     unsigned n = 1 + (unsigned)ours;
     if (!samples) {

@@ -177,3 +177,18 @@ pub fn fake_nvml() -> &'static Path {
         so
     })
 }
+
+/// The saturating launch workload of the SM tests (`callers/sm_caller.c`), built once per test
+/// binary.
+pub fn sm_caller() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let libdir = format!("-L{}", paths().libdir.display());
+        let out = format!("sm_caller-{}", std::process::id());
+        cc(
+            "sm_caller.c",
+            &out,
+            &[&libdir, "-lcuda", "-lpthread", "-rdynamic"],
+        )
+    })
+}

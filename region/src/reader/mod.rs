@@ -23,7 +23,8 @@ use std::sync::atomic::{Ordering, fence};
 
 use crate::init::init_pid;
 use crate::layout::{
-    HEADER_SIZE, MAX_DEVICES, RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord,
+    CONTEXT_REFUSED, HEADER_SIZE, MAX_DEVICES, RegionHeader, SHARDS_PER_SLOT, SlotHeader,
+    SlotRecord,
     shard_stride_for, slot_stride_for,
 };
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
@@ -414,7 +415,20 @@ impl RegionReader {
                 alive,
                 name: String::from_utf8_lossy(&h.name[..name_len]).into_owned(),
                 held: h.held[..devices].iter().map(|&w| bytes(w)).collect(),
-                context_bytes: h.context_bytes[..devices].to_vec(),
+                context_bytes: h.context_bytes[..devices]
+                    .iter()
+                    .map(|&w| if w & CONTEXT_REFUSED == 0 { w } else { 0 })
+                    .collect(),
+                context_refused: h.context_bytes[..devices]
+                    .iter()
+                    .map(|&w| {
+                        if w & CONTEXT_REFUSED == 0 {
+                            0
+                        } else {
+                            w & !CONTEXT_REFUSED
+                        }
+                    })
+                    .collect(),
                 dropped_records: h.dropped_records,
                 throttled_ns: totals.throttled_ns,
                 apis: totals.merged.into_iter().flatten().collect(),

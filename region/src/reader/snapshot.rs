@@ -102,8 +102,11 @@ pub struct SlotSnapshot {
     pub name: String,
     /// Bytes held per device (`device_count` entries).
     pub held: Vec<u64>,
-    /// Context bytes per device (`device_count` entries).
+    /// Context bytes held per device (`device_count` entries).
     pub context_bytes: Vec<u64>,
+    /// Context charge refused per device (0: none; `device_count` entries): the limit had no
+    /// room for it, so the process's allocations there are refused.
+    pub context_refused: Vec<u64>,
     /// Records dropped because the overflow shard was busy.
     pub dropped_records: u64,
     /// Time throttled, ns, over consistent shards.

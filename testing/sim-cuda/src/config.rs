@@ -37,6 +37,9 @@ pub struct Config {
     /// Bytes of a private buffer read at the end of every call of a named symbol or kind
     /// (`SIMCUDA_SWEEP=name=bytes,...`): a driver whose work evicts the caller's caches.
     pub sweeps: Vec<Rule<u64>>,
+    /// A file through which the launches of every process naming it share one device
+    /// (`SIMCUDA_SHARED_DEVICE`): see `shared.rs`.
+    pub shared_device: Option<String>,
 }
 
 impl Default for Config {
@@ -52,6 +55,7 @@ impl Default for Config {
             log: false,
             driver_version: DEFAULT_DRIVER_VERSION,
             sweeps: Vec::new(),
+            shared_device: None,
         }
     }
 }
@@ -184,6 +188,13 @@ impl Config {
             match parse_sweeps(&v) {
                 Ok(r) => c.sweeps = r,
                 Err(e) => warnings.push(format!("SIMCUDA_SWEEP: {e}")),
+            }
+        }
+        if let Some(v) = get("SIMCUDA_SHARED_DEVICE") {
+            if v.is_empty() {
+                warnings.push("SIMCUDA_SHARED_DEVICE is empty".to_string());
+            } else {
+                c.shared_device = Some(v);
             }
         }
         if let Some(v) = get("SIMCUDA_LOG") {

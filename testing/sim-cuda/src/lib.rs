@@ -17,6 +17,7 @@
 mod config;
 mod procaddr;
 mod runtime;
+mod shared;
 mod state;
 mod types;
 

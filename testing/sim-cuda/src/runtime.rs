@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
-static EPOCH: OnceLock<Instant> = OnceLock::new();
+/// The process's first call, and `CLOCK_MONOTONIC` then (to convert the shared device's times).
+static EPOCH: OnceLock<(Instant, u64)> = OnceLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 /// Nanoseconds since [`EPOCH`] at which all launched work will have finished.
 static BUSY_UNTIL: AtomicU64 = AtomicU64::new(0);
@@ -46,9 +47,13 @@ pub fn set_initialized() {
     INITIALIZED.store(true, Ordering::Release);
 }
 
+fn epoch() -> &'static (Instant, u64) {
+    EPOCH.get_or_init(|| (Instant::now(), crate::shared::monotonic_ns()))
+}
+
 /// Nanoseconds since the process's first call.
 pub fn now_ns() -> u64 {
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    epoch().0.elapsed().as_nanos() as u64
 }
 
 /// Waits for `d`: a busy-wait for the last 60 us (all of it below 50 us), a sleep before that, so
@@ -74,10 +79,17 @@ pub fn wait_until_ns(until_ns: u64) {
     }
 }
 
-/// Records a launch: the device is busy for `SIMCUDA_LAUNCH_US` more after all earlier work.
+/// Records a launch: the device is busy for `SIMCUDA_LAUNCH_US` more after all earlier work
+/// (of this process, or with `SIMCUDA_SHARED_DEVICE` of every process sharing the device; then
+/// this process's work ends when its own last launch does).
 pub fn launch_work() {
     let launch = config().launch.as_nanos() as u64;
     if launch == 0 {
+        return;
+    }
+    if let Some(device) = crate::shared::device() {
+        let end = device.launch(launch).saturating_sub(epoch().1);
+        BUSY_UNTIL.fetch_max(end, Ordering::AcqRel);
         return;
     }
     let now = now_ns();
@@ -95,7 +107,7 @@ pub fn launch_work() {
     }
 }
 
-/// The time at which all work launched so far will have finished.
+/// The time at which all work this process launched so far will have finished.
 pub fn busy_until() -> u64 {
     BUSY_UNTIL.load(Ordering::Acquire)
 }

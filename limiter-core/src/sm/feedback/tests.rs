@@ -8,7 +8,7 @@ use super::*;
 fn plant(target: u8, gain: f64, lag_ms: u64, run_s: u64) -> (Vec<f64>, f64) {
     let mut lp = Loop::new(target);
     let sample_ms = 167;
-    let mut pending: VecDeque<(u64, u32)> = VecDeque::new();
+    let mut pending: VecDeque<(u32, u64, u32)> = VecDeque::new();
     let (mut acc, mut n, mut next_sample, mut next_tick) = (0.0, 0u32, sample_ms, 500);
     let mut seed = 12345u64;
     let mut shares = Vec::new();
@@ -23,6 +23,7 @@ fn plant(target: u8, gain: f64, lag_ms: u64, run_s: u64) -> (Vec<f64>, f64) {
                 .wrapping_add(1442695040888963407);
             let noise = ((seed >> 33) % 5) as f64 - 2.0;
             pending.push_back((
+                1,
                 t * 1000,
                 (acc / f64::from(n) + noise).max(0.0).round() as u32,
             ));
@@ -33,10 +34,10 @@ fn plant(target: u8, gain: f64, lag_ms: u64, run_s: u64) -> (Vec<f64>, f64) {
             next_tick += 500;
             let fresh: Vec<_> = pending
                 .iter()
-                .filter(|s| s.0 / 1000 + lag_ms <= t)
+                .filter(|s| s.1 / 1000 + lag_ms <= t)
                 .copied()
                 .collect();
-            pending.retain(|s| s.0 / 1000 + lag_ms > t);
+            pending.retain(|s| s.1 / 1000 + lag_ms > t);
             // Binding unless the process is already at 100% effective.
             lp.tick(t, &fresh, lp.effective() < 100.0);
             let share = (gain * lp.effective()).min(100.0);
@@ -94,13 +95,13 @@ fn effective_share_stays_within_half_the_target_and_100() {
     // Measured far above: lowered, but not below target / 2.
     let mut lp = Loop::new(40);
     for t in 1..100 {
-        lp.tick(t * 500, &[(t * 500_000, 100)], true);
+        lp.tick(t * 500, &[(1, t * 500_000, 100)], true);
     }
     assert_eq!(lp.effective(), 20.0);
     // Measured far below: raised, but not above 100.
     let mut lp = Loop::new(40);
     for t in 1..100 {
-        lp.tick(t * 500, &[(t * 500_000, 0)], true);
+        lp.tick(t * 500, &[(1, t * 500_000, 0)], true);
     }
     assert_eq!(lp.effective(), 100.0);
 }
@@ -108,19 +109,19 @@ fn effective_share_stays_within_half_the_target_and_100() {
 #[test]
 fn holds_in_the_dead_band_without_samples_and_while_the_limit_does_not_bind() {
     let mut lp = Loop::new(50);
-    lp.tick(500, &[(500_000, 51)], true);
+    lp.tick(500, &[(1, 500_000, 51)], true);
     assert_eq!(lp.effective(), 50.0, "dead band");
     lp.tick(1000, &[], true);
     assert_eq!(lp.effective(), 50.0, "no sample");
     // A process that launches little is below its share on its own: not raised...
     let mut lp = Loop::new(50);
     for t in 1..10 {
-        lp.tick(t * 500, &[(t * 500_000, 10)], false);
+        lp.tick(t * 500, &[(1, t * 500_000, 10)], false);
     }
     assert_eq!(lp.effective(), 50.0, "raised while not binding");
     // ...but one above its share is lowered even so (once the averaged samples say so).
     for t in 10..20 {
-        lp.tick(t * 500, &[(t * 500_000, 70)], false);
+        lp.tick(t * 500, &[(1, t * 500_000, 70)], false);
     }
     assert!(lp.effective() < 50.0);
 }
@@ -128,7 +129,43 @@ fn holds_in_the_dead_band_without_samples_and_while_the_limit_does_not_bind() {
 #[test]
 fn one_step_is_bounded() {
     let mut lp = Loop::new(50);
-    lp.tick(500, &[(500_000, 5)], true);
+    lp.tick(500, &[(1, 500_000, 5)], true);
     assert!(lp.effective() <= 50.0 + MAX_STEP, "{}", lp.effective());
     assert!(lp.effective() > 50.0);
+}
+
+#[test]
+fn the_container_share_is_the_sum_of_its_processes() {
+    // Two processes at 25% and 15% are 40% together: on target.
+    let mut lp = Loop::new(40);
+    let mut t = 0;
+    for k in 1..10u64 {
+        t = k * 500;
+        let fresh = [(1, k * 500_000, 25), (2, k * 500_000 + 7, 15)];
+        lp.tick(t, &fresh, true);
+    }
+    assert_eq!(lp.measured(), Some(40.0));
+    assert_eq!(lp.effective(), 40.0);
+    // A sample NVML returns again is not counted twice; a process that left ages out.
+    lp.tick(
+        t + 500,
+        &[(1, 9 * 500_000, 25), (2, 9 * 500_000 + 7, 15)],
+        true,
+    );
+    assert_eq!(lp.measured(), Some(40.0));
+    for k in 10..20u64 {
+        lp.tick(k * 500, &[(1, k * 500_000, 25)], true);
+    }
+    assert_eq!(lp.measured(), Some(25.0));
+    assert!(
+        lp.effective() > 40.0,
+        "raised: the container is below its share"
+    );
+}
+
+#[test]
+fn a_correction_that_changes_hands_resumes_where_it_was() {
+    let lp = Loop::resume(40, 66.0);
+    assert_eq!((lp.target(), lp.effective()), (40.0, 66.0));
+    assert_eq!(Loop::resume(40, 5.0).effective(), 20.0, "within its bounds");
 }

@@ -1,6 +1,8 @@
 //! `nvmlDeviceGetMemoryInfo` and `nvmlDeviceGetMemoryInfo_v2` under the limit: `total = min(limit,
 //! device total)`, `used` = what the container has reserved on that device (the region's counter;
-//! this process's with in-process accounting) and `free = total - used` (saturating). `_v2`'s
+//! this process's with in-process accounting), context charges included from the moment the
+//! contexts exist, plus the calling process's own context charge where the limit had no room for
+//! it, and `free = total - used` (saturating): what can still be allocated. `_v2`'s
 //! `version` and `reserved` are left as NVML wrote them.
 
 use limiter_core::{accounting::Accounting as _, info::nvml_memory};
@@ -25,6 +27,7 @@ fn limited(
     let Ordinal::Cuda(d) = ordinal(state.driver, nvml, dev)? else {
         return None;
     };
+    let pending = process.map_or(0, |p| p.context_pending(d));
     let (limit, used) = match (state.region(), process) {
         (Some(r), _) => {
             let l = r.limit(u32::try_from(d).ok()?);
@@ -36,7 +39,7 @@ fn limited(
     if limit == 0 {
         return None;
     }
-    Some(nvml_memory(limit, used, total))
+    Some(nvml_memory(limit, used.saturating_add(pending), total))
 }
 
 /// # Safety

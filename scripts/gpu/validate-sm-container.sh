@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU validation of SM shares per container (issue 18, point 2). Run on the GPU machine from the
+# repo root after `cargo xtask bundle` (needs .carry/bin/libvgpu_limiter.so); builds nothing.
+# Container A: two processes sharing one region at CUDA_DEVICE_SM_LIMIT=50; container B: one
+# process in its own region at 30; each a saturating PyTorch matmul loop (CuPy if PyTorch is
+# missing). Per-process SM utilisation from `nvidia-smi pmon` (NVML's process samples) over 20 s
+# after 12 s of warm-up, summed per container; two rounds, each running the NVML correction
+# (default) and the open loop (VGPU_SM_FEEDBACK=0, for comparison) in rotated order.
+# Results: $OUT/sm-container.json and $OUT/sm-container.txt (default OUT=/tmp/out-sm-container).
+# Takes ~3.5 min (4 runs of ~50 s). Exit status 1 if a container's median share (correction on) misses its limit
+# by 5 points or more.
+set -u
+OUT=${OUT:-/tmp/out-sm-container}
+mkdir -p "$OUT"
+BIN=$PWD/.carry/bin
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /'
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
+  python3 -c 'import cupy; print("cupy", cupy.__version__)' 2>&1 | tail -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+timeout 280 python3 scripts/gpu/validate_sm_container.py "$BIN/libvgpu_limiter.so" "$OUT"
+RC=$?
+[ $RC -eq 0 ] && echo PASS || echo FAIL
+exit $RC

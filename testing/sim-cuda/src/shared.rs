@@ -1,0 +1,128 @@
+//! `SIMCUDA_SHARED_DEVICE=<file>`: one simulated device for every process that names the same
+//! file, as a GPU time-slices the contexts of several processes. Launches from all of them queue
+//! their work one after the other (in launch order); a process's synchronisation waits for its
+//! own work, which ends after whatever was queued before it. The file (created if missing,
+//! 4096 bytes, little-endian `u64` words) is also the device's own accounting, which tests read
+//! to measure shares without counting launches themselves:
+//!
+//! | word | meaning |
+//! |---|---|
+//! | 0 | `busy_until`: `CLOCK_MONOTONIC` ns at which all work queued so far will have finished |
+//! | 1 | `launched_ns`: device time of all launches so far; the time executed by `t` is `launched_ns - max(0, busy_until - t)` |
+//! | 8 + 2i, 9 + 2i | process entry `i` (0..64): its pid (0: free) and its launches |
+//!
+//! A word may be read while another process updates the other (a reader may see a launch in
+//! `busy_until` before it is in `launched_ns`): one launch's time, nothing more.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const WORDS: usize = 512;
+const W_BUSY_UNTIL: usize = 0;
+const W_LAUNCHED_NS: usize = 1;
+const W_PROCESSES: usize = 8;
+const PROCESSES: usize = 64;
+
+/// The mapped file and this process's entry.
+pub struct SharedDevice {
+    words: &'static [AtomicU64; WORDS],
+    /// This process's entry's launch counter (none if all 64 are taken).
+    launches: Option<&'static AtomicU64>,
+}
+
+/// `CLOCK_MONOTONIC` in ns: the clock every process of the host shares.
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+impl SharedDevice {
+    /// Maps `path` (created and sized if needed); `None` (with a warning) if it cannot be.
+    fn open(path: &str) -> Option<SharedDevice> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| eprintln!("simcuda: warning: SIMCUDA_SHARED_DEVICE={path:?}: {e}"))
+            .ok()?;
+        if file.metadata().ok()?.len() < (WORDS * 8) as u64 {
+            file.set_len((WORDS * 8) as u64).ok()?;
+        }
+        // SAFETY: a shared read-write mapping of a regular file of at least WORDS * 8 bytes;
+        // the mapping outlives the file descriptor and is never unmapped (leaked for the
+        // process's life).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                WORDS * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            eprintln!("simcuda: warning: SIMCUDA_SHARED_DEVICE={path:?}: mmap failed");
+            return None;
+        }
+        // SAFETY: page-aligned, WORDS * 8 bytes, mapped for the process's life; every access is
+        // atomic.
+        let words: &'static [AtomicU64; WORDS] = unsafe { &*p.cast() };
+        let pid = u64::from(std::process::id());
+        // This process's entry: a free one, or one that already names this pid (a pid reused).
+        let launches = (0..PROCESSES).find_map(|i| {
+            let slot = &words[W_PROCESSES + 2 * i];
+            match slot.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => Some(&words[W_PROCESSES + 2 * i + 1]),
+                Err(v) if v == pid => Some(&words[W_PROCESSES + 2 * i + 1]),
+                Err(_) => None,
+            }
+        });
+        if let Some(l) = launches {
+            l.store(0, Ordering::Release);
+        }
+        Some(SharedDevice { words, launches })
+    }
+
+    /// Queues `ns` of work after all work queued so far; returns when it will have finished
+    /// (`CLOCK_MONOTONIC` ns).
+    pub fn launch(&self, ns: u64) -> u64 {
+        let now = monotonic_ns();
+        let busy = &self.words[W_BUSY_UNTIL];
+        let mut cur = busy.load(Ordering::Acquire);
+        let end = loop {
+            let end = cur.max(now) + ns;
+            match busy.compare_exchange_weak(cur, end, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break end,
+                Err(v) => cur = v,
+            }
+        };
+        self.words[W_LAUNCHED_NS].fetch_add(ns, Ordering::AcqRel);
+        if let Some(l) = self.launches {
+            l.fetch_add(1, Ordering::AcqRel);
+        }
+        end
+    }
+}
+
+/// The shared device, if `SIMCUDA_SHARED_DEVICE` names one that could be mapped.
+pub fn device() -> Option<&'static SharedDevice> {
+    static DEVICE: OnceLock<Option<SharedDevice>> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            crate::runtime::config()
+                .shared_device
+                .as_deref()
+                .and_then(SharedDevice::open)
+        })
+        .as_ref()
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs several GPU checks one after the other on the GPU machine, each with its own result folder
+# and time limit, so that one device command covers a batch: `bash scripts/gpu/run-checks.sh
+# attribute gpu-use metrics-nvml` (from the repo root, after `cargo xtask bundle`; results under
+# $OUT/<check>/, each check's output in $OUT/<check>/run.log, a line per check in $OUT/checks.txt:
+# name, exit status, seconds). Checks:
+#   attribute        scripts/gpu/validate-attribute.sh (3 rounds, ~2 min)
+#   gpu-use          scripts/gpu/validate-gpu-use.sh (~2 min)
+#   metrics-nvml     scripts/gpu/validate-metrics-nvml.sh (~1 min)
+#   sm-container     scripts/gpu/validate-sm-container.sh
+#   memory-figures   scripts/gpu/validate-memory-figures.sh
+#   bench-limiter    scripts/gpu/bench-limiter.sh (previous build from .carry/prev if bundled)
+#   two-gpu-smoke    SMOKE=1 scripts/gpu/two-gpu.sh (one GPU: the script's own check)
+#   screenshot       scripts/gpu/top-screenshot.sh (the README's)
+# LIMIT_S (default 300) bounds each check; the device's own limit bounds the batch.
+set -u
+OUT=${OUT:-/tmp/out-checks}
+LIMIT_S=${LIMIT_S:-300}
+mkdir -p "$OUT"
+{
+  echo "date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+} | tee "$OUT/device.txt"
+for check in "$@"; do
+  dir=$OUT/$check
+  mkdir -p "$dir"
+  case $check in
+    attribute) cmd=(bash scripts/gpu/validate-attribute.sh) ;;
+    gpu-use) cmd=(bash scripts/gpu/validate-gpu-use.sh) ;;
+    metrics-nvml) cmd=(bash scripts/gpu/validate-metrics-nvml.sh) ;;
+    sm-container) cmd=(bash scripts/gpu/validate-sm-container.sh) ;;
+    memory-figures) cmd=(bash scripts/gpu/validate-memory-figures.sh) ;;
+    bench-limiter)
+      prev=.carry/prev/libvgpu_limiter.so
+      if [ -f "$prev" ]; then cmd=(env LIM_PREV="$PWD/$prev" bash scripts/gpu/bench-limiter.sh)
+      else cmd=(bash scripts/gpu/bench-limiter.sh); fi ;;
+    two-gpu-smoke) cmd=(env SMOKE=1 bash scripts/gpu/two-gpu.sh) ;;
+    screenshot) cmd=(bash scripts/gpu/top-screenshot.sh) ;;
+    *) echo "unknown check: $check" | tee -a "$OUT/checks.txt"; continue ;;
+  esac
+  start=$(date +%s)
+  OUT=$dir timeout --kill-after=10 "$LIMIT_S" "${cmd[@]}" >"$dir/run.log" 2>&1
+  rc=$?
+  line="$check rc=$rc seconds=$(( $(date +%s) - start ))"
+  echo "$line" | tee -a "$OUT/checks.txt"
+  tail -n 25 "$dir/run.log"
+done

@@ -43,5 +43,10 @@ for check in "$@"; do
   rc=$?
   line="$check rc=$rc seconds=$(( $(date +%s) - start ))"
   echo "$line" | tee -a "$OUT/checks.txt"
+  # Everything the check wrote in one archive (few files come back from the device); its
+  # summaries (*.txt, *.json) and run.log also as they are.
+  tar czf "$OUT/$check.tar.gz" -C "$OUT" "$check"
+  find "$dir" -type f ! -name run.log ! -name '*.txt' ! -name '*.json' -delete
+  find "$dir" -mindepth 1 -type d -empty -delete
   tail -n 25 "$dir/run.log"
 done

@@ -156,8 +156,9 @@ def main():
             verdict, ok = "ERROR", False
         else:
             med = statistics.median(diffs)
-            # Free may be below allocatable by nothing, above it by at most the slack.
-            good = all(0 <= d <= allowed for d in diffs)
+            # Equal within the slack either way: a framework may hold a few bytes at the moment
+            # it reads free memory (CuPy: 512 B) that it gives back before the allocation loop.
+            good = all(abs(d) <= allowed for d in diffs)
             verdict = "ok" if good else "MISS"
             ok &= good
             e["median_diff_mib"] = round(med / MIB, 1)

@@ -24,7 +24,7 @@ use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{probes::ProbeError, trace::LaunchProbes};
+use crate::{model::probing::LaunchProbes, probes::ProbeError};
 
 #[derive(Parser)]
 #[command(

@@ -16,30 +16,16 @@ use crate::{
     discovery::{self, Discovery, FileId, LibraryFile, LibraryKind},
     host::HostPaths,
     identity::ProcessFacts,
+    model::{
+        FoundBy,
+        probing::{LaunchProbes, ProbeCost, Prologue, SamplingStatus},
+    },
     probes::{
         ProbeError, Probes,
-        calibrate::{Calibrator, ProbeCost},
-        sampling::{Budget, SAMPLED_KINDS, SamplingStatus, Schedule},
-        symbols::Prologue,
+        calibrate::Calibrator,
+        sampling::{Budget, SAMPLED_KINDS, Schedule},
     },
 };
-
-/// When the launch-family probes are attached. Off by default: an entry+return probe adds about
-/// 1.7 us to a 3.2 us kernel launch (docs/gpu-validation.md, shared notes), so they are for short
-/// investigations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mode")]
-pub enum LaunchProbes {
-    Off,
-    On,
-    /// Attached for `window` out of every `period`.
-    Sampled {
-        #[serde(with = "crate::units::serde_secs")]
-        window: Duration,
-        #[serde(with = "crate::units::serde_secs")]
-        period: Duration,
-    },
-}
 
 #[derive(Clone, Debug)]
 pub struct TraceOptions {
@@ -207,13 +193,13 @@ impl Tracer {
         // that process's map_files entry (docs/security.md).
         let shown = lib.path.clone();
         let through = match &lib.found_by {
-            discovery::FoundBy::Process { pid } => format!(
+            FoundBy::Process { pid } => format!(
                 "in pid {pid} as {}, through {}",
                 lib.path.display(),
                 lib.attach_path.display()
             ),
-            discovery::FoundBy::Configured => "on the command line".to_string(),
-            discovery::FoundBy::Host => "on the host".to_string(),
+            FoundBy::Configured => "on the command line".to_string(),
+            FoundBy::Host => "on the host".to_string(),
         };
         let id = lib.id;
         match self.probes.attach_library(lib) {

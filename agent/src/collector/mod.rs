@@ -20,9 +20,9 @@ use crate::{
     discovery::Discovery,
     host::HostPaths,
     identity::runtime_names::{NameLookupConfig, NameSources, RuntimeNames},
-    model::{ProcessKey, Snapshot},
+    model::{ProcessKey, Snapshot, probing::LaunchProbes},
     nvml::{GpuSnapshot, GpuSource, NvmlGpuSource},
-    trace::{LaunchProbes, RawReading, TraceOptions, Tracer},
+    trace::{RawReading, TraceOptions, Tracer},
 };
 
 /// How long an exited process stays in the model (and its rows in the kernel maps), by default.

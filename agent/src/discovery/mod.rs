@@ -16,7 +16,7 @@ use std::{
 
 use region::tenant_fs::{self, Access, FileKey, TenantFile, TenantFsError};
 
-use crate::host::HostPaths;
+use crate::{host::HostPaths, model::FoundBy};
 
 /// Which library a file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -61,18 +61,6 @@ impl fmt::Display for FileId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.dev, self.inode)
     }
-}
-
-/// How a library was found.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case", tag = "by")]
-pub enum FoundBy {
-    /// Named on the command line.
-    Configured,
-    /// The host's loader cache or a driver directory.
-    Host,
-    /// Mapped by a running process.
-    Process { pid: u32 },
 }
 
 /// A library file to probe.

@@ -4,8 +4,7 @@ use std::fmt::Write;
 
 use super::report::{ApiRow, StatReport};
 use crate::{
-    model::Source,
-    trace::LaunchProbes,
+    model::{Source, probing::LaunchProbes},
     units::{bytes, nanos},
 };
 

@@ -75,16 +75,6 @@ pub struct LibraryFile {
     pub found_by: FoundBy,
 }
 
-/// Directories where drivers install libcuda, searched after ld.so.cache.
-pub const DRIVER_DIRS: &[&str] = &[
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/lib64",
-    "/usr/local/nvidia/lib64",
-    "/usr/lib/x86_64-linux-gnu/nvidia/current",
-    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
-];
-
 /// Opens a library candidate: its identity, or `None` if it is not a readable regular file.
 fn identify(
     kind: LibraryKind,

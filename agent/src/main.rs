@@ -2,6 +2,7 @@
 
 mod attribute;
 mod cdi;
+mod client;
 mod collector;
 mod daemon;
 mod discovery;

@@ -8,8 +8,6 @@
 //! with its age and marked stale (`agent.stale`, `vgpu_agent_snapshot_stale`), and SIGTERM still
 //! stops it.
 
-pub mod client;
-
 use std::{
     io::Write,
     os::unix::{fs::PermissionsExt, net::UnixListener},

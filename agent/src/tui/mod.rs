@@ -26,8 +26,8 @@ use self::{
     source::Plan,
 };
 use crate::{
+    client::{self, ClientError},
     collector::CollectorOptions,
-    daemon::client::{self, ClientError},
     model::{ProcessKey, Snapshot},
 };
 

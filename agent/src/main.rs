@@ -17,7 +17,6 @@ mod runtime;
 mod sanitize;
 mod signals;
 mod stat;
-mod trace;
 mod tui;
 mod units;
 
@@ -104,7 +103,7 @@ impl CollectArgs {
         &self,
         default_launches: LaunchMode,
         default_window: Duration,
-    ) -> anyhow::Result<trace::TraceOptions> {
+    ) -> anyhow::Result<probes::session::TraceOptions> {
         let window = self.launch_window.unwrap_or(default_window);
         let launches = match self.probe_launches.unwrap_or(default_launches) {
             LaunchMode::Off => LaunchProbes::Off,
@@ -121,7 +120,7 @@ impl CollectArgs {
                 }
             }
         };
-        Ok(trace::TraceOptions {
+        Ok(probes::session::TraceOptions {
             extra_libcuda: self.libcuda.clone(),
             launches,
             calibrate: !self.no_calibrate,

@@ -23,7 +23,7 @@ use crate::{
         CollectorOptions,
         window::{self, WindowError},
     },
-    trace::TraceOptions,
+    probes::session::TraceOptions,
 };
 pub use report::AttributionReport;
 
@@ -78,7 +78,7 @@ fn age_seconds(p: &crate::model::Process) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let started = p.key.start_ticks as f64 / tck;
-    Some((crate::trace::boot_time_ns() as f64 / 1e9 - started).max(0.0))
+    Some((crate::probes::session::boot_time_ns() as f64 / 1e9 - started).max(0.0))
 }
 
 /// Records the window and builds the report.

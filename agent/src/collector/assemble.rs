@@ -23,7 +23,7 @@ use crate::{
         NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionUnread, Snapshot, Source,
     },
     nvml::GpuSnapshot,
-    trace::{RawReading, Tracer},
+    probes::session::{RawReading, Tracer},
 };
 
 pub struct Inputs<'a> {

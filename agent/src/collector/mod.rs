@@ -22,7 +22,7 @@ use crate::{
     identity::runtime_names::{NameLookupConfig, NameSources, RuntimeNames},
     model::{ProcessKey, Snapshot, probing::LaunchProbes},
     nvml::{GpuSnapshot, GpuSource, NvmlGpuSource},
-    trace::{RawReading, TraceOptions, Tracer},
+    probes::session::{RawReading, TraceOptions, Tracer},
 };
 
 /// How long an exited process stays in the model (and its rows in the kernel maps), by default.

@@ -8,6 +8,7 @@
 pub mod calibrate;
 pub mod privileges;
 pub mod sampling;
+pub mod session;
 pub mod symbols;
 
 use std::{

@@ -11,7 +11,7 @@
 //! kind is seen in about the same number of calls. Kinds that track state (allocations, frees,
 //! lifecycle, NCCL communicators) are never sampled.
 //!
-//! This module is the schedule only (time is passed in); `crate::trace` attaches and detaches.
+//! This module is the schedule only (time is passed in); `super::session` attaches and detaches.
 
 use std::{
     collections::BTreeMap,

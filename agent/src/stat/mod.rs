@@ -11,7 +11,7 @@ use crate::{
     collector::{CollectorOptions, window},
     identity::CgroupIndex,
     model::Snapshot,
-    trace::TraceOptions,
+    probes::session::TraceOptions,
 };
 pub use report::StatReport;
 

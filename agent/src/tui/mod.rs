@@ -67,7 +67,7 @@ pub fn plan(opts: TopOptions) -> anyhow::Result<Plan> {
             Err(e) => log::debug!("no daemon: {e}"),
         }
     }
-    if let Err(msg) = crate::probes::privileges::check_current_process() {
+    if let Err(msg) = crate::collector::check_privileges() {
         anyhow::bail!(
             "{msg}\n(no agent daemon answers{}; `sudo vgpu-agent run` starts one)",
             opts.socket

@@ -17,6 +17,7 @@ mod runtime;
 mod sanitize;
 mod signals;
 mod stat;
+mod sys;
 mod tui;
 mod units;
 

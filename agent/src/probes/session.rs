@@ -25,6 +25,7 @@ use crate::{
         calibrate::Calibrator,
         sampling::{Budget, SAMPLED_KINDS, Schedule},
     },
+    sys::clock::boot_time_ns,
 };
 
 #[derive(Clone, Debug)]
@@ -531,17 +532,6 @@ impl Tracer {
     pub fn probe_cost(&self) -> Option<&ProbeCost> {
         self.calibrator.as_ref().map(|c| &c.cost)
     }
-}
-
-/// CLOCK_BOOTTIME in nanoseconds (process start times count from boot).
-pub fn boot_time_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The prologue class most of a library's probed functions have.

@@ -22,8 +22,11 @@ use crate::{
     identity::runtime_names::{NameLookupConfig, NameSources, RuntimeNames},
     model::{ProcessKey, Snapshot, probing::LaunchProbes},
     nvml::{GpuSnapshot, GpuSource, NvmlGpuSource},
-    probes::session::{RawReading, TraceOptions, Tracer},
+    probes::session::{RawReading, Tracer},
 };
+
+/// The probe session's options, part of [`CollectorOptions`].
+pub use crate::probes::session::TraceOptions;
 
 /// How long an exited process stays in the model (and its rows in the kernel maps), by default.
 pub const EXITED_RETENTION: Duration = Duration::from_secs(60);

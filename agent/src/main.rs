@@ -9,6 +9,8 @@ mod discovery;
 mod export;
 mod host;
 mod identity;
+#[cfg(test)]
+mod layers_test;
 mod limit;
 mod model;
 mod nvml;

@@ -371,10 +371,8 @@ fn record_tops(toks: &[Tok], i: usize, uses: &mut BTreeSet<String>) -> usize {
                         expect = true;
                         continue;
                     }
-                    Tok::Ident(name) if depth == 1 && expect => {
-                        if name != "self" {
-                            uses.insert(name.clone());
-                        }
+                    Tok::Ident(name) if depth == 1 && expect && name != "self" => {
+                        uses.insert(name.clone());
                     }
                     _ => {}
                 }

@@ -1,14 +1,29 @@
 //! Kernel clocks the model's process times are counted in.
 
-/// CLOCK_BOOTTIME in nanoseconds (process start times count from boot).
-pub fn boot_time_ns() -> u64 {
+/// A clock's time in nanoseconds.
+fn now_ns(clock: libc::clockid_t) -> i128 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+/// CLOCK_BOOTTIME in nanoseconds (process start times count from boot).
+pub fn boot_time_ns() -> u64 {
+    now_ns(libc::CLOCK_BOOTTIME) as u64
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (the clock of the probes' `bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> i128 {
+    now_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_REALTIME in nanoseconds since the Unix epoch.
+pub fn realtime_ns() -> i128 {
+    now_ns(libc::CLOCK_REALTIME)
 }
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of `/proc/PID/stat`'s start time;

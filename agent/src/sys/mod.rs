@@ -3,5 +3,8 @@
 //! `layers_test.rs` lists this module at the bottom of the layers).
 
 pub mod clock;
+pub mod errno;
+pub mod fd;
 pub mod limits;
 pub mod process;
+pub mod socket;

@@ -259,7 +259,7 @@ impl Discovery {
                     if self.refused.insert((pid, id)) {
                         let e = match &e {
                             TenantFsError::Io { source, .. }
-                                if source.raw_os_error() == Some(libc::EPERM) =>
+                                if source.raw_os_error() == Some(crate::sys::errno::EPERM) =>
                             {
                                 format!(
                                     "{e} (opening a process's map_files entry needs \

@@ -218,6 +218,8 @@ struct Child {
 #[derive(Default)]
 struct FileScan {
     uses: BTreeSet<String>,
+    /// libc functions called (`libc::name(`).
+    libc_calls: BTreeSet<String>,
     children: Vec<Child>,
 }
 
@@ -272,6 +274,17 @@ fn scan_file(toks: &[Tok], module: &[String]) -> FileScan {
                 // A test-only item other than a module: skip it whole.
                 i = skip_item(toks, i);
                 pending_test = false;
+                continue;
+            }
+            Tok::Ident(kw)
+                if kw == "libc"
+                    && toks.get(i + 1) == Some(&Tok::PathSep)
+                    && toks.get(i + 3) == Some(&Tok::Punct('(')) =>
+            {
+                if let Some(f) = ident(toks.get(i + 2)) {
+                    scan.libc_calls.insert(f.to_string());
+                }
+                i += 3;
                 continue;
             }
             Tok::Ident(kw) if kw == "crate" && toks.get(i + 1) == Some(&Tok::PathSep) => {
@@ -529,6 +542,23 @@ fn every_import_goes_down_the_layer_table() {
 }
 
 #[test]
+fn only_sys_calls_libc() {
+    let src = src_dir();
+    let mut bad = Vec::new();
+    for (file, module, scan) in module_files() {
+        if module.first().map(String::as_str) != Some("sys") && !scan.libc_calls.is_empty() {
+            let shown = file.strip_prefix(&src).unwrap().display().to_string();
+            bad.push(format!("{shown}: {:?}", scan.libc_calls));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "libc called outside sys/ (add a typed function there):\n  {}",
+        bad.join("\n  ")
+    );
+}
+
+#[test]
 fn every_top_level_module_is_in_exactly_one_layer() {
     let g = edges();
     for module in g.keys() {
@@ -546,7 +576,7 @@ fn the_scanner_sees_grouped_super_and_test_paths() {
         use crate::{model::{Gpu, Proc}, units, sys::clock};
         // crate::commented::Out
         const S: &str = "crate::in_string";
-        pub(super) fn f() { let _ = super::probes::X; }
+        pub(super) fn f() { let _ = super::probes::X; unsafe { libc::kill(1, libc::SIGTERM) }; }
         mod inner { fn g() { let _ = super::super::nvml::Y; } }
         #[cfg(test)]
         mod tests { use crate::tui::T; }
@@ -559,6 +589,7 @@ fn the_scanner_sees_grouped_super_and_test_paths() {
     let scan = scan_file(&tokenize(src), &["collector".to_string()]);
     let uses: Vec<_> = scan.uses.iter().map(String::as_str).collect();
     assert_eq!(uses, ["model", "nvml", "probes", "sys", "units"]);
+    assert_eq!(scan.libc_calls.iter().collect::<Vec<_>>(), ["kill"]);
     assert_eq!(
         scan.children,
         [

@@ -30,15 +30,22 @@ const CONTAINERD_TASKS_DIR: &str = "/run/containerd/io.containerd.runtime.v2.tas
 const CRIO_CONTAINERS_DIR: &str = "/run/containers/storage/overlay-containers";
 const CONTAINER_STORAGE: &str = "/var/lib/containers/storage";
 
+/// Directories where drivers install libcuda, searched after ld.so.cache.
+pub const DRIVER_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/local/nvidia/lib64",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+];
+
 impl HostPaths {
     pub fn system() -> HostPaths {
         HostPaths {
             proc: PathBuf::from("/proc"),
             ld_so_cache: PathBuf::from("/etc/ld.so.cache"),
-            driver_dirs: crate::discovery::DRIVER_DIRS
-                .iter()
-                .map(PathBuf::from)
-                .collect(),
+            driver_dirs: DRIVER_DIRS.iter().map(PathBuf::from).collect(),
             root: PathBuf::from("/"),
             docker_socket: PathBuf::from(DOCKER_SOCKET),
             pod_logs_dir: PathBuf::from(POD_LOGS_DIR),

@@ -2,12 +2,15 @@
 
 mod attribute;
 mod cdi;
+mod client;
 mod collector;
 mod daemon;
 mod discovery;
 mod export;
 mod host;
 mod identity;
+#[cfg(test)]
+mod layers_test;
 mod limit;
 mod model;
 mod nvml;
@@ -16,7 +19,7 @@ mod runtime;
 mod sanitize;
 mod signals;
 mod stat;
-mod trace;
+mod sys;
 mod tui;
 mod units;
 
@@ -24,7 +27,7 @@ use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{probes::ProbeError, trace::LaunchProbes};
+use crate::{model::probing::LaunchProbes, probes::ProbeError};
 
 #[derive(Parser)]
 #[command(
@@ -103,7 +106,7 @@ impl CollectArgs {
         &self,
         default_launches: LaunchMode,
         default_window: Duration,
-    ) -> anyhow::Result<trace::TraceOptions> {
+    ) -> anyhow::Result<probes::session::TraceOptions> {
         let window = self.launch_window.unwrap_or(default_window);
         let launches = match self.probe_launches.unwrap_or(default_launches) {
             LaunchMode::Off => LaunchProbes::Off,
@@ -120,7 +123,7 @@ impl CollectArgs {
                 }
             }
         };
-        Ok(trace::TraceOptions {
+        Ok(probes::session::TraceOptions {
             extra_libcuda: self.libcuda.clone(),
             launches,
             calibrate: !self.no_calibrate,

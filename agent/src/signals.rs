@@ -4,17 +4,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
+fn on_signal() {
     // Relaxed: the flag carries no data; loops only need to see it eventually.
     STOP.store(true, Ordering::Relaxed);
 }
 
 /// Makes SIGINT and SIGTERM set the stop flag instead of killing the process.
 pub fn install() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    crate::sys::process::on_stop_signals(on_signal);
 }
 
 pub fn stop_requested() -> bool {

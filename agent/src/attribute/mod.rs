@@ -18,12 +18,9 @@ use std::{
 
 use thiserror::Error;
 
-use crate::{
-    collector::{
-        CollectorOptions,
-        window::{self, WindowError},
-    },
-    trace::TraceOptions,
+use crate::collector::{
+    CollectorOptions, TraceOptions,
+    window::{self, WindowError},
 };
 pub use report::AttributionReport;
 
@@ -75,10 +72,9 @@ fn age_seconds(p: &crate::model::Process) -> Option<f64> {
     if p.key.start_ticks == 0 {
         return None;
     }
-    // SAFETY: sysconf has no preconditions.
-    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let tck = crate::sys::clock::ticks_per_second().unwrap_or(1) as f64;
     let started = p.key.start_ticks as f64 / tck;
-    Some((crate::trace::boot_time_ns() as f64 / 1e9 - started).max(0.0))
+    Some((crate::sys::clock::boot_time_ns() as f64 / 1e9 - started).max(0.0))
 }
 
 /// Records the window and builds the report.

@@ -257,9 +257,9 @@ pub fn build(
     let sampling = Sampling {
         window_seconds,
         launch_seconds: match last.agent.launch_probes {
-            crate::trace::LaunchProbes::Off => 0.0,
-            crate::trace::LaunchProbes::On => window_seconds,
-            crate::trace::LaunchProbes::Sampled { .. } => {
+            crate::model::probing::LaunchProbes::Off => 0.0,
+            crate::model::probing::LaunchProbes::On => window_seconds,
+            crate::model::probing::LaunchProbes::Sampled { .. } => {
                 (last.agent.launch_probe_seconds - first.agent.launch_probe_seconds).max(0.0)
             }
         },
@@ -430,9 +430,9 @@ pub fn build(
         source: source.into(),
         sampling: SamplingInfo {
             launch_probes: match last.agent.launch_probes {
-                crate::trace::LaunchProbes::Off => "off".into(),
-                crate::trace::LaunchProbes::On => "on".into(),
-                crate::trace::LaunchProbes::Sampled { .. } => "sampled".into(),
+                crate::model::probing::LaunchProbes::Off => "off".into(),
+                crate::model::probing::LaunchProbes::On => "on".into(),
+                crate::model::probing::LaunchProbes::Sampled { .. } => "sampled".into(),
             },
             launch_probe_seconds: sampling.launch_seconds,
             // What a probed call cost over the window (the cost is re-measured at every poll).

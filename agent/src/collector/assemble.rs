@@ -23,7 +23,7 @@ use crate::{
         NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionUnread, Snapshot, Source,
     },
     nvml::GpuSnapshot,
-    trace::{RawReading, Tracer},
+    probes::session::{RawReading, Tracer},
 };
 
 pub struct Inputs<'a> {
@@ -35,11 +35,9 @@ pub struct Inputs<'a> {
     pub own_pid: u32,
 }
 
-/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), for process start times.
+/// Clock ticks per second, for process start times (100, Linux's usual, if unknown).
 fn ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as u64 } else { 100 }
+    crate::sys::clock::ticks_per_second().unwrap_or(100)
 }
 
 fn container_key(identity: &ContainerIdentity) -> String {

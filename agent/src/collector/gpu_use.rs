@@ -101,8 +101,11 @@ pub fn pid_namespace_warning(own_pid_ns: Option<u64>, snap: &Snapshot) -> Option
 mod tests {
     use super::*;
     use crate::{
-        model::{Process, ProcessKey, gpu_use::window_use},
-        nvml::{PidUse, UseWindow},
+        model::{
+            Process, ProcessKey,
+            gpu_use::{UseWindow, window_use},
+        },
+        nvml::PidUse,
     };
 
     const SEC: u64 = 1_000_000;

@@ -20,13 +20,22 @@ use crate::{
     discovery::Discovery,
     host::HostPaths,
     identity::runtime_names::{NameLookupConfig, NameSources, RuntimeNames},
-    model::{ProcessKey, Snapshot},
+    model::{ProcessKey, Snapshot, probing::LaunchProbes},
     nvml::{GpuSnapshot, GpuSource, NvmlGpuSource},
-    trace::{LaunchProbes, RawReading, TraceOptions, Tracer},
+    probes::session::{RawReading, Tracer},
 };
+
+/// The probe session's options, part of [`CollectorOptions`].
+pub use crate::probes::session::TraceOptions;
 
 /// How long an exited process stays in the model (and its rows in the kernel maps), by default.
 pub const EXITED_RETENTION: Duration = Duration::from_secs(60);
+
+/// Whether this process may collect (load the probes), with the message to show if not: for
+/// commands that choose between a running daemon and collecting themselves.
+pub fn check_privileges() -> Result<(), String> {
+    crate::probes::privileges::check_current_process()
+}
 
 /// The interval a collector plans for until told ([`Collector::set_interval`]).
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);

@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use super::{Collector, CollectorOptions};
 use crate::{
-    daemon::client::{self, ClientError},
+    client::{self, ClientError},
     model::Snapshot,
     probes::ProbeError,
 };

@@ -8,8 +8,6 @@
 //! with its age and marked stale (`agent.stale`, `vgpu_agent_snapshot_stale`), and SIGTERM still
 //! stops it.
 
-pub mod client;
-
 use std::{
     io::Write,
     os::unix::{fs::PermissionsExt, net::UnixListener},
@@ -204,24 +202,8 @@ fn spawn_collector(
 /// Raises the soft limit of open files to the hard limit (at most 65,536): the metrics server
 /// may hold [`http::Limits::DEFAULT`]'s 512 connections beside the regions and probes.
 fn raise_open_files_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return;
-    }
-    let want = lim.rlim_max.min(65_536);
-    if lim.rlim_cur < want {
-        lim.rlim_cur = want;
-        // SAFETY: setrlimit reads the struct we pass; a soft limit up to the hard one is allowed.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-            log::debug!(
-                "raising the open files limit: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    if let Err(e) = crate::sys::limits::raise_open_files(65_536) {
+        log::debug!("raising the open files limit: {e}");
     }
 }
 

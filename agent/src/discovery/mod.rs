@@ -16,7 +16,7 @@ use std::{
 
 use region::tenant_fs::{self, Access, FileKey, TenantFile, TenantFsError};
 
-use crate::host::HostPaths;
+use crate::{host::HostPaths, model::FoundBy};
 
 /// Which library a file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -63,18 +63,6 @@ impl fmt::Display for FileId {
     }
 }
 
-/// How a library was found.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case", tag = "by")]
-pub enum FoundBy {
-    /// Named on the command line.
-    Configured,
-    /// The host's loader cache or a driver directory.
-    Host,
-    /// Mapped by a running process.
-    Process { pid: u32 },
-}
-
 /// A library file to probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LibraryFile {
@@ -86,16 +74,6 @@ pub struct LibraryFile {
     pub path: PathBuf,
     pub found_by: FoundBy,
 }
-
-/// Directories where drivers install libcuda, searched after ld.so.cache.
-pub const DRIVER_DIRS: &[&str] = &[
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/lib64",
-    "/usr/local/nvidia/lib64",
-    "/usr/lib/x86_64-linux-gnu/nvidia/current",
-    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
-];
 
 /// Opens a library candidate: its identity, or `None` if it is not a readable regular file.
 fn identify(
@@ -281,7 +259,7 @@ impl Discovery {
                     if self.refused.insert((pid, id)) {
                         let e = match &e {
                             TenantFsError::Io { source, .. }
-                                if source.raw_os_error() == Some(libc::EPERM) =>
+                                if source.raw_os_error() == Some(crate::sys::errno::EPERM) =>
                             {
                                 format!(
                                     "{e} (opening a process's map_files entry needs \

@@ -243,13 +243,7 @@ fn read_ring(
 ) {
     let fd = ring.as_raw_fd();
     while !stop.load(Relaxed) {
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the ring buffer's descriptor, which `ring` keeps open.
-        unsafe { libc::poll(&mut pfd, 1, 100) };
+        crate::sys::fd::wait_readable(fd, Duration::from_millis(100));
         while let Some(item) = ring.next() {
             if item.len() < size_of::<SpanEvent>() {
                 continue;
@@ -288,18 +282,10 @@ fn mix(mut z: u64) -> u64 {
 
 /// `CLOCK_REALTIME - CLOCK_MONOTONIC`, ns.
 pub fn monotonic_to_wall_offset() -> i128 {
-    let now = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the timespec it is given.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-    };
-    let m0 = now(libc::CLOCK_MONOTONIC);
-    let r = now(libc::CLOCK_REALTIME);
-    let m1 = now(libc::CLOCK_MONOTONIC);
+    use crate::sys::clock::{monotonic_ns, realtime_ns};
+    let m0 = monotonic_ns();
+    let r = realtime_ns();
+    let m1 = monotonic_ns();
     r - (m0 + m1) / 2
 }
 
@@ -536,13 +522,7 @@ mod tests {
     #[test]
     fn the_offset_maps_monotonic_to_now() {
         let off = monotonic_to_wall_offset();
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the timespec it is given.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        let mono = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        let mono = crate::sys::clock::monotonic_ns() as u64;
         let w = wall(mono, off);
         let d = SystemTime::now()
             .duration_since(w)

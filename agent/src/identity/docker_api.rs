@@ -3,10 +3,7 @@
 
 use std::{
     io::{Read, Write},
-    os::{
-        fd::{FromRawFd, OwnedFd},
-        unix::net::UnixStream,
-    },
+    os::unix::net::UnixStream,
     path::Path,
     time::{Duration, Instant},
 };
@@ -112,19 +109,10 @@ fn connect(socket: &Path, timeout: Duration) -> Result<UnixStream, NameLookupErr
         socket: socket.to_owned(),
         source,
     };
-    // SAFETY: `socket(2)` with constant arguments has no memory-safety preconditions; the
-    // result is checked before use.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(err(std::io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a valid descriptor that nothing else owns; `OwnedFd` closes it on every
-    // path from here.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let stream = UnixStream::from(fd);
+    let stream = crate::sys::socket::unix_stream().map_err(err)?;
     // `set_write_timeout` sets SO_SNDTIMEO, the timeout `connect` uses on a Unix socket.
     stream.set_write_timeout(Some(timeout)).map_err(err)?;
-    connect_path(&stream, socket).map_err(|e| {
+    crate::sys::socket::connect_unix(&stream, socket).map_err(|e| {
         if matches!(
             e.kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
@@ -138,40 +126,6 @@ fn connect(socket: &Path, timeout: Duration) -> Result<UnixStream, NameLookupErr
         }
     })?;
     Ok(stream)
-}
-
-/// `connect(2)` of an already created Unix stream socket to the socket file at `path`.
-fn connect_path(stream: &UnixStream, path: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let bytes = path.as_os_str().as_encoded_bytes();
-    // SAFETY: `sockaddr_un` is plain old data; all-zero is a valid value.
-    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= sun.sun_path.len() {
-        return Err(std::io::Error::other("socket path too long"));
-    }
-    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (dst, src) in sun.sun_path.iter_mut().zip(bytes) {
-        *dst = *src as libc::c_char;
-    }
-    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-    loop {
-        // SAFETY: `sun` is an initialised `sockaddr_un` whose path is NUL-terminated within
-        // `len` bytes, and the descriptor is open for the lifetime of `stream`.
-        let rc = unsafe {
-            libc::connect(
-                stream.as_raw_fd(),
-                (&raw const sun).cast::<libc::sockaddr>(),
-                len,
-            )
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 /// Whether `response` holds a whole response: headers and a body of the announced length, or

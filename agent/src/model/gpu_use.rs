@@ -13,7 +13,21 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{ProcessKey, Snapshot};
-pub use crate::nvml::UseWindow;
+
+/// The span of time one reading covers, CPU time (`CLOCK_REALTIME`) in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UseWindow {
+    pub from_unix_us: u64,
+    pub to_unix_us: u64,
+    /// The driver's sample period as estimated (see the module documentation).
+    pub sample_period_us: u64,
+}
+
+impl UseWindow {
+    pub fn micros(&self) -> u64 {
+        self.to_unix_us.saturating_sub(self.from_unix_us)
+    }
+}
 
 /// Cumulative busy time of a process on a device while the agent watched it, microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@ pub mod by_device;
 mod drift;
 pub mod gpu_use;
 pub mod nccl;
+pub mod probing;
 mod rates;
 
 use std::collections::BTreeMap;
@@ -277,6 +278,18 @@ pub struct GpuDevice {
     pub temperature_c: Option<u32>,
 }
 
+/// How a library was found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "by")]
+pub enum FoundBy {
+    /// Named on the command line.
+    Configured,
+    /// The host's loader cache or a driver directory.
+    Host,
+    /// Mapped by a running process.
+    Process { pid: u32 },
+}
+
 /// A probed library file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LibraryStatus {
@@ -284,7 +297,7 @@ pub struct LibraryStatus {
     pub attach_path: String,
     pub dev: u64,
     pub inode: u64,
-    pub found_by: crate::discovery::FoundBy,
+    pub found_by: FoundBy,
     pub symbols_attached: usize,
     pub symbols_missing: Vec<String>,
     /// First instruction of the probed functions, by kind (decides the probe cost).
@@ -297,16 +310,16 @@ pub struct LibraryStatus {
 pub struct AgentStatus {
     /// Why the probes are not running, if they are not.
     pub probes_unavailable: Option<String>,
-    pub attach_mode: Option<crate::probes::AttachMode>,
+    pub attach_mode: Option<probing::AttachMode>,
     pub libraries: Vec<LibraryStatus>,
-    pub launch_probes: crate::trace::LaunchProbes,
+    pub launch_probes: probing::LaunchProbes,
     /// Seconds the launch probes were attached since the agent started.
     pub launch_probe_seconds: f64,
-    pub probe_cost: Option<crate::probes::calibrate::ProbeCost>,
+    pub probe_cost: Option<probing::ProbeCost>,
     /// With a probe budget (`attribute`): what was sampled, how often, and each process's
     /// exposure to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sampling: Option<crate::probes::sampling::SamplingStatus>,
+    pub sampling: Option<probing::SamplingStatus>,
     /// Lost or unmatched events by cause.
     pub events_lost: BTreeMap<String, u64>,
     pub regions_read: usize,
@@ -356,7 +369,7 @@ impl Default for AgentStatus {
             probes_unavailable: None,
             attach_mode: None,
             libraries: vec![],
-            launch_probes: crate::trace::LaunchProbes::Off,
+            launch_probes: probing::LaunchProbes::Off,
             launch_probe_seconds: 0.0,
             probe_cost: None,
             sampling: None,

@@ -21,7 +21,8 @@ use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
 
 use self::process_use::DeviceSampler;
-pub use self::process_use::{PidUse, UseWindow};
+pub use self::process_use::PidUse;
+use crate::model::gpu_use::UseWindow;
 
 /// How often a failed NVML initialisation is tried again.
 pub const RETRY_INIT_EVERY: Duration = Duration::from_secs(30);

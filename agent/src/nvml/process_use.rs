@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::ProcessSample;
+use crate::model::gpu_use::UseWindow;
 
 /// How far before the previous query each query looks again, for samples that became visible
 /// late.
@@ -38,21 +39,6 @@ pub const LOOKBACK_US: u64 = 2_000_000;
 pub const PERIOD_RANGE_US: (u64, u64) = (10_000, 5_000_000);
 /// Gaps between one process's consecutive samples kept for the period estimate.
 pub const GAP_HISTORY: usize = 64;
-
-/// The span of time one reading covers, CPU time (`CLOCK_REALTIME`) in microseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UseWindow {
-    pub from_unix_us: u64,
-    pub to_unix_us: u64,
-    /// The driver's sample period as estimated (see the module documentation).
-    pub sample_period_us: u64,
-}
-
-impl UseWindow {
-    pub fn micros(&self) -> u64 {
-        self.to_unix_us.saturating_sub(self.from_unix_us)
-    }
-}
 
 /// One process's use of one device within a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

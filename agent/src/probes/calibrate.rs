@@ -26,94 +26,14 @@ use std::{
 
 use agent_common::{ProbeCookie, maps::StatsKey};
 
-use super::{ProbeError, Probes, symbols::Prologue};
+use super::{ProbeError, Probes};
+use crate::model::probing::{ClassCost, ProbeCost, Prologue};
 
 mod stubs;
 
 use stubs::{CalibrationFn, STUBS, UNPROBED_BODY};
 
-/// The measured cost of one probed call of one prologue class.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ClassCost {
-    pub prologue: Prologue,
-    /// The calibration function measured (a symbol of the agent's binary).
-    pub target: String,
-    /// Median cost of an unprobed call, ns.
-    pub unprobed_ns: f64,
-    /// Added cost of one entry + return hit when the agent started, ns.
-    pub per_hit_ns: f64,
-    /// The part of that cost that falls inside the latency the probes measure (the latency they
-    /// measured of the calibration function less its unprobed time; the median of the last few
-    /// re-measurements): subtracted when attributing time to the driver.
-    pub inband_ns: f64,
-    /// The current cost of one hit (the median of the last few re-measurements), ns.
-    pub last_per_hit_ns: f64,
-    /// One standard error of `last_per_hit_ns`, ns: the spread of the re-measurements it is the
-    /// median of (of the batches of the one measurement while there is only one).
-    #[serde(default)]
-    pub last_se_ns: f64,
-    /// Probed calls of this class charged so far, all processes.
-    pub charged_calls: u64,
-}
-
-/// The measured cost of probed calls, and what was charged to each process.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ProbeCost {
-    /// The main class's calibration function (the fields up to `last_per_hit_ns` describe the
-    /// main class: the one most probed calls were charged at, else the host driver's).
-    pub target: String,
-    pub prologue: Prologue,
-    /// Probed calibration calls made, all classes.
-    pub calls: u64,
-    /// Median cost of an unprobed call, ns.
-    pub unprobed_ns: f64,
-    /// Median added cost of one entry + return probe hit, ns.
-    pub per_hit_ns: f64,
-    /// See [`ClassCost::inband_ns`].
-    #[serde(default)]
-    pub inband_ns: f64,
-    /// Re-measurements since the start (one per poll).
-    #[serde(default)]
-    pub remeasured: u64,
-    /// The current cost of one hit (the median of the last few re-measurements), ns.
-    #[serde(default)]
-    pub last_per_hit_ns: f64,
-    /// Probe cost charged so far per process (host pid), ns: each poll interval's probed calls
-    /// times the cost of their class measured around that interval. Cumulative, like the other
-    /// counters.
-    #[serde(default)]
-    pub charged_ns: BTreeMap<u32, f64>,
-    /// One standard error of `charged_ns` per process, ns: each interval's calls times the
-    /// standard error of the cost they were charged at, summed (not in quadrature: consecutive
-    /// intervals are priced from overlapping re-measurements, so their errors are correlated).
-    #[serde(default)]
-    pub charged_se_ns: BTreeMap<u32, f64>,
-    /// The in-band part of the hits charged per process, ns (each interval's calls times the
-    /// in-band cost then): what its probed calls' measured latencies are corrected by.
-    #[serde(default)]
-    pub charged_inband_ns: BTreeMap<u32, f64>,
-    /// Every class measured.
-    #[serde(default)]
-    pub classes: Vec<ClassCost>,
-    /// The class most of each process's probed calls fall in (its driver time is corrected by
-    /// that class's in-band cost).
-    #[serde(default)]
-    pub process_prologue: BTreeMap<u32, Prologue>,
-}
-
 impl ProbeCost {
-    pub fn class(&self, prologue: Prologue) -> Option<&ClassCost> {
-        self.classes.iter().find(|c| c.prologue == prologue)
-    }
-
-    /// The class a process's calls are charged at (the main class for one not seen yet).
-    pub fn class_of(&self, pid: u32) -> Option<&ClassCost> {
-        self.process_prologue
-            .get(&pid)
-            .and_then(|p| self.class(*p))
-            .or_else(|| self.class(self.prologue))
-    }
-
     /// Copies the main class into the summary fields.
     fn set_main(&mut self, main: Prologue) {
         if let Some(c) = self.class(main).cloned() {

@@ -8,6 +8,7 @@
 pub mod calibrate;
 pub mod privileges;
 pub mod sampling;
+pub mod session;
 pub mod symbols;
 
 use std::{
@@ -33,7 +34,10 @@ use aya::{
 };
 use thiserror::Error;
 
-use crate::discovery::{FileId, LibraryFile, LibraryKind};
+use crate::{
+    discovery::{FileId, LibraryFile, LibraryKind},
+    model::probing::AttachMode,
+};
 pub use symbols::SymbolTable;
 
 /// The compiled eBPF object (empty when the agent was built without the eBPF toolchain).
@@ -80,16 +84,6 @@ pub enum ProbeError {
         #[source]
         source: Box<MapError>,
     },
-}
-
-/// How the probes attach.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttachMode {
-    /// One uprobe_multi link per program and library.
-    Multi,
-    /// One perf-event link per symbol.
-    PerSymbol,
 }
 
 fn program_name(kind: ApiKind, entry: bool, mode: AttachMode) -> String {

@@ -11,7 +11,7 @@
 //! kind is seen in about the same number of calls. Kinds that track state (allocations, frees,
 //! lifecycle, NCCL communicators) are never sampled.
 //!
-//! This module is the schedule only (time is passed in); `crate::trace` attaches and detaches.
+//! This module is the schedule only (time is passed in); `super::session` attaches and detaches.
 
 use std::{
     collections::BTreeMap,
@@ -19,15 +19,14 @@ use std::{
 };
 
 use agent_common::ApiKind;
-use serde::{Deserialize, Serialize};
 
 mod exposure;
 mod gaps;
 mod windows;
 
-pub use exposure::Exposure;
 #[cfg(test)]
-use exposure::Spread;
+use crate::model::probing::exposure::Spread;
+use crate::model::probing::{Exposure, KindSampling, SamplingStatus};
 use exposure::Weight;
 use gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates, reference_kinds};
 use windows::commit;
@@ -116,28 +115,6 @@ struct KindState {
     /// reference, by pace: see [`Spread`]), per process: the gap before it; the gap after it
     /// completes them.
     weights: BTreeMap<u32, Weight>,
-}
-
-/// What the schedule did, for the model.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SamplingStatus {
-    /// The budget, a share of wall time.
-    pub budget_share: f64,
-    pub window_seconds: f64,
-    pub kinds: Vec<KindSampling>,
-    /// Per process (host pid) and kind, cumulative up to the last reading: see [`Exposure`].
-    pub exposure: BTreeMap<u32, BTreeMap<String, Exposure>>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct KindSampling {
-    pub kind: String,
-    /// Share of the time it is attached now.
-    pub duty: f64,
-    /// Calls per second of the busiest process in its last window.
-    pub rate_per_second: f64,
-    /// Seconds attached so far.
-    pub attached_seconds: f64,
 }
 
 /// The schedule of every sampled kind.

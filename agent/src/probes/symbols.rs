@@ -13,24 +13,7 @@ use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
 use region::tenant_fs::TenantFile;
 
 use super::ProbeError;
-use crate::discovery::LibraryFile;
-
-/// The first instruction of a probed function decides what a uprobe hit costs: the kernel
-/// emulates `push` and `nop5`, but must single-step most others (about 30x slower in a VM).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Prologue {
-    /// `push %rbp` and other pushes: emulated.
-    Push,
-    /// A 5-byte nop: optimised to a call on recent kernels.
-    Nop5,
-    /// `endbr64` (CET builds): single-stepped.
-    Endbr64,
-    /// Anything else: usually single-stepped.
-    Other,
-}
+use crate::{discovery::LibraryFile, model::probing::Prologue};
 
 impl Prologue {
     pub fn classify(code: &[u8]) -> Prologue {

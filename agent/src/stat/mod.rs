@@ -8,10 +8,9 @@ pub mod report;
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
-    collector::{CollectorOptions, window},
+    collector::{CollectorOptions, TraceOptions, window},
     identity::CgroupIndex,
     model::Snapshot,
-    trace::TraceOptions,
 };
 pub use report::StatReport;
 

@@ -4,8 +4,7 @@ use std::fmt::Write;
 
 use super::report::{ApiRow, StatReport};
 use crate::{
-    model::{Source, by_device::DeviceMemory, gpu_use::WindowUse},
-    trace::LaunchProbes,
+    model::{Source, by_device::DeviceMemory, gpu_use::WindowUse, probing::LaunchProbes},
     units::{bytes, nanos},
 };
 

@@ -105,11 +105,11 @@ pub struct ContainerRow {
 pub struct ProbeInfo {
     /// Why there are no probe figures, if there are none.
     pub unavailable: Option<String>,
-    pub attach_mode: Option<crate::probes::AttachMode>,
-    pub launch_probes: crate::trace::LaunchProbes,
+    pub attach_mode: Option<crate::model::probing::AttachMode>,
+    pub launch_probes: crate::model::probing::LaunchProbes,
     /// Seconds the launch probes were attached during the window.
     pub launch_probe_seconds: f64,
-    pub cost: Option<crate::probes::calibrate::ProbeCost>,
+    pub cost: Option<crate::model::probing::ProbeCost>,
     pub libraries: Vec<LibraryStatus>,
 }
 

@@ -9,15 +9,12 @@ use std::collections::BTreeMap;
 
 use agent_common::hist::{HIST_BUCKETS, bucket_of};
 
-use crate::{
-    discovery::FoundBy,
-    model::{
-        AgentStatus, ApiUsage, Container, GpuDevice, LibraryStatus, LimiterProcess, MemoryViews,
-        NvmlProcess, Process, ProcessKey, Rates, RegionDevice, RegionInfo, Snapshot, Source,
-        gpu_use::{Busy, UseWindow},
-    },
-    probes::{AttachMode, calibrate::ProbeCost, symbols::Prologue},
-    trace::LaunchProbes,
+use crate::model::{
+    AgentStatus, ApiUsage, Container, FoundBy, GpuDevice, LibraryStatus, LimiterProcess,
+    MemoryViews, NvmlProcess, Process, ProcessKey, Rates, RegionDevice, RegionInfo, Snapshot,
+    Source,
+    gpu_use::{Busy, UseWindow},
+    probing::{AttachMode, LaunchProbes, ProbeCost, Prologue},
 };
 
 pub const TRAIN_ID: &str = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";

@@ -26,8 +26,8 @@ use self::{
     source::Plan,
 };
 use crate::{
+    client::{self, ClientError},
     collector::CollectorOptions,
-    daemon::client::{self, ClientError},
     model::{ProcessKey, Snapshot},
 };
 
@@ -67,7 +67,7 @@ pub fn plan(opts: TopOptions) -> anyhow::Result<Plan> {
             Err(e) => log::debug!("no daemon: {e}"),
         }
     }
-    if let Err(msg) = crate::probes::privileges::check_current_process() {
+    if let Err(msg) = crate::collector::check_privileges() {
         anyhow::bail!(
             "{msg}\n(no agent daemon answers{}; `sudo vgpu-agent run` starts one)",
             opts.socket
@@ -205,20 +205,12 @@ pub fn signal_process(key: ProcessKey, signal: Signal) -> String {
         );
     }
     let sig = match signal {
-        Signal::Term => libc::SIGTERM,
-        Signal::Kill => libc::SIGKILL,
+        Signal::Term => crate::sys::process::Signal::Term,
+        Signal::Kill => crate::sys::process::Signal::Kill,
     };
-    // SAFETY: kill(2) has no memory-safety preconditions; the pid was checked above.
-    let rc = unsafe { libc::kill(key.pid as libc::pid_t, sig) };
-    if rc == 0 {
-        format!("sent {} to {}", signal.name(), key.pid)
-    } else {
-        format!(
-            "{} to {} failed: {}",
-            signal.name(),
-            key.pid,
-            io::Error::last_os_error()
-        )
+    match crate::sys::process::send_signal(key.pid, sig) {
+        Ok(()) => format!("sent {} to {}", signal.name(), key.pid),
+        Err(e) => format!("{} to {} failed: {e}", signal.name(), key.pid),
     }
 }
 

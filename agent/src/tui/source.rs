@@ -9,8 +9,8 @@ use std::{
 };
 
 use crate::{
+    client,
     collector::{Collector, CollectorOptions},
-    daemon::client,
     model::Snapshot,
 };
 

@@ -4,13 +4,9 @@
 use serde_json::json;
 
 use super::*;
-use crate::{
-    model::{ApiUsage, Source},
-    probes::{
-        calibrate::ProbeCost,
-        sampling::{Exposure, KindSampling, SamplingStatus},
-    },
-    trace::LaunchProbes,
+use crate::model::{
+    ApiUsage, Source,
+    probing::{Exposure, KindSampling, LaunchProbes, ProbeCost, SamplingStatus},
 };
 
 /// A snapshot of one process (pid 1) that made `probed` probed launches of 5 us each, whose

@@ -17,8 +17,8 @@ use super::{Theme, fit, short_bytes, spark};
 use crate::{
     model::{
         ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source, by_device::DeviceMemory,
+        probing::LaunchProbes,
     },
-    trace::LaunchProbes,
     tui::{
         app::Model,
         rows::{Limit, RowId, container_label, container_row, short_key},

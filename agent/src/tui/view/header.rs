@@ -10,8 +10,7 @@ use ratatui::{
 
 use super::{Theme, short_bytes, spark};
 use crate::{
-    model::Snapshot,
-    trace::LaunchProbes,
+    model::{Snapshot, probing::LaunchProbes},
     tui::app::{Model, ViewState},
     units::nanos,
 };

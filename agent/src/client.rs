@@ -1,4 +1,4 @@
-//! Reading snapshots from a running `vgpu-agent run`.
+//! Reading snapshots from a running `vgpu-agent run` over its socket (`crate::daemon` serves them).
 
 use std::{io::Read, os::unix::net::UnixStream, path::Path, time::Duration};
 

@@ -16,30 +16,17 @@ use crate::{
     discovery::{self, Discovery, FileId, LibraryFile, LibraryKind},
     host::HostPaths,
     identity::ProcessFacts,
+    model::{
+        FoundBy,
+        probing::{LaunchProbes, ProbeCost, Prologue, SamplingStatus},
+    },
     probes::{
         ProbeError, Probes,
-        calibrate::{Calibrator, ProbeCost},
-        sampling::{Budget, SAMPLED_KINDS, SamplingStatus, Schedule},
-        symbols::Prologue,
+        calibrate::Calibrator,
+        sampling::{Budget, SAMPLED_KINDS, Schedule},
     },
+    sys::clock::boot_time_ns,
 };
-
-/// When the launch-family probes are attached. Off by default: an entry+return probe adds about
-/// 1.7 us to a 3.2 us kernel launch (docs/gpu-validation.md, shared notes), so they are for short
-/// investigations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mode")]
-pub enum LaunchProbes {
-    Off,
-    On,
-    /// Attached for `window` out of every `period`.
-    Sampled {
-        #[serde(with = "crate::units::serde_secs")]
-        window: Duration,
-        #[serde(with = "crate::units::serde_secs")]
-        period: Duration,
-    },
-}
 
 #[derive(Clone, Debug)]
 pub struct TraceOptions {
@@ -207,13 +194,13 @@ impl Tracer {
         // that process's map_files entry (docs/security.md).
         let shown = lib.path.clone();
         let through = match &lib.found_by {
-            discovery::FoundBy::Process { pid } => format!(
+            FoundBy::Process { pid } => format!(
                 "in pid {pid} as {}, through {}",
                 lib.path.display(),
                 lib.attach_path.display()
             ),
-            discovery::FoundBy::Configured => "on the command line".to_string(),
-            discovery::FoundBy::Host => "on the host".to_string(),
+            FoundBy::Configured => "on the command line".to_string(),
+            FoundBy::Host => "on the host".to_string(),
         };
         let id = lib.id;
         match self.probes.attach_library(lib) {
@@ -545,17 +532,6 @@ impl Tracer {
     pub fn probe_cost(&self) -> Option<&ProbeCost> {
         self.calibrator.as_ref().map(|c| &c.cost)
     }
-}
-
-/// CLOCK_BOOTTIME in nanoseconds (process start times count from boot).
-pub fn boot_time_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The prologue class most of a library's probed functions have.

@@ -1,0 +1,157 @@
+//! What the probes report about themselves: how they attach, when the launch probes run, what a
+//! probe hit costs and what budgeted sampling did. Plain data; `crate::probes` fills it.
+
+pub mod exposure;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+pub use exposure::Exposure;
+
+/// How the probes attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachMode {
+    /// One uprobe_multi link per program and library.
+    Multi,
+    /// One perf-event link per symbol.
+    PerSymbol,
+}
+
+/// When the launch-family probes are attached. Off by default: an entry+return probe adds about
+/// 1.7 us to a 3.2 us kernel launch (docs/gpu-validation.md, shared notes), so they are for short
+/// investigations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum LaunchProbes {
+    Off,
+    On,
+    /// Attached for `window` out of every `period`.
+    Sampled {
+        #[serde(with = "crate::units::serde_secs")]
+        window: Duration,
+        #[serde(with = "crate::units::serde_secs")]
+        period: Duration,
+    },
+}
+
+/// The first instruction of a probed function decides what a uprobe hit costs: the kernel
+/// emulates `push` and `nop5`, but must single-step most others (about 30x slower in a VM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prologue {
+    /// `push %rbp` and other pushes: emulated.
+    Push,
+    /// A 5-byte nop: optimised to a call on recent kernels.
+    Nop5,
+    /// `endbr64` (CET builds): single-stepped.
+    Endbr64,
+    /// Anything else: usually single-stepped.
+    Other,
+}
+
+/// The measured cost of one probed call of one prologue class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassCost {
+    pub prologue: Prologue,
+    /// The calibration function measured (a symbol of the agent's binary).
+    pub target: String,
+    /// Median cost of an unprobed call, ns.
+    pub unprobed_ns: f64,
+    /// Added cost of one entry + return hit when the agent started, ns.
+    pub per_hit_ns: f64,
+    /// The part of that cost that falls inside the latency the probes measure (the latency they
+    /// measured of the calibration function less its unprobed time; the median of the last few
+    /// re-measurements): subtracted when attributing time to the driver.
+    pub inband_ns: f64,
+    /// The current cost of one hit (the median of the last few re-measurements), ns.
+    pub last_per_hit_ns: f64,
+    /// One standard error of `last_per_hit_ns`, ns: the spread of the re-measurements it is the
+    /// median of (of the batches of the one measurement while there is only one).
+    #[serde(default)]
+    pub last_se_ns: f64,
+    /// Probed calls of this class charged so far, all processes.
+    pub charged_calls: u64,
+}
+
+/// The measured cost of probed calls, and what was charged to each process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeCost {
+    /// The main class's calibration function (the fields up to `last_per_hit_ns` describe the
+    /// main class: the one most probed calls were charged at, else the host driver's).
+    pub target: String,
+    pub prologue: Prologue,
+    /// Probed calibration calls made, all classes.
+    pub calls: u64,
+    /// Median cost of an unprobed call, ns.
+    pub unprobed_ns: f64,
+    /// Median added cost of one entry + return probe hit, ns.
+    pub per_hit_ns: f64,
+    /// See [`ClassCost::inband_ns`].
+    #[serde(default)]
+    pub inband_ns: f64,
+    /// Re-measurements since the start (one per poll).
+    #[serde(default)]
+    pub remeasured: u64,
+    /// The current cost of one hit (the median of the last few re-measurements), ns.
+    #[serde(default)]
+    pub last_per_hit_ns: f64,
+    /// Probe cost charged so far per process (host pid), ns: each poll interval's probed calls
+    /// times the cost of their class measured around that interval. Cumulative, like the other
+    /// counters.
+    #[serde(default)]
+    pub charged_ns: BTreeMap<u32, f64>,
+    /// One standard error of `charged_ns` per process, ns: each interval's calls times the
+    /// standard error of the cost they were charged at, summed (not in quadrature: consecutive
+    /// intervals are priced from overlapping re-measurements, so their errors are correlated).
+    #[serde(default)]
+    pub charged_se_ns: BTreeMap<u32, f64>,
+    /// The in-band part of the hits charged per process, ns (each interval's calls times the
+    /// in-band cost then): what its probed calls' measured latencies are corrected by.
+    #[serde(default)]
+    pub charged_inband_ns: BTreeMap<u32, f64>,
+    /// Every class measured.
+    #[serde(default)]
+    pub classes: Vec<ClassCost>,
+    /// The class most of each process's probed calls fall in (its driver time is corrected by
+    /// that class's in-band cost).
+    #[serde(default)]
+    pub process_prologue: BTreeMap<u32, Prologue>,
+}
+
+impl ProbeCost {
+    pub fn class(&self, prologue: Prologue) -> Option<&ClassCost> {
+        self.classes.iter().find(|c| c.prologue == prologue)
+    }
+
+    /// The class a process's calls are charged at (the main class for one not seen yet).
+    pub fn class_of(&self, pid: u32) -> Option<&ClassCost> {
+        self.process_prologue
+            .get(&pid)
+            .and_then(|p| self.class(*p))
+            .or_else(|| self.class(self.prologue))
+    }
+}
+
+/// What the schedule did, for the model.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingStatus {
+    /// The budget, a share of wall time.
+    pub budget_share: f64,
+    pub window_seconds: f64,
+    pub kinds: Vec<KindSampling>,
+    /// Per process (host pid) and kind, cumulative up to the last reading: see [`Exposure`].
+    pub exposure: BTreeMap<u32, BTreeMap<String, Exposure>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KindSampling {
+    pub kind: String,
+    /// Share of the time it is attached now.
+    pub duty: f64,
+    /// Calls per second of the busiest process in its last window.
+    pub rate_per_second: f64,
+    /// Seconds attached so far.
+    pub attached_seconds: f64,
+}

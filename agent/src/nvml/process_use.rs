@@ -17,6 +17,13 @@
 //!   the newest one seen would hide a slower process's older ones. Each query asks for everything
 //!   after the previous query minus [`LOOKBACK_US`], and a sample counts once: when it is newer
 //!   than the newest already counted for its pid.
+//! - **Some drivers return only each process's newest sample**, whatever `lastSeenTimeStamp`
+//!   asks for (driver 580 on an H100: one sample per process per query, 200 ms apart, so a query
+//!   every second sees one in five). Weighting those by the gap between them overstates a busy
+//!   process by the skipped periods' jitter (a saturating process read 118% against `nvidia-smi
+//!   pmon`'s 97%), and by the median period understates it five times. Until a query returns
+//!   two new samples of one process, the device is taken to answer that way and each process's
+//!   newest sample stands for the whole window, as `nvidia-smi pmon` reads it.
 //! - **`NVML_ERROR_NOT_FOUND` means no sample since the timestamp**: every process was idle.
 //! - **Samples out of range** (a utilisation over 100, seen with zombie contexts) are dropped and
 //!   counted.
@@ -68,6 +75,8 @@ pub struct DeviceSampler {
     /// The newest sample counted per pid (entries older than the next query's floor are dropped).
     newest: HashMap<u32, u64>,
     gaps: VecDeque<u64>,
+    /// A query returned two new samples of one process: the driver keeps every sample.
+    returns_every_sample: bool,
 }
 
 impl DeviceSampler {
@@ -106,6 +115,7 @@ impl DeviceSampler {
         for (pid, list) in &mut fresh {
             list.sort_by_key(|s| s.timestamp_us);
             list.dedup_by_key(|s| s.timestamp_us);
+            self.returns_every_sample |= list.len() > 1;
             let mut last = self.newest.get(pid).copied();
             for s in list.iter() {
                 if let Some(l) = last {
@@ -121,7 +131,11 @@ impl DeviceSampler {
         if let Some(from) = previous.filter(|from| *from < now_us) {
             let window_us = now_us - from;
             let most = fresh.values().map(Vec::len).max().unwrap_or(1).max(1) as u64;
-            let period = self.period_us().unwrap_or(window_us / most).max(1);
+            let period = if self.returns_every_sample {
+                self.period_us().unwrap_or(window_us / most).max(1)
+            } else {
+                window_us.max(1)
+            };
             // Late samples may carry time from before the window, but never more than the
             // look-back.
             let cap = window_us + LOOKBACK_US;
@@ -259,6 +273,30 @@ mod tests {
     }
 
     #[test]
+    fn a_driver_that_returns_only_the_newest_sample_is_read_as_pmon_reads_it() {
+        // Samples every 200 ms; each query (about a second apart, jittered) gets only the
+        // newest, so the gaps between the samples counted are 0.8 to 1.2 s.
+        let mut d = DeviceSampler::default();
+        let period = SEC / 5;
+        let newest = |t: u64, sm: u32| s(4, t / period * period, sm, 30);
+        let mut t = 50 * SEC;
+        d.fold(t, &[newest(t, 98)]);
+        let (mut busy, mut window) = (0, 0);
+        for i in 0..40u64 {
+            let next = t + SEC + [0, 150_000, 230_000, 60_000][i as usize % 4] - 100_000;
+            let r = d.fold(next, &[newest(next, 98)]);
+            busy += r.by_pid[&4].sm_busy_us;
+            window += next - t;
+            t = next;
+        }
+        let pct = busy as f64 / window as f64 * 100.0;
+        assert!((pct - 98.0).abs() < 0.5, "{pct:.1}% for a process at 98%");
+        // An idle query between: the process had no sample, so none of that window is its.
+        let r = d.fold(t + SEC, &[newest(t, 98)]);
+        assert!(r.by_pid.is_empty());
+    }
+
+    #[test]
     fn out_of_range_samples_are_dropped_and_counted() {
         let mut d = DeviceSampler::default();
         d.fold(SEC, &[]);
@@ -286,7 +324,10 @@ mod tests {
         // A 10 s gap: the estimate is bounded above, and busy time never exceeds the window
         // and the look-back.
         let mut d = DeviceSampler::default();
-        d.fold(10 * SEC, &[s(9, 9 * SEC, 100, 0)]);
+        d.fold(
+            10 * SEC,
+            &[s(9, 9 * SEC, 100, 0), s(9, 9 * SEC + P, 100, 0)],
+        );
         d.fold(20 * SEC, &[s(9, 19 * SEC, 100, 0)]);
         let r = d.fold(21 * SEC, &[s(10, 20 * SEC, 100, 0)]);
         assert_eq!(r.window.unwrap().sample_period_us, PERIOD_RANGE_US.1);

@@ -24,8 +24,7 @@ use std::sync::atomic::{Ordering, fence};
 use crate::init::init_pid;
 use crate::layout::{
     CONTEXT_REFUSED, HEADER_SIZE, MAX_DEVICES, RegionHeader, SHARDS_PER_SLOT, SlotHeader,
-    SlotRecord,
-    shard_stride_for, slot_stride_for,
+    SlotRecord, shard_stride_for, slot_stride_for,
 };
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
 use crate::pread::{self, PreadError};

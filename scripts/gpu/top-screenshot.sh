@@ -44,7 +44,8 @@ else
 fi
 LIMITER=$BIN/libvgpu_limiter.so
 [ -e "$LIMITER" ] || LIMITER=$PWD/target/release/libvgpu_limiter.so
-sh -c "echo \$\$ > $POD/cgroup.procs; export LD_PRELOAD='$LIMITER' CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_DEVICE_MEMORY_SHARED_CACHE='$T/regions/pod/vgpu.cache'; exec '$BIN/cuda-exercise' pressure --chunk 256m --delay-ms 300" >/dev/null 2>&1 &
+sh -c "echo \$\$ > $POD/cgroup.procs; export LD_PRELOAD='$LIMITER' CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_DEVICE_MEMORY_SHARED_CACHE='$T/regions/pod/vgpu.cache'; exec '$BIN/cuda-exercise' pressure --chunk 256m --delay-ms 300" >"$OUT/pod-workload.log" 2>&1 &
+POD_PID=$!
 
 tmux -L "$SOCK" -f /dev/null new-session -d -s top -x 160 -y 48 \
   "TERM=xterm-256color '$BIN/vgpu-agent' top --no-daemon --interval 1s --region-dir '$T/regions' 2>'$OUT/top.stderr'"
@@ -53,6 +54,8 @@ capture() { # name
   tmux -L "$SOCK" capture-pane -p -e -t top > "$OUT/$1.ansi"
 }
 sleep 10; capture top
+# The pod's workload must still run for the capture to show it (its output: pod-workload.log).
+kill -0 "$POD_PID" 2>/dev/null || { echo "warning: the pod's workload exited before the capture:"; tail -n 20 "$OUT/pod-workload.log"; }
 tmux -L "$SOCK" send-keys -t top t; sleep 2; capture top-tree
 tmux -L "$SOCK" send-keys -t top g j Enter; sleep 2; capture top-detail
 tmux -L "$SOCK" send-keys -t top q; sleep 1

@@ -36,7 +36,8 @@ def start(limiter, out, name, region, limit, feedback):
         CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
         CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0"),
         CUDA_DEVICE_SM_LIMIT=str(limit),
-        LIBCUDA_LOG_LEVEL="3",
+        # Debug: the SM loop logs NVML's raw samples each tick (what its measured share is from).
+        LIBCUDA_LOG_LEVEL="4",
         VGPU_SM_FEEDBACK="1" if feedback else "0",
     )
     log = open(os.path.join(out, name + ".log"), "w")

@@ -2,7 +2,7 @@
 
 use anyhow::{Result, bail};
 
-const BENCHES: &str = "region, agent, limiter, pairs-cold, startup, export, attribute";
+const BENCHES: &str = "region, agent, limiter, pairs-cold, startup, export, attribute, sm-shares";
 
 pub fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
@@ -13,6 +13,7 @@ pub fn run(args: &[String]) -> Result<()> {
         Some("startup") => crate::bench_startup::run(&args[1..]),
         Some("export") => crate::bench_export::run(),
         Some("attribute") => attribute(),
+        Some("sm-shares") => sm_shares(),
         Some(other) => bail!("unknown benchmark {other:?}; available: {BENCHES}"),
         None => bail!("which benchmark? available: {BENCHES}"),
     }
@@ -53,6 +54,27 @@ fn attribute() -> Result<()> {
             "vgpu-agent",
             "--test",
             "attribute_accuracy",
+            "--",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ],
+    ))
+}
+
+/// How close per-container SM shares come to their limits on the simulated driver, with the
+/// NVML correction between containers: the ignored tests of `limiter/tests/sm_container.rs`.
+fn sm_shares() -> Result<()> {
+    crate::util::step("sm-shares: containers on one simulated device, NVML correction on");
+    crate::util::run(&mut crate::util::cmd(
+        "cargo",
+        [
+            "test",
+            "-p",
+            "limiter",
+            "--test",
+            "sm_container",
             "--",
             "--ignored",
             "--nocapture",

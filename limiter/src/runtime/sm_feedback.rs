@@ -191,6 +191,19 @@ fn run(plant: Plant) {
                     .filter(|s| pids.contains(&s.pid))
                     .map(|s| (s.pid, s.time_stamp, s.sm_util))
                     .collect();
+                // The raw samples behind the measured share, for a correction that does not
+                // settle on some driver (at most 8 a line: the log line is 512 bytes).
+                log::write(
+                    plant.log,
+                    Level::Debug,
+                    format_args!(
+                        "SM feedback device {d}: NVML since {} gave {} sample(s), the container's \
+                         (pid, timestamp us, smUtil): {:?}",
+                        dev.last_seen,
+                        buf.len(),
+                        &ours[..ours.len().min(8)],
+                    ),
+                );
                 // The container's newest sample, not everyone's: another process's newer sample
                 // must not hide one of ours that NVML publishes later.
                 dev.last_seen = ours.iter().map(|s| s.1).fold(dev.last_seen, u64::max);

@@ -335,6 +335,10 @@ fn two_containers_on_one_device_draw_from_their_own_windows() {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let _ = paths();
     let m = measure(&[(40, 2), (30, 1)], Loop::Nvml);
+    eprintln!(
+        "containers at 40% (2 processes) and 30%: {:?}",
+        m.containers
+    );
     for (&(limit, _), share) in [(40u8, 2usize), (30, 1)].iter().zip(&m.containers) {
         assert!(
             *share < f64::from(limit) + 5.0 && *share > 5.0,

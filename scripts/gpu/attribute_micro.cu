@@ -6,10 +6,18 @@
 // (0xcc), so each launch is known to have been probed or not, and the probes' cost per probed
 // launch is the difference of the two kinds' medians in this very process, at the same moments.
 //
-// ./attribute_micro N SYNC_EVERY LINGER_MS    (prints one line: MICRO key=value ...)
+// With DIRECT=1 (a preloaded limiter), every other launch goes straight to libcuda's own
+// cuLaunchKernel (found in its dynamic symbol table: the limiter answers dlsym with its hook), so
+// the launches' time in the driver is measured beside the hooked ones, at the same moments, without
+// the hook's own time: the truth for the limiter's timing of the hooked launches.
+//
+// ./attribute_micro N SYNC_EVERY LINGER_MS [DIRECT]   (prints one line: MICRO key=value ...)
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <string.h>
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -41,10 +49,50 @@ static double trimmed_mean(std::vector<double> v) {
   return s / n;
 }
 
+// libcuda's own definition of `name`, from its dynamic symbol table (GNU hash), bypassing dlsym.
+struct Lookup { const char* name; void* addr; };
+static uint32_t gnu_hash(const char* s) {
+  uint32_t h = 5381;
+  for (; *s; s++) h = h * 33 + (uint8_t)*s;
+  return h;
+}
+static int find_in_libcuda(struct dl_phdr_info* info, size_t, void* data) {
+  Lookup* l = (Lookup*)data;
+  if (!info->dlpi_name || !strstr(info->dlpi_name, "libcuda.so")) return 0;
+  const ElfW(Dyn)* dyn = nullptr;
+  for (int i = 0; i < info->dlpi_phnum; i++)
+    if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn)*)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+  const ElfW(Sym)* symtab = nullptr;
+  const char* strtab = nullptr;
+  const uint32_t* gh = nullptr;
+  // glibc relocates these entries in place on x86_64; other loaders may leave them relative.
+  auto at = [&](ElfW(Addr) p) { return p < info->dlpi_addr ? p + info->dlpi_addr : p; };
+  for (; dyn && dyn->d_tag != DT_NULL; dyn++) {
+    if (dyn->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym)*)at(dyn->d_un.d_ptr);
+    if (dyn->d_tag == DT_STRTAB) strtab = (const char*)at(dyn->d_un.d_ptr);
+    if (dyn->d_tag == DT_GNU_HASH) gh = (const uint32_t*)at(dyn->d_un.d_ptr);
+  }
+  if (!symtab || !strtab || !gh) return 0;
+  uint32_t nbuckets = gh[0], symoffset = gh[1], bloom_size = gh[2];
+  const uint32_t* buckets = (const uint32_t*)((const ElfW(Addr)*)&gh[4] + bloom_size);
+  const uint32_t* chain = buckets + nbuckets;
+  uint32_t h = gnu_hash(l->name);
+  for (uint32_t i = buckets[h % nbuckets]; i >= symoffset && i != 0; i++) {
+    uint32_t h2 = chain[i - symoffset];
+    if ((h | 1) == (h2 | 1) && !strcmp(strtab + symtab[i].st_name, l->name) && symtab[i].st_value) {
+      l->addr = (void*)(info->dlpi_addr + symtab[i].st_value);
+      return 1;
+    }
+    if (h2 & 1) break;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   long n = argc > 1 ? atol(argv[1]) : 1000000;
   long sync_every = argc > 2 ? atol(argv[2]) : 256;
   long linger_ms = argc > 3 ? atol(argv[3]) : 1000;
+  bool alternate = argc > 4 && atol(argv[4]) == 1;
   if (cudaFree(0) != cudaSuccess) { printf("no cuda\n"); return 1; }
   cudaFunction_t rf;
   if (cudaGetFuncBySymbol(&rf, (const void*)empty_kernel) != cudaSuccess) { printf("no function\n"); return 1; }
@@ -53,41 +101,58 @@ int main(int argc, char** argv) {
   void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   const volatile uint8_t* entry = cuda ? (const volatile uint8_t*)dlsym(cuda, "cuLaunchKernel") : nullptr;
   if (!entry) { printf("no libcuda cuLaunchKernel\n"); return 1; }
+  Lookup own{"cuLaunchKernel", nullptr};
+  dl_iterate_phdr(find_in_libcuda, &own);
+  if (alternate && !own.addr) { printf("libcuda's own cuLaunchKernel not found\n"); return 1; }
+  auto direct_launch = (decltype(&cuLaunchKernel))own.addr;
   int x = 0;
   void* args[] = {&x};
   // What a pair of clock reads costs: taken out of each timed launch.
   std::vector<double> empty(100000);
   for (auto& e : empty) { uint64_t t = now_ns(); e = double(now_ns() - t); }
   double clock_ns = median(empty);
-  std::vector<double> probed, unprobed;
+  std::vector<double> probed, unprobed, direct;
   probed.reserve(n);
   unprobed.reserve(n);
+  if (alternate) direct.reserve(n / 2 + 1);
   long edges = 0, syncs = 0, errors = 0;
   double total = 0;
   uint64_t t_all = now_ns();
   for (long i = 0; i < n; i++) {
+    bool bypass = alternate && (i & 1);
     bool before = *entry == 0xcc;
     uint64_t t = now_ns();
-    errors += cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, args, nullptr) != CUDA_SUCCESS;
+    errors += (bypass ? direct_launch : cuLaunchKernel)(f, 1, 1, 1, 1, 1, 1, 0, 0, args, nullptr) != CUDA_SUCCESS;
     double d = double(now_ns() - t) - clock_ns;
     bool after = *entry == 0xcc;
-    total += d;
-    if (before != after) edges++;
-    else (before ? probed : unprobed).push_back(d);
+    if (bypass) {
+      direct.push_back(d);
+    } else {
+      total += d;
+      if (before != after) edges++;
+      else (before ? probed : unprobed).push_back(d);
+    }
     if (sync_every > 0 && (i + 1) % sync_every == 0) { cuStreamSynchronize(0); syncs++; }
   }
   cuCtxSynchronize();
   double loop_ns = double(now_ns() - t_all);
   double mu = trimmed_mean(unprobed);
+  // The hooked launches' time in the driver, at the direct launches' mean (untrimmed: the
+  // limiter's sum carries every preemption too).
+  double direct_mean = 0;
+  for (double d : direct) direct_mean += d;
+  if (!direct.empty()) direct_mean /= direct.size();
+  long hooked = n - (long)direct.size();
   // What the launches would have taken in the driver unprobed: the unprobed ones as measured,
   // the probed ones at the unprobed mean.
   double driver_truth = 0;
   for (double d : unprobed) driver_truth += d;
   driver_truth += (probed.size() + edges) * mu;
-  printf("MICRO launches=%ld syncs=%ld errors=%ld probed=%zu unprobed=%zu edges=%ld "
+  if (alternate) driver_truth = hooked * direct_mean;
+  printf("MICRO launches=%ld hooked=%ld direct=%zu direct_mean_ns=%.1f direct_med_ns=%.1f syncs=%ld errors=%ld probed=%zu unprobed=%zu edges=%ld "
          "clock_ns=%.1f probed_med_ns=%.1f unprobed_med_ns=%.1f probed_mean_ns=%.1f unprobed_mean_ns=%.1f "
          "launch_total_ns=%.0f driver_truth_ns=%.0f loop_ns=%.0f\n",
-         n, syncs, errors, probed.size(), unprobed.size(), edges, clock_ns, median(probed), median(unprobed),
+         n, hooked, direct.size(), direct_mean, median(direct), syncs, errors, probed.size(), unprobed.size(), edges, clock_ns, median(probed), median(unprobed),
          trimmed_mean(probed), mu, total, driver_truth, loop_ns);
   fflush(stdout);
   // Linger past the agent's next poll: the limiter retires its region slot at exit.

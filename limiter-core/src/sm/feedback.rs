@@ -5,10 +5,11 @@
 //! container gets less than its share (measured on an H200: 27.9% for a 60% limit beside a 30%
 //! one). With some device limited (and `VGPU_SM_FEEDBACK` not `0`), one process of the container
 //! (the holder of the window's lease, see `region::sm_share`) reads every [`TICK`] the samples of
-//! `nvmlDeviceGetProcessUtilization`, keeps those of the container's processes, sums per process
-//! the average `smUtil` over the newest [`AVERAGE_US`] of them, and corrects the duty cycle the
-//! windows use (the *effective* share, the window's `duty` word; the target stays what the user
-//! set):
+//! `nvmlDeviceGetProcessUtilization`, keeps those of the container's processes, measures the
+//! container's share over the newest [`AVERAGE_US`] of them (the time each process kept the SMs
+//! busy, summed, over the time the samples cover: see [`Loop::tick`]), and corrects the duty
+//! cycle the windows use (the *effective* share, the window's `duty` word; the target stays what
+//! the user set):
 //!
 //! `d_eff += GAIN * (target - measured) / g`, with `g = measured / mean(d_eff over the last
 //! 3.5 s)` the plant's gain (how much of its duty cycle the container really gets, clamped to
@@ -32,6 +33,10 @@ pub const TICK: Duration = Duration::from_millis(500);
 /// processes' 1 s averages swung between 12% and 66% around a 30% share (a 100 ms duty cycle
 /// sampled every 1/6 s aliases); 3 s cuts that spread enough for the loop to hold its target.
 pub(crate) const AVERAGE_US: u64 = 3_000_000;
+/// How far before the container's newest sample each query asks again: NVML publishes each
+/// process's samples on its own schedule, up to about 1 s late, so asking only for what is newer
+/// than another process's newest sample would lose them ([`Loop::tick`] counts a sample once).
+pub const LOOKBACK_US: u64 = 1_500_000;
 /// `d_eff` values averaged for the plant gain: those of the last 3.5 s (the averaged samples
 /// plus NVML's lag).
 const EFFECTIVE_HISTORY_MS: u64 = 3_500;
@@ -42,17 +47,58 @@ pub(crate) const DEAD_BAND: f64 = 1.0;
 /// The largest change of `d_eff` per tick, in points.
 pub(crate) const MAX_STEP: f64 = 5.0;
 
+/// A sample's weight before its process has a previous one (newest-sample-only drivers): one
+/// tick, the time a query stands for.
+const FIRST_WEIGHT_US: u64 = TICK.as_micros() as u64;
+/// The driver's sample period (every-sample drivers) is taken to lie in this range.
+const PERIOD_RANGE_US: (u64, u64) = (10_000, 2_000_000);
+/// Gaps between one process's consecutive samples kept for the period estimate.
+const GAP_HISTORY: usize = 32;
+
+/// One sample of a process of the container.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// NVML's timestamp, us.
+    t: u64,
+    sm_util: f64,
+    /// The time since the same process's previous sample (`None`: its first).
+    gap: Option<u64>,
+}
+
 /// One device's correction (pure: the tests drive it in virtual time).
+///
+/// How a share is measured from NVML's samples depends on the driver (the agent's
+/// `nvml/process_use.rs` reads them the same way, so the share the loop holds and the GPU use
+/// `top` shows agree):
+/// - **Every sample** (an H200 with driver 580: one per process and sample period of 1/6 s, for
+///   the periods the process was busy in): each sample stands for one period, the median gap
+///   between a process's consecutive samples. A period without a sample was idle.
+/// - **Only each process's newest sample** (an H100 with driver 580: one per query, 200 ms apart
+///   for a busy process, 600 ms for a duty-cycled one): each sample stands for the time since
+///   the process's previous one. An average of the samples present would count only the
+///   periods a duty-cycled process was busy in, and on the H100 read a container at 38% (pmon)
+///   as anything from 36% to 93%.
+///
+/// Until one tick brings two new samples of one process, the driver is taken to answer the
+/// second way.
 #[derive(Debug, Clone)]
 pub struct Loop {
     target: f64,
     /// The effective share in percent.
     eff: f64,
-    /// `(pid, NVML timestamp in us, smUtil)` of the container's processes, in arrival order.
-    samples: VecDeque<(u32, u64, f64)>,
+    /// The container's samples of the newest [`AVERAGE_US`], in arrival order.
+    samples: VecDeque<Sample>,
+    /// The newest timestamp seen per process (kept while it is recent).
+    newest: Vec<(u32, u64)>,
+    /// Gaps between consecutive samples of one process, newest last.
+    gaps: VecDeque<u64>,
+    /// A tick brought two new samples of one process: the driver returns every sample.
+    every_sample: bool,
+    /// Where the first sample's time began (us): the measured span does not reach before it.
+    first_begin: Option<u64>,
     /// `(now_ms, eff)` at each tick, newest last.
     effs: VecDeque<(u64, f64)>,
-    /// The last average, if any.
+    /// The last measured share, if any.
     measured: Option<f64>,
 }
 
@@ -69,6 +115,10 @@ impl Loop {
             target: t,
             eff: eff.clamp(t / 2.0, 100.0),
             samples: VecDeque::new(),
+            newest: Vec::new(),
+            gaps: VecDeque::new(),
+            every_sample: false,
+            first_begin: None,
             effs: VecDeque::new(),
             measured: None,
         }
@@ -88,8 +138,10 @@ impl Loop {
     }
 
     /// One tick at `now_ms`: `fresh` are new samples `(pid, timestamp us, smUtil)` of the
-    /// container's processes, `binding` whether a window closed since the last tick. The measured
-    /// share is the sum over processes of each one's average over the newest [`AVERAGE_US`].
+    /// container's processes (a sample already held is not counted again, so a query may look
+    /// back), `binding` whether a window closed since the last tick. The measured share is the
+    /// time the container's processes kept the SMs busy (each sample's `smUtil` times the time
+    /// it stands for, clipped to the newest [`AVERAGE_US`]) over the time the samples cover.
     /// Returns the new effective share.
     pub fn tick(&mut self, now_ms: u64, fresh: &[(u32, u64, u32)], binding: bool) -> f64 {
         self.effs.push_back((now_ms, self.eff));
@@ -100,40 +152,12 @@ impl Loop {
         {
             self.effs.pop_front();
         }
-        let before = self.samples.len();
-        for &(pid, t, v) in fresh {
-            // Samples already held (NVML may return one again) are not counted twice.
-            let held = self
-                .samples
-                .iter()
-                .filter(|s| s.0 == pid)
-                .map(|s| s.1)
-                .max()
-                .unwrap_or(0);
-            if t > held {
-                self.samples.push_back((pid, t, f64::from(v.min(100))));
-            }
-        }
-        if self.samples.len() == before {
+        if !self.fold(fresh) {
             return self.eff;
         }
-        let newest = self.samples.iter().map(|s| s.1).max().unwrap_or(0);
-        self.samples.retain(|s| s.1 + AVERAGE_US > newest);
-        let mut pids: Vec<u32> = self.samples.iter().map(|s| s.0).collect();
-        pids.sort_unstable();
-        pids.dedup();
-        let measured = pids
-            .iter()
-            .map(|&p| {
-                let (sum, n) = self
-                    .samples
-                    .iter()
-                    .filter(|s| s.0 == p)
-                    .fold((0.0, 0u32), |(sum, n), s| (sum + s.2, n + 1));
-                sum / f64::from(n)
-            })
-            .sum::<f64>()
-            .min(100.0);
+        let Some(measured) = self.share() else {
+            return self.eff;
+        };
         self.measured = Some(measured);
         let err = self.target - measured;
         if err.abs() <= DEAD_BAND || (err > 0.0 && !binding) {
@@ -144,6 +168,91 @@ impl Loop {
         let step = (GAIN * err / gain).clamp(-MAX_STEP, MAX_STEP);
         self.eff = (self.eff + step).clamp(self.target / 2.0, 100.0);
         self.eff
+    }
+
+    /// Takes in the samples newer than each process's newest held; whether there were any.
+    fn fold(&mut self, fresh: &[(u32, u64, u32)]) -> bool {
+        let mut new: Vec<(u32, u64, u32)> = fresh
+            .iter()
+            .filter(|s| s.1 > self.newest_of(s.0).unwrap_or(0))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return false;
+        }
+        new.sort_unstable_by_key(|s| (s.0, s.1));
+        new.dedup_by_key(|s| (s.0, s.1));
+        for pair in new.windows(2) {
+            self.every_sample |= pair[0].0 == pair[1].0;
+        }
+        for (pid, t, v) in new {
+            let previous = self.newest_of(pid);
+            let gap = previous.map(|p| t - p);
+            if let Some(g) = gap {
+                if self.gaps.len() == GAP_HISTORY {
+                    self.gaps.pop_front();
+                }
+                self.gaps.push_back(g);
+            }
+            match self.newest.iter_mut().find(|n| n.0 == pid) {
+                Some(n) => n.1 = t,
+                None => self.newest.push((pid, t)),
+            }
+            let first = t.saturating_sub(if self.every_sample {
+                self.period_us()
+            } else {
+                FIRST_WEIGHT_US
+            });
+            self.first_begin = Some(self.first_begin.map_or(first, |f| f.min(first)));
+            self.samples.push_back(Sample {
+                t,
+                sm_util: f64::from(v.min(100)),
+                gap,
+            });
+        }
+        let newest = self.samples.iter().map(|s| s.t).max().unwrap_or(0);
+        self.samples.retain(|s| s.t + AVERAGE_US > newest);
+        // A process silent for twice the averaging span starts over (its next gap would span
+        // its idle time, or it exited and the pid may come back as another process).
+        self.newest.retain(|n| n.1 + 2 * AVERAGE_US > newest);
+        true
+    }
+
+    fn newest_of(&self, pid: u32) -> Option<u64> {
+        self.newest.iter().find(|n| n.0 == pid).map(|n| n.1)
+    }
+
+    /// The driver's sample period: the median gap seen.
+    fn period_us(&self) -> u64 {
+        if self.gaps.is_empty() {
+            return FIRST_WEIGHT_US;
+        }
+        let mut g: Vec<u64> = self.gaps.iter().copied().collect();
+        g.sort_unstable();
+        g[g.len() / 2].clamp(PERIOD_RANGE_US.0, PERIOD_RANGE_US.1)
+    }
+
+    /// The container's share of the newest [`AVERAGE_US`] (percent), or `None` when the samples
+    /// cover no time.
+    fn share(&self) -> Option<f64> {
+        let newest = self.samples.iter().map(|s| s.t).max()?;
+        let from = newest.saturating_sub(AVERAGE_US);
+        let period = self.period_us();
+        // From the start of the span, or of the first sample: a period without a sample of the
+        // container in between was idle.
+        let start = self.first_begin.map_or(from, |f| f.max(from));
+        let mut busy = 0.0;
+        for s in &self.samples {
+            let stands_for = if self.every_sample {
+                period
+            } else {
+                s.gap.unwrap_or(FIRST_WEIGHT_US).min(AVERAGE_US)
+            };
+            let begins = s.t.saturating_sub(stands_for).max(start);
+            busy += s.sm_util * s.t.saturating_sub(begins) as f64;
+        }
+        let covered = newest.saturating_sub(start);
+        (covered > 0).then(|| (busy / covered as f64).min(100.0))
     }
 }
 

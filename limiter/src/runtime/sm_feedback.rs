@@ -20,7 +20,7 @@ use limiter_core::{
     config::MAX_DEVICES,
     sm::{
         Controller, effective_permille,
-        feedback::{Loop, TICK},
+        feedback::{LOOKBACK_US, Loop, TICK},
     },
 };
 use region::{
@@ -168,7 +168,8 @@ fn run(plant: Plant) {
                 }
                 let Some(handle) = dev.handle else { continue };
                 buf.clear();
-                if let Err(e) = sampler.samples(handle, dev.last_seen, &mut buf) {
+                let since = dev.last_seen.saturating_sub(LOOKBACK_US);
+                if let Err(e) = sampler.samples(handle, since, &mut buf) {
                     if !logged_error {
                         logged_error = true;
                         log::write(
@@ -197,15 +198,14 @@ fn run(plant: Plant) {
                     plant.log,
                     Level::Debug,
                     format_args!(
-                        "SM feedback device {d}: NVML since {} gave {} sample(s), the container's \
-                         (pid, timestamp us, smUtil): {:?}",
-                        dev.last_seen,
+                        "SM feedback device {d}: NVML since {since} gave {} sample(s), the \
+                         container's (pid, timestamp us, smUtil): {:?}",
                         buf.len(),
                         &ours[..ours.len().min(8)],
                     ),
                 );
-                // The container's newest sample, not everyone's: another process's newer sample
-                // must not hide one of ours that NVML publishes later.
+                // The container's newest sample, not everyone's (another process's newer sample
+                // must not hide one of ours), less the look-back at the next query.
                 dev.last_seen = ours.iter().map(|s| s.1).fold(dev.last_seen, u64::max);
                 let closes = share.closes();
                 let binding = closes != dev.closes;

@@ -7,7 +7,8 @@
 # after 12 s of warm-up, summed per container; two rounds, each running the NVML correction
 # (default) and the open loop (VGPU_SM_FEEDBACK=0, for comparison) in rotated order.
 # Results: $OUT/sm-container.json and $OUT/sm-container.txt (default OUT=/tmp/out-sm-container).
-# Takes ~3.5 min (4 runs of ~50 s). Exit status 1 if a container's median share (correction on) misses its limit
+# Takes ~3.5 min (4 runs of ~50 s); SM_ROUNDS and SM_OPEN_LOOP=0 (validate_sm_container.py) change
+# how many runs. Exit status 1 if a container's median share (correction on) misses its limit
 # by 5 points or more.
 set -u
 OUT=${OUT:-/tmp/out-sm-container}
@@ -21,7 +22,8 @@ BIN=$PWD/.carry/bin
   python3 -c 'import cupy; print("cupy", cupy.__version__)' 2>&1 | tail -1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-timeout 280 python3 scripts/gpu/validate_sm_container.py "$BIN/libvgpu_limiter.so" "$OUT"
+RUNS=$(( ${SM_ROUNDS:-2} * ( ${SM_OPEN_LOOP:-1} == 0 ? 1 : 2 ) ))
+timeout $(( RUNS * 60 + 40 )) python3 scripts/gpu/validate_sm_container.py "$BIN/libvgpu_limiter.so" "$OUT"
 RC=$?
 [ $RC -eq 0 ] && echo PASS || echo FAIL
 exit $RC

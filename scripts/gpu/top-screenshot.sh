@@ -44,7 +44,7 @@ else
 fi
 LIMITER=$BIN/libvgpu_limiter.so
 [ -e "$LIMITER" ] || LIMITER=$PWD/target/release/libvgpu_limiter.so
-sh -c "echo \$\$ > $POD/cgroup.procs; export LD_PRELOAD='$LIMITER' CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_DEVICE_MEMORY_SHARED_CACHE='$T/regions/pod/vgpu.cache'; exec '$BIN/cuda-exercise' pressure --chunk 256m --delay-ms 300" >"$OUT/pod-workload.log" 2>&1 &
+sh -c "echo \$\$ > $POD/cgroup.procs; export LD_PRELOAD='$LIMITER' CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_DEVICE_MEMORY_SHARED_CACHE='$T/regions/pod/vgpu.cache'; exec '$BIN/cuda-exercise' pressure --chunk 256m --delay-ms 300 --seconds 600" >"$OUT/pod-workload.log" 2>&1 &
 POD_PID=$!
 
 tmux -L "$SOCK" -f /dev/null new-session -d -s top -x 160 -y 48 \

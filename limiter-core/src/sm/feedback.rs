@@ -4,12 +4,12 @@
 //! other contexts share the GPU, the device time-slices between them during the window, so the
 //! container gets less than its share (measured on an H200: 27.9% for a 60% limit beside a 30%
 //! one). With some device limited (and `VGPU_SM_FEEDBACK` not `0`), one process of the container
-//! (the holder of the window's lease, see `region::sm_share`) reads every [`TICK`] the samples of
-//! `nvmlDeviceGetProcessUtilization`, keeps those of the container's processes, measures the
-//! container's share over the newest [`AVERAGE_US`] of them (the time each process kept the SMs
-//! busy, summed, over the time the samples cover: see [`Loop::tick`]), and corrects the duty
-//! cycle the windows use (the *effective* share, the window's `duty` word; the target stays what
-//! the user set):
+//! (the holder of the window's lease, see `region::sm_share`) reads every [`SAMPLE_EVERY`] the
+//! samples of `nvmlDeviceGetProcessUtilization` and keeps those of the container's processes;
+//! every [`TICK`] it measures the container's share over the newest [`AVERAGE_US`] of them (the
+//! time each process kept the SMs busy, summed, over the time the samples cover: see
+//! [`Loop::tick`]) and corrects the duty cycle the windows use (the *effective* share, the
+//! window's `duty` word; the target stays what the user set):
 //!
 //! `d_eff += GAIN * (target - measured) / g`, with `g = measured / mean(d_eff over the last
 //! 3.5 s)` the plant's gain (how much of its duty cycle the container really gets, clamped to
@@ -27,8 +27,12 @@
 
 use std::{collections::VecDeque, time::Duration};
 
-/// How often the thread reads NVML.
+/// How often the thread corrects the duty cycle.
 pub const TICK: Duration = Duration::from_millis(500);
+/// How often the thread reads NVML's samples: a driver that keeps only each process's newest
+/// sample (one every 200 ms for a busy process on an H100) would lose most of them to a query
+/// every [`TICK`], and the fewer the samples, the noisier the measured share.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Samples averaged: the newest 3 s of them (NVML timestamps). On the H200 two time-slicing
 /// processes' 1 s averages swung between 12% and 66% around a 30% share (a 100 ms duty cycle
 /// sampled every 1/6 s aliases); 3 s cuts that spread enough for the loop to hold its target.
@@ -58,6 +62,7 @@ const GAP_HISTORY: usize = 32;
 /// One sample of a process of the container.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
+    pid: u32,
     /// NVML's timestamp, us.
     t: u64,
     sm_util: f64,
@@ -79,8 +84,8 @@ struct Sample {
 ///   periods a duty-cycled process was busy in, and on the H100 read a container at 38% (pmon)
 ///   as anything from 36% to 93%.
 ///
-/// Until one tick brings two new samples of one process, the driver is taken to answer the
-/// second way.
+/// Until one query returns two samples of one process, the driver is taken to answer the second
+/// way.
 #[derive(Debug, Clone)]
 pub struct Loop {
     target: f64,
@@ -100,6 +105,8 @@ pub struct Loop {
     effs: VecDeque<(u64, f64)>,
     /// The last measured share, if any.
     measured: Option<f64>,
+    /// Samples came in since the last tick.
+    unused: bool,
 }
 
 impl Loop {
@@ -121,6 +128,7 @@ impl Loop {
             first_begin: None,
             effs: VecDeque::new(),
             measured: None,
+            unused: false,
         }
     }
 
@@ -152,7 +160,8 @@ impl Loop {
         {
             self.effs.pop_front();
         }
-        if !self.fold(fresh) {
+        self.observe(fresh);
+        if !std::mem::take(&mut self.unused) {
             return self.eff;
         }
         let Some(measured) = self.share() else {
@@ -170,8 +179,19 @@ impl Loop {
         self.eff
     }
 
-    /// Takes in the samples newer than each process's newest held; whether there were any.
+    /// Takes in a query's samples between ticks (`fresh` as for [`Loop::tick`]).
+    pub fn observe(&mut self, fresh: &[(u32, u64, u32)]) {
+        self.unused |= self.fold(fresh);
+    }
+
+    /// Takes in the samples newer than each process's newest held; whether there were any. A
+    /// query that returns two samples of one process (new or already held: queries look back)
+    /// comes from a driver that keeps every sample.
     fn fold(&mut self, fresh: &[(u32, u64, u32)]) -> bool {
+        let mut all: Vec<(u32, u64)> = fresh.iter().map(|s| (s.0, s.1)).collect();
+        all.sort_unstable();
+        all.dedup();
+        self.every_sample |= all.windows(2).any(|pair| pair[0].0 == pair[1].0);
         let mut new: Vec<(u32, u64, u32)> = fresh
             .iter()
             .filter(|s| s.1 > self.newest_of(s.0).unwrap_or(0))
@@ -182,9 +202,6 @@ impl Loop {
         }
         new.sort_unstable_by_key(|s| (s.0, s.1));
         new.dedup_by_key(|s| (s.0, s.1));
-        for pair in new.windows(2) {
-            self.every_sample |= pair[0].0 == pair[1].0;
-        }
         for (pid, t, v) in new {
             let previous = self.newest_of(pid);
             let gap = previous.map(|p| t - p);
@@ -205,6 +222,7 @@ impl Loop {
             });
             self.first_begin = Some(self.first_begin.map_or(first, |f| f.min(first)));
             self.samples.push_back(Sample {
+                pid,
                 t,
                 sm_util: f64::from(v.min(100)),
                 gap,
@@ -233,7 +251,9 @@ impl Loop {
     }
 
     /// The container's share of the newest [`AVERAGE_US`] (percent), or `None` when the samples
-    /// cover no time.
+    /// cover no time. Each process's busy time is taken over the span its own samples reach: a
+    /// process's newest sample is often a few hundred milliseconds older than another's, and
+    /// counting that time as idle read a container of two processes 4-5 points low on the H100.
     fn share(&self) -> Option<f64> {
         let newest = self.samples.iter().map(|s| s.t).max()?;
         let from = newest.saturating_sub(AVERAGE_US);
@@ -241,7 +261,7 @@ impl Loop {
         // From the start of the span, or of the first sample: a period without a sample of the
         // container in between was idle.
         let start = self.first_begin.map_or(from, |f| f.max(from));
-        let mut busy = 0.0;
+        let mut by_pid: Vec<(u32, f64, u64)> = Vec::new();
         for s in &self.samples {
             let stands_for = if self.every_sample {
                 period
@@ -249,10 +269,25 @@ impl Loop {
                 s.gap.unwrap_or(FIRST_WEIGHT_US).min(AVERAGE_US)
             };
             let begins = s.t.saturating_sub(stands_for).max(start);
-            busy += s.sm_util * s.t.saturating_sub(begins) as f64;
+            let busy = s.sm_util * s.t.saturating_sub(begins) as f64;
+            match by_pid.iter_mut().find(|p| p.0 == s.pid) {
+                Some(p) => {
+                    p.1 += busy;
+                    p.2 = p.2.max(s.t);
+                }
+                None => by_pid.push((s.pid, busy, s.t)),
+            }
         }
-        let covered = newest.saturating_sub(start);
-        (covered > 0).then(|| (busy / covered as f64).min(100.0))
+        let mut any = false;
+        let mut share = 0.0;
+        for (_, busy, reach) in by_pid {
+            let covered = reach.saturating_sub(start);
+            if covered > 0 {
+                any = true;
+                share += busy / covered as f64;
+            }
+        }
+        any.then(|| share.min(100.0))
     }
 }
 

@@ -1,6 +1,6 @@
-//! The SM share's feedback thread, `vgpu-sm`: every `TICK`, for each limited device whose
-//! correction this process runs, it reads the samples of `nvmlDeviceGetProcessUtilization`,
-//! keeps those of the container's processes, and lets the device's correction loop
+//! The SM share's feedback thread, `vgpu-sm`: for each limited device whose correction this
+//! process runs, it reads the samples of `nvmlDeviceGetProcessUtilization` every `SAMPLE_EVERY`,
+//! keeps those of the container's processes, and every `TICK` lets the device's correction loop
 //! (`limiter_core::sm::feedback::Loop`) move the duty cycle the container's windows use (the
 //! window's `duty` word).
 //!
@@ -20,7 +20,7 @@ use limiter_core::{
     config::MAX_DEVICES,
     sm::{
         Controller, effective_permille,
-        feedback::{LOOKBACK_US, Loop, TICK},
+        feedback::{LOOKBACK_US, Loop, SAMPLE_EVERY, TICK},
     },
 };
 use region::{
@@ -43,6 +43,8 @@ use crate::platform::{
 
 /// Ticks with samples of other processes but none of the container's before that is logged.
 const FOREIGN_TICKS: u32 = 10;
+/// NVML reads per correction tick.
+const READS_PER_TICK: u32 = (TICK.as_millis() / SAMPLE_EVERY.as_millis()) as u32;
 /// Log the loop's state at Info every this many ticks.
 const LOG_EVERY: u32 = 4;
 
@@ -135,8 +137,12 @@ fn run(plant: Plant) {
     let mut logged_foreign = false;
     let mut logged_error = false;
     let start = std::time::Instant::now();
+    let mut reads = 0u32;
     loop {
-        std::thread::sleep(TICK);
+        std::thread::sleep(SAMPLE_EVERY);
+        reads = reads.wrapping_add(1);
+        // This read also corrects the duty cycle; the others only gather samples.
+        let correct = reads.is_multiple_of(READS_PER_TICK);
         let now_ms = start.elapsed().as_millis() as u64;
         // The lease's clock is every process's: CLOCK_MONOTONIC.
         let lease_ms = Clock::MONOTONIC.now() / 1_000_000;
@@ -207,10 +213,15 @@ fn run(plant: Plant) {
                 // The container's newest sample, not everyone's (another process's newer sample
                 // must not hide one of ours), less the look-back at the next query.
                 dev.last_seen = ours.iter().map(|s| s.1).fold(dev.last_seen, u64::max);
+                dev.seen_ours |= !ours.is_empty();
+                let Some(lp) = dev.lp.as_mut() else { continue };
+                if !correct {
+                    lp.observe(&ours);
+                    continue;
+                }
                 let closes = share.closes();
                 let binding = closes != dev.closes;
                 dev.closes = closes;
-                dev.seen_ours |= !ours.is_empty();
                 // Only pids NVML has never reported are another namespace's; a tick without our
                 // samples (NVML publishes them late, or the container idled) is not.
                 if !dev.seen_ours && !buf.is_empty() && binding {
@@ -228,7 +239,6 @@ fn run(plant: Plant) {
                         );
                     }
                 }
-                let Some(lp) = dev.lp.as_mut() else { continue };
                 let eff = lp.tick(now_ms, &ours, binding);
                 let word = duty_word(target, (eff * 10.0).round() as u16);
                 let seen = share.duty();

@@ -210,23 +210,27 @@ fn recorded_h100_queries() -> Vec<Query> {
 fn recorded_h100_samples_measure_what_pmon_read() {
     let queries = recorded_h100_queries();
     assert!(queries.len() > 60, "{} queries", queries.len());
-    // One tick in two of the recorded queries: the loop's 500 ms.
-    for (pid, pmon) in [(611u32, 67.8), (632, 30.5)] {
-        let mut lp = Loop::new(50);
-        let mut measured = Vec::new();
-        for (k, (t_us, samples)) in queries.iter().step_by(2).enumerate() {
-            let ours: Vec<_> = samples.iter().filter(|s| s.0 == pid).copied().collect();
-            lp.tick(t_us / 1000, &ours, false);
-            // Once the averaged span is full.
-            if k >= 7 {
-                measured.push(lp.measured().unwrap());
+    // Every recorded query (250 ms apart), and one in two (the loop's 500 ms ticks).
+    for step in [1, 2] {
+        for (pid, pmon) in [(611u32, 67.8), (632, 30.5)] {
+            let mut lp = Loop::new(50);
+            let mut measured = Vec::new();
+            for (k, (t_us, samples)) in queries.iter().step_by(step).enumerate() {
+                let ours: Vec<_> = samples.iter().filter(|s| s.0 == pid).copied().collect();
+                lp.tick(t_us / 1000, &ours, false);
+                // Once the averaged span is full.
+                if k * step >= 14 {
+                    measured.push(lp.measured().unwrap());
+                }
             }
+            let mean = measured.iter().sum::<f64>() / measured.len() as f64;
+            eprintln!("1 query in {step}, pid {pid}: {mean:.1}% against pmon's {pmon}%");
+            assert!(
+                (mean - pmon).abs() < 3.0,
+                "1 query in {step}, pid {pid}: measured {mean:.1}% on average against pmon's \
+                 {pmon}%: {measured:?}"
+            );
         }
-        let mean = measured.iter().sum::<f64>() / measured.len() as f64;
-        assert!(
-            (mean - pmon).abs() < 3.0,
-            "pid {pid}: measured {mean:.1}% on average against pmon's {pmon}%: {measured:?}"
-        );
     }
 }
 
@@ -255,4 +259,61 @@ fn a_duty_cycled_process_is_measured_at_its_duty_whichever_samples_the_driver_re
     }
     let m = lp.measured().unwrap();
     assert!((m - 30.0).abs() < 3.0, "newest sample only: {m}");
+}
+
+#[test]
+fn samples_read_between_ticks_count_at_the_next_tick() {
+    // A newest-sample-only driver read every 100 ms: each read brings at most one new sample of
+    // the process, which stands for the time since its previous one.
+    let mut lp = Loop::new(50);
+    let mut t_us = 0;
+    for tick in 1..=20u64 {
+        for read in 0..5 {
+            // A sample every 200 ms, at 30% for 3 s, then at 60%.
+            if read % 2 == 0 {
+                t_us += 200_000;
+                lp.observe(&[(7, t_us, if tick <= 10 { 30 } else { 60 })]);
+            }
+        }
+        lp.tick(tick * 500, &[], false);
+        if tick == 10 {
+            let m = lp.measured().unwrap();
+            assert!((m - 30.0).abs() < 0.5, "{m}");
+        }
+    }
+    let m = lp.measured().unwrap();
+    assert!((m - 60.0).abs() < 0.5, "the newest 3 s: {m}");
+    // A tick with nothing observed since the last one leaves everything as it was.
+    let before = (lp.measured(), lp.effective());
+    lp.tick(10_500, &[], true);
+    assert_eq!((lp.measured(), lp.effective()), before);
+}
+
+#[test]
+fn a_query_with_two_samples_of_one_process_means_the_driver_keeps_every_sample() {
+    // Busy in 3 periods of 100 ms out of every 10; the driver publishes one new sample per query
+    // and keeps every sample, so a query looking back 1.5 s returns those already held beside
+    // the new one. Each then stands for one period (30% busy), not for the time since the
+    // previous sample (which would read 100%).
+    let busy: Vec<u64> = (0..40u64)
+        .flat_map(|s| [s * 10, s * 10 + 1, s * 10 + 2])
+        .map(|p| (p + 1) * 100_000)
+        .collect();
+    let mut lp = Loop::new(50);
+    let mut published = 0;
+    for tick in 1..=60u64 {
+        let now_us = tick * 500_000;
+        if published < busy.len() && busy[published] <= now_us {
+            published += 1;
+        }
+        let newest = busy[..published].last().copied().unwrap_or(0);
+        let returned: Vec<(u32, u64, u32)> = busy[..published]
+            .iter()
+            .filter(|&&t| t + 1_500_000 > newest)
+            .map(|&t| (1, t, 100))
+            .collect();
+        lp.tick(tick * 500, &returned, false);
+    }
+    let m = lp.measured().unwrap();
+    assert!((m - 30.0).abs() < 5.0, "busy 30% of the time read as {m}%");
 }

@@ -171,12 +171,8 @@ fn under_the_limiter_launch_figures_are_its_exact_count_and_timing() {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 200_000;
-    let regions = regions_dir(dir.path());
-    let mut cmd = limited_launch_loop(&lib, &regions, LAUNCHES);
-    cmd.env("SIMCUDA_DELAY_US", "cuLaunchKernel=3");
-    let mut agent_args = vec!["--region-dir", regions.to_str().unwrap()];
-    agent_args.extend(SAMPLED_2_PERCENT);
-    let RecordedWorkload { pid, made, report } = record_one(cmd, dir.path(), &lib, &agent_args);
+    let RecordedWorkload { pid, made, report } =
+        record_delayed_launches_under_the_limiter(dir.path(), &lib, LAUNCHES);
     assert_consistent(&report);
     let p = process(&report, pid);
     let launch = api_of(p, "cuLaunchKernel").expect("launches in the report");

@@ -284,6 +284,22 @@ pub fn delayed_launch_loop(lib: &Path, launches: u64, sync_every: u64) -> Comman
 /// The agent's arguments for sampling probes under a 2% budget in 10 ms windows.
 pub const SAMPLED_2_PERCENT: [&str; 4] = ["--probe-budget", "2%", "--sample-window", "10ms"];
 
+/// Records `launches` launches of 3 us of host time each under the limiter (see
+/// [`limited_launch_loop`]; its region in `dir/regions`), with the launch probes sampled under a 2%
+/// budget in 10 ms windows.
+pub fn record_delayed_launches_under_the_limiter(
+    dir: &Path,
+    lib: &Path,
+    launches: u64,
+) -> RecordedWorkload {
+    let regions = regions_dir(dir);
+    let mut cmd = limited_launch_loop(lib, &regions, launches);
+    cmd.env("SIMCUDA_DELAY_US", "cuLaunchKernel=3");
+    let mut agent_args = vec!["--region-dir", regions.to_str().unwrap()];
+    agent_args.extend(SAMPLED_2_PERCENT);
+    record_one(cmd, dir, lib, &agent_args)
+}
+
 /// The median per-call time of `api` in the simulated driver, natively (no probes, no delay).
 pub fn sim_own_ns(lib: &Path, api: &str) -> f64 {
     let mut runs: Vec<f64> = (0..3)

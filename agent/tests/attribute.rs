@@ -92,14 +92,13 @@ fn a_known_limiter_hook_delay_lands_in_the_limiter_hook() {
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 20_000;
     const DELAY_NS: u64 = 20_000;
-    let regions = regions_dir(dir.path());
-    let mut cmd = limited_launch_loop(&lib, &regions, LAUNCHES);
-    cmd.env("VGPU_DEBUG_HOOK_DELAY_NS", DELAY_NS.to_string());
-    let RecordedWorkload { pid, made, report } = record_one(
-        cmd,
+    let delay = DELAY_NS.to_string();
+    let RecordedWorkload { pid, made, report } = record_limited_launches(
         dir.path(),
         &lib,
-        &["--region-dir", regions.to_str().unwrap()],
+        LAUNCHES,
+        &[("VGPU_DEBUG_HOOK_DELAY_NS", &delay)],
+        &[],
     );
     assert_consistent(&report);
     let p = process(&report, pid);
@@ -132,15 +131,12 @@ fn a_known_throttle_lands_in_throttled() {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 20_000;
-    let regions = regions_dir(dir.path());
-    let mut cmd = limited_launch_loop(&lib, &regions, LAUNCHES);
-    cmd.env("SIMCUDA_LAUNCH_US", "50")
-        .env("CUDA_DEVICE_SM_LIMIT", "50");
-    let RecordedWorkload { pid, made, report } = record_one(
-        cmd,
+    let RecordedWorkload { pid, made, report } = record_limited_launches(
         dir.path(),
         &lib,
-        &["--region-dir", regions.to_str().unwrap()],
+        LAUNCHES,
+        &[("SIMCUDA_LAUNCH_US", "50"), ("CUDA_DEVICE_SM_LIMIT", "50")],
+        &[],
     );
     assert_consistent(&report);
     let p = process(&report, pid);

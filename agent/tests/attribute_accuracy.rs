@@ -64,14 +64,13 @@ fn accuracy_of_a_known_limiter_hook_delay() {
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 20_000;
     const DELAY_NS: u64 = 20_000;
-    let regions = regions_dir(dir.path());
-    let mut cmd = limited_launch_loop(&lib, &regions, LAUNCHES);
-    cmd.env("VGPU_DEBUG_HOOK_DELAY_NS", DELAY_NS.to_string());
-    let RecordedWorkload { pid, report, .. } = record_one(
-        cmd,
+    let delay = DELAY_NS.to_string();
+    let RecordedWorkload { pid, report, .. } = record_limited_launches(
         dir.path(),
         &lib,
-        &["--region-dir", regions.to_str().unwrap()],
+        LAUNCHES,
+        &[("VGPU_DEBUG_HOOK_DELAY_NS", &delay)],
+        &[],
     );
     let off = accuracy(
         "limiter hook self-time (20 us x 20,000 launches)",

@@ -7,7 +7,7 @@
 //! around it, which is within what the application measured around that).
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
 };
 
@@ -239,32 +239,6 @@ pub fn delayed_calls_copies_and_a_sync(lib: &Path, dir: &Path, calls: u64) -> Ve
     .collect()
 }
 
-/// The directory a limited workload keeps its region in (`dir/regions`), made.
-pub fn regions_dir(dir: &Path) -> PathBuf {
-    let regions = dir.join("regions");
-    std::fs::create_dir_all(&regions).unwrap();
-    regions
-}
-
-/// `launches` launches on `lib` under the limiter (an 8 GiB memory limit, its region in
-/// `regions`), in a loop that lingers 1 s at its end: past the agent's next poll, since the
-/// limiter retires its region slot at exit.
-pub fn limited_launch_loop(lib: &Path, regions: &Path, launches: u64) -> Command {
-    let mut cmd = exercise(lib);
-    cmd.env("LD_PRELOAD", limiter_lib())
-        .env("VGPU_REAL_LIBCUDA", lib)
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
-        .args([
-            "--linger-ms",
-            "1000",
-            "launch-loop",
-            "--count",
-            &launches.to_string(),
-        ]);
-    cmd
-}
-
 /// `launches` launches on `lib` of 3 us of host time each, with a `cuCtxSynchronize` after every
 /// `sync_every` (0: none), lingering 300 ms at its end.
 pub fn delayed_launch_loop(lib: &Path, launches: u64, sync_every: u64) -> Command {
@@ -284,20 +258,52 @@ pub fn delayed_launch_loop(lib: &Path, launches: u64, sync_every: u64) -> Comman
 /// The agent's arguments for sampling probes under a 2% budget in 10 ms windows.
 pub const SAMPLED_2_PERCENT: [&str; 4] = ["--probe-budget", "2%", "--sample-window", "10ms"];
 
+/// Records `launches` launches on `lib` under the limiter (an 8 GiB memory limit, `env` added to
+/// the workload's environment), its region in `dir/regions` and the agent told of that directory
+/// (`--region-dir`, then `agent_args`). The loop lingers 1 s at its end: past the agent's next
+/// poll, since the limiter retires its region slot at exit.
+pub fn record_limited_launches(
+    dir: &Path,
+    lib: &Path,
+    launches: u64,
+    env: &[(&str, &str)],
+    agent_args: &[&str],
+) -> RecordedWorkload {
+    let regions = dir.join("regions");
+    std::fs::create_dir_all(&regions).unwrap();
+    let mut cmd = exercise(lib);
+    cmd.env("LD_PRELOAD", limiter_lib())
+        .env("VGPU_REAL_LIBCUDA", lib)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
+        .envs(env.iter().copied())
+        .args([
+            "--linger-ms",
+            "1000",
+            "launch-loop",
+            "--count",
+            &launches.to_string(),
+        ]);
+    let mut all_args = vec!["--region-dir", regions.to_str().unwrap()];
+    all_args.extend_from_slice(agent_args);
+    record_one(cmd, dir, lib, &all_args)
+}
+
 /// Records `launches` launches of 3 us of host time each under the limiter (see
-/// [`limited_launch_loop`]; its region in `dir/regions`), with the launch probes sampled under a 2%
-/// budget in 10 ms windows.
+/// [`record_limited_launches`]), with the launch probes sampled under a 2% budget in 10 ms
+/// windows.
 pub fn record_delayed_launches_under_the_limiter(
     dir: &Path,
     lib: &Path,
     launches: u64,
 ) -> RecordedWorkload {
-    let regions = regions_dir(dir);
-    let mut cmd = limited_launch_loop(lib, &regions, launches);
-    cmd.env("SIMCUDA_DELAY_US", "cuLaunchKernel=3");
-    let mut agent_args = vec!["--region-dir", regions.to_str().unwrap()];
-    agent_args.extend(SAMPLED_2_PERCENT);
-    record_one(cmd, dir, lib, &agent_args)
+    record_limited_launches(
+        dir,
+        lib,
+        launches,
+        &[("SIMCUDA_DELAY_US", "cuLaunchKernel=3")],
+        &SAMPLED_2_PERCENT,
+    )
 }
 
 /// The median per-call time of `api` in the simulated driver, natively (no probes, no delay).

@@ -345,7 +345,7 @@ pub fn start_run_daemon(socket: &Path, region_dir: Option<&Path>) -> Child {
 }
 
 /// The daemon's snapshot once `want` holds (within 60 s).
-pub fn wait_snapshot(socket: &Path, want: impl Fn(&Value) -> bool) -> Value {
+fn wait_snapshot(socket: &Path, want: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) {

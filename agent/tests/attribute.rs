@@ -10,7 +10,6 @@
 
 mod support;
 
-use serde_json::Value;
 use support::{attribute::*, *};
 
 /// Three workloads one after another, every call probed: 1,000 `cuMemAlloc_v2` delayed 45 us in
@@ -25,55 +24,13 @@ fn delayed_calls_copies_and_waits_land_in_their_components_with_exact_counts() {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const CALLS: u64 = 1000;
-    let calls = CALLS.to_string();
-    let latency = |api: &str, delay: &str| {
-        let mut cmd = exercise(&lib);
-        cmd.env("SIMCUDA_DELAY_US", format!("{api}={delay}")).args([
-            "--linger-ms",
-            "300",
-            "latency",
-            "--api",
-            api,
-            "--calls",
-            &calls,
-            "--init",
-        ]);
-        cmd
-    };
-    let mut sync = exercise(&lib);
-    sync.env("SIMCUDA_LAUNCH_US", "1000")
-        .args(["--linger-ms", "300", "launches", "--count", "50"]);
-    let workloads: Vec<Workload> = [
-        latency("cuMemAlloc_v2", "45"),
-        latency("cuMemcpyHtoD_v2", "30"),
-        sync,
-    ]
-    .into_iter()
-    .enumerate()
-    .map(|(i, cmd)| {
-        let d = dir.path().join(format!("w{i}"));
-        std::fs::create_dir_all(&d).unwrap();
-        Workload::start(cmd, &d)
-    })
-    .collect();
+    let workloads = delayed_calls_copies_and_a_sync(&lib, dir.path(), CALLS);
     let out = dir.path().join("report");
-    let mut stat = Stat::from_command(attribute_cmd(&[
-        "--out",
-        out.to_str().unwrap(),
-        "--probe-budget",
-        "off",
-    ]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pids: Vec<u32> = workloads.iter().map(|w| w.pid()).collect();
-    let made: Vec<Value> = workloads
-        .into_iter()
-        .map(|w| {
-            w.go();
-            w.finish()
-        })
-        .collect();
-    let report = stat.finish();
+    let Recording { pids, made, report } = record(
+        workloads,
+        &lib,
+        &["--out", out.to_str().unwrap(), "--probe-budget", "off"],
+    );
     assert_consistent(&report);
     assert_written(&report, &out, "cuMemAlloc_v2");
     // Each delayed call's time as the probes measured it (the attributed time and the in-band
@@ -83,7 +40,7 @@ fn delayed_calls_copies_and_waits_land_in_their_components_with_exact_counts() {
         (0, "cuMemAlloc_v2", "driver", "copy_wait"),
         (1, "cuMemcpyHtoD_v2", "copy_wait", "sync_wait"),
     ] {
-        let p = process_of(&report, pids[i]);
+        let p = process(&report, pids[i]);
         let row = api_of(p, api).unwrap_or_else(|| panic!("{api} in {p:#}"));
         assert_eq!(row["calls"], CALLS, "{row}");
         assert_eq!(row["measured_by"], "probes");
@@ -103,7 +60,7 @@ fn delayed_calls_copies_and_waits_land_in_their_components_with_exact_counts() {
         assert!(p["uncertainty"]["probe_cost"]["standard_error"].is_number());
     }
     // The synchronisation waits for the device work (50 ms) less the time the launches took.
-    let s = process_of(&report, pids[2]);
+    let s = process(&report, pids[2]);
     let ctx_sync = api_of(s, "cuCtxSynchronize").expect("cuCtxSynchronize");
     assert_eq!(ctx_sync["calls"], 1);
     let wait = num(&ctx_sync["seconds"]) + num(&ctx_sync["probe_inband_seconds"]);
@@ -135,32 +92,16 @@ fn a_known_limiter_hook_delay_lands_in_the_limiter_hook() {
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 20_000;
     const DELAY_NS: u64 = 20_000;
-    let regions = dir.path().join("regions");
-    std::fs::create_dir_all(&regions).unwrap();
-    let mut cmd = exercise(&lib);
-    cmd.env("LD_PRELOAD", limiter_lib())
-        .env("VGPU_REAL_LIBCUDA", &lib)
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
-        .env("VGPU_DEBUG_HOOK_DELAY_NS", DELAY_NS.to_string())
-        // Linger past the next poll: the limiter retires its region slot at exit.
-        .args([
-            "--linger-ms",
-            "1000",
-            "launch-loop",
-            "--count",
-            &LAUNCHES.to_string(),
-        ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&["--region-dir", regions.to_str().unwrap()]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let made = workload.finish();
-    let report = stat.finish();
+    let delay = DELAY_NS.to_string();
+    let RecordedWorkload { pid, made, report } = record_limited_launches(
+        dir.path(),
+        &lib,
+        LAUNCHES,
+        &[("VGPU_DEBUG_HOOK_DELAY_NS", &delay)],
+        &[],
+    );
     assert_consistent(&report);
-    let p = process_of(&report, pid);
+    let p = process(&report, pid);
     let launch = api_of(p, "cuLaunchKernel").expect("launches in the report");
     assert_eq!(
         (launch["calls"].as_u64(), launch["measured_by"].as_str()),
@@ -190,33 +131,15 @@ fn a_known_throttle_lands_in_throttled() {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 20_000;
-    let regions = dir.path().join("regions");
-    std::fs::create_dir_all(&regions).unwrap();
-    let mut cmd = exercise(&lib);
-    cmd.env("LD_PRELOAD", limiter_lib())
-        .env("VGPU_REAL_LIBCUDA", &lib)
-        .env("SIMCUDA_LAUNCH_US", "50")
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
-        .env("CUDA_DEVICE_SM_LIMIT", "50")
-        // Linger past the next poll: the limiter retires its region slot at exit.
-        .args([
-            "--linger-ms",
-            "1000",
-            "launch-loop",
-            "--count",
-            &LAUNCHES.to_string(),
-        ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&["--region-dir", regions.to_str().unwrap()]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let made = workload.finish();
-    let report = stat.finish();
+    let RecordedWorkload { pid, made, report } = record_limited_launches(
+        dir.path(),
+        &lib,
+        LAUNCHES,
+        &[("SIMCUDA_LAUNCH_US", "50"), ("CUDA_DEVICE_SM_LIMIT", "50")],
+        &[],
+    );
     assert_consistent(&report);
-    let p = process_of(&report, pid);
+    let p = process(&report, pid);
     let throttled = num(&p["components"]["throttled"]);
     let device_s = LAUNCHES as f64 * 50e-6;
     let loop_s = (num(&made["launch_mean_ns"]) + 1.0) * LAUNCHES as f64 / 1e9;
@@ -244,38 +167,10 @@ fn under_the_limiter_launch_figures_are_its_exact_count_and_timing() {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 200_000;
-    let regions = dir.path().join("regions");
-    std::fs::create_dir_all(&regions).unwrap();
-    let mut cmd = exercise(&lib);
-    cmd.env("LD_PRELOAD", limiter_lib())
-        .env("VGPU_REAL_LIBCUDA", &lib)
-        .env("SIMCUDA_DELAY_US", "cuLaunchKernel=3")
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
-        .args([
-            "--linger-ms",
-            "1000",
-            "launch-loop",
-            "--count",
-            &LAUNCHES.to_string(),
-        ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&[
-        "--region-dir",
-        regions.to_str().unwrap(),
-        "--probe-budget",
-        "2%",
-        "--sample-window",
-        "10ms",
-    ]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let made = workload.finish();
-    let report = stat.finish();
+    let RecordedWorkload { pid, made, report } =
+        record_delayed_launches_under_the_limiter(dir.path(), &lib, LAUNCHES);
     assert_consistent(&report);
-    let p = process_of(&report, pid);
+    let p = process(&report, pid);
     let launch = api_of(p, "cuLaunchKernel").expect("launches in the report");
     assert_eq!(launch["calls"], LAUNCHES, "{launch}");
     assert_eq!(launch["measured_by"], "limiter", "{launch}");

@@ -26,66 +26,25 @@ fn accuracy_of_driver_copy_and_sync_time() {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const CALLS: u64 = 1000;
-    let calls = CALLS.to_string();
-    let latency = |api: &str, delay: &str| {
-        let mut cmd = exercise(&lib);
-        cmd.env("SIMCUDA_DELAY_US", format!("{api}={delay}")).args([
-            "--linger-ms",
-            "300",
-            "latency",
-            "--api",
-            api,
-            "--calls",
-            &calls,
-            "--init",
-        ]);
-        cmd
-    };
-    let mut sync = exercise(&lib);
-    sync.env("SIMCUDA_LAUNCH_US", "1000")
-        .args(["--linger-ms", "300", "launches", "--count", "50"]);
-    let workloads: Vec<Workload> = [
-        latency("cuMemAlloc_v2", "45"),
-        latency("cuMemcpyHtoD_v2", "30"),
-        sync,
-    ]
-    .into_iter()
-    .enumerate()
-    .map(|(i, cmd)| {
-        let d = dir.path().join(format!("w{i}"));
-        std::fs::create_dir_all(&d).unwrap();
-        Workload::start(cmd, &d)
-    })
-    .collect();
-    let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pids: Vec<u32> = workloads.iter().map(|w| w.pid()).collect();
-    let made: Vec<Value> = workloads
-        .into_iter()
-        .map(|w| {
-            w.go();
-            w.finish()
-        })
-        .collect();
-    let report = stat.finish();
+    let workloads = delayed_calls_copies_and_a_sync(&lib, dir.path(), CALLS);
+    let Recording { pids, made, report } = record(workloads, &lib, &["--probe-budget", "off"]);
     let inside = |i: usize| num(&made[i]["inside_total_ns"]) / 1e9;
     let offs = [
         accuracy(
             "driver time (cuMemAlloc_v2, 45 us delays)",
-            num(&process_of(&report, pids[0])["components"]["driver"]),
+            num(&process(&report, pids[0])["components"]["driver"]),
             inside(0),
             None,
         ),
         accuracy(
             "copy time (cuMemcpyHtoD_v2, 30 us delays)",
-            num(&process_of(&report, pids[1])["components"]["copy_wait"]),
+            num(&process(&report, pids[1])["components"]["copy_wait"]),
             inside(1),
             None,
         ),
         accuracy(
             "sync wait (cuCtxSynchronize on 50 ms of device work)",
-            num(&process_of(&report, pids[2])["components"]["sync_wait"]),
+            num(&process(&report, pids[2])["components"]["sync_wait"]),
             0.050 - num(&made[2]["launch_ns"]) / 1e9,
             None,
         ),
@@ -105,32 +64,17 @@ fn accuracy_of_a_known_limiter_hook_delay() {
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 20_000;
     const DELAY_NS: u64 = 20_000;
-    let regions = dir.path().join("regions");
-    std::fs::create_dir_all(&regions).unwrap();
-    let mut cmd = exercise(&lib);
-    cmd.env("LD_PRELOAD", limiter_lib())
-        .env("VGPU_REAL_LIBCUDA", &lib)
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
-        .env("VGPU_DEBUG_HOOK_DELAY_NS", DELAY_NS.to_string())
-        .args([
-            "--linger-ms",
-            "1000",
-            "launch-loop",
-            "--count",
-            &LAUNCHES.to_string(),
-        ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&["--region-dir", regions.to_str().unwrap()]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let _ = workload.finish();
-    let report = stat.finish();
+    let delay = DELAY_NS.to_string();
+    let RecordedWorkload { pid, report, .. } = record_limited_launches(
+        dir.path(),
+        &lib,
+        LAUNCHES,
+        &[("VGPU_DEBUG_HOOK_DELAY_NS", &delay)],
+        &[],
+    );
     let off = accuracy(
         "limiter hook self-time (20 us x 20,000 launches)",
-        num(&process_of(&report, pid)["components"]["limiter_hook"]),
+        num(&process(&report, pid)["components"]["limiter_hook"]),
         (LAUNCHES * DELAY_NS) as f64 / 1e9,
         None,
     );
@@ -172,9 +116,7 @@ fn accuracy_of_the_probe_cost() {
         Workload::start(cmd, &d)
     };
     let mut next = Some(probed_run(0));
-    let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
+    let stat = start_recording(&lib, &["--probe-budget", "off"]);
     let (mut native, mut probed, mut pids) = (vec![], vec![], vec![]);
     for round in 0..ROUNDS {
         let out = exercise(&unprobed).args(args).output().unwrap();
@@ -197,7 +139,7 @@ fn accuracy_of_the_probe_cost() {
     let attributed: Vec<f64> = pids
         .iter()
         .map(|pid| {
-            num(&process_of(&report, *pid)["components"]["probe_cost"]) * 1e9 / (CALLS + 1) as f64
+            num(&process(&report, *pid)["components"]["probe_cost"]) * 1e9 / (CALLS + 1) as f64
         })
         .collect();
     eprintln!(
@@ -224,30 +166,13 @@ fn sampled_launches(sync_every: u64) {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 1_000_000;
-    let mut cmd = exercise(&lib);
-    cmd.env("SIMCUDA_DELAY_US", "cuLaunchKernel=3").args([
-        "--linger-ms",
-        "300",
-        "launch-loop",
-        "--count",
-        &LAUNCHES.to_string(),
-        "--sync-every",
-        &sync_every.to_string(),
-    ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&[
-        "--probe-budget",
-        "2%",
-        "--sample-window",
-        "10ms",
-    ]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let made = workload.finish();
-    let report = stat.finish();
-    let launch = api_of(process_of(&report, pid), "cuLaunchKernel").unwrap();
+    let RecordedWorkload { pid, made, report } = record_one(
+        delayed_launch_loop(&lib, LAUNCHES, sync_every),
+        dir.path(),
+        &lib,
+        &SAMPLED_2_PERCENT,
+    );
+    let launch = api_of(process(&report, pid), "cuLaunchKernel").unwrap();
     eprintln!("sampling {}", report["sampling"]);
     let how = if sync_every == 0 { "pace" } else { "reference" };
     let count = accuracy(
@@ -293,37 +218,9 @@ fn accuracy_of_launches_under_the_limiter() {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 1_000_000;
-    let regions = dir.path().join("regions");
-    std::fs::create_dir_all(&regions).unwrap();
-    let mut cmd = exercise(&lib);
-    cmd.env("LD_PRELOAD", limiter_lib())
-        .env("VGPU_REAL_LIBCUDA", &lib)
-        .env("SIMCUDA_DELAY_US", "cuLaunchKernel=3")
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"))
-        .args([
-            "--linger-ms",
-            "1000",
-            "launch-loop",
-            "--count",
-            &LAUNCHES.to_string(),
-        ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&[
-        "--region-dir",
-        regions.to_str().unwrap(),
-        "--probe-budget",
-        "2%",
-        "--sample-window",
-        "10ms",
-    ]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let made = workload.finish();
-    let report = stat.finish();
-    let launch = api_of(process_of(&report, pid), "cuLaunchKernel").unwrap();
+    let RecordedWorkload { pid, made, report } =
+        record_delayed_launches_under_the_limiter(dir.path(), &lib, LAUNCHES);
+    let launch = api_of(process(&report, pid), "cuLaunchKernel").unwrap();
     let count = accuracy(
         "launch count under the limiter",
         num(&launch["calls"]),

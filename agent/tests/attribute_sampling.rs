@@ -34,16 +34,10 @@ fn every_probed_call_is_counted_and_charged_at_the_calibrated_price() {
         &CALLS.to_string(),
         "--init",
     ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&["--probe-budget", "off"]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let made = workload.finish();
-    let report = stat.finish();
+    let RecordedWorkload { pid, made, report } =
+        record_one(cmd, dir.path(), &lib, &["--probe-budget", "off"]);
     assert_consistent(&report);
-    let p = process_of(&report, pid);
+    let p = process(&report, pid);
     let sync = api_of(p, "cuStreamSynchronize").unwrap();
     assert_eq!(sync["calls"], CALLS);
     assert_eq!(sync["measured_by"], "probes");
@@ -96,32 +90,15 @@ fn launch_heavy(sync_every: u64) {
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 1_000_000;
-    let mut cmd = exercise(&lib);
-    cmd.env("SIMCUDA_DELAY_US", "cuLaunchKernel=3").args([
-        "--linger-ms",
-        "300",
-        "launch-loop",
-        "--count",
-        &LAUNCHES.to_string(),
-        "--sync-every",
-        &sync_every.to_string(),
-    ]);
-    let workload = Workload::start(cmd, dir.path());
-    let mut stat = Stat::from_command(attribute_cmd(&[
-        "--probe-budget",
-        "2%",
-        "--sample-window",
-        "10ms",
-    ]));
-    stat.wait_for(&attached(&lib), STARTUP);
-    stat.wait_for("recording for", STARTUP);
-    let pid = workload.pid();
-    workload.go();
-    let made = workload.finish();
-    let report = stat.finish();
+    let RecordedWorkload { pid, made, report } = record_one(
+        delayed_launch_loop(&lib, LAUNCHES, sync_every),
+        dir.path(),
+        &lib,
+        &SAMPLED_2_PERCENT,
+    );
     assert_consistent(&report);
     assert_eq!(report["sampling"]["budget_share"].as_f64(), Some(0.02));
-    let p = process_of(&report, pid);
+    let p = process(&report, pid);
     let launch = api_of(p, "cuLaunchKernel").expect("launches in the report");
     assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
     let sampled = report["sampling"]["sampled_kinds"].as_array().unwrap();
@@ -199,14 +176,7 @@ fn a_library_whose_process_exited_does_not_stop_sampling_elsewhere() {
     let mut first = exercise(&lib_a);
     first.args(["launch-loop", "--count", "1000"]);
     let first = Workload::start(first, &wa);
-    let mut stat = Stat::from_command(attribute_cmd(&[
-        "--probe-budget",
-        "2%",
-        "--sample-window",
-        "10ms",
-    ]));
-    stat.wait_for(&attached(&lib_a), STARTUP);
-    stat.wait_for("recording for", STARTUP);
+    let mut stat = start_recording(&lib_a, &SAMPLED_2_PERCENT);
     first.go();
     let _ = first.finish();
     let mut second = exercise(&lib_b);
@@ -225,7 +195,7 @@ fn a_library_whose_process_exited_does_not_stop_sampling_elsewhere() {
     stat.wait_for("is gone: detached", STARTUP);
     let report = stat.finish();
     assert_consistent(&report);
-    let launch = api_of(process_of(&report, pid), "cuLaunchKernel")
+    let launch = api_of(process(&report, pid), "cuLaunchKernel")
         .expect("the second process's launches were probed");
     assert_eq!(launch["measured_by"], "probes_sampled", "{launch}");
 }

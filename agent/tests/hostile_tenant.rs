@@ -8,23 +8,14 @@
 
 mod support;
 
-use std::{
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::Value;
-use support::{hostile::*, *};
-
-/// What every test starts from: a temporary directory, the host file attacks aim at, and a copy
-/// of the simulated driver.
-fn setup() -> (tempfile::TempDir, HostFile, PathBuf) {
-    let dir = tempdir();
-    let secret = HostFile::new(&dir.path().join("host"));
-    let lib = sim_lib(&dir.path().join("lib"));
-    (dir, secret, lib)
-}
+use support::{
+    hostile::*,
+    podman::{self, copy_with_libraries, host_tool},
+    *,
+};
 
 /// Attack 1: the tenant replaces its control block with an absolute symlink to a host file (a
 /// 0600 root file it cannot even read, of exactly a block's size); the operator then changes or
@@ -35,11 +26,8 @@ fn attack1_a_control_block_linked_to_a_host_file_is_refused_and_the_file_kept() 
     if !privileged() {
         return;
     }
-    let (dir, secret, lib) = setup();
-    let mut t = Tenant::start(
-        dir.path(),
-        &secret.path,
-        &lib,
+    let attack = Attack::set_up();
+    let mut t = attack.tenant(
         r#"
 limited
 step 1
@@ -50,12 +38,10 @@ ready 2
     );
     t.wait_ready(1);
     // Before the attack the block is written: the refusals below are the attack's doing.
-    let ok = agent(
-        &["limit", "set", "--container", t.short_id(), "--sm", "40"],
-        LIMIT_WALL,
+    limit_accepted(
+        &["set", "--container", t.short_id(), "--sm", "40"],
+        "sm 40%",
     );
-    assert_eq!(ok.code, Some(0), "{ok:?}");
-    assert!(ok.stdout.contains("sm 40%"), "{ok:?}");
     t.go(1);
     t.wait_ready(2);
     let container = format!("container {}", t.short_id());
@@ -67,7 +53,7 @@ ready 2
         vec!["show", "--container", t.short_id()],
     ] {
         limit_refused(&args, &container, "symbolic link");
-        secret.assert_unchanged(&args.join(" "));
+        attack.secret.assert_unchanged(&args.join(" "));
     }
     let target = format!("region {region_arg}");
     for args in [
@@ -75,7 +61,7 @@ ready 2
         vec!["show", "--region", region_arg],
     ] {
         limit_refused(&args, &target, "symbolic link");
-        secret.assert_unchanged(&args.join(" "));
+        attack.secret.assert_unchanged(&args.join(" "));
     }
 }
 
@@ -89,11 +75,8 @@ fn attack1_a_control_block_that_is_not_a_plain_block_is_refused_and_left_as_is()
     if !privileged() {
         return;
     }
-    let (dir, secret, lib) = setup();
-    let mut t = Tenant::start(
-        dir.path(),
-        &secret.path,
-        &lib,
+    let attack = Attack::set_up();
+    let mut t = attack.tenant(
         r#"
 limited
 ctl="$T_HOME/r.region.ctl"
@@ -148,7 +131,7 @@ ready 4
         shown.code == Some(0) && shown.stdout.contains("no control block yet"),
         "{shown:?}"
     );
-    secret.assert_unchanged("attack 1 variants");
+    attack.secret.assert_unchanged("attack 1 variants");
 }
 
 /// Attacks 2 and 3: each process maps its libcuda from a directory whose name ends in a newline,
@@ -163,11 +146,8 @@ fn attacks2_3_library_paths_that_maps_prints_escaped_are_never_opened_by_name() 
     if !privileged() {
         return;
     }
-    let (dir, secret, lib) = setup();
-    let mut t = Tenant::start(
-        dir.path(),
-        &secret.path,
-        &lib,
+    let attack = Attack::set_up();
+    let mut t = attack.tenant(
         r#"
 for i in 1 2 3; do
     d="$T_HOME/lib$i
@@ -236,23 +216,12 @@ ready 1
         "the sparse file is reported, not attached: {warnings}"
     );
 
-    let socket = dir.path().join("agent.sock");
-    let daemon = Command::new(agent_bin())
-        .args(["run", "--interval", "200ms", "--no-calibrate", "--no-nvml"])
-        .arg("--socket")
-        .arg(&socket)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let first = wait_snapshot(&socket, |_| true);
-    let later = wait_snapshot(&socket, |s| {
-        s["taken_at_unix_ms"].as_u64() >= first["taken_at_unix_ms"].as_u64().map(|t| t + 400)
-            && attached_all(&s["agent"]["libraries"])
-    });
+    let socket = attack.dir.path().join("agent.sock");
+    let daemon = start_run_daemon(&socket, None);
+    let later = wait_later_snapshot(&socket, |s| attached_all(&s["agent"]["libraries"]));
     assert!(attached_all(&later["agent"]["libraries"]));
     stop_daemon(daemon, "the run daemon beside attacks 2 and 3");
-    secret.assert_unchanged("attacks 2 and 3");
+    attack.secret.assert_unchanged("attacks 2 and 3");
 }
 
 /// Attack 4: the tenant's region is a FIFO; the operator changes or shows its limits by path.
@@ -265,15 +234,11 @@ fn attack4_a_region_that_is_a_fifo_is_refused_without_blocking() {
     if !privileged() {
         return;
     }
-    let (dir, secret, lib) = setup();
-    let shared = dir.path().join("regions");
+    let attack = Attack::set_up();
+    let shared = attack.dir.path().join("regions");
     std::fs::create_dir_all(shared.join("pod_ctr")).unwrap();
-    let mut t = Tenant::start(
-        dir.path(),
-        &secret.path,
-        &lib,
-        &format!(
-            r#"
+    let mut t = attack.tenant(&format!(
+        r#"
 mkfifo "$T_HOME/r.region"
 s="{shared}/pod_ctr"
 mkfifo "$s/fifo.region"
@@ -282,9 +247,8 @@ ln -s / "$s/root"
 truncate -s 16G "$s/sparse.region"
 ready 1
 "#,
-            shared = shared.display()
-        ),
-    );
+        shared = shared.display()
+    ));
     t.wait_ready(1);
     let region = t.reach(&t.home.join("r.region"));
     let region_arg = region.to_str().unwrap();
@@ -295,23 +259,11 @@ ready 1
     );
     limit_refused(&["show", "--region", region_arg], region_arg, "FIFO");
 
-    let socket = dir.path().join("agent.sock");
-    let daemon = Command::new(agent_bin())
-        .args(["run", "--interval", "200ms", "--no-calibrate", "--no-nvml"])
-        .arg("--region-dir")
-        .arg(&shared)
-        .arg("--socket")
-        .arg(&socket)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let first = wait_snapshot(&socket, |_| true);
-    wait_snapshot(&socket, |s| {
-        s["taken_at_unix_ms"].as_u64() >= first["taken_at_unix_ms"].as_u64().map(|t| t + 400)
-    });
+    let socket = attack.dir.path().join("agent.sock");
+    let daemon = start_run_daemon(&socket, Some(&shared));
+    wait_later_snapshot(&socket, |_| true);
     stop_daemon(daemon, "the run daemon over a hostile region directory");
-    secret.assert_unchanged("attack 4");
+    attack.secret.assert_unchanged("attack 4");
 }
 
 /// Region permissions: the limiter creates its region `0600`; a region whose mode lets others
@@ -322,11 +274,8 @@ fn a_region_other_uids_could_write_is_flagged() {
     if !privileged() {
         return;
     }
-    let (dir, secret, lib) = setup();
-    let mut t = Tenant::start(
-        dir.path(),
-        &secret.path,
-        &lib,
+    let attack = Attack::set_up();
+    let mut t = attack.tenant(
         r#"
 limited
 step 1
@@ -374,89 +323,6 @@ ready 2
     assert!(why.contains("0666"), "{region:#}");
 }
 
-/// The daemon's snapshot once `want` holds (within 60 s).
-fn wait_snapshot(socket: &Path, want: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) {
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut body = String::new();
-            if std::io::Read::read_to_string(&mut s, &mut body).is_ok()
-                && let Ok(v) = serde_json::from_str::<Value>(&body)
-                && want(&v)
-            {
-                return v;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no snapshot as wanted from the daemon within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// SIGTERM, then the daemon must end cleanly within 20 s with bounded peak memory.
-fn stop_daemon(daemon: std::process::Child, what: &str) {
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-    let ran = finish_bounded(daemon, Duration::from_secs(20), what);
-    assert_eq!(ran.code, Some(0), "{what}: {}", ran.stderr);
-    ran.assert_bounded(what);
-}
-
-/// A podman container (runc), removed when dropped.
-struct Container(String);
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = Command::new("podman")
-            .args(["rm", "-f", "-t", "0", &self.0])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// Copies `bin` and the libraries `ldd` lists for it into `root` at the same paths.
-fn copy_with_libraries(bin: &Path, root: &Path, at: &Path) {
-    let place = |src: &Path, dst: &Path| {
-        let dst = root.join(dst.strip_prefix("/").unwrap_or(dst));
-        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
-        std::fs::copy(src, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
-    };
-    place(bin, at);
-    let ldd = Command::new("ldd").arg(bin).output().unwrap();
-    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
-        let path = match line.split_once("=>") {
-            Some((_, right)) => right.split_whitespace().next(),
-            None => line.split_whitespace().next(),
-        };
-        if let Some(p) = path
-            .map(Path::new)
-            .filter(|p| p.is_absolute() && p.exists())
-        {
-            place(&std::fs::canonicalize(p).unwrap(), p);
-        }
-    }
-}
-
-fn podman_available() -> bool {
-    let found = Command::new("podman")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        if std::env::var_os("VGPU_REQUIRE_PRIVILEGED").is_some_and(|v| v == "1") {
-            panic!("podman is missing: run `cargo xtask setup`");
-        }
-        eprintln!("skipping: podman is missing (run `cargo xtask setup`)");
-    }
-    found
-}
-
 /// Attack 1 from a real container (podman with runc, a root filesystem built here): the
 /// container's process runs under the limiter, then replaces its control block with an absolute
 /// symlink to a host file's path. `limit set --container <podman id>` writes the block before the
@@ -464,17 +330,17 @@ fn podman_available() -> bool {
 #[test]
 fn attack1_from_a_podman_container() {
     let _serial = serial();
-    if !privileged() || !podman_available() {
+    if !privileged() || !podman::available() {
         return;
     }
-    let (dir, secret, lib) = setup();
-    let rootfs = dir.path().join("rootfs");
+    let attack = Attack::set_up();
+    let rootfs = attack.dir.path().join("rootfs");
     let opt = Path::new("/opt/t");
     copy_with_libraries(&exercise_bin(), &rootfs, &opt.join("cuda-exercise"));
     copy_with_libraries(&limiter_lib(), &rootfs, &opt.join("libvgpu_limiter.so"));
-    copy_with_libraries(&lib, &rootfs, &opt.join("libcuda.so.1"));
+    copy_with_libraries(&attack.lib, &rootfs, &opt.join("libcuda.so.1"));
     for tool in ["sh", "sleep", "rm", "ln", "touch"] {
-        let host = which(tool);
+        let host = host_tool(tool);
         copy_with_libraries(&host, &rootfs, &Path::new("/bin").join(tool));
     }
     std::fs::create_dir_all(rootfs.join("tmp")).unwrap();
@@ -503,7 +369,7 @@ wait
             "nproc=1024:1024",
             "-e",
         ])
-        .arg(format!("SECRET={}", secret.path.display()))
+        .arg(format!("SECRET={}", attack.secret.path.display()))
         .arg("--rootfs")
         .arg(&rootfs)
         .args(["/bin/sh", "-c", script])
@@ -512,19 +378,14 @@ wait
     assert!(run.status.success(), "podman run: {run:?}");
     let id = String::from_utf8(run.stdout).unwrap().trim().to_string();
     assert_eq!(id.len(), 64, "podman printed a container id: {id:?}");
-    let _container = Container(id.clone());
+    let _container = podman::Container { name: id.clone() };
     wait_until(
         Duration::from_secs(60),
         || rootfs.join("tmp/ready.1").exists(),
         "the container's workload",
     );
     let short = &id[..12];
-    let ok = agent(
-        &["limit", "set", "--container", short, "--sm", "40"],
-        LIMIT_WALL,
-    );
-    assert_eq!(ok.code, Some(0), "{ok:?}");
-    assert!(ok.stdout.contains("sm 40%"), "{ok:?}");
+    limit_accepted(&["set", "--container", short, "--sm", "40"], "sm 40%");
     std::fs::write(rootfs.join("tmp/go.1"), b"").unwrap();
     wait_until(
         Duration::from_secs(30),
@@ -538,15 +399,7 @@ wait
         "symbolic link",
     );
     limit_refused(&["show", "--container", short], &container, "symbolic link");
-    secret.assert_unchanged("the podman container's attack");
-}
-
-fn which(tool: &str) -> PathBuf {
-    let out = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .unwrap();
-    let p = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-    assert!(p.is_absolute(), "{tool} not found");
-    std::fs::canonicalize(p).unwrap()
+    attack
+        .secret
+        .assert_unchanged("the podman container's attack");
 }

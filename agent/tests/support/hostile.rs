@@ -11,7 +11,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{TestCgroup, agent_bin, exercise_bin, limiter_lib, wait_until};
+use serde_json::Value;
+
+use super::{TestCgroup, agent_bin, exercise_bin, limiter_lib, sim_lib, tempdir, wait_until};
 
 /// Peak memory any agent command may reach here. Measured with these tests (debug build, each
 /// prints its figure): `stat` and `run` with probes peak near 22 MiB, `limit` near 16 MiB. The
@@ -19,6 +21,28 @@ use super::{TestCgroup, agent_bin, exercise_bin, limiter_lib, wait_until};
 pub const MAX_RSS_KIB: i64 = 256 * 1024;
 /// Wall time a `limit` command may take (it takes milliseconds; an open that blocks, forever).
 pub const LIMIT_WALL: Duration = Duration::from_secs(30);
+
+/// What every attack starts from: a temporary directory, the host file the attack aims at, and a
+/// copy of the simulated driver.
+pub struct Attack {
+    pub dir: tempfile::TempDir,
+    pub secret: HostFile,
+    pub lib: PathBuf,
+}
+
+impl Attack {
+    pub fn set_up() -> Attack {
+        let dir = tempdir();
+        let secret = HostFile::new(&dir.path().join("host"));
+        let lib = sim_lib(&dir.path().join("lib"));
+        Attack { dir, secret, lib }
+    }
+
+    /// A tenant playing `script` (see [`Tenant`]) against this attack's host file and driver.
+    pub fn tenant(&self, script: &str) -> Tenant {
+        Tenant::start(self.dir.path(), &self.secret.path, &self.lib, script)
+    }
+}
 
 /// A file of the host that an attack aims at: root-only, as large as a control block (so that a
 /// writer that followed a link to it would find it the right size), with its bytes remembered.
@@ -292,4 +316,71 @@ pub fn limit_refused(args: &[&str], target: &str, reason: &str) -> Ran {
     );
     ran.assert_bounded(&all.join(" "));
     ran
+}
+
+/// Runs `vgpu-agent limit ARGS`, which must succeed (exit code 0) and print `says`.
+pub fn limit_accepted(args: &[&str], says: &str) -> Ran {
+    let mut all = vec!["limit"];
+    all.extend_from_slice(args);
+    let ran = agent(&all, LIMIT_WALL);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(ran.stdout.contains(says), "{ran:?}");
+    ran
+}
+
+/// Starts the `run` daemon (200 ms interval, no calibration, no NVML) serving `socket`, reading
+/// the regions under `region_dir` if given.
+pub fn start_run_daemon(socket: &Path, region_dir: Option<&Path>) -> Child {
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["run", "--interval", "200ms", "--no-calibrate", "--no-nvml"]);
+    if let Some(dir) = region_dir {
+        cmd.arg("--region-dir").arg(dir);
+    }
+    cmd.arg("--socket")
+        .arg(socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The daemon's snapshot once `want` holds (within 60 s).
+fn wait_snapshot(socket: &Path, want: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut body = String::new();
+            if s.read_to_string(&mut body).is_ok()
+                && let Ok(v) = serde_json::from_str::<Value>(&body)
+                && want(&v)
+            {
+                return v;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot as wanted from the daemon within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The daemon keeps taking snapshots: after its first, one taken at least 400 ms later for which
+/// `want` also holds.
+pub fn wait_later_snapshot(socket: &Path, want: impl Fn(&Value) -> bool) -> Value {
+    let first = wait_snapshot(socket, |_| true);
+    wait_snapshot(socket, |s| {
+        s["taken_at_unix_ms"].as_u64() >= first["taken_at_unix_ms"].as_u64().map(|t| t + 400)
+            && want(s)
+    })
+}
+
+/// SIGTERM, then the daemon must end cleanly within 20 s with bounded peak memory.
+pub fn stop_daemon(daemon: Child, what: &str) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let ran = finish_bounded(daemon, Duration::from_secs(20), what);
+    assert_eq!(ran.code, Some(0), "{what}: {}", ran.stderr);
+    ran.assert_bounded(what);
 }

@@ -153,6 +153,26 @@ fn copy_into(root: &Path, from: &Path, to: &str) {
     fs::copy(from, &dst).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
 }
 
+/// Copies `file` into the root filesystem `root` at `at`, and the libraries and loader it needs
+/// at their own paths.
+pub fn copy_with_libraries(file: &Path, root: &Path, at: &Path) {
+    copy_into(root, file, at.to_str().unwrap());
+    for lib in needed_libraries(file) {
+        copy_into(root, &lib, lib.to_str().unwrap());
+    }
+}
+
+/// The host's own `tool` (as the shell finds it), its links resolved.
+pub fn host_tool(tool: &str) -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .unwrap();
+    let p = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    assert!(p.is_absolute(), "{tool} not found");
+    fs::canonicalize(p).unwrap()
+}
+
 /// A root filesystem for workload containers: `cuda-exercise` at `/usr/bin`, the simulated
 /// driver as the system's `libcuda.so.1`, and the glibc that they and the limiter need.
 pub fn workload_rootfs(dir: &Path) -> PathBuf {

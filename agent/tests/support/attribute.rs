@@ -306,30 +306,6 @@ pub fn record_delayed_launches_under_the_limiter(
     )
 }
 
-/// The median per-call time of `api` in the simulated driver, natively (no probes, no delay).
-pub fn sim_own_ns(lib: &Path, api: &str) -> f64 {
-    let mut runs: Vec<f64> = (0..3)
-        .map(|_| {
-            let out = exercise(lib)
-                .args(["latency", "--api", api, "--calls", "1000", "--init"])
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            let v: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-            v["p50_ns"].as_f64().unwrap()
-        })
-        .collect();
-    runs.sort_by(f64::total_cmp);
-    runs[1]
-}
-
-pub fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
-
 /// The median of `v` (odd lengths; the upper middle otherwise).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

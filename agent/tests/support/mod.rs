@@ -106,7 +106,16 @@ pub fn sim_lib(dir: &Path) -> PathBuf {
     build_fixtures();
     std::fs::create_dir_all(dir).unwrap();
     let dst = dir.join("libcuda.so.1");
-    std::fs::copy(profile_dir().join("libsimcuda.so"), &dst).expect("copy libsimcuda.so");
+    // Copied beside it and renamed over it: a process may already run with `dst` mapped (a test
+    // that starts several workloads from one directory), and rewriting that file in place would
+    // end it with SIGBUS; the rename leaves it its own copy.
+    let tmp = dir.join(format!(
+        ".libcuda.so.1.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::copy(profile_dir().join("libsimcuda.so"), &tmp).expect("copy libsimcuda.so");
+    std::fs::rename(&tmp, &dst).expect("rename the copy of libsimcuda.so");
     dst
 }
 

@@ -348,9 +348,9 @@ fn two_containers_on_one_device_draw_from_their_own_windows() {
     }
 }
 
-/// Two containers with the NVML correction, each within 5 points of its share: on this 2-core
-/// machine 2 of 4 runs missed (the container at 30% held at 19-23%, 2026-11-25), as the H100 run
-/// missed (docs/gpu-validation.md, "SM shares per container"). `cargo xtask bench sm-shares`.
+/// Two containers with the NVML correction, each within 5 points of its share: on the 2-core
+/// development machine 1 run in 5 missed (the container at 30% held at 19.2%, docs/sm-limit.md,
+/// "Per container"). `cargo xtask bench sm-shares`.
 #[test]
 #[ignore = "an accuracy figure, not a CI check: cargo xtask bench sm-shares"]
 fn two_containers_on_one_device_each_hold_their_own_share() {

@@ -45,6 +45,19 @@ fn get(addr: SocketAddr, request: &str) -> (String, Vec<u8>) {
     split(&resp)
 }
 
+/// A server with no body yet under `limits`, on a free port, and the counters it keeps.
+fn serve_counted(limits: Limits) -> (SocketAddr, Arc<HttpCounters>) {
+    let counters = Arc::new(HttpCounters::default());
+    let addr = serve_with(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(Latest::default()),
+        limits,
+        Arc::clone(&counters),
+    )
+    .unwrap();
+    (addr, counters)
+}
+
 #[test]
 fn scrapes_get_the_latest_body_in_the_asked_format() {
     use crate::export::{encode::Body, metrics::tests as m};
@@ -130,15 +143,7 @@ fn short_limits() -> Limits {
 
 #[test]
 fn a_client_that_does_not_finish_its_head_is_closed_at_the_header_deadline() {
-    let counters = Arc::new(HttpCounters::default());
-    let latest = Arc::new(Latest::default());
-    let addr = serve_with(
-        "127.0.0.1:0".parse().unwrap(),
-        latest,
-        short_limits(),
-        Arc::clone(&counters),
-    )
-    .unwrap();
+    let (addr, counters) = serve_counted(short_limits());
     let mut slow = TcpStream::connect(addr).unwrap();
     slow.write_all(b"GET /metrics HTTP/1.1\r\nHo").unwrap();
     let started = Instant::now();
@@ -149,19 +154,12 @@ fn a_client_that_does_not_finish_its_head_is_closed_at_the_header_deadline() {
 
 #[test]
 fn an_exchange_past_its_deadline_is_closed_and_counted() {
-    let counters = Arc::new(HttpCounters::default());
     let limits = Limits {
         header_timeout: Duration::from_secs(60),
         deadline: Duration::from_millis(200),
         ..short_limits()
     };
-    let addr = serve_with(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Latest::default()),
-        limits,
-        Arc::clone(&counters),
-    )
-    .unwrap();
+    let (addr, counters) = serve_counted(limits);
     let mut slow = TcpStream::connect(addr).unwrap();
     slow.write_all(b"GET /").unwrap();
     assert!(closed_within(&mut slow, Duration::from_secs(20)));
@@ -170,18 +168,11 @@ fn an_exchange_past_its_deadline_is_closed_and_counted() {
 
 #[test]
 fn at_the_cap_the_oldest_idle_connection_makes_room_for_a_scrape() {
-    let counters = Arc::new(HttpCounters::default());
     let limits = Limits {
         header_timeout: Duration::from_secs(60),
         ..short_limits()
     };
-    let addr = serve_with(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Latest::default()),
-        limits,
-        Arc::clone(&counters),
-    )
-    .unwrap();
+    let (addr, counters) = serve_counted(limits);
     let mut idle: Vec<TcpStream> = Vec::new();
     for _ in 0..limits.max_connections {
         idle.push(TcpStream::connect(addr).unwrap());

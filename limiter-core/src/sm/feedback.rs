@@ -51,8 +51,8 @@ pub(crate) const DEAD_BAND: f64 = 1.0;
 /// The largest change of `d_eff` per tick, in points.
 pub(crate) const MAX_STEP: f64 = 5.0;
 
-/// A sample's weight before its process has a previous one (newest-sample-only drivers): one
-/// tick, the time a query stands for.
+/// A sample's weight before its process has a previous one (newest-sample-only drivers), and the
+/// period before any gap was seen: one tick.
 const FIRST_WEIGHT_US: u64 = TICK.as_micros() as u64;
 /// The driver's sample period (every-sample drivers) is taken to lie in this range.
 const PERIOD_RANGE_US: (u64, u64) = (10_000, 2_000_000);
@@ -97,7 +97,7 @@ pub struct Loop {
     newest: Vec<(u32, u64)>,
     /// Gaps between consecutive samples of one process, newest last.
     gaps: VecDeque<u64>,
-    /// A tick brought two new samples of one process: the driver returns every sample.
+    /// A query returned two samples of one process: the driver keeps every sample.
     every_sample: bool,
     /// Where the first sample's time began (us): the measured span does not reach before it.
     first_begin: Option<u64>,
@@ -148,9 +148,9 @@ impl Loop {
     /// One tick at `now_ms`: `fresh` are new samples `(pid, timestamp us, smUtil)` of the
     /// container's processes (a sample already held is not counted again, so a query may look
     /// back), `binding` whether a window closed since the last tick. The measured share is the
-    /// time the container's processes kept the SMs busy (each sample's `smUtil` times the time
-    /// it stands for, clipped to the newest [`AVERAGE_US`]) over the time the samples cover.
-    /// Returns the new effective share.
+    /// sum over the container's processes of the time each kept the SMs busy (each sample's
+    /// `smUtil` times the time it stands for, clipped to the newest [`AVERAGE_US`]) over the time
+    /// its samples cover. Returns the new effective share.
     pub fn tick(&mut self, now_ms: u64, fresh: &[(u32, u64, u32)], binding: bool) -> f64 {
         self.effs.push_back((now_ms, self.eff));
         while self

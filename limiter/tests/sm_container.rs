@@ -331,10 +331,13 @@ fn four_processes_of_one_container_get_its_share_together() {
 fn two_containers_on_one_device_draw_from_their_own_windows() {
     // Each container's processes share only their own window: neither container goes past its
     // share (a window shared across containers would give one of them both budgets), and both
-    // run. Whether the correction brings each to its share is an accuracy figure, below.
+    // run. Open loop, so that the bound is the windows' alone: with the NVML correction a
+    // container may be raised above its limit while the device gives its time to the other one,
+    // and on a loaded CI host the correction overshot (the container at 30% read 36.5%). Whether
+    // the correction brings each to its share is an accuracy figure, below.
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let _ = paths();
-    let m = measure(&[(40, 2), (30, 1)], Loop::Nvml);
+    let m = measure(&[(40, 2), (30, 1)], Loop::Open);
     eprintln!(
         "containers at 40% (2 processes) and 30%: {:?}",
         m.containers

@@ -45,6 +45,12 @@ fn delayed_calls_copies_and_waits_land_in_their_components_with_exact_counts() {
         assert_eq!(row["calls"], CALLS, "{row}");
         assert_eq!(row["measured_by"], "probes");
         assert!(row.get("calls_uncertainty").is_none(), "exact: {row}");
+        // Its time is only as sure as the in-band correction: a hit's price on the probed
+        // function.
+        assert!(
+            row["seconds_uncertainty"]["standard_error"].as_f64() > Some(0.0),
+            "{row}"
+        );
         let seconds = num(&row["seconds"]);
         let probed = seconds + num(&row["probe_inband_seconds"]);
         let inside = num(&made[i]["inside_total_ns"]) / 1e9;

@@ -127,8 +127,13 @@ fn launch_heavy(sync_every: u64) {
     for key in ["calls_uncertainty", "seconds_uncertainty"] {
         assert!(launch[key]["standard_error"].is_number(), "{key}: {launch}");
     }
+    // The time is as unsure as the count, and more: each probed launch's latency is corrected
+    // by the in-band part of its hit, whose price on the probed function is itself unsure.
     let relative = |key: &str| num(&launch[key]["relative"]);
-    assert!((relative("calls_uncertainty") - relative("seconds_uncertainty")).abs() < 1e-6);
+    assert!(
+        relative("seconds_uncertainty") > relative("calls_uncertainty"),
+        "{launch}"
+    );
     assert!(
         p["uncertainty"]["driver"]["standard_error"].is_number(),
         "{p:#}"

@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::uncertainty::{ComponentSums, Sum, Uncertainty};
+use super::uncertainty::{
+    ComponentSums, HIT_PRICE_SYSTEMATIC, Sum, Uncertainty, hit_price_relative_se,
+};
 use crate::model::{ApiUsage, Process, Source};
 
 /// Where time inside the API went, in seconds over the window.
@@ -235,45 +237,61 @@ pub fn attribute(
             None => (1.0, Some(0.0)),
         };
         let sampled = scale > 1.0;
+        // What a probed call's latency is corrected by, the in-band part of its hit, is unsure
+        // by a share of the price on the probed function (seconds, one standard error, over
+        // `hits` calls: the same for every call of the function, so linear).
+        let inband_error =
+            |hits: f64| Sum::correlated(Some(hits * hit.ns * HIT_PRICE_SYSTEMATIC / 1e9));
         let limiter_row = |l: &ApiUsage, probed: u64| {
-            // The limiter times its call into the driver: a probed call's hit is inside it.
+            // The limiter times its call into the driver: a probed call's hit is inside it, taken
+            // out at its price, which is unsure by the prices' spread and by what a hit costs
+            // the probed function beyond them.
             let hits_ns = probed as f64 * hit.ns;
             let seconds = (l.total_ns as f64 - hits_ns).max(0.0) / 1e9;
-            let se = probed as f64 * hit.se_ns / 1e9;
-            (
-                seconds,
-                l.calls,
-                "limiter",
-                None,
-                (se > 0.0).then_some(Some(se)),
-            )
+            let relative = hit_price_relative_se(if hit.ns > 0.0 {
+                hit.se_ns / hit.ns
+            } else {
+                0.0
+            });
+            let error = Sum::correlated(Some(hits_ns * relative / 1e9));
+            (seconds, l.calls, "limiter", None, Some(error))
         };
-        // (seconds, calls, source, calls' standard error, seconds' standard error)
-        let (seconds, calls, measured_by, calls_se, seconds_se) = match (probes, limiter) {
+        // (seconds, calls, source, calls' standard error, seconds' error)
+        let (seconds, calls, measured_by, calls_se, seconds_error) = match (probes, limiter) {
             // The limiter counts every call exactly: its figures for launches always (the hot
             // path, which the probes only sample), and for any kind the probes sampled.
             (Some(p), Some(l)) if sampled || kind == "launch" => limiter_row(l, p.calls),
             (Some(p), _) if sampled => {
                 let calls = p.calls as f64 * scale;
                 let seconds = in_probes(p) * scale;
+                // The sampling's error, and the in-band correction's (each probed call's
+                // latency less the in-band part of its hit, scaled up with it).
+                let mut error = Sum::independent(relative_se.map(|r| r * seconds));
+                error.add(&inband_error(p.calls as f64 * scale));
                 (
                     seconds,
                     calls.round() as u64,
                     "probes_sampled",
                     Some(relative_se.map(|r| r * calls)),
-                    Some(relative_se.map(|r| r * seconds)),
+                    Some(error),
                 )
             }
-            (Some(p), _) => (in_probes(p), p.calls, "probes", None, None),
+            // Every call probed: only the in-band correction is an estimate.
+            (Some(p), _) => (
+                in_probes(p),
+                p.calls,
+                "probes",
+                None,
+                Some(inband_error(p.calls as f64)),
+            ),
             (None, Some(l)) => limiter_row(l, 0),
             (None, None) => continue,
         };
+        // A time with no error at all (no hit inside it, nothing sampled) is exact.
+        let seconds_error = seconds_error.filter(|e| e.standard_error() != Some(0.0));
         *c.slot(&kind) += seconds;
-        if let Some(se) = seconds_se {
-            uncertainty
-                .entry(slot_name(&kind))
-                .or_default()
-                .add(&Sum::independent(se));
+        if let Some(error) = &seconds_error {
+            uncertainty.entry(slot_name(&kind)).or_default().add(error);
         }
         let hook = limiter.map(|l| l.hook_ns as f64 / 1e9).unwrap_or(0.0);
         c.limiter_hook += hook;
@@ -294,14 +312,17 @@ pub fn attribute(
                 .filter(|_| measured_by == "probes_sampled")
                 .map(|p| p.calls),
             calls_uncertainty: calls_se.map(|se| Uncertainty::of(calls as f64, se)),
-            seconds_uncertainty: seconds_se.map(|se| Uncertainty::of(seconds, se)),
+            seconds_uncertainty: seconds_error
+                .map(|e| Uncertainty::of(seconds, e.standard_error())),
         });
     }
     match charged {
         Some(ch) => {
             c.probe_cost = ch.ns / 1e9;
             if ch.ns > 0.0 {
-                uncertainty.insert("probe_cost", Sum::correlated(Some(ch.se_ns / 1e9)));
+                // The prices' spread, and what a hit costs the probed function beyond them.
+                let se_ns = ch.ns * hit_price_relative_se(ch.se_ns / ch.ns);
+                uncertainty.insert("probe_cost", Sum::correlated(Some(se_ns / 1e9)));
             }
         }
         // Priced without a calibration: how far off is not known.

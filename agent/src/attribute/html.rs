@@ -111,10 +111,12 @@ fn how_sure(out: &mut String, r: &AttributionReport) {
             );
         }
         for a in &p.apis {
-            if let (Some(c), Some(s)) = (&a.calls_uncertainty, &a.seconds_uncertainty) {
+            // The count is an estimate where sampled; the time also wherever a probe hit's
+            // price enters it (the in-band correction, the hits inside the limiter's timing).
+            if let Some(c) = &a.calls_uncertainty {
                 let _ = write!(
                     rows,
-                    "<tr><td>{} {}</td><td>{} calls ({})</td><td>{}</td><td>{}</td><td>{}</td></tr><tr><td>{} {}</td><td>{} time ({})</td><td>{:.3} ms</td><td>{}</td><td>{}</td></tr>",
+                    "<tr><td>{} {}</td><td>{} calls ({})</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                     p.pid,
                     esc(&p.comm),
                     esc(&a.api),
@@ -123,6 +125,12 @@ fn how_sure(out: &mut String, r: &AttributionReport) {
                     c.standard_error
                         .map_or("unknown".to_owned(), |se| format!("{se:.0}")),
                     sureness(Some(c)),
+                );
+            }
+            if let Some(s) = &a.seconds_uncertainty {
+                let _ = write!(
+                    rows,
+                    "<tr><td>{} {}</td><td>{} time ({})</td><td>{:.3} ms</td><td>{}</td><td>{}</td></tr>",
                     p.pid,
                     esc(&p.comm),
                     esc(&a.api),
@@ -141,7 +149,7 @@ fn how_sure(out: &mut String, r: &AttributionReport) {
     }
     let _ = write!(
         out,
-        "<h2>How sure these figures are</h2><p>Estimated figures and one standard error, from the sampling itself (the spread between sampled windows, the spread of the probe cost's re-measurements). Those marked <span class=unsure>!</span> are unsure by more than {:.0}% (or could not be estimated): read them as a range.</p><table><tr><th>process</th><th>figure</th><th>estimate</th><th>standard error</th><th></th></tr>{rows}</table>",
+        "<h2>How sure these figures are</h2><p>Estimated figures and one standard error, from the sampling (the spread between sampled windows, the spread of the probe cost's re-measurements) and from the price of a probe hit (what a hit costs the probed function beyond its calibration: a quarter of the price). Those marked <span class=unsure>!</span> are unsure by more than {:.0}% (or could not be estimated): read them as a range.</p><table><tr><th>process</th><th>figure</th><th>estimate</th><th>standard error</th><th></th></tr>{rows}</table>",
         MARK_ABOVE * 100.0
     );
 }

@@ -297,10 +297,13 @@ pub fn build(
                 inband_ns: inband.map(|i| (i - inband0.unwrap_or(0.0)).max(0.0)),
             }
         });
-        // The relative uncertainty of the prices this process's hits were charged at.
-        let hit_relative_se = charged
-            .filter(|c| c.ns > 0.0)
-            .map_or(0.0, |c| c.se_ns / c.ns);
+        // The relative uncertainty of the prices this process's hits were charged at, and of
+        // what they cost its own functions.
+        let hit_relative_se = uncertainty::hit_price_relative_se(
+            charged
+                .filter(|c| c.ns > 0.0)
+                .map_or(0.0, |c| c.se_ns / c.ns),
+        );
         let estimates = estimates_over(first, last, p.key.pid, hit_relative_se);
         // The process's own probe class (its library's functions decide what a hit costs).
         let mut own = sampling;

@@ -1,6 +1,7 @@
-//! How sure an attributed figure is: one standard error from the sampling itself (the spread
-//! between the sampled windows, the calibration's spread), added up as figures are, and the
-//! mark on those more than [`MARK_ABOVE`] unsure.
+//! How sure an attributed figure is: one standard error from the sampling (the spread between
+//! the sampled windows, the calibration's spread) and from the price of a probe hit
+//! ([`HIT_PRICE_SYSTEMATIC`]), added up as figures are, and the mark on those more than
+//! [`MARK_ABOVE`] unsure.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,24 @@ use serde::{Deserialize, Serialize};
 
 /// A figure whose relative standard error exceeds this (or is unknown) is marked.
 pub const MARK_ABOVE: f64 = 0.10;
+
+/// One standard error of what a probe hit costs the probed function itself, as a share of the
+/// price its calibration function measured. The calibration functions are not the probed
+/// library's entry points: a hit on a real entry point disturbs more of the code after its trap,
+/// and more or less of it falls between the probes' own timestamps, by amounts that differ by
+/// function and by run, which no spread of the calibration shows (docs/attribute.md, "How
+/// sure": on an H100, libcuda's `cuLaunchKernel` in six runs, the in-band part was over by 0.07
+/// to 0.35 of the price and the price itself off by -0.21 to +0.40 of it; root mean squares
+/// 0.21 and 0.22). Every figure that rests on the price carries it: the probe cost, the in-band
+/// correction of probed latencies, the hits taken out of the limiter's timing, and the pace
+/// estimate of sampled calls. It is the same for every call of a function, so it adds linearly.
+pub const HIT_PRICE_SYSTEMATIC: f64 = 0.25;
+
+/// The relative standard error of the price of a hit: the calibration's own spread
+/// (`spread_relative`) and [`HIT_PRICE_SYSTEMATIC`], in quadrature.
+pub fn hit_price_relative_se(spread_relative: f64) -> f64 {
+    spread_relative.hypot(HIT_PRICE_SYSTEMATIC)
+}
 
 /// One estimated figure's uncertainty.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -265,22 +265,40 @@ fn sampled_kinds_are_scaled_to_the_schedules_estimate_and_carry_its_uncertainty(
     );
     let (cu, su) = (k.calls_uncertainty.unwrap(), k.seconds_uncertainty.unwrap());
     assert_eq!(cu.relative, Some(0.03));
-    assert!((su.relative.unwrap() - 0.03).abs() < 1e-12 && !su.marked);
-    // Synchronisations probed whole: exact, no uncertainty.
+    // The time: the estimate's 3%, and the in-band correction of the 800,000 launches it
+    // stands for, a quarter of the 2 us price each (0.4 s of 3.2 s), linearly.
+    let systematic = |hits: f64| hits * 2_000e-9 * HIT_PRICE_SYSTEMATIC;
+    assert!(
+        (su.standard_error.unwrap() - (k.seconds * 0.03 + systematic(800_000.0))).abs() < 1e-12,
+        "{su:?}"
+    );
+    assert!((su.relative.unwrap() - 0.155).abs() < 1e-12 && su.marked);
+    // Synchronisations probed whole: an exact count, their time only as unsure as the in-band
+    // correction of 3,000 hits (1.5 ms of 147 ms).
     let sync = row("cuStreamSynchronize");
     assert_eq!((sync.calls, sync.measured_by.as_str()), (3_000, "probes"));
-    assert!(sync.calls_uncertainty.is_none() && sync.seconds_uncertainty.is_none());
-    // The driver component's error: the two rows' (quadrature); the probe cost's: charged.
+    assert!(sync.calls_uncertainty.is_none());
+    let ss = sync.seconds_uncertainty.unwrap();
+    assert!((ss.standard_error.unwrap() - systematic(3_000.0)).abs() < 1e-12);
+    assert!(!ss.marked, "{ss:?}");
+    // The driver component's error: the two rows' sampling (quadrature) and their in-band
+    // corrections (linearly); the probe cost's: the prices' spread and the price's error (in
+    // quadrature: independent).
     let driver_se = a.uncertainty["driver"].standard_error().unwrap();
-    let expected = (k.seconds * 0.03).hypot(ex.seconds * 0.03);
+    let expected = (k.seconds * 0.03).hypot(ex.seconds * 0.03) + systematic(1_000_000.0);
     assert!(
         (driver_se - expected).abs() < 1e-12,
         "{driver_se} vs {expected}"
     );
     assert!(
-        (a.uncertainty["probe_cost"].standard_error().unwrap() - 53_000.0 * 300e-9).abs() < 1e-12
+        (a.uncertainty["probe_cost"].standard_error().unwrap()
+            - 53_000.0 * 300e-9f64.hypot(2_000e-9 * HIT_PRICE_SYSTEMATIC))
+        .abs()
+            < 1e-12
     );
-    assert!(!a.uncertainty.contains_key("sync_wait"));
+    assert!(
+        (a.uncertainty["sync_wait"].standard_error().unwrap() - systematic(3_000.0)).abs() < 1e-12
+    );
     assert_eq!(a.probed_calls, 53_000);
 }
 
@@ -372,8 +390,14 @@ fn launches_come_from_the_limiter_less_the_hits_inside_its_timing() {
         );
         assert!((launch.seconds - 3.0).abs() < 1e-9, "{launch:?}");
         assert!(launch.calls_uncertainty.is_none(), "the count is exact");
+        // The 20,000 hits taken out: the prices' spread, and a quarter of the price each, in
+        // quadrature.
         let se = launch.seconds_uncertainty.unwrap();
-        assert!((se.standard_error.unwrap() - 20_000.0 * 100e-9).abs() < 1e-12);
+        let expected = 20_000.0 * 100e-9f64.hypot(2_000e-9 * HIT_PRICE_SYSTEMATIC);
+        assert!(
+            (se.standard_error.unwrap() - expected).abs() < 1e-12,
+            "{se:?}"
+        );
         assert!(!se.marked);
         assert!((a.components.driver - 3.0).abs() < 1e-9);
         assert!((a.components.probe_cost - 0.04).abs() < 1e-12);

@@ -9,10 +9,15 @@ use crate::model::{
     probing::{Exposure, KindSampling, LaunchProbes, ProbeCost, SamplingStatus},
 };
 
-/// A snapshot of one process (pid 1) that made `probed` probed launches of 5 us each, whose
-/// launches the schedule estimated as `exposure`, and that was charged `charged` ns of probe
-/// cost with that standard error.
-fn snapshot(probed: u64, exposure: serde_json::Value, charged: (f64, f64)) -> Snapshot {
+/// A snapshot of one process (pid 1) that made `probed` probed launches of `launch_ns` each
+/// (as the probes measured them), whose launches the schedule estimated as `exposure`, and that
+/// was charged `charged` ns of probe cost with that standard error.
+fn snapshot(
+    probed: u64,
+    launch_ns: u64,
+    exposure: serde_json::Value,
+    charged: (f64, f64),
+) -> Snapshot {
     let mut s = crate::tui::fixture::empty();
     s.agent.launch_probes = LaunchProbes::Sampled {
         window: std::time::Duration::from_millis(50),
@@ -45,7 +50,7 @@ fn snapshot(probed: u64, exposure: serde_json::Value, charged: (f64, f64)) -> Sn
         calls: probed,
         errors: 0,
         bytes: 0,
-        total_ns: probed * 5_000,
+        total_ns: probed * launch_ns,
         hook_ns: 0,
         denied: 0,
         hist: vec![],
@@ -56,9 +61,12 @@ fn snapshot(probed: u64, exposure: serde_json::Value, charged: (f64, f64)) -> Sn
     s
 }
 
-fn report(sq_diff: f64) -> AttributionReport {
+/// `launch_ns`: each launch as the probes measured it (the price of a hit is 2 us, 1 us of it
+/// in-band).
+fn report(sq_diff: f64, launch_ns: u64) -> AttributionReport {
     let first = snapshot(
         0,
+        launch_ns,
         json!({"probed_calls": 0, "estimated_calls": 0.0}),
         (0.0, 0.0),
     );
@@ -67,6 +75,7 @@ fn report(sq_diff: f64) -> AttributionReport {
     // whose squared weights sum to 1 s^2.
     let last = snapshot(
         50_000,
+        launch_ns,
         json!({
             "probed_calls": 50_000, "estimated_calls": 1_000_000.0,
             "gap_calls_by_pace": 950_000.0,
@@ -86,8 +95,8 @@ fn report(sq_diff: f64) -> AttributionReport {
 
 #[test]
 fn an_unsure_estimate_is_marked_in_the_json_the_table_and_the_html() {
-    // Standard error 150,000 calls: 15% of the estimate.
-    let r = report(20.0 * 150_000f64.powi(2));
+    // Standard error 150,000 calls: 15% of the estimate; launches of 5 us.
+    let r = report(20.0 * 150_000f64.powi(2), 5_000);
     let p = &r.processes[0];
     let launch = &p.apis[0];
     assert_eq!(
@@ -102,11 +111,13 @@ fn an_unsure_estimate_is_marked_in_the_json_the_table_and_the_html() {
     assert!(p.uncertainty["driver"].marked);
     assert!(r.totals_uncertainty["driver"].marked);
     assert!(r.containers[0].uncertainty["driver"].marked);
-    // The probe cost: charged at prices 5% unsure.
+    // The probe cost: charged at prices 5% unsure, and a hit on the probed function unsure by
+    // a quarter of its price beyond that (in quadrature: 25.5%).
     let cost = p.uncertainty["probe_cost"];
-    assert!((cost.relative.unwrap() - 0.05).abs() < 1e-9 && !cost.marked);
+    let relative = 0.05f64.hypot(0.25);
+    assert!((cost.relative.unwrap() - relative).abs() < 1e-9 && cost.marked);
     let per_call = r.sampling.probe_cost_per_call_uncertainty.unwrap();
-    assert!((per_call.standard_error.unwrap() - 100.0).abs() < 1e-6);
+    assert!((per_call.standard_error.unwrap() - 2_000.0 * relative).abs() < 1e-6);
     assert!(
         r.notes.iter().any(|n| n.contains("marked !")),
         "{:?}",
@@ -115,7 +126,9 @@ fn an_unsure_estimate_is_marked_in_the_json_the_table_and_the_html() {
     let json = serde_json::to_value(&r).unwrap();
     let row = &json["processes"][0]["apis"][0];
     assert_eq!(row["calls_uncertainty"]["marked"], true);
-    assert!((row["seconds_uncertainty"]["relative"].as_f64().unwrap() - 0.15).abs() < 1e-9);
+    // The time: the count's 15%, and the in-band correction (a quarter of a 2 us hit in each
+    // 4 us launch: 12.5%).
+    assert!((row["seconds_uncertainty"]["relative"].as_f64().unwrap() - 0.275).abs() < 1e-9);
     assert_eq!(
         json["processes"][0]["uncertainty"]["driver"]["marked"],
         true
@@ -130,19 +143,39 @@ fn an_unsure_estimate_is_marked_in_the_json_the_table_and_the_html() {
 
 #[test]
 fn a_sure_estimate_shows_its_uncertainty_unmarked() {
-    // 2%.
-    let r = report(20.0 * 20_000f64.powi(2));
-    let u = r.processes[0].apis[0].calls_uncertainty.unwrap();
+    // 2%, launches of 50 us: the in-band correction is 1% of each.
+    let r = report(20.0 * 20_000f64.powi(2), 50_000);
+    let p = &r.processes[0];
+    let u = p.apis[0].calls_uncertainty.unwrap();
     assert!((u.relative.unwrap() - 0.02).abs() < 1e-9 && !u.marked);
-    assert!(!r.notes.iter().any(|n| n.contains("marked !")));
+    let s = p.apis[0].seconds_uncertainty.unwrap();
+    assert!((s.relative.unwrap() - (0.02 + 500.0 / 49_000.0)).abs() < 1e-9 && !s.marked);
+    assert!(!p.uncertainty["driver"].marked && !r.totals_uncertainty["driver"].marked);
     let text = super::super::table(&r);
     assert!(text.contains("±2%") && !text.contains("±2%!"), "{text}");
-    assert!(!super::super::html::render(&r).contains("<span class=unsure title"));
+    // The probe cost alone is marked: what a hit costs the probed function is a quarter of
+    // its price unsure, whatever the sampling.
+    assert!(p.uncertainty["probe_cost"].marked);
+    let marked: Vec<&String> = p
+        .uncertainty
+        .iter()
+        .filter(|(_, u)| u.marked)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(marked, ["probe_cost"]);
+    // In the HTML: the cost per probed call in the header and the probe cost's row.
+    let html = super::super::html::render(&r);
+    assert_eq!(
+        html.matches("<span class=unsure title").count(),
+        2,
+        "{html}"
+    );
+    assert!(html.contains("each probed call cost 2000 ns <span class=unsure"));
 }
 
 #[test]
 fn a_recording_without_uncertainty_still_reads_as_a_baseline() {
-    let r = report(0.0);
+    let r = report(0.0, 5_000);
     let mut json = serde_json::to_value(&r).unwrap();
     // As written before estimates carried their uncertainty.
     json.as_object_mut().unwrap().remove("totals_uncertainty");
@@ -156,4 +189,47 @@ fn a_recording_without_uncertainty_still_reads_as_a_baseline() {
     let back: AttributionReport = serde_json::from_value(json).unwrap();
     assert!(back.processes[0].uncertainty.is_empty());
     assert_eq!(back.totals, r.totals);
+}
+
+/// A pace estimate rests on the price of a hit: the windows' own time is what is left of them
+/// once the hits are taken out. Its count carries the price's error (the prices' 5% spread and
+/// a quarter of the price on the probed function, in quadrature) times probe time over own time.
+#[test]
+fn a_pace_estimate_carries_the_price_of_a_hit() {
+    let first = snapshot(
+        0,
+        5_000,
+        json!({"probed_calls": 0, "estimated_calls": 0.0}),
+        (0.0, 0.0),
+    );
+    let last = snapshot(
+        50_000,
+        5_000,
+        json!({
+            "probed_calls": 50_000, "estimated_calls": 1_000_000.0,
+            "gap_calls_by_pace": 950_000.0,
+            "pace": {"pairs": 10, "sq_diff": 0.0, "weight_sq": 1.0,
+                     "probe_seconds": 0.05, "own_seconds": 0.25},
+        }),
+        (50_000.0 * 2_000.0, 50_000.0 * 100.0),
+    );
+    let r = build(
+        &first,
+        &last,
+        "in_process",
+        10.0,
+        &Filter::default(),
+        |_| None,
+    );
+    let u = r.processes[0].apis[0].calls_uncertainty.unwrap();
+    let expected = 950_000.0 * 0.05 / 0.25 * 0.05f64.hypot(0.25);
+    assert!(
+        (u.standard_error.unwrap() - expected).abs() < 1e-6,
+        "{u:?} vs {expected}"
+    );
+    // 4.8% of the estimate, where without the price it would be exact (no spread).
+    assert!(
+        (u.relative.unwrap() - 0.0484).abs() < 1e-4 && !u.marked,
+        "{u:?}"
+    );
 }

@@ -3,63 +3,12 @@
 mod support;
 
 use std::{
-    io::Read,
-    os::unix::net::UnixStream,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use serde_json::Value;
-use support::*;
-
-struct Daemon(Child, PathBuf);
-
-impl Daemon {
-    fn start(socket: &Path, args: &[&str]) -> Daemon {
-        let child = Command::new(agent_bin())
-            .args([
-                "run",
-                "--interval",
-                "200ms",
-                "--no-calibrate",
-                "--no-nvml",
-                "--socket",
-            ])
-            .arg(socket)
-            .args(args)
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        wait_until(
-            Duration::from_secs(20),
-            || UnixStream::connect(socket).is_ok(),
-            "the daemon's socket",
-        );
-        Daemon(child, socket.to_owned())
-    }
-
-    fn snapshot(&self) -> Value {
-        let mut s = UnixStream::connect(&self.1).unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        serde_json::from_str(&body).expect("a JSON snapshot")
-    }
-
-    fn stop(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        self.0.wait().unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    /// A failed assertion must not leave the daemon running (it holds the test's output pipe).
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::{daemon::Daemon, prometheus::http_get, *};
 
 fn process_of(snap: &Value, pid: u32) -> Option<&Value> {
     snap["processes"]
@@ -93,9 +42,13 @@ fn two_processes_in_two_containers_a_corrupt_region_and_no_nvml() {
         "vgpu-test-{tag}/kubepods/besteffort/pod{pod_uid}/{k8s_id}"
     ));
 
-    let socket = dir.path().join("agent.sock");
     let region_dir = dir.path().join("regions");
-    let daemon = Daemon::start(&socket, &["--region-dir", region_dir.to_str().unwrap()]);
+    let daemon = Daemon::start(
+        dir.path(),
+        "200ms",
+        &["--region-dir", region_dir.to_str().unwrap()],
+    );
+    let socket = daemon.socket.clone();
 
     let mut holders = Vec::new();
     for (i, (cg, bytes)) in [(&cg_docker, 64u64 << 20), (&cg_k8s, 96 << 20)]
@@ -271,22 +224,6 @@ fn two_processes_in_two_containers_a_corrupt_region_and_no_nvml() {
     assert!(!socket.exists(), "the socket is removed on exit");
 }
 
-/// `GET target` on 127.0.0.1:`port`: the status code and body.
-fn http_get(port: u16, target: &str) -> std::io::Result<(u16, String)> {
-    use std::io::Write as _;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    write!(s, "GET {target} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    Ok((status, body))
-}
-
 /// The value of the first exposition line that starts with `name{` and contains `label`.
 fn sample(body: &str, name: &str, label: &str) -> Option<f64> {
     body.lines()
@@ -309,20 +246,12 @@ fn sm_throttling_reaches_the_model_and_the_metrics() {
     std::fs::create_dir_all(&regions).unwrap();
     let id = format!("{:016x}", std::process::id() as u64 * 0x9e37_79b9 + 0x5eed).repeat(4);
     let cg = TestCgroup::new(&format!("vgpu-sm-{}/docker/{id}", std::process::id()));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let socket = dir.path().join("agent.sock");
     let daemon = Daemon::start(
-        &socket,
-        &[
-            "--region-dir",
-            regions.to_str().unwrap(),
-            &format!("--metrics-listen=127.0.0.1:{port}"),
-        ],
+        dir.path(),
+        "200ms",
+        &["--region-dir", regions.to_str().unwrap()],
     );
+    let port = daemon.port;
 
     let wdir = dir.path().join("w");
     std::fs::create_dir_all(&wdir).unwrap();

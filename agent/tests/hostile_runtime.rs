@@ -11,90 +11,14 @@ mod support;
 use std::{
     io::{Read, Write},
     net::TcpStream,
-    os::unix::{fs::FileExt, net::UnixStream},
-    path::{Path, PathBuf},
+    os::unix::fs::FileExt,
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
-use support::*;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `vgpu-agent run` with `/metrics` on a free port.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    port: u16,
-}
-
-impl Daemon {
-    fn start(dir: &Path, interval: &str, args: &[&str]) -> Daemon {
-        let socket = dir.join("agent.sock");
-        let port = free_port();
-        let child = Command::new(agent_bin())
-            .args(["run", "--no-calibrate", "--no-nvml", "--interval", interval])
-            .arg("--socket")
-            .arg(&socket)
-            .arg(format!("--metrics-listen=127.0.0.1:{port}"))
-            .args(args)
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        wait_until(
-            Duration::from_secs(30),
-            || {
-                UnixStream::connect(&socket).is_ok()
-                    && TcpStream::connect(("127.0.0.1", port)).is_ok()
-            },
-            "the daemon's socket and /metrics",
-        );
-        Daemon {
-            child,
-            socket,
-            port,
-        }
-    }
-
-    fn snapshot(&self) -> Value {
-        let mut s = UnixStream::connect(&self.socket).unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        serde_json::from_str(&body).expect("a JSON snapshot")
-    }
-
-    /// One scrape of `/metrics` on a new connection: the body and how long it took.
-    fn scrape(&self) -> (String, Duration) {
-        let started = Instant::now();
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).unwrap();
-        let took = started.elapsed();
-        assert!(raw.starts_with("HTTP/1.1 200"), "{raw:.200}");
-        let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-        (body, took)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::{daemon::Daemon, *};
 
 /// The value of the exposition line `name` (no labels: `name{} value` or `name value`).
 fn gauge(body: &str, name: &str) -> Option<f64> {

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // Each test binary uses part of this module.
 
 pub mod attribute;
+pub mod daemon;
 pub mod dashboards;
 pub mod hostile;
 pub mod podman;

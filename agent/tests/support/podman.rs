@@ -6,12 +6,10 @@
 use std::{
     collections::BTreeMap,
     fs,
-    io::{Read, Write},
     net::TcpStream,
     os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Command, Output},
-    time::Duration,
 };
 
 use serde_json::Value;
@@ -522,18 +520,7 @@ pub fn http_get_in_netns(pid: u32, port: u16, target: &str) -> std::io::Result<(
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let mut s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(s, "GET {target} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut resp = String::new();
-        s.read_to_string(&mut resp)?;
-        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        Ok((status, body.to_owned()))
+        super::prometheus::get_on(TcpStream::connect(("127.0.0.1", port))?, &target)
     })
     .join()
     .expect("the request thread")

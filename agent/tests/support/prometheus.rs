@@ -26,7 +26,11 @@ pub fn free_port() -> u16 {
 
 /// A plain HTTP/1.0 GET on 127.0.0.1; (status, body).
 pub fn http_get(port: u16, target: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    get_on(TcpStream::connect(("127.0.0.1", port))?, target)
+}
+
+/// A plain HTTP/1.0 GET of `target` on a connected stream; (status, body).
+pub fn get_on(mut s: TcpStream, target: &str) -> std::io::Result<(u16, String)> {
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(s, "GET {target} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
     let mut resp = String::new();

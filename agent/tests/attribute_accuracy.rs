@@ -206,8 +206,15 @@ fn accuracy_of_sampled_launches_by_reference() {
     sampled_launches(64);
 }
 
-/// The same launches under the limiter: its count is exact, and its driver time against the time
-/// the simulated driver measured inside the launches.
+/// The same launches under the limiter, every other one made straight to the simulated driver
+/// past it (and past the probes): the limiter's count is exact, and its driver time is checked
+/// against the direct launches' time measured beside the hooked ones (their mean times the hooked
+/// launches), the truth `scripts/gpu/validate-attribute.sh` uses on the real driver. The time the
+/// simulated driver measures inside itself starts after its own entry work, so it is printed but
+/// is not the truth for a timing around the call. Twice: with the default sampling window (50 ms)
+/// and with 10 ms windows, five times as many attaches and detaches of the launch probes, whose
+/// cost to the launching thread lands inside the limiter's timing (docs/attribute.md,
+/// "Accuracy"); the goal (5%) is held at the default.
 #[test]
 #[ignore = "accuracy benchmark: cargo xtask bench attribute"]
 fn accuracy_of_launches_under_the_limiter() {
@@ -215,23 +222,36 @@ fn accuracy_of_launches_under_the_limiter() {
     if !privileged() {
         return;
     }
-    let dir = tempdir();
-    let lib = sim_lib(&dir.path().join("lib"));
     const LAUNCHES: u64 = 1_000_000;
-    let RecordedWorkload { pid, made, report } =
-        record_delayed_launches_under_the_limiter(dir.path(), &lib, LAUNCHES);
-    let launch = api_of(process(&report, pid), "cuLaunchKernel").unwrap();
-    let count = accuracy(
-        "launch count under the limiter",
-        num(&launch["calls"]),
-        LAUNCHES as f64,
-        None,
-    );
-    let time = accuracy(
-        "launch driver time under the limiter",
-        num(&launch["seconds"]),
-        num(&made["inside_total_ns"]) / 1e9,
-        Some(&launch["seconds_uncertainty"]),
-    );
-    assert!(count == 0.0 && time <= 0.05, "count {count}, time {time}");
+    let mut at_default = None;
+    for window in ["50ms", "10ms"] {
+        let dir = tempdir();
+        let lib = sim_lib(&dir.path().join("lib"));
+        let RecordedWorkload { pid, made, report } =
+            record_delayed_launches_beside_direct_ones(dir.path(), &lib, LAUNCHES, window);
+        let launch = api_of(process(&report, pid), "cuLaunchKernel").unwrap();
+        let direct = &made["direct"];
+        let hooked = num(&direct["hooked"]);
+        let count = accuracy(
+            &format!("launch count under the limiter ({window} windows)"),
+            num(&launch["calls"]),
+            hooked,
+            None,
+        );
+        let time = accuracy(
+            &format!("launch driver time under the limiter ({window} windows)"),
+            num(&launch["seconds"]),
+            num(&direct["mean_ns"]) * hooked / 1e9,
+            Some(&launch["seconds_uncertainty"]),
+        );
+        println!(
+            "ACCURACY (for reference, {window} windows) the simulated driver's own time inside all {LAUNCHES} launches: {:.6} s; launch probes attached {:.2} s",
+            num(&made["inside_total_ns"]) / 1e9,
+            num(&report["sampling"]["launch_probe_seconds"])
+        );
+        assert_eq!(count, 0.0, "{window}");
+        at_default.get_or_insert(time);
+    }
+    let time = at_default.unwrap();
+    assert!(time <= 0.05, "default window: {time}");
 }

@@ -269,6 +269,18 @@ pub fn record_limited_launches(
     env: &[(&str, &str)],
     agent_args: &[&str],
 ) -> RecordedWorkload {
+    record_limited_loop(dir, lib, launches, env, &[], agent_args)
+}
+
+/// [`record_limited_launches`] with `loop_args` added to the workload's `launch-loop`.
+fn record_limited_loop(
+    dir: &Path,
+    lib: &Path,
+    launches: u64,
+    env: &[(&str, &str)],
+    loop_args: &[&str],
+    agent_args: &[&str],
+) -> RecordedWorkload {
     let regions = dir.join("regions");
     std::fs::create_dir_all(&regions).unwrap();
     let mut cmd = exercise(lib);
@@ -283,7 +295,8 @@ pub fn record_limited_launches(
             "launch-loop",
             "--count",
             &launches.to_string(),
-        ]);
+        ])
+        .args(loop_args);
     let mut all_args = vec!["--region-dir", regions.to_str().unwrap()];
     all_args.extend_from_slice(agent_args);
     record_one(cmd, dir, lib, &all_args)
@@ -303,6 +316,26 @@ pub fn record_delayed_launches_under_the_limiter(
         launches,
         &[("SIMCUDA_DELAY_US", "cuLaunchKernel=3")],
         &SAMPLED_2_PERCENT,
+    )
+}
+
+/// As [`record_delayed_launches_under_the_limiter`] with sampling windows of `window`, and every
+/// other launch made straight to the simulated driver's implementation, past the limiter and the
+/// probes (`launch-loop --direct-every 2`): their time, measured beside the hooked launches, is
+/// the truth for the limiter's timing.
+pub fn record_delayed_launches_beside_direct_ones(
+    dir: &Path,
+    lib: &Path,
+    launches: u64,
+    window: &str,
+) -> RecordedWorkload {
+    record_limited_loop(
+        dir,
+        lib,
+        launches,
+        &[("SIMCUDA_DELAY_US", "cuLaunchKernel=3")],
+        &["--direct-every", "2"],
+        &["--probe-budget", "2%", "--sample-window", window],
     )
 }
 

@@ -172,7 +172,17 @@ fn limiter_self_time() -> serde_json::Value {
     })
 }
 
-pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode, String> {
+/// `launch-loop`: `count` launches through the driver's `cuLaunchKernel` as `dlsym` gives it
+/// (under a preloaded limiter, its hook), each timed. With `direct_every` N > 0, every Nth launch
+/// goes instead straight to the simulated driver's implementation, past the limiter and past any
+/// probe on the entry point: the direct launches' trimmed mean (1% off each end: a time is a sum,
+/// so its truth is a mean) is the truth for the hooked launches' driver time.
+pub fn launch_loop(
+    drv: &Driver,
+    count: u64,
+    sync_every: u64,
+    direct_every: u64,
+) -> Result<ExitCode, String> {
     if drv.init() != Some(0) {
         return Err("cuInit failed".into());
     }
@@ -206,16 +216,48 @@ pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode
         // SAFETY: sim-cuda's `simcuda_last_call_ns` takes nothing and returns a u64.
         unsafe { std::mem::transmute::<*mut std::ffi::c_void, extern "C" fn() -> u64>(f) }
     });
+    // The simulated driver's own entry point, past any hook.
+    let direct = if direct_every > 0 {
+        let own = drv
+            .symbol("simcuda_own_symbol")
+            .ok_or("--direct-every needs the simulated driver (simcuda_own_symbol)")?;
+        // SAFETY: sim-cuda's `simcuda_own_symbol` takes a C string and returns an address.
+        let own = unsafe {
+            std::mem::transmute::<
+                *mut std::ffi::c_void,
+                unsafe extern "C" fn(*const i8) -> *mut std::ffi::c_void,
+            >(own)
+        };
+        // SAFETY: a NUL-terminated literal.
+        let p = unsafe { own(c"cuLaunchKernel".as_ptr()) };
+        if p.is_null() {
+            return Err("the simulated driver has no own cuLaunchKernel".into());
+        }
+        // SAFETY: the simulated driver's cuLaunchKernel has this cuda.h signature.
+        Some(unsafe { std::mem::transmute::<*mut std::ffi::c_void, Launch>(p) })
+    } else {
+        None
+    };
     let null = std::ptr::null_mut();
     let mut ns: Vec<u64> = Vec::with_capacity(count as usize);
+    let mut direct_ns: Vec<u64> = Vec::new();
+    let mut hooked = 0u64;
     let mut errors = 0u64;
     let mut inside = 0u64;
     let t_all = Instant::now();
-    for _ in 0..count {
+    for i in 0..count {
+        let through = direct.filter(|_| (i + 1).is_multiple_of(direct_every));
         let t = Instant::now();
         // SAFETY: a function from the driver, non-zero dimensions, no parameters.
-        let r = unsafe { launch(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast()) };
-        ns.push(t.elapsed().as_nanos() as u64);
+        let r = unsafe {
+            through.unwrap_or(launch)(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast())
+        };
+        let took = t.elapsed().as_nanos() as u64;
+        ns.push(took);
+        match through {
+            Some(_) => direct_ns.push(took),
+            None => hooked += 1,
+        }
         errors += u64::from(r != 0);
         if let Some(f) = inside_of {
             inside += f();
@@ -227,6 +269,15 @@ pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode
     let total = t_all.elapsed().as_nanos() as u64;
     drv.ctx_synchronize();
     ns.sort_unstable();
+    let direct_figures = direct.map(|_| {
+        json!({
+            "hooked": hooked,
+            "direct": direct_ns.len(),
+            "mean_ns": (!direct_ns.is_empty())
+                .then(|| direct_ns.iter().sum::<u64>() as f64 / direct_ns.len() as f64),
+            "trimmed_mean_ns": trimmed_mean(&mut direct_ns),
+        })
+    });
     print(json!({
         "pid": std::process::id(),
         "launches": count,
@@ -234,8 +285,17 @@ pub fn launch_loop(drv: &Driver, count: u64, sync_every: u64) -> Result<ExitCode
         "launch_ns": ns.get(ns.len() / 2).copied().unwrap_or(0),
         "launch_mean_ns": total.checked_div(count).unwrap_or(0),
         "inside_total_ns": inside_of.map(|_| inside),
+        "direct": direct_figures,
     }));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The mean of `v` without its lowest and highest 1% (a preempted call is not a launch's cost).
+fn trimmed_mean(v: &mut [u64]) -> Option<f64> {
+    v.sort_unstable();
+    let cut = v.len() / 100;
+    let kept = &v[cut..v.len() - cut];
+    (!kept.is_empty()).then(|| kept.iter().sum::<u64>() as f64 / kept.len() as f64)
 }
 
 pub fn paced(

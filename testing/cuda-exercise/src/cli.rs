@@ -142,6 +142,11 @@ pub enum Command {
         /// do.
         #[arg(long, default_value_t = 0)]
         sync_every: u64,
+        /// Every Nth launch goes straight to the simulated driver's own cuLaunchKernel (its
+        /// `simcuda_own_symbol`), past a preloaded limiter, so that the direct launches' time,
+        /// measured beside the hooked ones, is the truth for the limiter's timing (0: none)
+        #[arg(long, default_value_t = 0)]
+        direct_every: u64,
     },
     /// cuInit, primary context, then (after `--barrier` appears, if given) N cuMemAlloc_v2 +
     /// cuMemFree_v2 pairs of `--size` bytes, each timed; prints the median and mean pair time and

@@ -115,7 +115,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             size,
         } => timing::latency(&drv, &api, calls, init, size as usize),
         Command::Launches { count } => timing::launches(&drv, count),
-        Command::LaunchLoop { count, sync_every } => bench::launch_loop(&drv, count, sync_every),
+        Command::LaunchLoop {
+            count,
+            sync_every,
+            direct_every,
+        } => bench::launch_loop(&drv, count, sync_every, direct_every),
         Command::Paced {
             seconds,
             sync_every,

@@ -122,6 +122,17 @@ macro_rules! exports {
                 _ => None,
             }
         }
+
+        /// The address of the implementation behind the exported entry point `name`: not
+        /// exported, so no preloaded library's symbol of the same name stands in for it (the
+        /// exported name's address, taken in this library, resolves to a preloaded limiter's
+        /// hook), and no probe on the entry point sees a call to it.
+        pub(crate) fn own_address(name: &str) -> Option<*mut c_void> {
+            match name {
+                $(stringify!($name) => Some(imp::$name as *mut c_void),)*
+                _ => None,
+            }
+        }
     };
 }
 
@@ -193,6 +204,14 @@ fn export_address(name: &str) -> Option<*mut c_void> {
         .or_else(|| copy::export_address(name))
 }
 
+/// The implementation behind the exported entry point `name` (see each module's `own_address`).
+fn own_address(name: &str) -> Option<*mut c_void> {
+    device::own_address(name)
+        .or_else(|| launch::own_address(name))
+        .or_else(|| memory::own_address(name))
+        .or_else(|| copy::own_address(name))
+}
+
 /// The number of names in `lists`.
 const fn count(lists: &[&[&str]]) -> usize {
     let (mut n, mut i) = (0, 0);
@@ -227,10 +246,41 @@ pub extern "C" fn simcuda_last_call_ns() -> u64 {
     runtime::last_call_ns()
 }
 
+/// Not a driver API: the implementation behind this library's entry point `name` (a
+/// NUL-terminated C string), or null where it exports none. Calling through it reaches the
+/// simulated driver past a preloaded limiter, which answers `dlsym` and `cuGetProcAddress` with
+/// its hooks, and past any probe on the entry point: a benchmark times such direct calls beside
+/// hooked ones, as `scripts/gpu/attribute_micro.cu` does with libcuda's own `cuLaunchKernel`.
+///
+/// # Safety
+/// `name` is null or points to a NUL-terminated string.
+// SAFETY: an exported name no driver or other library of the process defines (`simcuda_`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn simcuda_own_symbol(name: *const c_char) -> *mut c_void {
+    if name.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: non-null and NUL-terminated per this function's contract.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    own_address(&name).unwrap_or(std::ptr::null_mut())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use agent_common::api::APIS;
+
+    #[test]
+    fn own_symbols_are_the_implementations_behind_the_entry_points() {
+        // SAFETY: NUL-terminated literals, and a null.
+        unsafe {
+            let own = simcuda_own_symbol(c"cuLaunchKernel".as_ptr());
+            assert_eq!(own, own_address("cuLaunchKernel").unwrap());
+            assert!(!own.is_null() && own != export_address("cuLaunchKernel").unwrap());
+            assert!(simcuda_own_symbol(c"cuNoSuchThing".as_ptr()).is_null());
+            assert!(simcuda_own_symbol(std::ptr::null()).is_null());
+        }
+    }
 
     #[test]
     fn every_traced_api_is_exported() {

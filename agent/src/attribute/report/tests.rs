@@ -62,24 +62,32 @@ fn snapshot(
 }
 
 /// `launch_ns`: each launch as the probes measured it (the price of a hit is 2 us, 1 us of it
-/// in-band).
+/// in-band). 50,000 launches probed in windows, 950,000 estimated for the gaps by pace from 11
+/// windows whose successive differences give a variance of `sq_diff / 20` (calls/s)^2, over gaps
+/// whose squared weights sum to 1 s^2.
 fn report(sq_diff: f64, launch_ns: u64) -> AttributionReport {
+    report_by_pace(
+        json!({"pairs": 10, "sq_diff": sq_diff, "weight_sq": 1.0, "own_seconds": 0.25}),
+        launch_ns,
+    )
+}
+
+/// The report of 50,000 launches probed in windows and 950,000 estimated for the gaps by pace,
+/// the pace windows' spread `pace`, each launch `launch_ns` as the probes measured it, charged at
+/// 2 us a hit with a 5% spread.
+fn report_by_pace(pace: serde_json::Value, launch_ns: u64) -> AttributionReport {
     let first = snapshot(
         0,
         launch_ns,
         json!({"probed_calls": 0, "estimated_calls": 0.0}),
         (0.0, 0.0),
     );
-    // 50,000 launches probed in windows, 950,000 estimated for the gaps by pace from 11 windows
-    // whose successive differences give a variance of `sq_diff / 20` (calls/s)^2, over gaps
-    // whose squared weights sum to 1 s^2.
     let last = snapshot(
         50_000,
         launch_ns,
         json!({
             "probed_calls": 50_000, "estimated_calls": 1_000_000.0,
-            "gap_calls_by_pace": 950_000.0,
-            "pace": {"pairs": 10, "sq_diff": sq_diff, "weight_sq": 1.0, "own_seconds": 0.25},
+            "gap_calls_by_pace": 950_000.0, "pace": pace,
         }),
         (50_000.0 * 2_000.0, 50_000.0 * 100.0),
     );
@@ -196,30 +204,10 @@ fn a_recording_without_uncertainty_still_reads_as_a_baseline() {
 /// a quarter of the price on the probed function, in quadrature) times probe time over own time.
 #[test]
 fn a_pace_estimate_carries_the_price_of_a_hit() {
-    let first = snapshot(
-        0,
+    let r = report_by_pace(
+        json!({"pairs": 10, "sq_diff": 0.0, "weight_sq": 1.0,
+               "probe_seconds": 0.05, "own_seconds": 0.25}),
         5_000,
-        json!({"probed_calls": 0, "estimated_calls": 0.0}),
-        (0.0, 0.0),
-    );
-    let last = snapshot(
-        50_000,
-        5_000,
-        json!({
-            "probed_calls": 50_000, "estimated_calls": 1_000_000.0,
-            "gap_calls_by_pace": 950_000.0,
-            "pace": {"pairs": 10, "sq_diff": 0.0, "weight_sq": 1.0,
-                     "probe_seconds": 0.05, "own_seconds": 0.25},
-        }),
-        (50_000.0 * 2_000.0, 50_000.0 * 100.0),
-    );
-    let r = build(
-        &first,
-        &last,
-        "in_process",
-        10.0,
-        &Filter::default(),
-        |_| None,
     );
     let u = r.processes[0].apis[0].calls_uncertainty.unwrap();
     let expected = 950_000.0 * 0.05 / 0.25 * 0.05f64.hypot(0.25);

@@ -175,8 +175,8 @@ fn limiter_self_time() -> serde_json::Value {
 /// `launch-loop`: `count` launches through the driver's `cuLaunchKernel` as `dlsym` gives it
 /// (under a preloaded limiter, its hook), each timed. With `direct_every` N > 0, every Nth launch
 /// goes instead straight to the simulated driver's implementation, past the limiter and past any
-/// probe on the entry point: the direct launches' trimmed mean (1% off each end: a time is a sum,
-/// so its truth is a mean) is the truth for the hooked launches' driver time.
+/// probe on the entry point: the direct launches' mean (not trimmed: the limiter's total carries
+/// every preempted call too) is the truth for the hooked launches' driver time.
 pub fn launch_loop(
     drv: &Driver,
     count: u64,
@@ -216,7 +216,7 @@ pub fn launch_loop(
         // SAFETY: sim-cuda's `simcuda_last_call_ns` takes nothing and returns a u64.
         unsafe { std::mem::transmute::<*mut std::ffi::c_void, extern "C" fn() -> u64>(f) }
     });
-    // The simulated driver's own entry point, past any hook.
+    // The simulated driver's implementation of cuLaunchKernel, past any hook or probe.
     let direct = if direct_every > 0 {
         let own = drv
             .symbol("simcuda_own_symbol")
@@ -241,7 +241,6 @@ pub fn launch_loop(
     let null = std::ptr::null_mut();
     let mut ns: Vec<u64> = Vec::with_capacity(count as usize);
     let mut direct_ns: Vec<u64> = Vec::new();
-    let mut hooked = 0u64;
     let mut errors = 0u64;
     let mut inside = 0u64;
     let t_all = Instant::now();
@@ -254,9 +253,8 @@ pub fn launch_loop(
         };
         let took = t.elapsed().as_nanos() as u64;
         ns.push(took);
-        match through {
-            Some(_) => direct_ns.push(took),
-            None => hooked += 1,
+        if through.is_some() {
+            direct_ns.push(took);
         }
         errors += u64::from(r != 0);
         if let Some(f) = inside_of {
@@ -271,11 +269,10 @@ pub fn launch_loop(
     ns.sort_unstable();
     let direct_figures = direct.map(|_| {
         json!({
-            "hooked": hooked,
+            "hooked": count - direct_ns.len() as u64,
             "direct": direct_ns.len(),
             "mean_ns": (!direct_ns.is_empty())
                 .then(|| direct_ns.iter().sum::<u64>() as f64 / direct_ns.len() as f64),
-            "trimmed_mean_ns": trimmed_mean(&mut direct_ns),
         })
     });
     print(json!({
@@ -288,14 +285,6 @@ pub fn launch_loop(
         "direct": direct_figures,
     }));
     Ok(ExitCode::SUCCESS)
-}
-
-/// The mean of `v` without its lowest and highest 1% (a preempted call is not a launch's cost).
-fn trimmed_mean(v: &mut [u64]) -> Option<f64> {
-    v.sort_unstable();
-    let cut = v.len() / 100;
-    let kept = &v[cut..v.len() - cut];
-    (!kept.is_empty()).then(|| kept.iter().sum::<u64>() as f64 / kept.len() as f64)
 }
 
 pub fn paced(

@@ -5,7 +5,8 @@
 
 use agent_common::{
     api::{
-        COMM_ID_SEED, NCCL_UNIQUE_ID_BYTES, NcclOp, UniqueIdAt, comm_id_step, nccl_datatype_size,
+        COMM_ID_START, NCCL_UNIQUE_ID_BYTES, NCCL_UNIQUE_ID_WORDS, NcclOp, UniqueIdAt,
+        comm_id_digest, comm_id_word, nccl_datatype_size,
     },
     maps::{
         Health, InflightKey, NCCL_INIT_ALL_MAX, NcclCommInfo, NcclCommKey, NcclInflight,
@@ -31,18 +32,26 @@ use crate::{
 /// 0 if it cannot be read. Runs once per communicator creation.
 #[inline(always)]
 fn comm_id_at(addr: u64) -> u64 {
-    let mut id = [0u8; NCCL_UNIQUE_ID_BYTES];
+    let mut id = [0u64; NCCL_UNIQUE_ID_WORDS];
     // SAFETY: bpf_probe_read_user copies from user memory with fault handling into a buffer of
-    // the length given; a bad address returns an error instead of faulting.
-    if addr == 0 || unsafe { bpf_probe_read_user_buf(addr as *const u8, &mut id) }.is_err() {
+    // the length given (the id's 128 bytes, as 16 words); a bad address returns an error instead
+    // of faulting.
+    let read = unsafe {
+        bpf_probe_read_user_buf(
+            addr as *const u8,
+            core::slice::from_raw_parts_mut(id.as_mut_ptr().cast::<u8>(), NCCL_UNIQUE_ID_BYTES),
+        )
+    };
+    if addr == 0 || read.is_err() {
         count(Health::UserReadFailed);
         return 0;
     }
-    let mut h = COMM_ID_SEED;
-    for b in id {
-        h = comm_id_step(h, b);
+    let mut acc = COMM_ID_START;
+    for w in id {
+        // The words as NCCL reads them: little-endian, which is this machine's order.
+        acc = comm_id_word(acc, u64::from_le(w));
     }
-    h
+    comm_id_digest(acc)
 }
 
 #[inline(always)]

@@ -10,8 +10,8 @@ mod tests;
 
 pub use cookie::{ArgLoc, ProbeCookie};
 pub use nccl::{
-    COMM_ID_SEED, NCCL_NUM_TYPES, NCCL_UNIQUE_ID_BYTES, NcclArgs, NcclOp, UniqueIdAt, comm_id_of,
-    comm_id_step, nccl_datatype_size,
+    COMM_ID_START, NCCL_NUM_TYPES, NCCL_UNIQUE_ID_BYTES, NCCL_UNIQUE_ID_WORDS, NcclArgs, NcclOp,
+    UniqueIdAt, comm_id_digest, comm_id_of, comm_id_word, nccl_datatype_size,
 };
 
 /// What a call does, which decides the eBPF program that probes it and how it is shown.

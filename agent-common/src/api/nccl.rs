@@ -66,24 +66,48 @@ impl UniqueIdAt {
 /// Bytes of an `ncclUniqueId` (`NCCL_UNIQUE_ID_BYTES`).
 pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
 
-/// One step of NCCL's `hashUniqueId` (src/init.cc, NCCL 2.12 to 2.28): the communicator id that
-/// NCCL prints as `commId 0x...` in its `NCCL_DEBUG=INFO` lines ("Init START", "Init COMPLETE"),
-/// the same in every rank of one communicator. Bytes are C `char`s, signed on x86-64.
+/// NCCL's communicator id (NCCL 2.26 and later): the `commId 0x...` it prints in its
+/// `NCCL_DEBUG=INFO` lines ("Init START", "Init COMPLETE"), the same in every rank of one
+/// communicator, for communicators made from an `ncclUniqueId` (ncclCommInitRank,
+/// InitRankConfig, InitRankScalable). NCCL hashes the id's 128 bytes as sixteen little-endian
+/// 64-bit words into a two-word accumulator ([`comm_id_word`]), starting from
+/// [`COMM_ID_START`], and mixes the result ([`comm_id_digest`]). (NCCL 2.12 to 2.25 printed
+/// another hash of the same bytes; ids of those versions do not match NCCL's logs.)
+pub const COMM_ID_START: [u64; 2] = [1 ^ NCCL_UNIQUE_ID_BYTES as u64, 1];
+
+/// Words of an `ncclUniqueId` hashed by [`comm_id_word`].
+pub const NCCL_UNIQUE_ID_WORDS: usize = NCCL_UNIQUE_ID_BYTES / 8;
+
+/// One word of the unique id into the accumulator.
 #[inline(always)]
-pub const fn comm_id_step(h: u64, byte: u8) -> u64 {
-    let h = h ^ (h >> 32);
-    h.wrapping_mul(0x8db3_db47_fa29_94ad)
-        .wrapping_add(byte as i8 as i64 as u64)
+pub const fn comm_id_word(acc: [u64; 2], word: u64) -> [u64; 2] {
+    let mut a = acc[0].wrapping_add(acc[1]);
+    let mut b = acc[1] ^ a;
+    a ^= a >> 31;
+    a = a.wrapping_mul(0x9de6_2bbc_8cef_3ce3);
+    b ^= b >> 32;
+    b = b.wrapping_mul(0x485c_d631_1b59_9e79);
+    [a.wrapping_add(word), b]
 }
 
-/// The starting value of [`comm_id_step`].
-pub const COMM_ID_SEED: u64 = 0xdead_beef;
+/// The id of an accumulator that took every word.
+#[inline(always)]
+pub const fn comm_id_digest(acc: [u64; 2]) -> u64 {
+    let mut h = acc[0];
+    h ^= h >> 31;
+    h = h.wrapping_mul(0xbac3_bd56_2846_de6b);
+    h = h.wrapping_add(acc[1]);
+    h ^= h >> 32;
+    h.wrapping_mul(0x995a_187a_14e7_b445)
+}
 
 /// NCCL's communicator id of a unique id.
 pub fn comm_id_of(unique_id: &[u8; NCCL_UNIQUE_ID_BYTES]) -> u64 {
-    unique_id
-        .iter()
-        .fold(COMM_ID_SEED, |h, b| comm_id_step(h, *b))
+    let (words, _) = unique_id.as_chunks::<8>();
+    let acc = words.iter().fold(COMM_ID_START, |acc, w| {
+        comm_id_word(acc, u64::from_le_bytes(*w))
+    });
+    comm_id_digest(acc)
 }
 
 /// Where an NCCL call's element count, datatype, communicator and unique id are. Bytes are

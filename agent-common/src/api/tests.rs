@@ -126,15 +126,16 @@ fn nccl_cookie_encoding_is_pinned() {
 
 #[test]
 fn comm_id_is_nccls_hash_of_the_unique_id() {
-    // Expected values from NCCL's own hashUniqueId (src/init.cc, 2.28) compiled with gcc on
-    // x86-64, where `char` is signed: bytes 0..128, bytes 255 down to 128, zeros.
+    // Expected values from NCCL's own getHash (src/include/bitops.h, 2.28.3, the commId its
+    // "Init START" line prints) compiled with g++ on x86-64: bytes 0..128, bytes 255 down to
+    // 128, zeros.
     let ascending: [u8; NCCL_UNIQUE_ID_BYTES] = core::array::from_fn(|i| i as u8);
     let descending: [u8; NCCL_UNIQUE_ID_BYTES] = core::array::from_fn(|i| 255 - i as u8);
-    assert_eq!(comm_id_of(&ascending), 0x20b4_8553_2cbd_7f67);
-    assert_eq!(comm_id_of(&descending), 0x9c09_74b9_3e33_0f02);
+    assert_eq!(comm_id_of(&ascending), 0x6afe_1cc1_7717_e1f4);
+    assert_eq!(comm_id_of(&descending), 0xf8a0_d528_3e69_3fb2);
     assert_eq!(
         comm_id_of(&[0; NCCL_UNIQUE_ID_BYTES]),
-        0xd6f7_ddbc_a6ef_589b
+        0xcc97_6ec6_c24b_b53c
     );
 }
 

@@ -45,9 +45,11 @@ pub enum Prologue {
     Push,
     /// A 5-byte nop: optimised to a call on recent kernels.
     Nop5,
-    /// `endbr64` (CET builds): single-stepped.
+    /// `endbr64` (CET builds) followed by a push: probed on the push, past the `endbr64` (which
+    /// the kernel would single-step), so emulated as a push is.
     Endbr64,
-    /// Anything else: usually single-stepped.
+    /// Anything else (an `endbr64` followed by anything but a push included): usually
+    /// single-stepped.
     Other,
 }
 

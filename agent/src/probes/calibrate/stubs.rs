@@ -9,7 +9,9 @@ use super::Prologue;
 pub(super) type CalibrationFn = unsafe extern "C" fn(*mut i32) -> i32;
 
 // One function per prologue class, each starting with an instruction of its class and going on
-// into the common body (`vgpu_calibrate_body`), which returns 0. `vgpu_calibrate_other` starts like
+// into the common body (`vgpu_calibrate_body`), which returns 0. `vgpu_calibrate_endbr64` starts as
+// CET builds do, an `endbr64` and a push (probed on the push, as a library's functions are: see
+// `Prologue::classify`). `vgpu_calibrate_other` starts like
 // every entry point of NVIDIA's 5xx libcuda in Debian: a compare of a RIP-relative word with an
 // immediate.
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +38,9 @@ std::arch::global_asm!(
     ".p2align 4",
     "vgpu_calibrate_endbr64:",
     ".byte 0xf3, 0x0f, 0x1e, 0xfa",
+    "push rbp",
+    "mov rbp, rsp",
+    "pop rbp",
     "jmp {body}",
     ".size vgpu_calibrate_endbr64, .-vgpu_calibrate_endbr64",
     ".globl vgpu_calibrate_other",

@@ -240,4 +240,8 @@ for b in builds:
 print(f"\n{wall} s for the measurements")
 json.dump({"configs": configs, "summary": summary, "limiter_self_time": self_time, "runs": rows,
            "wall_s": wall}, open(out, "w"), indent=1)
+beyond = [f"{key} {b}" for key, s in summary.items() for b in builds
+          if s["verdict"][b] != "within the spread"]
+print("FAIL: beyond native's spread: " + ", ".join(beyond) if beyond else "PASS: every measure within native's spread")
+sys.exit(1 if beyond or not summary else 0)
 PY

@@ -2,10 +2,10 @@
 # The seed slowdown test (scripts/gpu/hami_slowdown.py, a copy of the project's seed 001 test)
 # natively and under the limiter, interleaved (native, limiter, native, ...), RUNS each: the
 # single-GPU `balanced` and `combined` patterns (launch-heavy training-step stand-ins). Then the
-# attribution check of issue 8: the same test under the limiter with a known hook delay
+# attribution check: the same test under the limiter with a known hook delay
 # (VGPU_DEBUG_HOOK_DELAY_NS) while `vgpu-agent attribute` records; the limiter hook time it
-# reports must be within 10% of launches x delay, and the probes' own cost under 2% of the time
-# (issue 8, point 4).
+# reports must be within 10% of launches x delay, and the probes' own cost under 2% of the time.
+# Exits 1 when the limiter's median leaves native's spread (min..max) or the attribution misses.
 # Run from the repo root on the GPU machine after `cargo xtask bundle`. Results under $OUT.
 set -u
 OUT=${OUT:-/tmp/out-seed}
@@ -37,6 +37,7 @@ rows = [re.match(r"RESULT (\w+)-(\d+) (\w+) ([\d.]+) ms/step \((\d+) steps\)", l
 data = {}
 for m in filter(None, rows):
     data.setdefault((m.group(3), m.group(1)), []).append(float(m.group(4)))
+ok = True
 for pattern in ["balanced", "combined"]:
     n, l = data.get((pattern, "native"), []), data.get((pattern, "limiter"), [])
     if n and l:
@@ -44,10 +45,18 @@ for pattern in ["balanced", "combined"]:
         # Runs are interleaved (native i, limiter i): the ratio of each pair cancels slow drift.
         pairs = sorted(b / a for a, b in zip(n, l))
         q = lambda f: pairs[min(len(pairs) - 1, int(f * len(pairs)))]
+        within = min(n) <= ml <= max(n)
+        ok = ok and within
         print(f"{pattern}: native {mn:.2f} ms/step {n}, limiter {ml:.2f} ms/step {l}, ratio of medians {ml / mn:.4f} "
               f"({(ml / mn - 1) * 100:+.2f}%); paired ratios median {statistics.median(pairs):.4f}, "
-              f"quartiles {q(0.25):.4f}..{q(0.75):.4f}, range {pairs[0]:.4f}..{pairs[-1]:.4f}")
+              f"quartiles {q(0.25):.4f}..{q(0.75):.4f}, range {pairs[0]:.4f}..{pairs[-1]:.4f}; "
+              f"limiter median within native's spread: {'yes' if within else 'NO'}")
+    else:
+        ok = False
+        print(f"{pattern}: missing runs")
+sys.exit(0 if ok else 1)
 PY
+SLOWDOWN_RC=${PIPESTATUS[0]}
 
 # The limiter's own share of the wall time, from its records (no injected delay): what it adds
 # to this job, measured in-process below the run-to-run noise of the end-to-end timings.
@@ -96,5 +105,9 @@ s = r["sampling"]
 cost_ok = s["probe_cost_share"] < 0.02
 print(f"probe cost {s['probe_cost_share']*100:.2f}% of wall time (goal < 2%), budget {s.get('budget_share')}, sampled {json.dumps(s.get('sampled_kinds', []))} -> {'PASS' if cost_ok else 'FAIL'}")
 print("PASS" if ok and cost_ok else "FAIL")
+sys.exit(0 if ok and cost_ok else 1)
 PY
+ATTR_RC=${PIPESTATUS[0]}
 rm -rf "$TS"
+# Fails when the limiter's median leaves native's spread or the attribution misses.
+[ "$SLOWDOWN_RC" = 0 ] && [ "$ATTR_RC" = 0 ]

@@ -632,4 +632,119 @@ mod tests {
         );
         assert!(d.scan_processes(&host).refused.is_empty(), "reported once");
     }
+
+    /// A fake /proc where process `pid` maps each of `libs` (files made under `dir`).
+    fn fake_process(dir: &Path, proc: &Path, pid: u32, libs: &[&str]) -> Vec<FileId> {
+        let mut lines = String::new();
+        let mut ids = Vec::new();
+        fs::create_dir_all(proc.join(pid.to_string()).join("map_files")).unwrap();
+        for (i, name) in libs.iter().enumerate() {
+            let lib = dir.join(format!("{pid}-{i}")).join(name);
+            fs::create_dir_all(lib.parent().unwrap()).unwrap();
+            fs::write(&lib, name).unwrap();
+            let meta = fs::metadata(&lib).unwrap();
+            let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+            let range = format!("7f{i:04x}000-7f{i:04x}800");
+            lines += &format!(
+                "{range} r-xp 00000000 {major:x}:{minor:x} {} {}\n",
+                meta.ino(),
+                lib.display()
+            );
+            std::os::unix::fs::symlink(
+                &lib,
+                proc.join(pid.to_string()).join("map_files").join(range),
+            )
+            .unwrap();
+            ids.push(FileId {
+                dev: meta.dev(),
+                inode: meta.ino(),
+            });
+        }
+        fs::write(proc.join(pid.to_string()).join("maps"), &lines).unwrap();
+        ids
+    }
+
+    /// Files found in processes are remembered with their verdict and counted per tenant; they
+    /// are forgotten a few polls after no live process maps them (not the host's); a process's
+    /// refusals go with it.
+    #[test]
+    fn found_files_are_counted_per_tenant_and_forgotten_after_their_processes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path().join("proc");
+        let ids = fake_process(tmp.path(), &proc, 10, &["libcuda.so.1", "libcuda.so.2"]);
+        let host = HostPaths {
+            proc: proc.clone(),
+            ..HostPaths::system()
+        };
+        let mut d = Discovery::new();
+        let host_id = FileId { dev: 1, inode: 1 };
+        d.mark_seen(host_id);
+        let scan = d.scan_processes(&host);
+        assert_eq!(scan.new.len(), 2);
+        let tenant = scan.new[0].tenant.clone();
+        assert!(tenant.is_some());
+        d.decide(&scan.new[0], Verdict::Attached);
+        d.decide(&scan.new[1], Verdict::Skipped(TENANT_CAP));
+        assert_eq!(
+            d.attached_count(tenant.as_deref(), LibraryKind::Cuda),
+            (1, 1)
+        );
+        assert_eq!(d.attached_count(Some("other"), LibraryKind::Cuda), (0, 1));
+        let t = tenant.as_deref().unwrap().to_string();
+        assert_eq!(d.skipped()[&t][TENANT_CAP], 1);
+        assert!(d.scan_processes(&host).new.is_empty());
+        // Room made: the skipped one is considered again.
+        d.reconsider_skipped();
+        assert_eq!(d.scan_processes(&host).new.len(), 1);
+        d.decide(&scan.new[1], Verdict::Skipped(NOT_A_DRIVER));
+        // The process exits: after the grace, both files are forgotten, the host's is kept.
+        fs::remove_dir_all(proc.join("10")).unwrap();
+        let scan = d.scan_processes(&host);
+        assert_eq!(scan.exited, vec![10]);
+        assert!(!d.is_live(10));
+        assert!(d.unmapped(3).is_empty());
+        assert!(d.unmapped(3).is_empty());
+        let mut gone = d.unmapped(3);
+        gone.sort_by_key(|(id, _)| *id);
+        assert_eq!(
+            gone,
+            vec![
+                (ids[0], Verdict::Attached),
+                (ids[1], Verdict::Skipped(NOT_A_DRIVER))
+            ]
+        );
+        assert!(d.skipped().is_empty());
+        assert!(d.unmapped(1).is_empty(), "the host's library stays");
+        assert!(d.known.contains_key(&host_id));
+    }
+
+    /// A tenant's process mapping many driver-named files: a few are considered per scan, the
+    /// rest beyond the per-process bound counted as skipped mappings.
+    #[test]
+    fn new_files_are_considered_a_few_per_tenant_per_scan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path().join("proc");
+        let names: Vec<String> = (0..20).map(|i| format!("libcuda.so.{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        fake_process(tmp.path(), &proc, 10, &names);
+        let host = HostPaths {
+            proc,
+            ..HostPaths::system()
+        };
+        let mut d = Discovery::new();
+        let mut considered = 0;
+        for _ in 0..3 {
+            let scan = d.scan_processes(&host);
+            assert!(scan.new.len() <= NEW_PER_TENANT_PER_SCAN);
+            for lib in &scan.new {
+                d.decide(lib, Verdict::Skipped(NOT_A_DRIVER));
+            }
+            considered += scan.new.len();
+        }
+        assert_eq!(considered, maps_scan::MAX_CANDIDATES_PER_KIND);
+        let skipped = d.skipped();
+        let reasons = skipped.values().next().unwrap();
+        assert_eq!(reasons[MAPPINGS], 12);
+        assert_eq!(reasons[NOT_A_DRIVER], 8);
+    }
 }

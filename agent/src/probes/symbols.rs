@@ -372,6 +372,76 @@ mod tests {
         assert_eq!(table.missing.len(), agent_common::API_COUNT);
     }
 
+    /// Builds a shared library from C source with `cc`.
+    fn cc_lib(dir: &Path, name: &str, source: &str) -> std::path::PathBuf {
+        let src = dir.join(format!("{name}.c"));
+        std::fs::write(&src, source).unwrap();
+        let out = dir.join(name);
+        let ok = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("cc runs");
+        assert!(ok.success());
+        out
+    }
+
+    fn verdict(path: &Path, kind: crate::discovery::LibraryKind) -> Result<(), String> {
+        let data = std::fs::read(path).unwrap();
+        let probed = match kind {
+            crate::discovery::LibraryKind::Cuda => &agent_common::ApiKind::PROBED[..],
+            crate::discovery::LibraryKind::Nccl => &agent_common::ApiKind::NCCL_PROBED[..],
+        };
+        let apis = ApiId::all().filter(|a| a.spec().is_some_and(|s| probed.contains(&s.kind)));
+        let table = resolve_in(&*data, path, apis).unwrap();
+        looks_like_driver(&*data, kind, &table)
+    }
+
+    /// The drivers the tests use pass the rule; libc named libcuda, an ELF exporting eight `cu*`
+    /// names and the fake NCCL named libcuda do not.
+    #[test]
+    fn only_libraries_that_look_like_their_driver_pass() {
+        use crate::discovery::LibraryKind::{Cuda, Nccl};
+        let dir = tempfile::tempdir().unwrap();
+        for (var, kind) in [("VGPU_TEST_LIBCUDA", Cuda), ("VGPU_TEST_LIBNCCL", Nccl)] {
+            if let Some(p) = std::env::var_os(var).map(std::path::PathBuf::from)
+                && p.exists()
+            {
+                assert_eq!(verdict(&p, kind), Ok(()), "{}", p.display());
+            }
+        }
+        let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/libsimcuda.so");
+        if sim.exists() {
+            assert_eq!(verdict(&sim, Cuda), Ok(()));
+        }
+        let fake_nccl =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../testing/fake-nccl/fake_nccl.c");
+        let nccl = cc_lib(
+            dir.path(),
+            "libnccl.so.2",
+            &std::fs::read_to_string(fake_nccl).unwrap(),
+        );
+        assert_eq!(verdict(&nccl, Nccl), Ok(()));
+        assert!(verdict(&nccl, Cuda).is_err(), "NCCL is not a CUDA driver");
+        let eight = cc_lib(
+            dir.path(),
+            "libcuda.so.7",
+            "int cuInit(int f){return 0;} int cuMemAlloc_v2(void){return 0;} \
+             int cuMemFree_v2(void){return 0;} int cuLaunchKernel(void){return 0;} \
+             int cuCtxCreate_v2(void){return 0;} int cuMemcpy(void){return 0;} \
+             int cuStreamSynchronize(void){return 0;} int cuMemGetInfo_v2(void){return 0;}",
+        );
+        let e = verdict(&eight, Cuda).unwrap_err();
+        assert!(e.contains("cuDriverGetVersion"), "{e}");
+        let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.exists())
+            .unwrap();
+        assert!(verdict(libc, Cuda).is_err());
+    }
+
     #[test]
     fn rejects_non_elf_files() {
         let err = resolve_in(&b"#!/bin/sh\n"[..], Path::new("/x"), ApiId::all()).unwrap_err();

@@ -88,6 +88,21 @@ pub fn snapshot(snap: &mut Snapshot) {
     }
     fix_all(&mut a.nvml_problems);
     fix_all(&mut a.warnings);
+    // Tenant labels are container ids or cgroup paths, which a tenant may name.
+    a.warnings_suppressed = std::mem::take(&mut a.warnings_suppressed)
+        .into_iter()
+        .map(|(mut k, v)| {
+            fix(&mut k);
+            (k, v)
+        })
+        .collect();
+    a.libraries_skipped = std::mem::take(&mut a.libraries_skipped)
+        .into_iter()
+        .map(|(mut k, v)| {
+            fix(&mut k);
+            (k, v)
+        })
+        .collect();
     for u in &mut a.regions_unread {
         fix(&mut u.path);
         fix(&mut u.reason);

@@ -167,6 +167,9 @@ impl Collector {
         let (region_time, budget) = region_times(interval);
         self.region_time = region_time;
         self.regions.set_budget(budget);
+        if let Some(t) = &mut self.tracer {
+            t.set_interval(interval);
+        }
     }
 
     pub fn tracer_mut(&mut self) -> Option<&mut Tracer> {
@@ -190,7 +193,9 @@ impl Collector {
             }
             None => (
                 RawReading::default(),
-                self.discovery.scan_processes(&self.host).users,
+                self.discovery
+                    .poll(&self.host, discovery_wait(self.region_time))
+                    .users,
             ),
         };
         let gpu = self.gpu.snapshot();
@@ -238,7 +243,10 @@ impl Collector {
             a.probe_cost = t.probe_cost().cloned();
             a.sampling = t.sampling_status().cloned();
             a.launch_probe_seconds = t.launch_probe_time().as_secs_f64();
-            a.warnings.extend(t.warnings.iter().cloned());
+            a.warnings.extend(t.warnings());
+            a.warnings_suppressed = t.warnings_suppressed();
+            a.libraries_skipped = t.libraries_skipped();
+            a.maps_scan = t.maps_scan_status();
         }
         a.warnings.extend(warnings);
         a.collect_seconds = started.elapsed().as_secs_f64();
@@ -339,6 +347,11 @@ impl Collector {
             snap.processes.iter().map(|p| p.key.pid).collect();
         self.processes.retain(|pid| alive.contains(&pid));
     }
+}
+
+/// How long a snapshot without probes waits for the maps scan.
+fn discovery_wait(region_time: Duration) -> Duration {
+    (region_time / 5).clamp(Duration::from_millis(20), Duration::from_millis(250))
 }
 
 fn hostname() -> String {

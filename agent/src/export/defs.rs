@@ -470,6 +470,24 @@ pub const AGENT_WARNINGS: Def = def(
     "Warnings in the latest snapshot (probe poll or map read failures, ...).",
     "agent.warnings",
 );
+pub const AGENT_WARNINGS_SUPPRESSED: Def = def(
+    "vgpu_agent_warnings_suppressed",
+    Gauge,
+    None,
+    false,
+    &["tenant"],
+    "Warnings not kept because their tenant (or all together) reached the bound, since the agent started.",
+    "agent.warnings_suppressed",
+);
+pub const AGENT_LIBRARIES_SKIPPED: Def = def(
+    "vgpu_agent_libraries_skipped",
+    Gauge,
+    None,
+    false,
+    &["tenant", "reason"],
+    "Driver-named files that tenants' processes map and that are not attached, by reason (not_a_driver, tenant_cap, total_cap, attach_failed, mappings).",
+    "agent.libraries_skipped",
+);
 pub const AGENT_SNAPSHOT_TIME: Def = def(
     "vgpu_agent_snapshot_timestamp",
     Gauge,
@@ -625,6 +643,8 @@ pub const ALL: &[Def] = &[
     AGENT_REGION_ERRORS,
     AGENT_MAP_ENTRIES,
     AGENT_WARNINGS,
+    AGENT_WARNINGS_SUPPRESSED,
+    AGENT_LIBRARIES_SKIPPED,
     AGENT_SNAPSHOT_TIME,
     AGENT_SNAPSHOT_AGE,
     AGENT_SNAPSHOT_STALE,

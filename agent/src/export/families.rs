@@ -338,6 +338,24 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
         one(Value::Int(a.warnings.len() as u64)),
     );
     fam(
+        &defs::AGENT_WARNINGS_SUPPRESSED,
+        a.warnings_suppressed
+            .iter()
+            .map(|(k, v)| (vec![k.clone()], Value::Int(*v)))
+            .collect(),
+    );
+    fam(
+        &defs::AGENT_LIBRARIES_SKIPPED,
+        a.libraries_skipped
+            .iter()
+            .flat_map(|(tenant, reasons)| {
+                reasons
+                    .iter()
+                    .map(|(r, n)| (vec![tenant.clone(), r.clone()], Value::Int(*n)))
+            })
+            .collect(),
+    );
+    fam(
         &defs::AGENT_SNAPSHOT_TIME,
         one(Value::Float(snap.taken_at_unix_ms as f64 / 1e3)),
     );

@@ -305,6 +305,23 @@ pub struct LibraryStatus {
     pub kinds_attached: Vec<String>,
 }
 
+/// The incremental reading of processes' maps (`/proc/<pid>/maps`), done off the collector's
+/// thread within a byte and time budget per cycle, new processes first and each tenant its share.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MapsScanStatus {
+    /// Processes known to the scan.
+    pub processes: usize,
+    /// Maps read in the last finished cycle, and their bytes.
+    pub read: usize,
+    pub bytes: u64,
+    /// Processes due for a read that the last cycle left for later (over its budget).
+    pub deferred: usize,
+    /// Seconds the last finished cycle took.
+    pub cycle_seconds: f64,
+    /// Polls at which the cycle had not finished in time (its results came at a later poll).
+    pub late_polls: u64,
+}
+
 /// The agent's own state: what it could and could not do.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentStatus {
@@ -328,7 +345,21 @@ pub struct AgentStatus {
     /// removed), to show that nothing leaks.
     pub map_entries: BTreeMap<String, usize>,
     pub nvml_problems: Vec<String>,
+    /// The agent's warnings: deduplicated (one made again says how often) and bounded per
+    /// tenant and in all.
     pub warnings: Vec<String>,
+    /// Warnings not kept because their tenant (or all together) reached the bound, by tenant
+    /// (`agent` for the agent's own).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub warnings_suppressed: BTreeMap<String, u64>,
+    /// Libraries that tenants' processes map and that were not attached, by tenant and reason
+    /// (`not_a_driver`, `tenant_cap`, `total_cap`, `mappings`: more driver-named mappings in one
+    /// process than are considered).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub libraries_skipped: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Reading processes' maps to find libraries.
+    #[serde(default)]
+    pub maps_scan: MapsScanStatus,
     /// Seconds this snapshot took to collect.
     #[serde(default)]
     pub collect_seconds: f64,
@@ -379,6 +410,9 @@ impl Default for AgentStatus {
             map_entries: BTreeMap::new(),
             nvml_problems: vec![],
             warnings: vec![],
+            warnings_suppressed: BTreeMap::new(),
+            libraries_skipped: BTreeMap::new(),
+            maps_scan: MapsScanStatus::default(),
             collect_seconds: 0.0,
             regions_unread: vec![],
             stale: false,

@@ -10,6 +10,7 @@ pub mod privileges;
 pub mod sampling;
 pub mod session;
 pub mod symbols;
+pub mod warnings;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -78,6 +79,8 @@ pub enum ProbeError {
     Library(#[from] region::tenant_fs::TenantFsError),
     #[error("{} is not an ELF library: {reason}", path.display())]
     NotElf { path: PathBuf, reason: String },
+    #[error("{} does not look like the driver it is named after: {reason}", path.display())]
+    NotADriver { path: PathBuf, reason: String },
     #[error("eBPF map {name}: {source}")]
     Map {
         name: &'static str,
@@ -220,7 +223,7 @@ impl Probes {
     pub fn attach_library(&mut self, file: LibraryFile) -> Result<&AttachedLibrary, ProbeError> {
         let kinds = probed_kinds(file.kind);
         let apis = ApiId::all().filter(|a| a.spec().is_some_and(|s| kinds.contains(&s.kind)));
-        let symbols = symbols::resolve(&file, apis)?;
+        let symbols = symbols::resolve_driver(&file, apis)?;
         let mut lib = AttachedLibrary {
             file,
             symbols,
@@ -230,7 +233,17 @@ impl Probes {
             if self.off.contains(&kind) {
                 continue;
             }
-            self.attach_kind(&mut lib, kind)?;
+            if let Err(e) = self.attach_kind(&mut lib, kind) {
+                // Leave nothing of a library that failed half-way attached.
+                for (_, links) in std::mem::take(&mut lib.links) {
+                    for (name, link) in links {
+                        if let Ok(p) = program(&mut self.ebpf, &name) {
+                            let _ = p.detach(link);
+                        }
+                    }
+                }
+                return Err(e);
+            }
         }
         let id = lib.file.id;
         Ok(self.libraries.entry(id).or_insert(lib))

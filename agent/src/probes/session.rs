@@ -28,6 +28,21 @@ use crate::{
     sys::clock::boot_time_ns,
 };
 
+use super::warnings::{WarningKey, WarningStore};
+
+/// Driver libraries of each kind attached per tenant at most (distinct files found in its
+/// processes; the host's and configured ones are not counted).
+pub const LIBRARIES_PER_TENANT: usize = 4;
+/// Libraries found in processes attached in all at most.
+pub const LIBRARIES_TOTAL: usize = 64;
+/// Polls in a row without a live process mapping it after which a library found in processes
+/// is detached and forgotten.
+pub const UNMAPPED_GRACE_POLLS: u32 = 3;
+/// How long a poll waits for the maps scan by default (see [`Tracer::set_interval`]).
+const MAPS_WAIT: Duration = Duration::from_millis(250);
+/// How long the first poll waits for the first maps scan.
+const FIRST_MAPS_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(Clone, Debug)]
 pub struct TraceOptions {
     /// Libraries to attach besides the discovered ones.
@@ -73,8 +88,10 @@ pub struct Tracer {
     /// When each library was attached (CLOCK_BOOTTIME ns): processes that started later were
     /// seen whole.
     attached_at: HashMap<FileId, u64>,
-    /// Problems worth telling the user (also logged as they happen).
-    pub warnings: Vec<String>,
+    /// Problems worth telling the user (also logged as they happen), bounded per tenant.
+    warnings: WarningStore,
+    /// How long a poll waits for the maps scan's cycle before going on without it.
+    maps_wait: Duration,
     /// Returns without an entry made by attaching and detaching sampled kinds (see
     /// [`Tracer::at_window_edge`]), kept out of `return_without_entry`.
     edge_returns: u64,
@@ -102,7 +119,8 @@ impl Tracer {
             users: Vec::new(),
             pid_files: HashMap::new(),
             attached_at: HashMap::new(),
-            warnings: Vec::new(),
+            warnings: WarningStore::default(),
+            maps_wait: MAPS_WAIT,
             edge_returns: 0,
         };
         if t.opts.launches == LaunchProbes::On {
@@ -176,20 +194,109 @@ impl Tracer {
                 Err(e) => t.warn(format!("probe cost calibration failed: {e}")),
             }
         }
-        t.poll()?;
+        t.maps_wait = FIRST_MAPS_WAIT;
+        let first = t.poll();
+        t.maps_wait = MAPS_WAIT;
+        first?;
         Ok(t)
     }
 
+    /// Plans the maps scan's wait for this snapshot interval: a tenth of it, 20 to 250 ms.
+    pub fn set_interval(&mut self, interval: Duration) {
+        self.maps_wait = (interval / 10).clamp(Duration::from_millis(20), MAPS_WAIT);
+    }
+
+    /// An agent warning (not about a tenant).
     fn warn(&mut self, msg: String) {
-        log::warn!("{msg}");
-        self.warnings.push(msg);
+        self.warnings.agent("agent", msg);
+    }
+
+    /// A warning about a library: its tenant's when found in a process.
+    fn warn_library(&mut self, lib: &LibraryFile, kind: &'static str, msg: String) {
+        match &lib.tenant {
+            Some(t) => {
+                let key = WarningKey {
+                    tenant: Some(t.to_string()),
+                    kind,
+                    subject: lib.id.to_string(),
+                };
+                self.warnings.warn(key, None, msg, Instant::now());
+            }
+            None => self.warn(msg),
+        }
+    }
+
+    /// The kept warnings (see [`WarningStore`]).
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.list()
+    }
+
+    /// Warnings not kept, by tenant.
+    pub fn warnings_suppressed(&self) -> std::collections::BTreeMap<String, u64> {
+        self.warnings.suppressed().clone()
+    }
+
+    /// Libraries found in processes and not attached, by tenant and reason.
+    pub fn libraries_skipped(
+        &self,
+    ) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> {
+        self.discovery.skipped()
+    }
+
+    /// The maps scan's state.
+    pub fn maps_scan_status(&self) -> crate::model::MapsScanStatus {
+        self.discovery.status.clone()
+    }
+
+    /// Whether a library found in a process is within its tenant's and the total bound.
+    fn within_bounds(&self, lib: &LibraryFile) -> Result<(), &'static str> {
+        if lib.tenant.is_none() {
+            return Ok(());
+        }
+        let (of_tenant, all) = self
+            .discovery
+            .attached_count(lib.tenant.as_deref(), lib.kind);
+        if of_tenant >= LIBRARIES_PER_TENANT {
+            Err(discovery::TENANT_CAP)
+        } else if all >= LIBRARIES_TOTAL {
+            Err(discovery::TOTAL_CAP)
+        } else {
+            Ok(())
+        }
     }
 
     fn attach(&mut self, lib: LibraryFile) {
         if self.probes.is_attached(lib.id) {
             return;
         }
-        self.discovery.mark_seen(lib.id);
+        if lib.tenant.is_none() {
+            self.discovery.mark_seen(lib.id);
+        } else if let Err(bound) = self.within_bounds(&lib) {
+            self.discovery
+                .decide(&lib, discovery::Verdict::Skipped(bound));
+            let tenant = lib.tenant.as_deref().unwrap_or_default();
+            let msg = match bound {
+                discovery::TENANT_CAP => format!(
+                    "tenant {tenant}: not probing {}: {LIBRARIES_PER_TENANT} {} libraries of \
+                     this tenant are probed already (counted in libraries_skipped)",
+                    lib.path.display(),
+                    lib.kind.soname()
+                ),
+                _ => format!(
+                    "tenant {tenant}: not probing {}: {LIBRARIES_TOTAL} libraries found in \
+                     processes are probed already (counted in libraries_skipped)",
+                    lib.path.display()
+                ),
+            };
+            // One warning per tenant and bound, counted.
+            let key = WarningKey {
+                tenant: Some(tenant.to_owned()),
+                kind: bound,
+                subject: String::new(),
+            };
+            self.warnings.warn(key, None, msg, Instant::now());
+            return;
+        }
         // The path as its users see it first; a library found in a process is reached through
         // that process's map_files entry (docs/security.md).
         let shown = lib.path.clone();
@@ -203,8 +310,12 @@ impl Tracer {
             FoundBy::Host => "on the host".to_string(),
         };
         let id = lib.id;
+        let found = lib.clone();
         match self.probes.attach_library(lib) {
             Ok(attached) => {
+                if found.tenant.is_some() {
+                    self.discovery.decide(&found, discovery::Verdict::Attached);
+                }
                 self.attached_at.insert(id, boot_time_ns());
                 let missing: Vec<&str> =
                     attached.symbols.missing.iter().map(|a| a.name()).collect();
@@ -221,25 +332,81 @@ impl Tracer {
                         missing.len(),
                         missing.join(", ")
                     );
-                    self.warn(msg);
+                    self.warn_library(&found, "symbols_missing", msg);
                 }
             }
-            Err(e) => self.warn(format!(
-                "could not attach to {} (found {through}): {e}",
-                shown.display()
-            )),
+            Err(e) => {
+                let reason = match e {
+                    ProbeError::NotADriver { .. } | ProbeError::NotElf { .. } => {
+                        discovery::NOT_A_DRIVER
+                    }
+                    _ => discovery::ATTACH_FAILED,
+                };
+                if found.tenant.is_some() {
+                    self.discovery
+                        .decide(&found, discovery::Verdict::Skipped(reason));
+                }
+                let msg = format!(
+                    "could not attach to {} (found {through}): {e}",
+                    shown.display()
+                );
+                self.warn_library(&found, reason, msg);
+            }
+        }
+    }
+
+    /// Detaches and forgets the libraries found in processes that no live process has mapped
+    /// for [`UNMAPPED_GRACE_POLLS`] polls; room made under a bound lets skipped ones be
+    /// considered again.
+    fn detach_unmapped(&mut self) {
+        let gone = self.discovery.unmapped(UNMAPPED_GRACE_POLLS);
+        let mut freed = false;
+        for (id, verdict) in gone {
+            self.warnings.forget_subject(&id.to_string());
+            if verdict == discovery::Verdict::Attached
+                && let Some(lib) = self.probes.remove_library(id)
+            {
+                log::info!(
+                    "{} [{id}] is mapped by no live process: detached",
+                    lib.file.path.display()
+                );
+                self.attached_at.remove(&id);
+                freed = true;
+            }
+        }
+        if freed {
+            self.discovery.reconsider_skipped();
         }
     }
 
     /// Looks for new libraries in processes and applies the launch-probe policy. Call often
     /// (every 0.5-1 s): a library that appears is attached at the next call.
     pub fn poll(&mut self) -> Result<(), ProbeError> {
-        let scan = self.discovery.scan_processes(&self.opts.host);
-        // Logged by discovery, once each; shown with the other warnings.
-        self.warnings.extend(scan.refused);
+        let scan = self.discovery.poll(&self.opts.host, self.maps_wait);
+        let now = Instant::now();
+        for r in scan.refused {
+            let key = WarningKey {
+                tenant: Some(r.tenant.to_string()),
+                kind: "refused",
+                subject: format!("{}:{}", r.pid, r.id),
+            };
+            self.warnings.warn(key, Some(r.pid), r.message, now);
+        }
         for lib in scan.new {
             self.attach(lib);
         }
+        self.detach_unmapped();
+        let discovery = &self.discovery;
+        self.warnings.expire(|pid| discovery.is_live(pid), now);
+        let probes = &self.probes;
+        let scan = crate::discovery::ProcessScan {
+            users: scan
+                .users
+                .into_iter()
+                .filter(|(_, id)| probes.is_attached(*id))
+                .collect(),
+            ..Default::default()
+        };
         for (pid, id) in &scan.users {
             let files = self.pid_files.entry(*pid).or_default();
             if !files.contains(id) {
@@ -381,6 +548,7 @@ impl Tracer {
                 }
                 self.discovery.forget(id);
                 self.attached_at.remove(&id);
+                self.warnings.forget_subject(&id.to_string());
             } else if first.is_none() {
                 first = Some(e);
             }

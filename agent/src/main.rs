@@ -317,6 +317,10 @@ enum Command {
         /// Of those, at most this many spans per second per container (0: no limit).
         #[arg(long, default_value_t = 10.0)]
         trace_container_rate: f64,
+        /// NCCL spans, and slow-call spans, per second per container at most (each; 0: no
+        /// limit), so that one container's flood cannot crowd out the others' spans.
+        #[arg(long, default_value_t = 1000.0)]
+        trace_container_event_rate: f64,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -499,6 +503,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             trace_slow,
             trace_sample_rate,
             trace_container_rate,
+            trace_container_event_rate,
             collect,
         } => {
             let mut trace = collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?;
@@ -514,6 +519,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     protocol: otlp_protocol,
                     queue: otlp_queue,
                     container_rate: trace_container_rate,
+                    container_event_rate: trace_container_event_rate,
                 }),
                 socket,
                 interval,

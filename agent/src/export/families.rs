@@ -393,6 +393,29 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
     );
 }
 
+/// Spans dropped per container, span kind and reason (the pipeline's own counters: cumulative).
+pub(super) fn container_span_drops(
+    spans: &SpanCounters,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+    out: &mut Exposition,
+) {
+    let mut samples: BTreeMap<Vec<String>, u64> = BTreeMap::new();
+    for ((container, kind, reason), n) in spans.container_drops() {
+        let labels: Vec<String> = labels_of(&container)
+            .into_iter()
+            .chain([kind.to_owned(), reason.to_owned()])
+            .collect();
+        *samples.entry(labels).or_default() += n;
+    }
+    out.families.push(FamilyData::of(
+        &defs::CONTAINER_SPANS_DROPPED,
+        samples
+            .into_iter()
+            .map(|(l, n)| (l, Value::Int(n)))
+            .collect(),
+    ));
+}
+
 pub(super) fn per_process(
     snap: &Snapshot,
     labels_of: &dyn Fn(&str) -> ContainerLabels,

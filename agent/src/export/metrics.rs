@@ -262,9 +262,43 @@ impl Exposition {
 pub struct SpanCounters {
     pub exported: std::sync::atomic::AtomicU64,
     pub queue_full: std::sync::atomic::AtomicU64,
-    /// Rate-sampled spans over their container's rate (`--trace-container-rate`).
+    /// Spans over their container's rate for their kind (`--trace-container-rate`,
+    /// `--trace-container-event-rate`).
     pub container_rate: std::sync::atomic::AtomicU64,
     pub export_failed: std::sync::atomic::AtomicU64,
+    /// Spans dropped per (container key, span kind, reason); at most [`SPAN_DROP_KEYS`] keys,
+    /// the rest counted under the container key `other`.
+    by_container: std::sync::Mutex<BTreeMap<SpanDropKey, u64>>,
+}
+
+/// (container key, span kind: `nccl`, `slow` or `rate`, reason: `container_rate` or
+/// `queue_full`).
+pub type SpanDropKey = (String, &'static str, &'static str);
+
+/// Per-container span drop series kept at most (a container's series stay once seen, so that
+/// its counters never vanish and come back).
+pub const SPAN_DROP_KEYS: usize = 3 * 2 * super::sampling::MAX_CONTAINERS;
+
+impl SpanCounters {
+    /// Counts a span of `container` (its key) dropped.
+    pub fn count_container_drop(&self, container: &str, kind: &'static str, reason: &'static str) {
+        let mut m = self.by_container.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (container.to_owned(), kind, reason);
+        let key = if m.contains_key(&key) || m.len() < SPAN_DROP_KEYS {
+            key
+        } else {
+            ("other".to_owned(), kind, reason)
+        };
+        *m.entry(key).or_default() += 1;
+    }
+
+    /// Spans dropped per (container key, kind, reason), cumulative.
+    pub fn container_drops(&self) -> BTreeMap<SpanDropKey, u64> {
+        self.by_container
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// The state kept between refreshes.
@@ -341,6 +375,7 @@ impl MetricsView {
         families::container_gauges(snap, &labels_of, &mut self.denied_published, &mut out);
         families::api_families(&self.published, self.opts.per_api, &mut out);
         families::gpu_and_agent(snap, &self.spans, &mut out);
+        families::container_span_drops(&self.spans, &labels_of, &mut out);
         super::gpu_use::families(snap, &labels_of, &mut out);
         if self.opts.pid_labels {
             families::per_process(snap, &labels_of, self.opts.per_api, &mut out);

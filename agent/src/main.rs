@@ -98,6 +98,16 @@ struct CollectArgs {
     /// Do not read NVML.
     #[arg(long)]
     no_nvml: bool,
+    /// Live allocations the probes track per process at most (its share of the kernel's
+    /// allocation table, 262,144 entries shared by all processes); more are counted as untracked
+    /// and the process's live-memory figure is marked incomplete.
+    #[arg(long, default_value_t = agent_common::maps::ALLOC_QUOTA_DEFAULT)]
+    probe_alloc_quota: u64,
+    /// Aggregation rows (per API, NCCL communicator and allocation size class) per cgroup at most
+    /// in the probes' kernel maps (16,384 rows each, shared by all containers); calls that
+    /// need a row past it are counted as unaggregated and the process marked incomplete.
+    #[arg(long, default_value_t = agent_common::maps::ROW_QUOTA_DEFAULT)]
+    probe_row_quota: u64,
 }
 
 impl CollectArgs {
@@ -130,6 +140,10 @@ impl CollectArgs {
             host: host::HostPaths::system().with_root(self.host_root.clone()),
             spans: None,
             budget: None,
+            quotas: probes::MapQuotas {
+                allocs_per_process: self.probe_alloc_quota,
+                rows_per_cgroup: self.probe_row_quota,
+            },
         })
     }
 

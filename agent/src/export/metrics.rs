@@ -127,7 +127,13 @@ impl Totals {
 pub(super) struct Counters {
     pub(super) apis: BTreeMap<ApiKey, Totals>,
     pub(super) throttled_ns: u64,
+    /// What the probes could not record (`Process::probe_losses`), by [`LOSS_REASONS`].
+    pub(super) losses: [u64; 3],
 }
+
+/// The reasons of `vgpu_container_probe_losses_total`, in the order of [`Counters::losses`].
+pub(super) const LOSS_REASONS: [&str; 3] =
+    ["allocation_untracked", "call_unaggregated", "row_reset"];
 
 impl Counters {
     fn add(&mut self, o: &Counters) {
@@ -140,6 +146,9 @@ impl Counters {
             }
         }
         self.throttled_ns += o.throttled_ns;
+        for (a, b) in self.losses.iter_mut().zip(o.losses) {
+            *a += b;
+        }
     }
 
     fn max_with(&mut self, o: &Counters) {
@@ -152,6 +161,9 @@ impl Counters {
             }
         }
         self.throttled_ns = self.throttled_ns.max(o.throttled_ns);
+        for (a, b) in self.losses.iter_mut().zip(o.losses) {
+            *a = (*a).max(b);
+        }
     }
 }
 
@@ -179,6 +191,8 @@ fn process_counters(p: &Process, names: &mut Names, per_api: bool) -> Counters {
             .add(a);
     }
     c.throttled_ns = p.limiter.as_ref().map_or(0, |l| l.throttled_ns);
+    let l = &p.probe_losses;
+    c.losses = [l.allocations_untracked, l.calls_unaggregated, l.rows_reset];
     c
 }
 
@@ -374,6 +388,7 @@ impl MetricsView {
         };
         families::container_gauges(snap, &labels_of, &mut self.denied_published, &mut out);
         families::api_families(&self.published, self.opts.per_api, &mut out);
+        families::probe_losses(snap, &self.published, &labels_of, &mut out);
         families::gpu_and_agent(snap, &self.spans, &mut out);
         families::container_span_drops(&self.spans, &labels_of, &mut out);
         super::gpu_use::families(snap, &labels_of, &mut out);

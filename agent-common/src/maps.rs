@@ -181,10 +181,16 @@ pub enum Health {
     NcclDropped = 7,
     /// A sampled call's span event found the `SPANS` ring buffer full: the span is lost.
     RingFull = 8,
+    /// A successful allocation of a process that already had its share of the allocation table
+    /// (`ALLOC_QUOTA` live entries): counted for the process in `LOSSES`, not tracked.
+    AllocQuota = 9,
+    /// A call whose new stats row (`STATS`, `NCCL_STATS`, `ALLOC_SIZES`) its cgroup had no room
+    /// for (`ROW_QUOTA` rows): counted for the process in `LOSSES`, not aggregated.
+    RowQuota = 10,
 }
 
 impl Health {
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 11;
     pub const ALL: [Health; Health::COUNT as usize] = [
         Health::InflightDropped,
         Health::ReturnWithoutEntry,
@@ -195,6 +201,8 @@ impl Health {
         Health::NcclUnknownDatatype,
         Health::NcclDropped,
         Health::RingFull,
+        Health::AllocQuota,
+        Health::RowQuota,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -208,6 +216,8 @@ impl Health {
             Health::NcclUnknownDatatype => "nccl_unknown_datatype",
             Health::NcclDropped => "nccl_dropped",
             Health::RingFull => "ring_full",
+            Health::AllocQuota => "alloc_quota",
+            Health::RowQuota => "row_quota",
         }
     }
 }
@@ -259,6 +269,8 @@ pub const ALLOC_SIZES_MAX_ENTRIES: u32 = 16_384;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AllocSizeKey {
+    /// cgroup v2 id at the time of the call: the row counts against that cgroup's rows.
+    pub cgroup_id: u64,
     pub tgid: u32,
     pub api: u16,
     pub log2: u8,
@@ -274,9 +286,37 @@ pub struct AllocSizeVal {
 pub const NCCL_STATS_MAX_ENTRIES: u32 = 16_384;
 pub const NCCL_INFLIGHT_MAX_ENTRIES: u32 = 16_384;
 pub const NCCL_COMMS_MAX_ENTRIES: u32 = 4_096;
+pub const LOSSES_MAX_ENTRIES: u32 = 16_384;
+pub const CGROUP_ROWS_MAX_ENTRIES: u32 = 4_096;
+
+/// Live allocations one process may have in `ALLOCS` (1/8 of the table) unless the agent sets
+/// another share at load time (global `ALLOC_QUOTA`): one process cannot fill the table that all
+/// processes share.
+pub const ALLOC_QUOTA_DEFAULT: u64 = ALLOCS_MAX_ENTRIES as u64 / 8;
+/// Rows one cgroup may have in `STATS`, `NCCL_STATS` and `ALLOC_SIZES` together (1/8 of one
+/// map) unless set at load time (global `ROW_QUOTA`). Counted per cgroup in `CGROUP_ROWS` by the
+/// probes when they create a row; the agent recounts it when it removes exited processes' rows.
+pub const ROW_QUOTA_DEFAULT: u64 = STATS_MAX_ENTRIES as u64 / 8;
+
+/// What the probes could not record for one process (map `LOSSES`, keyed by tgid): cumulative,
+/// created only when something is lost.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeLoss {
+    /// Successful allocations not tracked as live memory (the process's share of the allocation
+    /// table used up, or the table full).
+    pub allocs_untracked: u64,
+    /// Their bytes.
+    pub bytes_untracked: u64,
+    /// Calls not aggregated: the new row they needed was refused (their cgroup's row quota used
+    /// up, or the map full).
+    pub calls_unaggregated: u64,
+    pub _reserved: u64,
+}
 
 const _: () = {
-    assert!(core::mem::size_of::<AllocSizeKey>() == 8);
+    assert!(core::mem::size_of::<AllocSizeKey>() == 16);
+    assert!(core::mem::size_of::<ProbeLoss>() == 32);
     assert!(core::mem::size_of::<AllocSizeVal>() == 16);
     assert!(core::mem::size_of::<StatsKey>() == 16);
     assert!(core::mem::size_of::<ApiStats>() == 32 + 8 * HIST_BUCKETS);
@@ -324,4 +364,6 @@ mod pod {
     unsafe impl aya::Pod for NcclCommInfo {}
     // SAFETY: as above.
     unsafe impl aya::Pod for SpanEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ProbeLoss {}
 }

@@ -7,14 +7,20 @@ use agent_common::{
     maps::{AllocKey, AllocSizeKey, AllocVal, Health, Inflight, InflightKey, StatsKey},
 };
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
+    bindings::BPF_ANY,
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     programs::{ProbeContext, RetProbeContext},
 };
 
 use crate::{
-    maps::{ALLOC_SIZES, ALLOCS, INFLIGHT, LIVE, STATS, ZERO_LIVE, ZERO_SIZES, ZERO_STATS},
-    shared::{account, add, arg_at, args, cookie_of, count, pick, read_user_u64, regs_and_sp},
+    maps::{
+        ALLOC_QUOTA, ALLOC_SIZES, ALLOCS, INFLIGHT, LIVE, STATS, ZERO_LIVE, ZERO_SIZES, ZERO_STATS,
+        global,
+    },
+    shared::{
+        account, add, arg_at, args, cookie_of, count, lose, pick, quota_row, read_user_u64,
+        regs_and_sp, row_of,
+    },
     span::{Call, maybe_span},
 };
 
@@ -62,13 +68,7 @@ pub(crate) fn on_entry(ctx: &ProbeContext) {
 
 #[inline(always)]
 fn live_add(tgid: u32, bytes: u64, allocations: u64) {
-    let mut p = LIVE.get_ptr_mut(&tgid);
-    if p.is_none() {
-        // NOEXIST: if another CPU created the row first, ours fails and we use theirs.
-        let _ = LIVE.insert(&tgid, &ZERO_LIVE, BPF_NOEXIST as u64);
-        p = LIVE.get_ptr_mut(&tgid);
-    }
-    if let Some(p) = p {
+    if let Some(p) = row_of(&LIVE, &tgid, &ZERO_LIVE) {
         // SAFETY: `p` is a live map value; fields are only changed by atomic adds.
         unsafe {
             add(&raw mut (*p).bytes, bytes);
@@ -79,24 +79,27 @@ fn live_add(tgid: u32, bytes: u64, allocations: u64) {
 
 /// Counts a successful allocation in its size class.
 #[inline(always)]
-fn size_class(tgid: u32, api: u16, bytes: u64) {
+fn size_class(cgroup_id: u64, tgid: u32, api: u16, bytes: u64) {
     let log2 = if bytes == 0 {
         0
     } else {
         (63 - bytes.leading_zeros()) as u8
     };
     let key = AllocSizeKey {
+        cgroup_id,
         tgid,
         api,
         log2,
         _pad: 0,
     };
-    let mut row = ALLOC_SIZES.get_ptr_mut(&key);
-    if row.is_none() {
-        // NOEXIST: if another CPU created the row first, ours fails and we use theirs.
-        let _ = ALLOC_SIZES.insert(&key, &ZERO_SIZES, BPF_NOEXIST as u64);
-        row = ALLOC_SIZES.get_ptr_mut(&key);
-    }
+    let row = quota_row(
+        &ALLOC_SIZES,
+        &key,
+        &ZERO_SIZES,
+        cgroup_id,
+        tgid,
+        Health::StatsDropped,
+    );
     if let Some(row) = row {
         // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
         unsafe {
@@ -106,12 +109,30 @@ fn size_class(tgid: u32, api: u16, bytes: u64) {
     }
 }
 
-/// Records a new live allocation. Bytes reach `LIVE` only once the `ALLOCS` entry exists.
+/// Records a new live allocation. Bytes reach `LIVE` only once the `ALLOCS` entry exists. A
+/// process holds at most `ALLOC_QUOTA` entries (its live allocations in `LIVE`), so that one
+/// process cannot fill the table for all; an allocation past it, or one the full table has no
+/// room for, is counted for its process (`LOSSES`) and in `HEALTH`, and not tracked.
 #[inline(always)]
 fn track(tgid: u32, space: u32, addr: u64, bytes: u64, api: u16) {
     let key = AllocKey { tgid, space, addr };
     // SAFETY: the value is copied out before any other map operation on this key.
     let stale = unsafe { ALLOCS.get(&key) }.map(|v| v.bytes);
+    if stale.is_none() {
+        let Some(live) = row_of(&LIVE, &tgid, &ZERO_LIVE) else {
+            count(Health::AllocTableFull);
+            lose(tgid, 1, bytes, 0);
+            return;
+        };
+        // SAFETY: a live map value changed only by atomic adds; a stale read lets a few entries
+        // past the quota (one per CPU racing), never many.
+        let held = unsafe { core::ptr::read_volatile(&raw const (*live).allocations) };
+        if held >= global(&ALLOC_QUOTA) {
+            count(Health::AllocQuota);
+            lose(tgid, 1, bytes, 0);
+            return;
+        }
+    }
     if ALLOCS
         .insert(
             &key,
@@ -125,6 +146,7 @@ fn track(tgid: u32, space: u32, addr: u64, bytes: u64, api: u16) {
         .is_err()
     {
         count(Health::AllocTableFull);
+        lose(tgid, 1, bytes, 0);
         return;
     }
     match stale {
@@ -181,15 +203,17 @@ pub(crate) fn on_return(ctx: &RetProbeContext) {
         0
     };
     let api = cookie.api();
+    // SAFETY: reads the current task's cgroup id; no memory is touched.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     match cookie.effect() {
         MemEffect::AllocPtr if ok => {
-            size_class(tgid, api, rec.arg);
+            size_class(cgroup_id, tgid, api, rec.arg);
             if let Some(addr) = read_user_u64(rec.out_ptr) {
                 track(tgid, ALLOC_SPACE_PTR, addr, rec.arg, api);
             }
         }
         MemEffect::AllocHandle if ok => {
-            size_class(tgid, api, rec.arg);
+            size_class(cgroup_id, tgid, api, rec.arg);
             if let Some(handle) = read_user_u64(rec.out_ptr) {
                 track(tgid, ALLOC_SPACE_HANDLE, handle, rec.arg, api);
             }
@@ -199,7 +223,7 @@ pub(crate) fn on_return(ctx: &RetProbeContext) {
                 (read_user_u64(rec.out_ptr), read_user_u64(rec.pitch_ptr))
             {
                 bytes = pitch.wrapping_mul(rec.height);
-                size_class(tgid, api, bytes);
+                size_class(cgroup_id, tgid, api, bytes);
                 track(tgid, ALLOC_SPACE_PTR, addr, bytes, api);
             }
         }
@@ -208,23 +232,22 @@ pub(crate) fn on_return(ctx: &RetProbeContext) {
         _ => {}
     }
 
-    // SAFETY: reads the current task's cgroup id; no memory is touched.
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     let skey = StatsKey {
         cgroup_id,
         tgid,
         api,
         _pad: 0,
     };
-    let mut row = STATS.get_ptr_mut(&skey);
-    if row.is_none() {
-        let _ = STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
-        row = STATS.get_ptr_mut(&skey);
-    }
+    let row = quota_row(
+        &STATS,
+        &skey,
+        &ZERO_STATS,
+        cgroup_id,
+        tgid,
+        Health::StatsDropped,
+    );
     if let Some(row) = row {
         account(row, ok, bytes, now.saturating_sub(rec.start_ns));
-    } else {
-        count(Health::StatsDropped);
     }
     let call = Call {
         start_ns: rec.start_ns,

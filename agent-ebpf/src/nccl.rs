@@ -14,7 +14,7 @@ use agent_common::{
     },
 };
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
+    bindings::BPF_ANY,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_user_buf,
@@ -24,7 +24,7 @@ use aya_ebpf::{
 
 use crate::{
     maps::{NCCL_COMMS, NCCL_INFLIGHT, NCCL_STATS, ZERO_STATS},
-    shared::{account, arg_at, cookie_of, count, read_user_u64, regs_and_sp},
+    shared::{account, arg_at, cookie_of, count, quota_row, read_user_u64, regs_and_sp},
     span::{Call, maybe_span},
 };
 
@@ -197,15 +197,16 @@ pub(crate) fn on_nccl_return(ctx: &RetProbeContext) {
         _pad: 0,
         comm,
     };
-    let mut row = NCCL_STATS.get_ptr_mut(&skey);
-    if row.is_none() {
-        let _ = NCCL_STATS.insert(&skey, &ZERO_STATS, BPF_NOEXIST as u64);
-        row = NCCL_STATS.get_ptr_mut(&skey);
-    }
+    let row = quota_row(
+        &NCCL_STATS,
+        &skey,
+        &ZERO_STATS,
+        cgroup_id,
+        tgid,
+        Health::NcclDropped,
+    );
     if let Some(row) = row {
         account(row, ok, rec.bytes, now.saturating_sub(rec.start_ns));
-    } else {
-        count(Health::NcclDropped);
     }
     let call = Call {
         start_ns: rec.start_ns,

@@ -9,12 +9,14 @@ use agent_common::{
 };
 use aya_ebpf::{
     EbpfContext,
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_attach_cookie, bpf_probe_read_user},
+    maps::HashMap,
     programs::ProbeContext,
 };
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
-use crate::maps::HEALTH;
+use crate::maps::{CGROUP_ROWS, HEALTH, LOSSES, ROW_QUOTA, ZERO_LOSS, global};
 
 #[inline(always)]
 pub(crate) fn count(h: Health) {
@@ -33,6 +35,76 @@ pub(crate) fn add(field: *mut u64, v: u64) {
     // adds from other CPUs are safe. Relaxed: readers sum counters and need no ordering with other
     // memory.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field, v) };
+}
+
+/// The row of `key` in a hash map, created (zeroed) if missing. NOEXIST: if another CPU created
+/// it first, ours fails and we use theirs. `None`: the map is full.
+#[inline(always)]
+pub(crate) fn row_of<K, V>(map: &HashMap<K, V>, key: &K, zero: &V) -> Option<*mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let _ = map.insert(key, zero, BPF_NOEXIST as u64);
+    map.get_ptr_mut(key)
+}
+
+/// Counts what a process lost (`LOSSES`): allocations not tracked and their bytes, calls not
+/// aggregated.
+#[inline(always)]
+pub(crate) fn lose(tgid: u32, allocs: u64, bytes: u64, calls: u64) {
+    if let Some(p) = row_of(&LOSSES, &tgid, &ZERO_LOSS) {
+        // SAFETY: `p` is a live map value; its fields are only changed by atomic adds.
+        unsafe {
+            if allocs != 0 {
+                add(&raw mut (*p).allocs_untracked, allocs);
+                add(&raw mut (*p).bytes_untracked, bytes);
+            }
+            if calls != 0 {
+                add(&raw mut (*p).calls_unaggregated, calls);
+            }
+        }
+    }
+}
+
+/// The aggregation row of `key` in one of the quota'd maps (`STATS`, `NCCL_STATS`,
+/// `ALLOC_SIZES`). A new row counts against its cgroup's rows (`CGROUP_ROWS`) and is refused once
+/// the cgroup has `ROW_QUOTA` of them (counted `RowQuota`); a full map is counted as `full`. A
+/// refused call is counted for its process in `LOSSES`. An existing row costs one lookup.
+#[inline(always)]
+pub(crate) fn quota_row<K, V>(
+    map: &HashMap<K, V>,
+    key: &K,
+    zero: &V,
+    cgroup_id: u64,
+    tgid: u32,
+    full: Health,
+) -> Option<*mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let Some(rows) = row_of(&CGROUP_ROWS, &cgroup_id, &0u64) else {
+        count(Health::RowQuota);
+        lose(tgid, 0, 0, 1);
+        return None;
+    };
+    // SAFETY: a live map value, changed only by atomic adds here and whole writes by the agent;
+    // a stale read lets a few rows past the quota, never many (one per CPU racing).
+    if unsafe { core::ptr::read_volatile(rows) } >= global(&ROW_QUOTA) {
+        count(Health::RowQuota);
+        lose(tgid, 0, 0, 1);
+        return None;
+    }
+    if map.insert(key, zero, BPF_NOEXIST as u64).is_ok() {
+        add(rows, 1);
+    }
+    match map.get_ptr_mut(key) {
+        Some(p) => Some(p),
+        None => {
+            count(full);
+            lose(tgid, 0, 0, 1);
+            None
+        }
+    }
 }
 
 /// The first five integer arguments (x86-64 SysV: rdi, rsi, rdx, rcx, r8).

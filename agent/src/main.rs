@@ -98,6 +98,16 @@ struct CollectArgs {
     /// Do not read NVML.
     #[arg(long)]
     no_nvml: bool,
+    /// Live allocations the probes track per process at most (its share of the kernel's
+    /// allocation table, 262,144 entries shared by all processes); more are counted as untracked
+    /// and the process's live-memory figure is marked incomplete.
+    #[arg(long, default_value_t = agent_common::maps::ALLOC_QUOTA_DEFAULT)]
+    probe_alloc_quota: u64,
+    /// Aggregation rows (per API, NCCL communicator and allocation size class) per cgroup at most
+    /// in the probes' kernel maps (16,384 rows each, shared by all containers); calls that
+    /// need a row past it are counted as unaggregated and the process marked incomplete.
+    #[arg(long, default_value_t = agent_common::maps::ROW_QUOTA_DEFAULT)]
+    probe_row_quota: u64,
 }
 
 impl CollectArgs {
@@ -130,6 +140,10 @@ impl CollectArgs {
             host: host::HostPaths::system().with_root(self.host_root.clone()),
             spans: None,
             budget: None,
+            quotas: probes::MapQuotas {
+                allocs_per_process: self.probe_alloc_quota,
+                rows_per_cgroup: self.probe_row_quota,
+            },
         })
     }
 
@@ -317,6 +331,10 @@ enum Command {
         /// Of those, at most this many spans per second per container (0: no limit).
         #[arg(long, default_value_t = 10.0)]
         trace_container_rate: f64,
+        /// NCCL spans, and slow-call spans, per second per container at most (each; 0: no
+        /// limit), so that one container's flood cannot crowd out the others' spans.
+        #[arg(long, default_value_t = 1000.0)]
+        trace_container_event_rate: f64,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -499,6 +517,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             trace_slow,
             trace_sample_rate,
             trace_container_rate,
+            trace_container_event_rate,
             collect,
         } => {
             let mut trace = collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?;
@@ -514,6 +533,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     protocol: otlp_protocol,
                     queue: otlp_queue,
                     container_rate: trace_container_rate,
+                    container_event_rate: trace_container_event_rate,
                 }),
                 socket,
                 interval,

@@ -439,3 +439,131 @@ fn without_a_driver_the_agent_runs_and_says_so() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("no libcuda on the host"), "{stderr}");
 }
+
+/// One tenant floods the shared kernel maps: a process making far more live allocations than its
+/// share of the allocation table (`--probe-alloc-quota`, scaled down from 1/8 of 262,144 so that
+/// CI hits it with a thousand calls), and another process of the same cgroup needing more
+/// aggregation rows than the cgroup's quota (`--probe-row-quota`). A victim in another cgroup
+/// is still counted exactly, its 1 GiB allocation tracked; the flooders are counted as lost and
+/// marked incomplete, and so is their container, not the victim's.
+#[test]
+fn a_tenant_flooding_the_kernel_maps_is_held_to_its_quota_and_marked_incomplete() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    const QUOTA: u64 = 256;
+    const FLOOD: u64 = 1000;
+    const ROWS: u64 = 6;
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let base = format!("vgpu-quota-{}", std::process::id());
+    let attacker_cg = TestCgroup::new(&format!("{base}/attacker"));
+    let victim_cg = TestCgroup::new(&format!("{base}/victim"));
+    let start = |name: &str, args: &[&str]| {
+        let wdir = dir.path().join(name);
+        std::fs::create_dir_all(&wdir).unwrap();
+        let mut cmd = exercise(&lib);
+        cmd.args(args);
+        Workload::start(cmd, &wdir)
+    };
+    let allocs = start(
+        "allocs",
+        &[
+            "counts",
+            "--init",
+            "--apis",
+            "cuMemAlloc_v2",
+            "--size",
+            "512",
+            "--per-api",
+            &FLOOD.to_string(),
+        ],
+    );
+    let rows = start("rows", &["counts", "--init", "--per-api", "2"]);
+    let victim = start(
+        "victim",
+        &[
+            "counts",
+            "--init",
+            "--apis",
+            "cuMemAlloc_v2,cuCtxSynchronize",
+            "--size",
+            "1g",
+            "--per-api",
+            "1",
+        ],
+    );
+    attacker_cg.add(allocs.pid());
+    attacker_cg.add(rows.pid());
+    victim_cg.add(victim.pid());
+    let mut stat = Stat::start(&[
+        "--no-calibrate",
+        "--probe-alloc-quota",
+        &QUOTA.to_string(),
+        "--probe-row-quota",
+        &ROWS.to_string(),
+    ]);
+    stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    let (allocs_pid, rows_pid, victim_pid) = (allocs.pid(), rows.pid(), victim.pid());
+    // The flood first, then the victim.
+    allocs.go();
+    rows.go();
+    let flooded = allocs.finish();
+    let _ = rows.finish();
+    assert_eq!(flooded["calls"]["cuMemAlloc_v2"]["errors"], 0);
+    victim.go();
+    let made = victim.finish();
+    let report = stat.finish();
+
+    // The victim: exact counts, its allocation tracked, nothing lost.
+    assert_counts_match(&report, victim_pid, &made);
+    let v = process(&report, victim_pid);
+    assert_eq!(v["live_bytes"], 1u64 << 30, "{v}");
+    assert_eq!(v["live_allocations"], 1);
+    assert!(v.get("probe_losses").is_none(), "{v}");
+
+    // The allocation flood: its share tracked, the rest counted as untracked.
+    let a = process(&report, allocs_pid);
+    let tracked = a["live_allocations"].as_u64().unwrap();
+    let lost = &a["probe_losses"];
+    let untracked = lost["allocations_untracked"].as_u64().unwrap();
+    println!(
+        "allocation flood: {FLOOD} allocations, {tracked} tracked (quota {QUOTA}), {untracked} untracked"
+    );
+    // A few may pass the quota while CPUs race on the process's count (at most one per CPU).
+    assert!((QUOTA..QUOTA + 8).contains(&tracked), "{tracked}");
+    assert_eq!(tracked + untracked, FLOOD, "{a}");
+    assert_eq!(lost["bytes_untracked"], untracked * 512);
+    assert_eq!(a["memory"]["probes_complete"], false);
+    // The row flood: rows refused past the cgroup's quota, its calls counted as lost.
+    let r = process(&report, rows_pid);
+    let unaggregated = r["probe_losses"]["calls_unaggregated"]
+        .as_u64()
+        .unwrap_or(0)
+        + a["probe_losses"]["calls_unaggregated"]
+            .as_u64()
+            .unwrap_or(0);
+    println!("row flood: {unaggregated} calls not aggregated (quota {ROWS} rows per cgroup)");
+    assert!(unaggregated > 0, "{r}");
+    let rows_used: usize = [a, r]
+        .iter()
+        .map(|p| p["apis"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert!(rows_used <= ROWS as usize + 2, "{rows_used} API rows");
+    // The lost events are in the health counters; the attacker's container is incomplete, the
+    // victim's is not.
+    assert!(report["health"]["alloc_quota"].as_u64().unwrap() >= untracked);
+    assert!(report["health"]["row_quota"].as_u64().unwrap() > 0);
+    let container_of = |pid: u32| {
+        report["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["pids"].as_array().unwrap().iter().any(|p| p == pid))
+            .unwrap()
+    };
+    assert!(container_of(allocs_pid).get("probe_losses").is_some());
+    assert!(container_of(victim_pid).get("probe_losses").is_none());
+}

@@ -21,6 +21,7 @@ use crate::{
     model::{
         AllocSizes, ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews,
         NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionUnread, Snapshot, Source,
+        probing::ProbeLosses,
     },
     nvml::GpuSnapshot,
     probes::session::{RawReading, Tracer},
@@ -77,6 +78,7 @@ pub fn build(
     let mut pids: HashSet<u32> = HashSet::new();
     pids.extend(inp.reading.stats.iter().map(|(k, _)| k.tgid));
     pids.extend(inp.reading.live.iter().map(|(t, _)| *t));
+    pids.extend(inp.reading.losses.iter().map(|(t, _)| *t));
     pids.extend(inp.reading.nccl_stats.iter().map(|(k, _)| k.tgid));
     pids.extend(inp.reading.nccl_comms.iter().map(|(k, _)| k.tgid));
     pids.extend(inp.users.iter().map(|(p, _)| *p));
@@ -375,6 +377,16 @@ pub fn build(
         .iter()
         .map(|(t, l)| (*t, (l.bytes, l.allocations)))
         .collect();
+    let mut losses: HashMap<u32, ProbeLosses> = HashMap::new();
+    for (tgid, l) in &inp.reading.losses {
+        let e = losses.entry(*tgid).or_default();
+        e.allocations_untracked += l.allocs_untracked;
+        e.bytes_untracked += l.bytes_untracked;
+        e.calls_unaggregated += l.calls_unaggregated;
+    }
+    for (tgid, n) in &inp.reading.rows_reset {
+        losses.entry(*tgid).or_default().rows_reset += n;
+    }
     let user_file: HashMap<u32, FileId> = inp.users.iter().copied().collect();
     let tick_ns = 1_000_000_000 / ticks_per_second();
 
@@ -448,12 +460,13 @@ pub fn build(
                     .map(move |p| super::gpu_use::nvml_process(d, p))
             })
             .collect();
+        let probe_losses = losses.get(&pid).copied().unwrap_or_default();
         let probes_complete = match (inp.tracer, user_file.get(&pid)) {
             (Some(t), Some(file)) => t
                 .attached_at_boot_ns(*file)
                 .is_some_and(|at| facts.start_ticks * tick_ns > at),
             _ => false,
-        };
+        } && !probe_losses.memory_incomplete();
         let memory = MemoryViews {
             limiter: slot.as_ref().map(|s| s.held.iter().sum()),
             limiter_allocations: slot.as_ref().map(|s| {
@@ -524,6 +537,7 @@ pub fn build(
                 })
                 .collect(),
             rates: None,
+            probe_losses,
         });
         identities.insert(key, identity);
     }
@@ -559,9 +573,11 @@ pub fn build(
                     .map(|p| format!("{:?}", p.qos).to_lowercase()),
                 processes: vec![],
                 regions: vec![],
+                probe_losses: Default::default(),
             }
         });
         entry.processes.push(p.key);
+        entry.probe_losses.add(&p.probe_losses);
     }
     let regions_read = region_infos.len();
     for (info, owners) in region_infos {
@@ -587,6 +603,7 @@ pub fn build(
             qos: None,
             processes: vec![],
             regions: vec![],
+            probe_losses: Default::default(),
         });
         entry.regions.push(info);
     }

@@ -557,8 +557,35 @@ pub const AGENT_SPANS_DROPPED: Def = def(
     None,
     false,
     &["reason"],
-    "Sampled calls that did not become exported spans: reason=ring_full (the kernel ring buffer was full), container_rate (a rate-sampled call over its container's --trace-container-rate), queue_full (the exporter's bounded queue was full), export_failed (the OTLP endpoint refused or did not answer).",
+    "Sampled calls that did not become exported spans: reason=ring_full (the kernel ring buffer was full), container_rate (a span over its container's rate for its kind, per container in vgpu_container_spans_dropped_total), queue_full (the exporter's bounded queue was full), export_failed (the OTLP endpoint refused or did not answer).",
     "agent.events_lost.ring_full and the span pipeline (agent/src/export/otlp.rs)",
+);
+pub const CONTAINER_PROBE_LOSSES: Def = def(
+    "vgpu_container_probe_losses",
+    Counter,
+    None,
+    true,
+    &["reason"],
+    "What the probes could not record for the container's processes, by reason: allocation_untracked (a successful allocation past its process's share of the kernel's allocation table, --probe-alloc-quota, or the table full: the live-memory figure is short), call_unaggregated (a call whose new row its cgroup had no room for, --probe-row-quota, or the map full: not counted), row_reset (a row whose counters went back; the agent keeps the earlier counts).",
+    "processes[].probe_losses",
+);
+pub const CONTAINER_PROBES_INCOMPLETE: Def = def(
+    "vgpu_container_probes_incomplete",
+    Gauge,
+    None,
+    true,
+    &[],
+    "1 when an alive process of the container lost probe data (its probe figures are incomplete, not exact), else 0.",
+    "processes[].probe_losses not empty (alive processes)",
+);
+pub const CONTAINER_SPANS_DROPPED: Def = def(
+    "vgpu_container_spans_dropped",
+    Counter,
+    None,
+    true,
+    &["sampled_by", "reason"],
+    "Spans of the container's calls that were not exported, by kind (sampled_by: nccl, slow, rate) and reason: container_rate (over the container's rate for that kind: --trace-container-event-rate for nccl and slow, --trace-container-rate for rate), queue_full (the exporter's bounded queue was full).",
+    "the span pipeline (agent/src/export/otlp.rs, agent/src/export/sampling.rs)",
 );
 pub const HOST_PROCESS_SM_UTILIZATION: Def = def(
     "vgpu_host_process_sm_utilization",
@@ -653,6 +680,9 @@ pub const ALL: &[Def] = &[
     AGENT_HTTP_DROPPED,
     AGENT_SPANS,
     AGENT_SPANS_DROPPED,
+    CONTAINER_PROBE_LOSSES,
+    CONTAINER_PROBES_INCOMPLETE,
+    CONTAINER_SPANS_DROPPED,
     HOST_PROCESS_SM_UTILIZATION,
     HOST_PROCESS_MEMORY_BANDWIDTH_UTILIZATION,
     PROCESS_API_CALLS,

@@ -411,6 +411,62 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
     );
 }
 
+/// What the probes could not record, per container (cumulative, folded like the API counters),
+/// and which containers' probe figures are incomplete now (an alive process lost something).
+pub(super) fn probe_losses(
+    snap: &Snapshot,
+    published: &BTreeMap<ContainerLabels, Counters>,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+    out: &mut Exposition,
+) {
+    let mut losses = vec![];
+    for (l, c) in published {
+        for (reason, n) in super::metrics::LOSS_REASONS.iter().zip(c.losses) {
+            if n > 0 {
+                let labels: Vec<String> = l.iter().cloned().chain([reason.to_string()]).collect();
+                losses.push((labels, Value::Int(n)));
+            }
+        }
+    }
+    out.families
+        .push(FamilyData::of(&defs::CONTAINER_PROBE_LOSSES, losses));
+    let mut incomplete: BTreeMap<ContainerLabels, u64> = BTreeMap::new();
+    for p in snap.processes.iter().filter(|p| p.alive) {
+        let e = incomplete.entry(labels_of(&p.container)).or_default();
+        *e = (*e).max(u64::from(!p.probe_losses.is_empty()));
+    }
+    out.families.push(FamilyData::of(
+        &defs::CONTAINER_PROBES_INCOMPLETE,
+        incomplete
+            .into_iter()
+            .map(|(l, n)| (l.to_vec(), Value::Int(n)))
+            .collect(),
+    ));
+}
+
+/// Spans dropped per container, span kind and reason (the pipeline's own counters: cumulative).
+pub(super) fn container_span_drops(
+    spans: &SpanCounters,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+    out: &mut Exposition,
+) {
+    let mut samples: BTreeMap<Vec<String>, u64> = BTreeMap::new();
+    for ((container, kind, reason), n) in spans.container_drops() {
+        let labels: Vec<String> = labels_of(&container)
+            .into_iter()
+            .chain([kind.to_owned(), reason.to_owned()])
+            .collect();
+        *samples.entry(labels).or_default() += n;
+    }
+    out.families.push(FamilyData::of(
+        &defs::CONTAINER_SPANS_DROPPED,
+        samples
+            .into_iter()
+            .map(|(l, n)| (l, Value::Int(n)))
+            .collect(),
+    ));
+}
+
 pub(super) fn per_process(
     snap: &Snapshot,
     labels_of: &dyn Fn(&str) -> ContainerLabels,

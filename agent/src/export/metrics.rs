@@ -127,7 +127,13 @@ impl Totals {
 pub(super) struct Counters {
     pub(super) apis: BTreeMap<ApiKey, Totals>,
     pub(super) throttled_ns: u64,
+    /// What the probes could not record (`Process::probe_losses`), by [`LOSS_REASONS`].
+    pub(super) losses: [u64; 3],
 }
+
+/// The reasons of `vgpu_container_probe_losses_total`, in the order of [`Counters::losses`].
+pub(super) const LOSS_REASONS: [&str; 3] =
+    ["allocation_untracked", "call_unaggregated", "row_reset"];
 
 impl Counters {
     fn add(&mut self, o: &Counters) {
@@ -140,6 +146,9 @@ impl Counters {
             }
         }
         self.throttled_ns += o.throttled_ns;
+        for (a, b) in self.losses.iter_mut().zip(o.losses) {
+            *a += b;
+        }
     }
 
     fn max_with(&mut self, o: &Counters) {
@@ -152,6 +161,9 @@ impl Counters {
             }
         }
         self.throttled_ns = self.throttled_ns.max(o.throttled_ns);
+        for (a, b) in self.losses.iter_mut().zip(o.losses) {
+            *a = (*a).max(b);
+        }
     }
 }
 
@@ -179,6 +191,8 @@ fn process_counters(p: &Process, names: &mut Names, per_api: bool) -> Counters {
             .add(a);
     }
     c.throttled_ns = p.limiter.as_ref().map_or(0, |l| l.throttled_ns);
+    let l = &p.probe_losses;
+    c.losses = [l.allocations_untracked, l.calls_unaggregated, l.rows_reset];
     c
 }
 
@@ -262,9 +276,43 @@ impl Exposition {
 pub struct SpanCounters {
     pub exported: std::sync::atomic::AtomicU64,
     pub queue_full: std::sync::atomic::AtomicU64,
-    /// Rate-sampled spans over their container's rate (`--trace-container-rate`).
+    /// Spans over their container's rate for their kind (`--trace-container-rate`,
+    /// `--trace-container-event-rate`).
     pub container_rate: std::sync::atomic::AtomicU64,
     pub export_failed: std::sync::atomic::AtomicU64,
+    /// Spans dropped per (container key, span kind, reason); at most [`SPAN_DROP_KEYS`] keys,
+    /// the rest counted under the container key `other`.
+    by_container: std::sync::Mutex<BTreeMap<SpanDropKey, u64>>,
+}
+
+/// (container key, span kind: `nccl`, `slow` or `rate`, reason: `container_rate` or
+/// `queue_full`).
+pub type SpanDropKey = (String, &'static str, &'static str);
+
+/// Per-container span drop series kept at most (a container's series stay once seen, so that
+/// its counters never vanish and come back).
+pub const SPAN_DROP_KEYS: usize = 3 * 2 * super::sampling::MAX_CONTAINERS;
+
+impl SpanCounters {
+    /// Counts a span of `container` (its key) dropped.
+    pub fn count_container_drop(&self, container: &str, kind: &'static str, reason: &'static str) {
+        let mut m = self.by_container.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (container.to_owned(), kind, reason);
+        let key = if m.contains_key(&key) || m.len() < SPAN_DROP_KEYS {
+            key
+        } else {
+            ("other".to_owned(), kind, reason)
+        };
+        *m.entry(key).or_default() += 1;
+    }
+
+    /// Spans dropped per (container key, kind, reason), cumulative.
+    pub fn container_drops(&self) -> BTreeMap<SpanDropKey, u64> {
+        self.by_container
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// The state kept between refreshes.
@@ -340,7 +388,9 @@ impl MetricsView {
         };
         families::container_gauges(snap, &labels_of, &mut self.denied_published, &mut out);
         families::api_families(&self.published, self.opts.per_api, &mut out);
+        families::probe_losses(snap, &self.published, &labels_of, &mut out);
         families::gpu_and_agent(snap, &self.spans, &mut out);
+        families::container_span_drops(&self.spans, &labels_of, &mut out);
         super::gpu_use::families(snap, &labels_of, &mut out);
         if self.opts.pid_labels {
             families::per_process(snap, &labels_of, self.opts.per_api, &mut out);

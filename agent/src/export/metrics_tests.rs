@@ -54,6 +54,7 @@ pub(crate) fn process(pid: u32, container: &str, apis: Vec<ApiUsage>) -> Process
         communicators: vec![],
         alloc_sizes: vec![],
         rates: None,
+        probe_losses: Default::default(),
     }
 }
 
@@ -73,6 +74,7 @@ pub(crate) fn container(key: &str, pod: Option<&str>, processes: &[&Process]) ->
         qos: None,
         processes: processes.iter().map(|p| p.key).collect(),
         regions: vec![],
+        probe_losses: Default::default(),
     }
 }
 

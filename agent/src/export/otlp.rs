@@ -1,14 +1,19 @@
 //! OTLP traces of sampled calls. The return probes write a [`SpanEvent`] to the `SPANS` ring
 //! buffer for every NCCL call, every call slower than `--trace-slow` and one in
-//! `--trace-sample-rate` of the others; a reader thread drains the ring, keeps at most
-//! `--trace-container-rate` of the rate-sampled spans per second per container
-//! ([`super::sampling`], over: counted as `container_rate`), and queues them in a bounded queue
-//! (`--otlp-queue`, full: counted as `queue_full`), and an exporter thread batches the queue
+//! `--trace-sample-rate` of the others; a reader thread drains the ring, keeps at most so many
+//! spans of each kind per second per container ([`super::sampling`]: `--trace-container-rate`
+//! rate-sampled ones, `--trace-container-event-rate` NCCL and slow-call ones; over: counted as
+//! `container_rate`, per container too), and queues them in a bounded queue (`--otlp-queue`,
+//! full: counted as `queue_full`), and an exporter thread batches the queue
 //! (512 spans or 1 s), groups each batch by container, and hands each group to
 //! opentelemetry-otlp's span exporter (gRPC with tonic on a runtime of its own, or HTTP/protobuf)
 //! with that container's resource: `service.name`, `host.name`, `container.id`,
 //! `container.name`, `k8s.pod.name`, `k8s.pod.uid`, `k8s.namespace.name`. Resources are per
 //! container, so the SDK's provider (one resource) is not used; its exporter and `SpanData` are.
+//!
+//! Every string a tenant chose (the thread name, and the container's names in the resource) is
+//! made inert ([`crate::sanitize::inert`]) here as well as in the model, so that no span carries
+//! a control character whatever the snapshot it was resolved from.
 //!
 //! Times: the events carry CLOCK_MONOTONIC ns; they become wall-clock times with the offset
 //! `CLOCK_REALTIME - CLOCK_MONOTONIC` measured at each batch.
@@ -26,10 +31,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use agent_common::{
-    ApiId,
-    maps::{SPAN_NCCL, SPAN_SAMPLED, SPAN_SLOW, SpanEvent},
-};
+use agent_common::{ApiId, maps::SpanEvent};
 use aya::maps::{MapData, RingBuf};
 use opentelemetry::{
     InstrumentationScope, KeyValue,
@@ -41,8 +43,12 @@ use opentelemetry_sdk::{
     trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks},
 };
 
-use super::{ExportError, metrics::SpanCounters, sampling::ContainerRate};
-use crate::model::Snapshot;
+use super::{
+    ExportError,
+    metrics::SpanCounters,
+    sampling::{SpanRates, kind_name},
+};
+use crate::{model::Snapshot, sanitize::inert};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OtlpProtocol {
@@ -60,6 +66,8 @@ pub struct OtlpConfig {
     pub queue: usize,
     /// Rate-sampled spans per second per container at most (0: no limit).
     pub container_rate: f64,
+    /// NCCL spans, and slow-call spans, per second per container at most (each; 0: no limit).
+    pub container_event_rate: f64,
 }
 
 const BATCH: usize = 512;
@@ -78,8 +86,8 @@ impl Identities {
         for c in &snap.containers {
             let mut kv = vec![
                 KeyValue::new("service.name", "vgpu-agent"),
-                KeyValue::new("host.name", snap.hostname.clone()),
-                KeyValue::new("container.name", c.name.clone()),
+                KeyValue::new("host.name", inert(&snap.hostname).into_owned()),
+                KeyValue::new("container.name", inert(&c.name).into_owned()),
             ];
             let opt = [
                 ("container.id", &c.container_id),
@@ -90,7 +98,7 @@ impl Identities {
             ];
             for (k, v) in opt {
                 if let Some(v) = v {
-                    kv.push(KeyValue::new(k, v.clone()));
+                    kv.push(KeyValue::new(k, inert(v).into_owned()));
                 }
             }
             let r = Resource::builder_empty().with_attributes(kv).build();
@@ -105,6 +113,15 @@ impl Identities {
         *self.by_pid.lock().expect("not poisoned") = map;
     }
 
+    /// The container key of a process (`unknown` when not in the last snapshot).
+    pub fn container_of(&self, pid: u32) -> String {
+        self.by_pid
+            .lock()
+            .expect("not poisoned")
+            .get(&pid)
+            .map_or_else(|| "unknown".to_owned(), |r| r.0.clone())
+    }
+
     fn resource(&self, pid: u32, host: &str) -> Arc<(String, Resource)> {
         if let Some(r) = self.by_pid.lock().expect("not poisoned").get(&pid) {
             return Arc::clone(r);
@@ -112,7 +129,7 @@ impl Identities {
         let r = Resource::builder_empty()
             .with_attributes([
                 KeyValue::new("service.name", "vgpu-agent"),
-                KeyValue::new("host.name", host.to_owned()),
+                KeyValue::new("host.name", inert(host).into_owned()),
             ])
             .build();
         Arc::new(("unknown".into(), r))
@@ -199,11 +216,19 @@ pub fn start(
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = sync_channel::<SpanEvent>(cfg.queue.max(1));
     let reader = {
-        let (stop, counters) = (Arc::clone(&stop), Arc::clone(&counters));
-        let rate = ContainerRate::new(cfg.container_rate);
+        let (stop, counters, ids) = (Arc::clone(&stop), Arc::clone(&counters), Arc::clone(&ids));
+        let rates = SpanRates::new(cfg.container_rate, cfg.container_event_rate);
         std::thread::Builder::new()
             .name("span-ring".into())
-            .spawn(move || read_ring(ring, tx, rate, &stop, &counters))
+            .spawn(move || {
+                let mut admit = Admission {
+                    rates,
+                    ids: &ids,
+                    counters: &counters,
+                    tx,
+                };
+                read_ring(ring, &mut admit, &stop)
+            })
             .map_err(ExportError::Thread)?
     };
     let writer = {
@@ -234,13 +259,44 @@ pub fn start(
     })
 }
 
-fn read_ring(
-    mut ring: RingBuf<MapData>,
+/// What the ring's reader does with each event: its container's bucket for its kind, then the
+/// bounded queue; what does not pass is counted, in total and per container.
+struct Admission<'a> {
+    rates: SpanRates,
+    ids: &'a Identities,
+    counters: &'a SpanCounters,
     tx: SyncSender<SpanEvent>,
-    mut rate: ContainerRate,
-    stop: &AtomicBool,
-    counters: &SpanCounters,
-) {
+}
+
+impl Admission<'_> {
+    /// Queues the event or counts why not; false once the exporter is gone.
+    fn offer(&mut self, ev: SpanEvent) -> bool {
+        if !self.rates.admit(&ev) {
+            self.counters.container_rate.fetch_add(1, Relaxed);
+            self.counters.count_container_drop(
+                &self.ids.container_of(ev.tgid),
+                kind_name(ev.reason),
+                "container_rate",
+            );
+            return true;
+        }
+        match self.tx.try_send(ev) {
+            Ok(()) => true,
+            Err(TrySendError::Full(ev)) => {
+                self.counters.queue_full.fetch_add(1, Relaxed);
+                self.counters.count_container_drop(
+                    &self.ids.container_of(ev.tgid),
+                    kind_name(ev.reason),
+                    "queue_full",
+                );
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+}
+
+fn read_ring(mut ring: RingBuf<MapData>, admit: &mut Admission<'_>, stop: &AtomicBool) {
     let fd = ring.as_raw_fd();
     while !stop.load(Relaxed) {
         crate::sys::fd::wait_readable(fd, Duration::from_millis(100));
@@ -251,16 +307,8 @@ fn read_ring(
             // SAFETY: the kernel wrote a whole SpanEvent (a Pod of integers) at the start of the
             // record; read_unaligned makes no alignment assumption.
             let ev: SpanEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            if ev.reason == SPAN_SAMPLED && !rate.admit(ev.cgroup_id, ev.end_ns) {
-                counters.container_rate.fetch_add(1, Relaxed);
-                continue;
-            }
-            match tx.try_send(ev) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => {
-                    counters.queue_full.fetch_add(1, Relaxed);
-                }
-                Err(TrySendError::Disconnected(_)) => return,
+            if !admit.offer(ev) {
+                return;
             }
         }
     }
@@ -309,19 +357,12 @@ pub fn span_of(ev: &SpanEvent, offset: i128, trace: u128, span: u64) -> SpanData
         KeyValue::new("gpu.api.kind", spec.map_or("unknown", |s| s.kind.name())),
         KeyValue::new("gpu.result", i64::from(ev.result)),
         KeyValue::new("gpu.bytes", ev.bytes as i64),
-        KeyValue::new(
-            "gpu.sampled_by",
-            match ev.reason {
-                SPAN_NCCL => "nccl",
-                SPAN_SLOW => "slow",
-                _ => "rate",
-            },
-        ),
+        KeyValue::new("gpu.sampled_by", kind_name(ev.reason)),
         KeyValue::new("process.pid", i64::from(ev.tgid)),
         KeyValue::new("thread.id", i64::from(ev.tid)),
         KeyValue::new(
             "thread.name",
-            String::from_utf8_lossy(&ev.task[..task_len]).into_owned(),
+            inert(&String::from_utf8_lossy(&ev.task[..task_len])).into_owned(),
         ),
         KeyValue::new("cgroup.id", ev.cgroup_id as i64),
     ];
@@ -444,6 +485,7 @@ impl Exporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agent_common::maps::{SPAN_NCCL, SPAN_SAMPLED, SPAN_SLOW};
 
     #[test]
     fn http_endpoints_get_the_traces_path_once() {
@@ -516,6 +558,103 @@ mod tests {
             s.attributes
                 .iter()
                 .all(|kv| kv.key.as_str() != "cuda.stream")
+        );
+    }
+
+    fn event(tgid: u32, cgroup_id: u64, reason: u8, end_ns: u64) -> SpanEvent {
+        SpanEvent {
+            start_ns: end_ns.saturating_sub(1000),
+            end_ns,
+            cgroup_id,
+            bytes: 0,
+            comm: 0,
+            stream: 0,
+            tgid,
+            tid: tgid,
+            result: 0,
+            api: ApiId::from_name("ncclAllReduce").unwrap().0,
+            reason,
+            _pad: 0,
+            task: [0; 16],
+        }
+    }
+
+    #[test]
+    fn escape_codes_in_a_thread_name_are_exported_inert() {
+        let mut task = [0u8; 16];
+        let hostile = b"\x1b]0;pwn\x07\x1b[2J\r\x9b";
+        task[..hostile.len()].copy_from_slice(hostile);
+        let ev = SpanEvent {
+            task,
+            ..event(42, 7, SPAN_SLOW, 2_000_000)
+        };
+        let s = span_of(&ev, 0, 1, 1);
+        let name = s
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "thread.name")
+            .unwrap()
+            .value
+            .to_string();
+        assert!(!name.chars().any(char::is_control), "{name:?}");
+        assert!(name.starts_with("\\x1b]0;pwn\\x07\\x1b[2J\\r"), "{name:?}");
+        // The span as the OTLP exporter encodes it (the protobuf's string field): no control
+        // byte reaches the wire.
+        let proto = opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope(
+            vec![s],
+            &opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema::default(),
+        );
+        let bytes = prost::Message::encode_to_vec(&proto[0]);
+        assert!(
+            !bytes.windows(2).any(|w| w == b"\x1b]" || w == b"\x1b["),
+            "an escape sequence in the encoded span"
+        );
+        assert!(bytes.windows(4).any(|w| w == b"\\x1b"));
+    }
+
+    #[test]
+    fn a_containers_nccl_flood_does_not_crowd_out_anothers_spans() {
+        const QUEUE: usize = 64;
+        let ids = Identities::default();
+        let counters = SpanCounters::default();
+        let (tx, rx) = sync_channel::<SpanEvent>(QUEUE);
+        let mut admit = Admission {
+            rates: SpanRates::new(10.0, 20.0),
+            ids: &ids,
+            counters: &counters,
+            tx,
+        };
+        // Container 1 (pid 100) floods 100,000 NCCL calls in one second; container 2 (pid 200)
+        // makes 10 NCCL calls, 5 slow ones and 5 rate-sampled ones, spread over the same second.
+        // No exporter drains the queue meanwhile: the queue alone would be full after 64.
+        let s = 1_000_000_000u64;
+        for i in 0..100_000u64 {
+            assert!(admit.offer(event(100, 1, SPAN_NCCL, s + i * 10_000)));
+            if i % 5_000 == 0 {
+                let t = s + i * 10_000;
+                let reason = match (i / 5_000) % 4 {
+                    0 | 1 => SPAN_NCCL,
+                    2 => SPAN_SLOW,
+                    _ => SPAN_SAMPLED,
+                };
+                assert!(admit.offer(event(200, 2, reason, t)));
+            }
+        }
+        let queued: Vec<SpanEvent> = rx.try_iter().collect();
+        let of = |tgid: u32| queued.iter().filter(|e| e.tgid == tgid).count();
+        assert_eq!(of(200), 20, "every span of the quiet container is queued");
+        // The flood kept to its container's NCCL rate: the bucket's one second's worth (20) and
+        // what refilled over the second the flood lasted (20 less one call's interval).
+        assert!((39..=40).contains(&of(100)), "{}", of(100));
+        assert_eq!(counters.queue_full.load(Relaxed), 0);
+        let drops = counters.container_drops();
+        let flood = drops[&("unknown".to_owned(), "nccl", "container_rate")];
+        assert_eq!(flood as usize, 100_000 - of(100));
+        assert_eq!(drops.len(), 1, "{drops:?}");
+        println!(
+            "flood: {} of 100000 NCCL spans queued, {flood} dropped; quiet container: {} of 20",
+            of(100),
+            of(200)
         );
     }
 

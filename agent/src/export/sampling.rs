@@ -1,10 +1,15 @@
-//! The per-container rate of sampled spans. The probes pick one in `--trace-sample-rate` calls
-//! per CPU; of those, each container (its cgroup, the kernel's name for it) may send at most
-//! `--trace-container-rate` spans per second (a token bucket holding one second's worth), so
-//! one busy container cannot fill the queue and crowd out the others' spans. NCCL collectives
-//! and slow calls are not limited here (they pass the bounded queue or are counted there).
+//! The per-container rate of spans. The probes write a span event for every NCCL call, every
+//! call slower than `--trace-slow` and one in `--trace-sample-rate` of the others (per CPU); of
+//! each kind, each container (its cgroup, the kernel's name for it) may send at most so many
+//! spans per second (a token bucket per container and kind holding one second's worth):
+//! `--trace-container-rate` rate-sampled spans, `--trace-container-event-rate` NCCL spans and as
+//! many slow-call spans. So one container's flood of NCCL calls cannot fill the bounded queue and
+//! crowd out the others' spans, nor its own slow calls. What a bucket refuses is counted per
+//! container and kind ([`super::metrics::SpanCounters`]).
 
 use std::collections::HashMap;
+
+use agent_common::maps::{SPAN_NCCL, SPAN_SAMPLED, SPAN_SLOW, SpanEvent};
 
 /// Containers tracked at most; a bucket that has refilled completely is forgotten first (it
 /// holds nothing a new bucket would not).
@@ -68,6 +73,48 @@ impl ContainerRate {
     #[cfg(test)]
     fn containers(&self) -> usize {
         self.buckets.len()
+    }
+}
+
+/// The name of a span event's kind, as the `gpu.sampled_by` attribute and the per-container
+/// drop counters say it.
+pub fn kind_name(reason: u8) -> &'static str {
+    match reason {
+        SPAN_NCCL => "nccl",
+        SPAN_SLOW => "slow",
+        _ => "rate",
+    }
+}
+
+/// One [`ContainerRate`] per span kind.
+#[derive(Debug)]
+pub struct SpanRates {
+    sampled: ContainerRate,
+    nccl: ContainerRate,
+    slow: ContainerRate,
+}
+
+impl SpanRates {
+    /// `sampled_per_s` for rate-sampled spans, `event_per_s` for NCCL and for slow-call spans
+    /// (each its own bucket); 0: no limit.
+    pub fn new(sampled_per_s: f64, event_per_s: f64) -> SpanRates {
+        SpanRates {
+            sampled: ContainerRate::new(sampled_per_s),
+            nccl: ContainerRate::new(event_per_s),
+            slow: ContainerRate::new(event_per_s),
+        }
+    }
+
+    /// Whether the event may go, by its container's bucket of its kind.
+    pub fn admit(&mut self, ev: &SpanEvent) -> bool {
+        let rate = match ev.reason {
+            SPAN_NCCL => &mut self.nccl,
+            SPAN_SLOW => &mut self.slow,
+            SPAN_SAMPLED => &mut self.sampled,
+            // Not a kind the probes write: held to the strictest rate.
+            _ => &mut self.sampled,
+        };
+        rate.admit(ev.cgroup_id, ev.end_ns)
     }
 }
 

@@ -21,7 +21,9 @@ pub struct MemoryViews {
     pub probes: Option<u64>,
     /// Live allocations behind `probes`.
     pub probes_allocations: Option<u64>,
-    /// The probes were attached before the process started, so they saw all its allocations.
+    /// The probes saw all its allocations: they were attached before the process started, and
+    /// tracked every allocation they saw (none past its share of the kernel's table:
+    /// `Process::probe_losses`).
     pub probes_complete: bool,
     pub nvml: Option<u64>,
     pub drift: Option<Drift>,

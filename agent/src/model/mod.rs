@@ -191,6 +191,10 @@ pub struct Process {
     pub alloc_sizes: Vec<AllocSizes>,
     /// Per-second rates over the last interval (absent in the first snapshot).
     pub rates: Option<Rates>,
+    /// What the probes could not record for it: while not empty its probe figures are
+    /// incomplete (`memory.probes_complete` is false once an allocation went untracked).
+    #[serde(default, skip_serializing_if = "probing::ProbeLosses::is_empty")]
+    pub probe_losses: probing::ProbeLosses,
 }
 
 /// A container's region (limiter or HAMi-core).
@@ -264,6 +268,10 @@ pub struct Container {
     pub qos: Option<String>,
     pub processes: Vec<ProcessKey>,
     pub regions: Vec<RegionInfo>,
+    /// The sum of its processes' [`Process::probe_losses`]: its probe figures are incomplete
+    /// while not empty.
+    #[serde(default, skip_serializing_if = "probing::ProbeLosses::is_empty")]
+    pub probe_losses: probing::ProbeLosses,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -488,6 +496,7 @@ impl Process {
             communicators: vec![],
             alloc_sizes: vec![],
             rates: None,
+            probe_losses: Default::default(),
         }
     }
 }

@@ -136,6 +136,41 @@ impl ProbeCost {
     }
 }
 
+/// What the probes could not record for a process (or, summed, a container): its figures from
+/// the probes are incomplete, not exact, while any of these is non-zero. Cumulative.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeLosses {
+    /// Successful allocations the probes could not track as live memory: past the process's
+    /// share of the kernel's allocation table (`--probe-alloc-quota`), or the table full. Its
+    /// live-memory figure (`memory.probes`) is short by up to `bytes_untracked`.
+    pub allocations_untracked: u64,
+    pub bytes_untracked: u64,
+    /// Calls not counted: the aggregation row they needed was refused (their cgroup's rows
+    /// quota, `--probe-row-quota`, used up, or the map full).
+    pub calls_unaggregated: u64,
+    /// Aggregation rows whose counters went back (removed and re-created behind the agent): the
+    /// agent adds what they had before, but calls made between may be missing.
+    pub rows_reset: u64,
+}
+
+impl ProbeLosses {
+    pub fn is_empty(&self) -> bool {
+        *self == ProbeLosses::default()
+    }
+
+    /// The live-memory figure lost allocations.
+    pub fn memory_incomplete(&self) -> bool {
+        self.allocations_untracked > 0
+    }
+
+    pub fn add(&mut self, o: &ProbeLosses) {
+        self.allocations_untracked += o.allocations_untracked;
+        self.bytes_untracked += o.bytes_untracked;
+        self.calls_unaggregated += o.calls_unaggregated;
+        self.rows_reset += o.rows_reset;
+    }
+}
+
 /// What the schedule did, for the model.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SamplingStatus {

@@ -6,6 +6,7 @@
 //! All calls into aya go through this module.
 
 pub mod calibrate;
+pub mod monotonic;
 pub mod privileges;
 pub mod sampling;
 pub mod session;
@@ -13,7 +14,7 @@ pub mod symbols;
 pub mod warnings;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::{Path, PathBuf},
 };
 
@@ -21,7 +22,7 @@ use agent_common::{
     ApiId, ApiKind, ProbeCookie,
     maps::{
         AllocKey, AllocSizeKey, AllocSizeVal, AllocVal, ApiStats, Health, LiveMem, NcclCommInfo,
-        NcclCommKey, NcclStatsKey, StatsKey,
+        NcclCommKey, NcclStatsKey, ProbeLoss, StatsKey,
     },
 };
 use aya::{
@@ -125,6 +126,24 @@ pub struct SpanSampling {
     pub sample_every: u64,
 }
 
+/// The shares of the kernel maps that all processes share (set at load time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapQuotas {
+    /// Live allocations tracked per process (`ALLOC_QUOTA`).
+    pub allocs_per_process: u64,
+    /// Rows per cgroup in `STATS`, `NCCL_STATS` and `ALLOC_SIZES` together (`ROW_QUOTA`).
+    pub rows_per_cgroup: u64,
+}
+
+impl Default for MapQuotas {
+    fn default() -> MapQuotas {
+        MapQuotas {
+            allocs_per_process: agent_common::maps::ALLOC_QUOTA_DEFAULT,
+            rows_per_cgroup: agent_common::maps::ROW_QUOTA_DEFAULT,
+        }
+    }
+}
+
 /// The loaded programs and everything attached.
 pub struct Probes {
     ebpf: Ebpf,
@@ -138,7 +157,7 @@ pub struct Probes {
 
 impl Probes {
     /// Checks privileges, then loads every program of the attach mode the kernel supports.
-    pub fn load(spans: Option<SpanSampling>) -> Result<Probes, ProbeError> {
+    pub fn load(spans: Option<SpanSampling>, quotas: MapQuotas) -> Result<Probes, ProbeError> {
         privileges::check_current_process().map_err(ProbeError::NotPrivileged)?;
         if EBPF_OBJECT.is_empty() {
             return Err(ProbeError::BuiltWithoutProbes);
@@ -156,6 +175,8 @@ impl Probes {
             .override_global("TRACE_ON", &on, true)
             .override_global("TRACE_SLOW_NS", &s.slow_ns, true)
             .override_global("TRACE_SAMPLE_EVERY", &s.sample_every, true)
+            .override_global("ALLOC_QUOTA", &quotas.allocs_per_process, true)
+            .override_global("ROW_QUOTA", &quotas.rows_per_cgroup, true)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Load(Box::new(e)))?;
         // Calibration measures the cost of the links the probes really use: uprobe_multi links
@@ -417,6 +438,11 @@ impl Probes {
         self.read_hash("LIVE")
     }
 
+    /// What each process lost (only processes that lost something).
+    pub fn read_losses(&self) -> Result<Vec<(u32, ProbeLoss)>, ProbeError> {
+        self.read_hash("LOSSES")
+    }
+
     /// Health counters summed over CPUs, indexed by [`Health`].
     pub fn read_health(&self) -> Result<[u64; Health::COUNT as usize], ProbeError> {
         let map: PerCpuArray<_, u64> =
@@ -473,9 +499,60 @@ impl Probes {
     pub fn forget_processes(&mut self, tgids: &[u32]) -> Result<usize, ProbeError> {
         let gone = |t: u32| tgids.contains(&t);
         self.remove_where::<StatsKey, ApiStats>("STATS", |k| gone(k.tgid))?;
+        self.remove_where::<NcclStatsKey, ApiStats>("NCCL_STATS", |k| gone(k.tgid))?;
+        self.remove_where::<NcclCommKey, NcclCommInfo>("NCCL_COMMS", |k| gone(k.tgid))?;
         self.remove_where::<AllocSizeKey, AllocSizeVal>("ALLOC_SIZES", |k| gone(k.tgid))?;
         self.remove_where::<u32, LiveMem>("LIVE", |t| gone(*t))?;
+        self.remove_where::<u32, ProbeLoss>("LOSSES", |t| gone(*t))?;
+        self.recount_cgroup_rows()?;
         self.remove_where::<AllocKey, AllocVal>("ALLOCS", |k| gone(k.tgid))
+    }
+
+    /// Sets each cgroup's row count (`CGROUP_ROWS`, what the row quota is checked against) to the
+    /// rows it has in the quota'd maps, and removes cgroups that have none: the probes only add
+    /// to it. A row a probe creates between the count and the write is missed until the next
+    /// recount (the quota lets that many more rows in, never more).
+    fn recount_cgroup_rows(&mut self) -> Result<(), ProbeError> {
+        let mut rows: HashMap<u64, u64> = HashMap::new();
+        for k in self.keys::<StatsKey, ApiStats>("STATS")? {
+            *rows.entry(k.cgroup_id).or_default() += 1;
+        }
+        for k in self.keys::<NcclStatsKey, ApiStats>("NCCL_STATS")? {
+            *rows.entry(k.cgroup_id).or_default() += 1;
+        }
+        for k in self.keys::<AllocSizeKey, AllocSizeVal>("ALLOC_SIZES")? {
+            *rows.entry(k.cgroup_id).or_default() += 1;
+        }
+        let mut m: BpfHashMap<_, u64, u64> = BpfHashMap::try_from(self.map_mut("CGROUP_ROWS")?)
+            .map_err(|e| ProbeError::Map {
+                name: "CGROUP_ROWS",
+                source: Box::new(e),
+            })?;
+        let counted: Vec<u64> = m.keys().filter_map(Result::ok).collect();
+        for cgroup in counted {
+            match rows.remove(&cgroup) {
+                Some(n) => {
+                    let _ = m.insert(&cgroup, &n, 0);
+                }
+                None => {
+                    let _ = m.remove(&cgroup);
+                }
+            }
+        }
+        for (cgroup, n) in rows {
+            let _ = m.insert(&cgroup, &n, 0);
+        }
+        Ok(())
+    }
+
+    /// Every key of hash map `name`.
+    fn keys<K: aya::Pod, V: aya::Pod>(&self, name: &'static str) -> Result<Vec<K>, ProbeError> {
+        let map: BpfHashMap<_, K, V> =
+            BpfHashMap::try_from(self.map(name)?).map_err(|e| ProbeError::Map {
+                name,
+                source: Box::new(e),
+            })?;
+        Ok(map.keys().filter_map(Result::ok).collect())
     }
 
     /// Removes the rows of hash map `name` whose key matches; returns the rows left.
@@ -509,7 +586,7 @@ impl Probes {
     /// Removes the aggregation rows of one process and API (used to drop calibration rows).
     pub(crate) fn remove_stats_rows(&mut self, tgid: u32, api: u16) -> Result<(), ProbeError> {
         self.remove_where::<StatsKey, ApiStats>("STATS", |k| k.tgid == tgid && k.api == api)?;
-        Ok(())
+        self.recount_cgroup_rows()
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
 
 use agent_common::maps::{
     AllocSizeKey, AllocSizeVal, ApiStats, Health, LiveMem, NcclCommInfo, NcclCommKey, NcclStatsKey,
-    StatsKey,
+    ProbeLoss, StatsKey,
 };
 
 use crate::{
@@ -55,6 +55,8 @@ pub struct TraceOptions {
     /// Sample launches (unless they are `Off` or `On`), synchronisations and copies in windows
     /// under this cost budget (`crate::probes::sampling`).
     pub budget: Option<Budget>,
+    /// The shares of the kernel maps one process or cgroup may hold.
+    pub quotas: crate::probes::MapQuotas,
 }
 
 /// One reading of the kernel maps.
@@ -66,6 +68,10 @@ pub struct RawReading {
     pub nccl_comms: Vec<(NcclCommKey, NcclCommInfo)>,
     pub alloc_sizes: Vec<(AllocSizeKey, AllocSizeVal)>,
     pub health: [u64; Health::COUNT as usize],
+    /// What each process lost in the kernel (only those that lost something).
+    pub losses: Vec<(u32, ProbeLoss)>,
+    /// Aggregation rows found gone back per process (cumulative; see `monotonic`).
+    pub rows_reset: HashMap<u32, u64>,
 }
 
 pub struct Tracer {
@@ -95,6 +101,8 @@ pub struct Tracer {
     /// Returns without an entry made by attaching and detaching sampled kinds (see
     /// [`Tracer::at_window_edge`]), kept out of `return_without_entry`.
     edge_returns: u64,
+    /// The aggregation rows as last read, so that what is shown never goes back.
+    floors: crate::probes::monotonic::Floors,
 }
 
 impl Tracer {
@@ -105,7 +113,7 @@ impl Tracer {
 
     /// Loads the probes, attaches the host's and the configured libraries, and calibrates.
     pub fn start(opts: TraceOptions) -> Result<Tracer, ProbeError> {
-        let probes = Probes::load(opts.spans)?;
+        let probes = Probes::load(opts.spans, opts.quotas)?;
         let mut t = Tracer {
             probes,
             discovery: Discovery::new(),
@@ -122,6 +130,7 @@ impl Tracer {
             warnings: WarningStore::default(),
             maps_wait: MAPS_WAIT,
             edge_returns: 0,
+            floors: Default::default(),
         };
         if t.opts.launches == LaunchProbes::On {
             let r = t.set_launches(true);
@@ -592,6 +601,7 @@ impl Tracer {
         if let Some(s) = &mut self.schedule {
             s.forget(pids);
         }
+        self.floors.forget(pids);
         self.probes.forget_processes(pids)
     }
 
@@ -643,7 +653,21 @@ impl Tracer {
             nccl_comms: self.probes.read_nccl_comms()?,
             alloc_sizes: self.probes.read_alloc_sizes()?,
             health: self.probes.read_health()?,
+            losses: self.probes.read_losses()?,
+            rows_reset: HashMap::new(),
         };
+        // The calibration's own rows are removed between its batches: not floored.
+        let calibration = agent_common::ProbeCookie::CALIBRATION_API;
+        let (own, mut stats): (Vec<_>, Vec<_>) = std::mem::take(&mut r.stats)
+            .into_iter()
+            .partition(|(k, _)| k.api == calibration);
+        let f = &mut self.floors;
+        f.stats.apply(&mut stats, &mut f.resets);
+        f.nccl.apply(&mut r.nccl_stats, &mut f.resets);
+        f.sizes.apply(&mut r.alloc_sizes, &mut f.resets);
+        stats.extend(own);
+        r.stats = stats;
+        r.rows_reset = f.resets.clone();
         let i = agent_common::maps::Health::ReturnWithoutEntry as usize;
         r.health[i] = r.health[i].saturating_sub(self.edge_returns);
         if self.calibrator.is_some() {

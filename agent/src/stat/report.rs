@@ -77,6 +77,10 @@ pub struct ProcessRow {
     pub communicators: Vec<Communicator>,
     /// Per device, the process's SM and memory-bandwidth use over the window (NVML).
     pub gpu_use: Vec<WindowUse>,
+    /// What the probes could not record for it, as last seen (cumulative): while not empty its
+    /// probe figures are incomplete, not exact.
+    #[serde(skip_serializing_if = "crate::model::probing::ProbeLosses::is_empty")]
+    pub probe_losses: crate::model::probing::ProbeLosses,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -94,6 +98,10 @@ pub struct ContainerRow {
     pub name: String,
     pub pids: Vec<u32>,
     pub regions: Vec<RegionInfo>,
+    /// The sum of its processes' probe losses, as last seen: while not empty its probe figures
+    /// are incomplete.
+    #[serde(skip_serializing_if = "crate::model::probing::ProbeLosses::is_empty")]
+    pub probe_losses: crate::model::probing::ProbeLosses,
     /// Per device at the end of the window, the container's processes' memory summed.
     pub memory_by_device: Vec<DeviceMemory>,
     /// Per device, the container's processes' SM and memory-bandwidth use over the window,
@@ -247,6 +255,7 @@ pub fn build(
             apis: apis.iter().map(ApiRow::from_usage).collect(),
             communicators,
             gpu_use: window_use(first, last, &[p.key]),
+            probe_losses: p.probe_losses,
         });
     }
     let reported: Vec<u32> = processes.iter().map(|p| p.pid).collect();
@@ -263,6 +272,7 @@ pub fn build(
                 .filter(|p| reported.contains(p))
                 .collect(),
             regions: c.regions.clone(),
+            probe_losses: c.probe_losses,
             memory_by_device: last.memory_by_device(&c.processes),
             gpu_use: window_use(first, last, &c.processes),
         })
@@ -374,6 +384,7 @@ mod tests {
             communicators: vec![],
             alloc_sizes: vec![],
             rates: None,
+            probe_losses: Default::default(),
         }
     }
 
@@ -503,6 +514,7 @@ mod tests {
             qos: None,
             processes: last.processes[..2].iter().map(|p| p.key).collect(),
             regions: vec![],
+            probe_losses: Default::default(),
         }];
         let r = build(&first, &last, "in_process", 10.0, |_| None);
         let row = |pid: u32| r.processes.iter().find(|p| p.pid == pid).unwrap();

@@ -97,6 +97,7 @@ fn process(pid: u32, comm: &str, cmdline: &str, container: &str) -> Process {
         communicators: vec![],
         alloc_sizes: vec![],
         rates: Some(Rates::default()),
+        probe_losses: Default::default(),
     }
 }
 
@@ -143,6 +144,7 @@ fn container(key: &str, name: &str, procs: &[&Process], regions: Vec<RegionInfo>
         qos: None,
         processes: procs.iter().map(|p| p.key).collect(),
         regions,
+        probe_losses: Default::default(),
     }
 }
 

@@ -43,6 +43,14 @@ fn meaning(cause: &str) -> &'static str {
         c if c == Health::RingFull.name() => {
             "a sampled call's span was lost: the span ring buffer was full"
         }
+        c if c == Health::AllocQuota.name() => {
+            "an allocation past its process's share of the allocation table: counted, not \
+             tracked as live memory (the process is marked incomplete)"
+        }
+        c if c == Health::RowQuota.name() => {
+            "a call whose new per-API row its cgroup had no room for (row quota): not counted \
+             (the process is marked incomplete)"
+        }
         _ => "lost or unmatched probe events",
     }
 }

@@ -333,6 +333,19 @@ fn process_facts(p: &Process, s: &Snapshot, t: &Theme) -> Vec<Line<'static>> {
         ));
     }
     out.push(Line::from(mem));
+    let l = &p.probe_losses;
+    if !l.is_empty() {
+        out.push(Line::from(Span::styled(
+            format!(
+                "probes INCOMPLETE  {} allocation(s) ({}) untracked, {} call(s) not counted, {} row(s) reset",
+                l.allocations_untracked,
+                bytes(l.bytes_untracked),
+                l.calls_unaggregated,
+                l.rows_reset
+            ),
+            t.bad(),
+        )));
+    }
     out.extend(memory_by_device_line(&p.memory_by_device(), t));
     out.push(gpu_use_line(s, &[p.key], t));
     if let Some(l) = &p.limiter {

@@ -85,7 +85,8 @@ fn map_file(path: &Path, len: usize, prot: i32) -> usize {
 fn non_elf_batches(dir: &Path, count: usize, every: Duration, ready: &Path) -> ! {
     let body: Vec<u8> = b"not an ELF file\n".repeat(PAGE / 16);
     let mut previous: Option<(PathBuf, Vec<usize>)> = None;
-    for batch in 0.. {
+    let mut batch = 0;
+    loop {
         let bdir = dir.join(format!("batch{batch}"));
         std::fs::create_dir_all(&bdir).unwrap();
         let maps: Vec<usize> = (0..count)
@@ -107,8 +108,8 @@ fn non_elf_batches(dir: &Path, count: usize, every: Duration, ready: &Path) -> !
             std::fs::write(ready, b"").unwrap();
         }
         std::thread::sleep(every);
+        batch += 1;
     }
-    unreachable!()
 }
 
 fn elf_copies(dir: &Path, count: usize, elf: &Path, ready: &Path) -> ! {
@@ -294,11 +295,15 @@ pub fn sample(pid: u32) -> Option<Sample> {
     })
 }
 
+/// What a [`Watch`] saw: its samples, and each new snapshot seen (when it was first seen and its
+/// `taken_at_unix_ms`).
+pub type Watched = (Vec<Sample>, Vec<(Instant, u64)>);
+
 /// Watches a daemon on a thread of its own until stopped: its memory and descriptors every
 /// 200 ms, and the `taken_at_unix_ms` of what its socket serves every 100 ms.
 pub struct Watch {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<(Vec<Sample>, Vec<(Instant, u64)>)>>,
+    thread: Option<std::thread::JoinHandle<Watched>>,
 }
 
 impl Watch {
@@ -310,7 +315,7 @@ impl Watch {
             let mut tick = 0u64;
             // Relaxed: a flag read in a loop; nothing else is published through it.
             while !flag.load(Ordering::Relaxed) {
-                if tick % 2 == 0
+                if tick.is_multiple_of(2)
                     && let Some(s) = sample(pid)
                 {
                     samples.push(s);
@@ -331,8 +336,7 @@ impl Watch {
         }
     }
 
-    /// Its samples, and each new snapshot seen: when it was first seen and its `taken_at_unix_ms`.
-    pub fn finish(mut self) -> (Vec<Sample>, Vec<(Instant, u64)>) {
+    pub fn finish(mut self) -> Watched {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().unwrap().join().unwrap()
     }

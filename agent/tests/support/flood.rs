@@ -5,8 +5,8 @@
 //! - `FLOOD_MAKER=non-elf`: maps `FLOOD_COUNT` small files that are not ELF, named
 //!   `libcuda.so.<i>`, and every `FLOOD_EVERY_MS` replaces them with a new batch (new files, new
 //!   identities).
-//! - `FLOOD_MAKER=elf-copies`: maps `FLOOD_COUNT` copies of the ELF `FLOOD_ELF` (a small library
-//!   exporting eight `cu*` names), named `libcuda.so.<i>`.
+//! - `FLOOD_MAKER=elf-copies`: maps `FLOOD_COUNT` copies of the ELF libraries `FLOOD_ELF` names
+//!   (`:`-separated, taken in turn), named `libcuda.so.<i>`.
 //! - `FLOOD_MAKER=many-maps`: makes `FLOOD_COUNT` mappings of one file with a long name,
 //!   alternately readable and not, so the kernel cannot merge them and `/proc/PID/maps` has a
 //!   long line for each.
@@ -51,7 +51,10 @@ pub fn run_maker() {
             let every = Duration::from_millis(env("FLOOD_EVERY_MS").parse().unwrap());
             non_elf_batches(&dir, count, every, &ready)
         }
-        "elf-copies" => elf_copies(&dir, count, Path::new(&env("FLOOD_ELF")), &ready),
+        "elf-copies" => {
+            let elfs: Vec<PathBuf> = env("FLOOD_ELF").split(':').map(PathBuf::from).collect();
+            elf_copies(&dir, count, &elfs, &ready)
+        }
         "many-maps" => many_mappings(&dir, count, &ready),
         other => panic!("no flood maker {other:?}"),
     }
@@ -112,10 +115,13 @@ fn non_elf_batches(dir: &Path, count: usize, every: Duration, ready: &Path) -> !
     }
 }
 
-fn elf_copies(dir: &Path, count: usize, elf: &Path, ready: &Path) -> ! {
-    let len = std::fs::metadata(elf).unwrap().len() as usize;
+fn elf_copies(dir: &Path, count: usize, elfs: &[PathBuf], ready: &Path) -> ! {
     let maps: Vec<usize> = (0..count)
         .map(|i| {
+            let elf = &elfs[i % elfs.len()];
+            let len = std::fs::metadata(elf)
+                .unwrap_or_else(|e| panic!("{}: {e}", elf.display()))
+                .len() as usize;
             let path = dir.join(format!("libcuda.so.{i}"));
             std::fs::copy(elf, &path).unwrap();
             map_file(&path, len, libc::PROT_READ | libc::PROT_EXEC)
@@ -153,9 +159,8 @@ fn many_mappings(dir: &Path, count: usize, ready: &Path) -> ! {
     }
 }
 
-/// A small ELF library exporting eight `cu*` names (as the attack's 15 KB one), compiled here.
+/// The attack's library: a small ELF exporting eight `cu*` names, compiled here.
 pub fn fake_driver(dir: &Path) -> PathBuf {
-    let src = dir.join("fake-driver.c");
     let names = [
         "cuInit",
         "cuMemAlloc_v2",
@@ -166,12 +171,32 @@ pub fn fake_driver(dir: &Path) -> PathBuf {
         "cuStreamSynchronize",
         "cuMemcpyHtoD_v2",
     ];
+    compile_library(dir, "fake-driver", &names)
+}
+
+/// A library that looks like the driver by its symbols (every traced CUDA call and the entry
+/// points every libcuda exports, each an empty function): what any tenant can build in a second.
+pub fn lookalike_driver(dir: &Path) -> PathBuf {
+    let mut names: Vec<&str> = agent_common::api::APIS
+        .iter()
+        .map(|a| a.name)
+        .filter(|n| n.starts_with("cu"))
+        .collect();
+    names.extend(["cuDriverGetVersion", "cuDeviceGet", "cuGetProcAddress"]);
+    names.sort_unstable();
+    names.dedup();
+    compile_library(dir, "lookalike-driver", &names)
+}
+
+/// `cc -shared` of one empty function per name.
+fn compile_library(dir: &Path, name: &str, names: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
     let text: String = names
         .iter()
         .map(|n| format!("int {n}(void) {{ return 0; }}\n"))
         .collect();
     std::fs::write(&src, text).unwrap();
-    let out = dir.join("fake-driver.so");
+    let out = dir.join(format!("{name}.so"));
     let status = Command::new("cc")
         .args(["-shared", "-fPIC", "-o"])
         .arg(&out)

@@ -24,6 +24,12 @@ impl Daemon {
     /// Starts the daemon with `--interval interval` and `args`, its socket `dir/agent.sock`;
     /// returns once both the socket and `/metrics` accept connections.
     pub fn start(dir: &Path, interval: &str, args: &[&str]) -> Daemon {
+        Daemon::start_with_log(dir, interval, args, Stdio::inherit())
+    }
+
+    /// As [`Daemon::start`], its log (stderr) going to `log` (a file, where a flood's warnings
+    /// would drown the test's output).
+    pub fn start_with_log(dir: &Path, interval: &str, args: &[&str], log: Stdio) -> Daemon {
         let socket = dir.join("agent.sock");
         let port = free_port();
         let child = Command::new(agent_bin())
@@ -32,7 +38,7 @@ impl Daemon {
             .arg(&socket)
             .arg(format!("--metrics-listen=127.0.0.1:{port}"))
             .args(args)
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .unwrap();
         wait_until(
@@ -74,6 +80,30 @@ impl Daemon {
         assert!(raw.starts_with("HTTP/1.1 200"), "{raw:.200}");
         let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
         (body, took)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, as a service manager stops it: its exit status and how long it took to exit, or
+    /// `None` if it had not exited within `limit` (then it is killed, and the time it took to
+    /// end after that is still waited for and returned).
+    pub fn stop_within(mut self, limit: Duration) -> (Option<ExitStatus>, Duration) {
+        let started = Instant::now();
+        // SAFETY: kill(2) on our own child, not yet waited for.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (Some(status), started.elapsed());
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return (None, started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// SIGTERM, as a service manager stops it; its exit status.

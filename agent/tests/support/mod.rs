@@ -5,6 +5,7 @@
 pub mod attribute;
 pub mod daemon;
 pub mod dashboards;
+pub mod flood;
 pub mod hostile;
 pub mod podman;
 pub mod prometheus;

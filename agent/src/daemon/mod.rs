@@ -177,9 +177,9 @@ impl Publisher {
 fn spawn_collector(
     mut collector: Collector,
     interval: Duration,
-) -> std::io::Result<Receiver<Snapshot>> {
+) -> std::io::Result<(Receiver<Snapshot>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::sync_channel(1);
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("collector".into())
         .spawn(move || {
             let mut next = Instant::now() + interval;
@@ -196,8 +196,13 @@ fn spawn_collector(
                 }
             }
         })?;
-    Ok(rx)
+    Ok((rx, thread))
 }
+
+/// How long the daemon waits at exit for the collector to finish its snapshot and detach its
+/// probes (which releases every uprobe link at once: left to the process's exit, the kernel
+/// releases them one by one, tens of seconds for a few hundred links).
+const COLLECTOR_EXIT_WAIT: Duration = Duration::from_millis(1500);
 
 /// Raises the soft limit of open files to the hard limit (at most 65,536): the metrics server
 /// may hold [`http::Limits::DEFAULT`]'s 512 connections beside the regions and probes.
@@ -268,7 +273,8 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
             .spawn(move || serve(listener, latest))
             .map_err(start_error)?;
     }
-    let snapshots = spawn_collector(collector, opts.interval).map_err(start_error)?;
+    let (snapshots, collector_thread) =
+        spawn_collector(collector, opts.interval).map_err(start_error)?;
     log::info!(
         "serving snapshots every {:?} on {}",
         opts.interval,
@@ -308,6 +314,17 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         }
     }
     let _ = std::fs::remove_file(&opts.socket);
+    let deadline = Instant::now() + COLLECTOR_EXIT_WAIT;
+    while !collector_thread.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if collector_thread.is_finished() {
+        let _ = collector_thread.join();
+    } else {
+        log::warn!(
+            "the collector did not finish within {COLLECTOR_EXIT_WAIT:?}: exiting without it"
+        );
+    }
     log::info!("stopped");
     Ok(())
 }

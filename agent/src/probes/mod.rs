@@ -8,6 +8,7 @@
 pub mod calibrate;
 pub mod monotonic;
 pub mod privileges;
+mod release;
 pub mod sampling;
 pub mod session;
 pub mod symbols;
@@ -30,7 +31,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapError, PerCpuArray},
     programs::{
         ProgramError, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
     sys::{UProbeMultiFeature, is_uprobe_multi_supported},
 };
@@ -153,6 +154,8 @@ pub struct Probes {
     libraries: BTreeMap<FileId, AttachedLibrary>,
     /// Kinds left detached (launches until turned on; sampled kinds between their windows).
     off: BTreeSet<ApiKind>,
+    /// Links of forgotten libraries being released, and the release of all at drop.
+    releaser: release::Releaser,
 }
 
 impl Probes {
@@ -212,6 +215,7 @@ impl Probes {
             calib_mode,
             libraries: BTreeMap::new(),
             off: [ApiKind::Launch].into(),
+            releaser: release::Releaser::default(),
         })
     }
 
@@ -316,6 +320,8 @@ impl Probes {
         Ok(())
     }
 
+    /// Detaches a kind from a library now (a sampling window's edge: the probes must be off
+    /// when this returns).
     fn detach_kind(&mut self, id: FileId, kind: ApiKind) {
         let Some(lib) = self.libraries.get_mut(&id) else {
             return;
@@ -330,6 +336,24 @@ impl Probes {
                 );
             }
         }
+    }
+
+    /// Takes the links of `lib` out of their programs, to be released by the caller.
+    fn take_links(ebpf: &mut Ebpf, lib: &mut AttachedLibrary) -> Vec<UProbeLink> {
+        let mut out = Vec::new();
+        for (_, links) in std::mem::take(&mut lib.links) {
+            for (name, link) in links {
+                match program(ebpf, &name).map(|p| p.take_link(link)) {
+                    Ok(Ok(l)) => out.push(l),
+                    Ok(Err(e)) => log::warn!(
+                        "taking {name}'s link on {}: {e}",
+                        lib.file.attach_path.display()
+                    ),
+                    Err(e) => log::warn!("{e}"),
+                }
+            }
+        }
+        out
     }
 
     /// Turns the launch-family probes on or off in every attached library.
@@ -375,13 +399,14 @@ impl Probes {
     }
 
     /// Detaches everything from a library and forgets it (its path is gone: the processes that
-    /// mapped it through that path exited).
+    /// mapped it through that path exited). Its links are released in the background (see
+    /// `release`): the library's calls are no longer counted from the moment they go, which
+    /// is the same to every view as when this returned.
     pub fn remove_library(&mut self, id: FileId) -> Option<AttachedLibrary> {
-        let kinds: Vec<ApiKind> = self.libraries.get(&id)?.links.keys().copied().collect();
-        for kind in kinds {
-            self.detach_kind(id, kind);
-        }
-        self.libraries.remove(&id)
+        let mut lib = self.libraries.remove(&id)?;
+        let links = Self::take_links(&mut self.ebpf, &mut lib);
+        self.releaser.release_in_background(links);
+        Some(lib)
     }
 
     pub fn launches_on(&self) -> bool {
@@ -587,6 +612,24 @@ impl Probes {
     pub(crate) fn remove_stats_rows(&mut self, tgid: u32, api: u16) -> Result<(), ProbeError> {
         self.remove_where::<StatsKey, ApiStats>("STATS", |k| k.tgid == tgid && k.api == api)?;
         self.recount_cgroup_rows()
+    }
+}
+
+impl Drop for Probes {
+    /// Releases every link at once (see `release`): one by one, the links of a few dozen
+    /// libraries took the agent's exit tens of seconds.
+    fn drop(&mut self) {
+        let mut links = Vec::new();
+        let mut libraries = std::mem::take(&mut self.libraries);
+        for lib in libraries.values_mut() {
+            links.extend(Self::take_links(&mut self.ebpf, lib));
+        }
+        let n = links.len();
+        let took = self.releaser.release_all(links);
+        log::info!(
+            "detached {n} probe links in {:.0} ms",
+            took.as_secs_f64() * 1e3
+        );
     }
 }
 

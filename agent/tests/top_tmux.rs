@@ -406,3 +406,111 @@ fn top_without_root_or_daemon_names_sudo() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sudo"), "{err}");
 }
+
+/// The starter of [`demo_workloads_end_with_the_process_that_started_them`]: starts the demo's
+/// workloads in `$DEMO_STARTER_TOP`'s cgroups, writes their pids to `$DEMO_STARTER_PIDS`, and
+/// waits to be killed.
+#[test]
+#[ignore = "the starter of demo_workloads_end_with_the_process_that_started_them"]
+fn demo_workload_starter() {
+    use demo_workloads as demo;
+    let (Some(top), Some(pids), Some(dir)) = (
+        std::env::var_os("DEMO_STARTER_TOP"),
+        std::env::var_os("DEMO_STARTER_PIDS"),
+        std::env::var_os("DEMO_STARTER_DIR"),
+    ) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let paths = demo::Paths {
+        exercise: exercise_bin(),
+        lib: sim_lib(&dir.join("lib")),
+        limiter: limiter_lib(),
+        regions: dir.join("regions"),
+    };
+    demo::prepare(&paths).unwrap();
+    let started: Vec<std::process::Child> = demo::workloads(&paths)
+        .iter()
+        .map(|w| demo::start(&paths, std::path::Path::new(&top), w).unwrap())
+        .collect();
+    let ids: Vec<String> = started.iter().map(|c| c.id().to_string()).collect();
+    std::fs::write(&pids, ids.join(" ")).unwrap();
+    // Killed here by the test; the workloads end with this process, not waited for.
+    for mut child in started {
+        let _ = child.wait();
+    }
+}
+
+/// However `cargo xtask demo` ends (its terminal closed, SIGTERM, or killed outright before it
+/// could clean up), its workloads end with it: each runs in a process group of its own, out of
+/// reach of the terminal's signals, so it is tied to the life of the process that started it.
+/// Here that process is killed with SIGKILL: every workload is gone within 2 s.
+#[test]
+fn demo_workloads_end_with_the_process_that_started_them() {
+    use demo_workloads as demo;
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let run = DemoRun {
+        top: cgroup2_root().join(format!("vgpu-demo-starter-{}", std::process::id())),
+        children: Vec::new(),
+    };
+    for g in [demo::Group::Plain, demo::Group::Limited] {
+        std::fs::create_dir_all(demo::cgroup(&run.top, g)).unwrap();
+    }
+    let pids_file = dir.path().join("pids");
+    let mut starter = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "demo_workload_starter",
+            "--nocapture",
+        ])
+        .env("DEMO_STARTER_TOP", &run.top)
+        .env("DEMO_STARTER_PIDS", &pids_file)
+        .env("DEMO_STARTER_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pids = loop {
+        if let Ok(s) = std::fs::read_to_string(&pids_file)
+            && !s.is_empty()
+        {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the starter never started the workloads"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pids: Vec<u32> = pids
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(!pids.is_empty());
+    let alive = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    assert!(
+        pids.iter().all(alive),
+        "the workloads run before the starter is killed"
+    );
+    starter.kill().unwrap();
+    starter.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pids.iter().any(alive) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<&u32> = pids.iter().filter(|p| alive(p)).collect();
+    assert!(left.is_empty(), "workloads left running: {left:?}");
+}

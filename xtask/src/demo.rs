@@ -2,11 +2,14 @@
 //! workloads (`testing/`) in two cgroups shaped like a docker container and a Kubernetes pod, one
 //! of them under the limiter working near its limit (`demo_workloads`, which the end-to-end test
 //! of `top` shares), opens `top` on them in this terminal, and removes everything (processes,
-//! cgroups, files) when `top` exits.
+//! cgroups, files) when `top` exits or the demo is told to stop (its terminal closed, SIGINT,
+//! SIGTERM); killed outright, it still takes its workloads with it.
 
 use std::{
     path::PathBuf,
-    process::{Child, Command},
+    process::{Child, Command, ExitStatus},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -147,13 +150,50 @@ pub fn run() -> Result<()> {
         region = paths.region_file().display(),
     );
     std::thread::sleep(std::time::Duration::from_secs(3));
-    let status = Command::new(bin.join("vgpu-agent"))
-        .args(w::top_args(&paths))
-        .status()
-        .context("starting vgpu-agent top")?;
+    let status = run_top(Command::new(bin.join("vgpu-agent")).args(w::top_args(&paths)))?;
     drop(demo);
-    if !status.success() {
+    // Relaxed: see `on_stop_signal`.
+    if !status.success() && !STOP.load(Ordering::Relaxed) {
         bail!("vgpu-agent top failed ({status})");
     }
     Ok(())
+}
+
+/// Set by SIGHUP, SIGINT and SIGTERM while `top` runs.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Relaxed: a flag polled by the same process; nothing else is published with it.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Runs `top` until it exits, or until the demo is told to stop (its terminal closed: SIGHUP;
+/// SIGINT; SIGTERM), then stops `top` too: either way the caller removes the workloads, cgroups
+/// and files after. (Were the demo killed outright, the workloads would still end with it: see
+/// `demo_workloads::start`.)
+fn run_top(top: &mut Command) -> Result<ExitStatus> {
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installs a handler that only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+    }
+    let mut child = top.spawn().context("starting vgpu-agent top")?;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if STOP.load(Ordering::Relaxed) {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if let Some(status) = child.try_wait()? {
+                    return Ok(status);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            return Ok(child.wait()?);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -155,7 +155,9 @@ pub fn workloads(p: &Paths) -> Vec<Workload> {
 
 /// Starts a workload with `sh` in its cgroup below `top` (the shell moves itself there before
 /// running anything, so the workload is in the cgroup from its first instruction), in a process
-/// group of its own (keys typed into `top` never reach it), with no inherited `SIMCUDA_*`.
+/// group of its own (keys typed into `top` never reach it), with no inherited `SIMCUDA_*`. It is
+/// killed when the process that started it ends, however that ends (a closed terminal, SIGTERM,
+/// SIGKILL): in a process group of its own, no signal of the terminal would reach it.
 pub fn start(p: &Paths, top: &Path, w: &Workload) -> std::io::Result<Child> {
     let script = format!(
         "echo $$ > '{}/cgroup.procs' || exit 1\nexec \"$@\"",
@@ -177,6 +179,16 @@ pub fn start(p: &Paths, top: &Path, w: &Workload) -> std::io::Result<Child> {
     }
     c.envs(w.env.iter().map(|(k, v)| (k, v)));
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent;
+    // the setting survives the exec of `sh` and of the workload.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     c.spawn()
 }
 

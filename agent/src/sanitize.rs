@@ -88,6 +88,7 @@ pub fn snapshot(snap: &mut Snapshot) {
     }
     fix_all(&mut a.nvml_problems);
     fix_all(&mut a.warnings);
+    fix_all(&mut a.claims_refused);
     for u in &mut a.regions_unread {
         fix(&mut u.path);
         fix(&mut u.reason);

@@ -286,6 +286,20 @@ impl RegionScan {
                 }
             }
         }
+        // Which GPU processes map each file (by identity), from their listings: a region's slot
+        // counts for a process only if the process is one of them.
+        let mut mapped_by: HashMap<FileKey, Vec<u32>> = HashMap::new();
+        for l in &wanted {
+            let (Listing::Process(pid), Some(state)) = (l, self.listings.get(l)) else {
+                continue;
+            };
+            for c in &state.found {
+                let pids = mapped_by.entry(c.file.key()).or_default();
+                if !pids.contains(pid) {
+                    pids.push(*pid);
+                }
+            }
+        }
         let files = &mut self.files;
         candidates.sort_by_key(|(c, _)| files.get(&c.file.key()).is_some_and(|f| f.troubled));
         files.retain(|key, f| index.contains_key(key) || f.busy_since.is_some());
@@ -343,10 +357,13 @@ impl RegionScan {
                 }
                 (None, None) => continue,
             };
+            let mut mapped_by = mapped_by.remove(&key).unwrap_or_default();
+            mapped_by.sort_unstable();
             out.push(RegionReading {
                 path,
                 read,
                 writable_by_others,
+                mapped_by,
             });
         }
         self.reads.clear();

@@ -128,6 +128,9 @@ pub struct RegionReading {
     pub read: RegionRead,
     /// Why a uid other than its users' could have written it (`None`: only its owner could).
     pub writable_by_others: Option<String>,
+    /// Host pids of the GPU processes whose maps name this file (its device and inode), in
+    /// order: the only processes its slots may count for.
+    pub mapped_by: Vec<u32>,
 }
 
 /// Why a region file could have been written by a uid other than its users': its mode lets group

@@ -332,6 +332,16 @@ pub struct AgentStatus {
     /// Seconds this snapshot took to collect.
     #[serde(default)]
     pub collect_seconds: f64,
+    /// Region slots not counted for the process they name this snapshot: the process does not
+    /// run with the slot's start time, does not map the region, or is not of the region's
+    /// container (each is said in its region's problems).
+    #[serde(default)]
+    pub slots_refused: u64,
+    /// What tenants claimed that was not believed, one line each (at most 64, then a count):
+    /// region slots not counted, cgroup paths that name a container or pod below their own
+    /// container's cgroup.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims_refused: Vec<String>,
     /// Regions not read whole this snapshot.
     #[serde(default)]
     pub regions_unread: Vec<RegionUnread>,
@@ -380,6 +390,8 @@ impl Default for AgentStatus {
             nvml_problems: vec![],
             warnings: vec![],
             collect_seconds: 0.0,
+            slots_refused: 0,
+            claims_refused: vec![],
             regions_unread: vec![],
             stale: false,
             age_seconds: 0.0,

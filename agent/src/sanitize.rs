@@ -89,6 +89,9 @@ pub fn snapshot(snap: &mut Snapshot) {
     fix_all(&mut a.nvml_problems);
     fix_all(&mut a.warnings);
     fix_all(&mut a.claims_refused);
+    for c in &mut a.region_listing_cuts {
+        fix(&mut c.path);
+    }
     for u in &mut a.regions_unread {
         fix(&mut u.path);
         fix(&mut u.reason);

@@ -219,6 +219,7 @@ impl Collector {
             &mut self.cgroups,
             now,
         );
+        snap.agent.region_listing_cuts = scanned.cuts.iter().map(regions::cut_model).collect();
         snap.schema = crate::model::SCHEMA.into();
         snap.hostname = hostname();
         snap.taken_at_unix_ms = SystemTime::now()

@@ -30,7 +30,7 @@ use region::{
     tenant_fs::{FileKey, TenantFile},
 };
 
-use super::regions::{self, Candidate, Format, RegionRead, RegionReading};
+use super::regions::{self, Candidate, Format, ListingCut, RegionRead, RegionReading};
 
 /// Worker threads at most. A blocked read holds one until it returns; past this many, jobs wait
 /// in the queue (each directory, process and file has one job at most).
@@ -50,8 +50,9 @@ enum Listing {
 
 /// What a job reports.
 enum Done {
-    /// The region files a listing found, opened and sniffed.
-    Listed(Listing, Vec<Candidate>),
+    /// The region files a listing found, opened and sniffed, and the parts of a region
+    /// directory it did not look at whole.
+    Listed(Listing, Vec<Candidate>, Vec<ListingCut>),
     /// A region file's read, and its reader to keep.
     File(FileKey, Option<Reader>, RegionRead),
 }
@@ -60,6 +61,7 @@ enum Done {
 #[derive(Default)]
 struct ListingState {
     found: Vec<Candidate>,
+    cuts: Vec<ListingCut>,
     busy_since: Option<Instant>,
 }
 
@@ -158,6 +160,8 @@ pub struct ScanResult {
     /// Listings that have not returned since an earlier scan: their regions are the ones they
     /// found last.
     pub warnings: Vec<String>,
+    /// Parts of the region directories not looked at whole (at their last listing).
+    pub cuts: Vec<ListingCut>,
 }
 
 pub struct RegionScan {
@@ -228,14 +232,15 @@ impl RegionScan {
                 Listing::Dir(i) => {
                     let dir = self.dirs[i].clone();
                     self.pool.run(move || {
-                        let _ = tx.send(Done::Listed(listing, regions::dir_candidates(&dir)));
+                        let (found, cuts) = regions::dir_candidates(&dir);
+                        let _ = tx.send(Done::Listed(listing, found, cuts));
                     });
                 }
                 Listing::Process(pid) => {
                     let (proc, list) = (self.proc.clone(), Arc::clone(&self.list_process));
                     self.pool.run(move || {
                         let found = list(&proc, pid);
-                        let _ = tx.send(Done::Listed(listing, found));
+                        let _ = tx.send(Done::Listed(listing, found, vec![]));
                     });
                 }
             }
@@ -367,9 +372,14 @@ impl RegionScan {
             });
         }
         self.reads.clear();
+        let cuts = (0..self.dirs.len())
+            .filter_map(|i| self.listings.get(&Listing::Dir(i)))
+            .flat_map(|s| s.cuts.iter().cloned())
+            .collect();
         ScanResult {
             regions: out,
             warnings,
+            cuts,
         }
     }
 
@@ -404,10 +414,11 @@ impl RegionScan {
     /// job's key.
     fn take(&mut self, done: Done) -> Option<FileKey> {
         match done {
-            Done::Listed(listing, found) => {
+            Done::Listed(listing, found, cuts) => {
                 if let Some(state) = self.listings.get_mut(&listing) {
                     *state = ListingState {
                         found,
+                        cuts,
                         busy_since: None,
                     };
                 }
@@ -568,7 +579,7 @@ mod tests {
         scan.list_process = Arc::new(move |_, pid| {
             assert_eq!(pid, 4242);
             let _ = gate.lock().unwrap().recv();
-            regions::dir_candidates(&mapped_dir)
+            regions::dir_candidates(&mapped_dir).0
         });
         let names = |r: &ScanResult| -> Vec<String> {
             let mut v: Vec<String> = r

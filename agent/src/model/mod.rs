@@ -212,6 +212,41 @@ pub struct RegionInfo {
     pub writable_by_others: Option<String>,
 }
 
+/// A part of a region directory (a subdirectory, one container's in HAMi's layout, or the
+/// files directly in it) whose files were not all looked at: its bounds (docs/security.md) were
+/// reached. Its siblings were listed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionListingCut {
+    pub path: String,
+    /// Regular files found there and not looked at.
+    pub files_skipped: u64,
+    /// Directories below it not entered.
+    pub dirs_skipped: u64,
+    /// A directory there had more entries than are read (those were not counted).
+    pub entries_unread: bool,
+}
+
+impl RegionListingCut {
+    /// How the cut is said to people.
+    pub fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if self.files_skipped > 0 {
+            parts.push(format!("{} file(s) not looked at", self.files_skipped));
+        }
+        if self.dirs_skipped > 0 {
+            parts.push(format!("{} directories not entered", self.dirs_skipped));
+        }
+        if self.entries_unread {
+            parts.push("a directory's entries past the first 4,096 not read".to_owned());
+        }
+        format!(
+            "region directory listed in part (its bounds per subdirectory reached): {}: {}",
+            self.path,
+            parts.join(", ")
+        )
+    }
+}
+
 /// A region this snapshot did not read whole (docs/security.md); its
 /// [`RegionInfo::problems`] say so too.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -342,6 +377,9 @@ pub struct AgentStatus {
     /// container's cgroup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claims_refused: Vec<String>,
+    /// Parts of the region directories not looked at whole (at their last listing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub region_listing_cuts: Vec<RegionListingCut>,
     /// Regions not read whole this snapshot.
     #[serde(default)]
     pub regions_unread: Vec<RegionUnread>,
@@ -392,6 +430,7 @@ impl Default for AgentStatus {
             collect_seconds: 0.0,
             slots_refused: 0,
             claims_refused: vec![],
+            region_listing_cuts: vec![],
             regions_unread: vec![],
             stale: false,
             age_seconds: 0.0,

@@ -64,6 +64,12 @@ pub fn errors(s: &Snapshot) -> Vec<String> {
             .iter()
             .map(|c| format!("not believed: {c}")),
     );
+    out.extend(
+        s.agent
+            .region_listing_cuts
+            .iter()
+            .map(crate::model::RegionListingCut::line),
+    );
     out
 }
 
@@ -163,7 +169,10 @@ mod tests {
         let e = errors(&s);
         assert_eq!(
             e.len(),
-            s.agent.region_errors + s.agent.warnings.len() + s.agent.claims_refused.len()
+            s.agent.region_errors
+                + s.agent.warnings.len()
+                + s.agent.claims_refused.len()
+                + s.agent.region_listing_cuts.len()
         );
         assert_eq!(
             e,

@@ -151,7 +151,7 @@ type ReadFn =
 
 /// How a job lists the regions a process maps ([`regions::process_candidates`]; tests make it
 /// block).
-type ListFn = Arc<dyn Fn(&Path, u32) -> Vec<Candidate> + Send + Sync>;
+type ListFn = Arc<dyn Fn(&Path, u32) -> (Vec<Candidate>, Vec<ListingCut>) + Send + Sync>;
 
 /// What one scan found.
 pub struct ScanResult {
@@ -160,7 +160,8 @@ pub struct ScanResult {
     /// Listings that have not returned since an earlier scan: their regions are the ones they
     /// found last.
     pub warnings: Vec<String>,
-    /// Parts of the region directories not looked at whole (at their last listing).
+    /// Parts of the region directories, and processes' maps, not looked at whole (at their
+    /// last listing).
     pub cuts: Vec<ListingCut>,
 }
 
@@ -239,8 +240,8 @@ impl RegionScan {
                 Listing::Process(pid) => {
                     let (proc, list) = (self.proc.clone(), Arc::clone(&self.list_process));
                     self.pool.run(move || {
-                        let found = list(&proc, pid);
-                        let _ = tx.send(Done::Listed(listing, found, vec![]));
+                        let (found, cuts) = list(&proc, pid);
+                        let _ = tx.send(Done::Listed(listing, found, cuts));
                     });
                 }
             }
@@ -372,8 +373,9 @@ impl RegionScan {
             });
         }
         self.reads.clear();
-        let cuts = (0..self.dirs.len())
-            .filter_map(|i| self.listings.get(&Listing::Dir(i)))
+        let cuts = wanted
+            .iter()
+            .filter_map(|l| self.listings.get(l))
             .flat_map(|s| s.cuts.iter().cloned())
             .collect();
         ScanResult {
@@ -579,7 +581,7 @@ mod tests {
         scan.list_process = Arc::new(move |_, pid| {
             assert_eq!(pid, 4242);
             let _ = gate.lock().unwrap().recv();
-            regions::dir_candidates(&mapped_dir).0
+            regions::dir_candidates(&mapped_dir)
         });
         let names = |r: &ScanResult| -> Vec<String> {
             let mut v: Vec<String> = r

@@ -299,36 +299,62 @@ pub fn dir_candidates(dir: &Path) -> (Vec<Candidate>, Vec<ListingCut>) {
     (candidates, cuts)
 }
 
+/// Shared files of one process opened and sniffed at most per listing (a process maps one
+/// region, two with HAMi's beside this project's; the rest are other shared files).
+pub const MAX_PROCESS_FILES_SNIFFED: usize = 64;
+
+/// Regions of one process kept (opened, and read each snapshot) at most.
+pub const MAX_PROCESS_REGIONS: usize = 8;
+
 /// The region files process `pid` maps: each opened through its `map_files` entry (or inside its
-/// root) and used only if its (device, inode) is the one its maps name, then sniffed. Blocks as
-/// long as the process's maps or files do: run on a worker.
-pub fn process_candidates(proc: &Path, pid: u32) -> Vec<Candidate> {
+/// root) and used only if its (device, inode) is the one its maps name, then sniffed; at most
+/// [`MAX_PROCESS_FILES_SNIFFED`] files looked at and [`MAX_PROCESS_REGIONS`] regions kept, the
+/// rest counted in the cut. Blocks as long as the process's maps or files do: run on a worker.
+pub fn process_candidates(proc: &Path, pid: u32) -> (Vec<Candidate>, Vec<ListingCut>) {
     let mapped = mapped_files(proc, pid);
     if mapped.is_empty() {
-        return vec![];
+        return (vec![], vec![]);
     }
     let user_uid = fs::metadata(proc.join(pid.to_string()))
         .ok()
         .map(|m| m.uid());
-    mapped
-        .into_iter()
-        .filter_map(|MappedRegion { proc, pid, map }| {
-            let file =
-                tenant_fs::open_mapped(&proc, pid, map.range(), &map.path, map.key(), Access::Read)
-                    .ok()?;
-            let format = sniff(&file)?;
-            let path = proc
-                .join(pid.to_string())
-                .join("root")
-                .join(map.path.strip_prefix("/").unwrap_or(&map.path));
-            Some(Candidate {
-                path,
-                format,
-                file,
-                user_uid,
-            })
-        })
-        .collect()
+    let mut cut = ListingCut {
+        path: proc.join(pid.to_string()).join("maps"),
+        files_skipped: mapped.len().saturating_sub(MAX_PROCESS_FILES_SNIFFED) as u64,
+        dirs_skipped: 0,
+        entries_unread: false,
+    };
+    let mut found = Vec::new();
+    for MappedRegion { proc, pid, map } in mapped.into_iter().take(MAX_PROCESS_FILES_SNIFFED) {
+        let Ok(file) =
+            tenant_fs::open_mapped(&proc, pid, map.range(), &map.path, map.key(), Access::Read)
+        else {
+            continue;
+        };
+        let Some(format) = sniff(&file) else {
+            continue;
+        };
+        if found.len() == MAX_PROCESS_REGIONS {
+            cut.files_skipped += 1;
+            continue;
+        }
+        let path = proc
+            .join(pid.to_string())
+            .join("root")
+            .join(map.path.strip_prefix("/").unwrap_or(&map.path));
+        found.push(Candidate {
+            path,
+            format,
+            file,
+            user_uid,
+        });
+    }
+    let cuts = if cut.files_skipped > 0 {
+        vec![cut]
+    } else {
+        vec![]
+    };
+    (found, cuts)
 }
 
 /// Shared file mappings of process `pid` other than devices and memfds (region candidates).
@@ -513,6 +539,26 @@ mod tests {
             (40 + 1 - MAX_SUBDIR_DIRS) as u64,
             "{wide_cut:?}"
         );
+    }
+
+    /// A process that maps more regions than are kept: the first are kept, the rest counted
+    /// (this test's process maps them; other tests running beside it may map more).
+    #[test]
+    fn the_regions_one_process_maps_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = region::RegionConfig::unlimited(1);
+        let n = MAX_PROCESS_REGIONS + 4;
+        let _mapped: Vec<_> = (0..n)
+            .map(|i| {
+                region::Region::open_or_create(&dir.path().join(format!("r{i}.cache")), &config)
+                    .unwrap()
+            })
+            .collect();
+        let (found, cuts) = process_candidates(Path::new("/proc"), std::process::id());
+        assert_eq!(found.len(), MAX_PROCESS_REGIONS, "{found:?}");
+        assert_eq!(cuts.len(), 1, "{cuts:?}");
+        assert!(cuts[0].path.ends_with("maps"), "{cuts:?}");
+        assert!(cuts[0].files_skipped >= 4, "{cuts:?}");
     }
 
     #[test]

@@ -213,12 +213,13 @@ pub struct RegionInfo {
 }
 
 /// A part of a region directory (a subdirectory, one container's in HAMi's layout, or the
-/// files directly in it) whose files were not all looked at: its bounds (docs/security.md) were
-/// reached. Its siblings were listed.
+/// files directly in it), or a process's maps, whose files were not all looked at for regions:
+/// its bounds (docs/security.md) were reached. The others were listed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RegionListingCut {
+    /// The directory, or `/proc/<pid>/maps`.
     pub path: String,
-    /// Regular files found there and not looked at.
+    /// Regular files found there (shared files mapped, for a process) and not looked at.
     pub files_skipped: u64,
     /// Directories below it not entered.
     pub dirs_skipped: u64,
@@ -240,7 +241,7 @@ impl RegionListingCut {
             parts.push("a directory's entries past the first 4,096 not read".to_owned());
         }
         format!(
-            "region directory listed in part (its bounds per subdirectory reached): {}: {}",
+            "regions listed in part (the bounds per subdirectory or process reached): {}: {}",
             self.path,
             parts.join(", ")
         )
@@ -377,7 +378,8 @@ pub struct AgentStatus {
     /// container's cgroup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claims_refused: Vec<String>,
-    /// Parts of the region directories not looked at whole (at their last listing).
+    /// Parts of the region directories, and processes' maps, not looked at whole for regions
+    /// (at their last listing).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub region_listing_cuts: Vec<RegionListingCut>,
     /// Regions not read whole this snapshot.

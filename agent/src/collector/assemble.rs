@@ -31,6 +31,8 @@ pub struct Inputs<'a> {
     pub users: &'a [(u32, FileId)],
     pub gpu: &'a GpuSnapshot,
     pub regions: &'a [RegionReading],
+    /// The processes whose maps the region scan has listed.
+    pub listed: &'a HashSet<u32>,
     pub tracer: Option<&'a Tracer>,
     pub own_pid: u32,
 }
@@ -149,27 +151,53 @@ fn region_owner(mapped_by: &[u32], seen: &mut Seen<'_>) -> (Option<String>, Opti
     (owner, shared)
 }
 
+/// Whether a region's slot counts for the process it names.
+enum Belongs {
+    Yes,
+    /// The process's maps have not been listed yet (it is not a GPU process the scan lists):
+    /// not counted this time; the next scan lists it.
+    NotListedYet,
+    /// Why not, for people.
+    No(String),
+}
+
 /// Whether slot `index` of a region may count for host process `pid`: the process maps the
-/// region and is of the region's container. `Err`: why not, for people.
+/// region and is of the region's container.
 fn slot_belongs(
     index: u32,
     pid: u32,
     mapped_by: &[u32],
     owner: Option<&str>,
+    listed: &HashSet<u32>,
     seen: &mut Seen<'_>,
-) -> Result<(), String> {
+) -> Belongs {
     if !mapped_by.contains(&pid) {
-        return Err(format!(
+        if !listed.contains(&pid) {
+            return Belongs::NotListedYet;
+        }
+        return Belongs::No(format!(
             "slot {index}: claims pid {pid}, which does not map this region (not counted)"
         ));
     }
     match (seen.get(pid).map(|(c, _)| c.as_str()), owner) {
-        (Some(c), Some(o)) if c == o => Ok(()),
-        (c, o) => Err(format!(
+        (Some(c), Some(o)) if c == o => Belongs::Yes,
+        (c, o) => Belongs::No(format!(
             "slot {index}: claims pid {pid} of container {}, not of the region's container {} (not counted)",
             c.unwrap_or("?"),
             o.unwrap_or("?")
         )),
+    }
+}
+
+/// Processes named by region slots whose maps the region scan is asked to list, at most (the
+/// GPU processes are listed anyway; these are limiter processes not seen using the driver yet,
+/// or what a forged slot names).
+pub const MAX_CLAIMED_LISTINGS: usize = 64;
+
+/// Asks the next scan to list `pid` (within [`MAX_CLAIMED_LISTINGS`]).
+fn claim_listing(to_list: &mut Vec<u32>, pid: u32) {
+    if to_list.len() < MAX_CLAIMED_LISTINGS && !to_list.contains(&pid) {
+        to_list.push(pid);
     }
 }
 
@@ -179,11 +207,14 @@ pub(super) fn own_pid_namespace() -> Option<u64> {
         .and_then(|l| super::processes::namespace_inode(&l.to_string_lossy()))
 }
 
+/// Builds the snapshot. `to_list` gets the processes that region slots name whose maps have not
+/// been listed (at most [`MAX_CLAIMED_LISTINGS`]): the next scan is to list them.
 pub fn build(
     inp: Inputs<'_>,
     procs: &mut ProcessTable,
     names: &mut RuntimeNames,
     cgroups: &mut CgroupIndex,
+    to_list: &mut Vec<u32>,
     now: Instant,
 ) -> Snapshot {
     // Every pid that is a GPU process by any source.
@@ -347,11 +378,23 @@ pub fn build(
                         ));
                         continue;
                     };
-                    if let Err(why) =
-                        slot_belongs(slot.index, pid, mapped_by, owner.as_deref(), &mut seen)
-                    {
-                        claims.refuse_slot(&shown, &mut info, why);
-                        continue;
+                    match slot_belongs(
+                        slot.index,
+                        pid,
+                        mapped_by,
+                        owner.as_deref(),
+                        inp.listed,
+                        &mut seen,
+                    ) {
+                        Belongs::Yes => {}
+                        Belongs::NotListedYet => {
+                            claim_listing(to_list, pid);
+                            continue;
+                        }
+                        Belongs::No(why) => {
+                            claims.refuse_slot(&shown, &mut info, why);
+                            continue;
+                        }
                     }
                     owners.push(pid);
                     let apis = slot
@@ -419,16 +462,30 @@ pub fn build(
                         // HAMi's slots carry no start time: the process must run, map the
                         // region and be of its container.
                         let belongs = if seen.get(pid).is_some() {
-                            slot_belongs(p.slot as u32, pid, mapped_by, owner.as_deref(), &mut seen)
+                            slot_belongs(
+                                p.slot as u32,
+                                pid,
+                                mapped_by,
+                                owner.as_deref(),
+                                inp.listed,
+                                &mut seen,
+                            )
                         } else {
-                            Err(format!(
+                            Belongs::No(format!(
                                 "slot {}: claims host pid {pid}, which matches no process here",
                                 p.slot
                             ))
                         };
-                        if let Err(why) = belongs {
-                            claims.refuse_slot(&shown, &mut info, why);
-                            continue;
+                        match belongs {
+                            Belongs::Yes => {}
+                            Belongs::NotListedYet => {
+                                claim_listing(to_list, pid);
+                                continue;
+                            }
+                            Belongs::No(why) => {
+                                claims.refuse_slot(&shown, &mut info, why);
+                                continue;
+                            }
                         }
                         owners.push(pid);
                         slots.insert(
@@ -886,23 +943,41 @@ mod tests {
         }
     }
 
-    fn assemble(w: &mut World, regions: &[RegionReading]) -> Snapshot {
+    /// The snapshot of `regions`, the processes in `listed` having had their maps listed;
+    /// with the processes the next scan is asked to list.
+    fn assemble_listed(
+        w: &mut World,
+        regions: &[RegionReading],
+        listed: &[u32],
+    ) -> (Snapshot, Vec<u32>) {
         let mut procs = ProcessTable::new(&w.proc);
         let mut cgroups = CgroupIndex::new();
-        build(
+        let mut to_list = Vec::new();
+        let listed: HashSet<u32> = listed.iter().copied().collect();
+        let snap = build(
             Inputs {
                 reading: &RawReading::default(),
                 users: &[],
                 gpu: &GpuSnapshot::default(),
                 regions,
+                listed: &listed,
                 tracer: None,
                 own_pid: 1,
             },
             &mut procs,
             &mut w.names,
             &mut cgroups,
+            &mut to_list,
             Instant::now(),
-        )
+        );
+        (snap, to_list)
+    }
+
+    /// As [`assemble_listed`], every process named by the regions having been listed.
+    fn assemble(w: &mut World, regions: &[RegionReading]) -> Snapshot {
+        let (snap, to_list) = assemble_listed(w, regions, &[100, 200, 201]);
+        assert_eq!(to_list, [] as [u32; 0]);
+        snap
     }
 
     fn reading(path: PathBuf, snap: RegionSnapshot, mapped_by: Vec<u32>) -> RegionReading {
@@ -1010,6 +1085,35 @@ mod tests {
             snap.agent.claims_refused
         );
         assert!(snap.agent.claims_refused.iter().all(|c| c.contains(&a)));
+    }
+
+    /// A slot naming a host process whose maps were not listed yet (a limiter process that has
+    /// not loaded the driver, say) is not counted and not called forged: the next scan is asked
+    /// to list that process, and then it counts.
+    #[test]
+    fn a_slot_of_a_process_not_listed_yet_waits_for_its_listing() {
+        let mut w = world();
+        let host_ns = own_pid_namespace().expect("the agent's pid namespace");
+        fake_process(&w.proc, 300, 7000, "/user.slice/job.service", host_ns, 300);
+        let path = w.regions.join("job.cache");
+        let mut region = region_holding(&path, GIB);
+        own(&mut region, host_ns, 300, 7000);
+        let snap_of = || region.clone();
+        let (first, to_list) =
+            assemble_listed(&mut w, &[reading(path.clone(), snap_of(), vec![])], &[]);
+        assert_eq!(to_list, [300]);
+        assert_eq!(held(&first, 300), None);
+        assert_eq!(first.agent.slots_refused, 0);
+        let (second, to_list) = assemble_listed(
+            &mut w,
+            &[reading(path.clone(), snap_of(), vec![300])],
+            &[300],
+        );
+        assert_eq!(to_list, [] as [u32; 0]);
+        assert_eq!(
+            held(&second, 300),
+            Some((path.display().to_string(), vec![GIB]))
+        );
     }
 
     /// A region mapped by processes of two containers is its most common container's: a slot

@@ -62,6 +62,8 @@ enum Done {
 struct ListingState {
     found: Vec<Candidate>,
     cuts: Vec<ListingCut>,
+    /// A run of it has completed: `found` is what it found.
+    listed: bool,
     busy_since: Option<Instant>,
 }
 
@@ -163,6 +165,9 @@ pub struct ScanResult {
     /// Parts of the region directories, and processes' maps, not looked at whole (at their
     /// last listing).
     pub cuts: Vec<ListingCut>,
+    /// The processes whose maps have been listed (their regions are in
+    /// [`RegionReading::mapped_by`] when they map any).
+    pub listed: HashSet<u32>,
 }
 
 pub struct RegionScan {
@@ -378,10 +383,20 @@ impl RegionScan {
             .filter_map(|l| self.listings.get(l))
             .flat_map(|s| s.cuts.iter().cloned())
             .collect();
+        let listed = wanted
+            .iter()
+            .filter_map(|l| match l {
+                Listing::Process(pid) if self.listings.get(l).is_some_and(|s| s.listed) => {
+                    Some(*pid)
+                }
+                _ => None,
+            })
+            .collect();
         ScanResult {
             regions: out,
             warnings,
             cuts,
+            listed,
         }
     }
 
@@ -421,6 +436,7 @@ impl RegionScan {
                     *state = ListingState {
                         found,
                         cuts,
+                        listed: true,
                         busy_since: None,
                     };
                 }

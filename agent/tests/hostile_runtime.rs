@@ -1,6 +1,7 @@
 //! Hostile tenants against the running agent (docs/security.md): a region whose records
-//! stay odd, clients that hold `/metrics` connections open, and a process whose name carries
-//! terminal escape sequences. Each asserts the safe outcome: the snapshot interval held and the
+//! stay odd, clients that hold `/metrics` connections open, a process whose name carries
+//! terminal escape sequences or bytes that are not UTF-8, and a victim's cgroup path made
+//! inside an attacker's container. Each asserts the safe outcome: the snapshot interval held and the
 //! region flagged, a concurrent scrape answered, no escape byte in the operator's terminal.
 //!
 //! Latency bounds here are far from what is measured (a scrape under attack answers in
@@ -439,4 +440,152 @@ fn two_hundred_idle_connections_do_not_delay_a_scrape() {
     eprintln!("scrape beside 200 idle connections: worst of 5 {worst:?}");
     assert!(worst < Duration::from_secs(1), "a scrape took {worst:?}");
     drop(idle);
+}
+
+/// The process with `pid` in a snapshot.
+fn process_in(snap: &Value, pid: u32) -> Option<&Value> {
+    snap["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["key"]["pid"] == pid)
+}
+
+/// A tenant creates the victim's pod and container cgroups (`kubepods/besteffort/pod<uid>/<id>`)
+/// below its own container's and runs its GPU process there, beside the victim's process in the
+/// real ones: the tenant's process is counted as the tenant's container, the victim's container
+/// holds only the victim's process, and the claim is listed in `agent.claims_refused`.
+#[test]
+fn a_victims_cgroup_nested_in_an_attackers_container_is_the_attackers() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let victim_id = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";
+    let attacker_id = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+    let pod_uid = "ac04f3f2-1f2c-11e9-b015-1ebee232acfa";
+    let tag = std::process::id();
+    let victim_path = format!("kubepods/besteffort/pod{pod_uid}/{victim_id}");
+    let cg_victim = TestCgroup::new(&format!("vgpu-test-{tag}/{victim_path}"));
+    let cg_attacker = TestCgroup::new(&format!(
+        "vgpu-test-{tag}/docker/{attacker_id}/{victim_path}"
+    ));
+    let daemon = Daemon::start(dir.path(), "200ms", &[]);
+    let mut workloads = Vec::new();
+    for (i, cg) in [&cg_victim, &cg_attacker].into_iter().enumerate() {
+        let wdir = dir.path().join(format!("w{i}"));
+        std::fs::create_dir_all(&wdir).unwrap();
+        let mut cmd = exercise(&lib);
+        cmd.args(["hold", "--bytes", &(64u64 << 20).to_string()])
+            .stdin(Stdio::piped());
+        let w = Workload::start(cmd, &wdir);
+        cg.add(w.pid());
+        workloads.push(w);
+    }
+    for w in &workloads {
+        w.go();
+    }
+    let (victim, attacker) = (workloads[0].pid(), workloads[1].pid());
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            let s = daemon.snapshot();
+            [victim, attacker]
+                .iter()
+                .all(|p| process_in(&s, *p).is_some_and(|p| p["alive"] == true))
+        },
+        "both processes in the model",
+    );
+    let snap = daemon.snapshot();
+    assert_eq!(process_in(&snap, victim).unwrap()["container"], victim_id);
+    assert_eq!(
+        process_in(&snap, attacker).unwrap()["container"],
+        attacker_id,
+        "the outer container's"
+    );
+    let containers = snap["containers"].as_array().unwrap();
+    let pids_of = |id: &str| -> Vec<u64> {
+        containers
+            .iter()
+            .find(|c| c["container_id"] == id)
+            .map(|c| {
+                c["processes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| k["pid"].as_u64().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(pids_of(victim_id), [u64::from(victim)]);
+    assert_eq!(pids_of(attacker_id), [u64::from(attacker)]);
+    let attacker_container = containers
+        .iter()
+        .find(|c| c["container_id"] == attacker_id)
+        .unwrap();
+    assert_eq!(attacker_container["runtime"], "docker");
+    assert_eq!(attacker_container["pod_uid"], Value::Null);
+    let claims = snap["agent"]["claims_refused"].as_array().unwrap();
+    assert!(
+        claims.iter().any(|c| {
+            let c = c.as_str().unwrap();
+            c.starts_with(&format!("process {attacker} ")) && c.contains(&format!("pod{pod_uid}"))
+        }),
+        "{claims:?}"
+    );
+    for mut w in workloads {
+        // The end of its input ends a `hold`.
+        drop(w.child.stdin.take());
+        let _ = w.child.wait();
+    }
+    daemon.stop();
+}
+
+/// A tenant names its GPU process with bytes that are not UTF-8: the daemon shows it running,
+/// its name escaped.
+#[test]
+fn a_process_named_with_bytes_that_are_not_utf8_is_shown_alive() {
+    use std::os::unix::ffi::OsStrExt;
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    // The comm is the file name's first 15 bytes.
+    let odd = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"gpu\xff\xfe-job"));
+    std::fs::copy(exercise_bin(), &odd).unwrap();
+    let daemon = Daemon::start(dir.path(), "200ms", &[]);
+    let mut cmd = Command::new(&odd);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("SIMCUDA_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.arg("--lib")
+        .arg(&lib)
+        .args(["hold", "--bytes", &(16u64 << 20).to_string()])
+        .stdin(Stdio::piped());
+    let cgroup = TestCgroup::new(&format!("vgpu-test-{}/odd-name", std::process::id()));
+    let w = Workload::start(cmd, dir.path());
+    cgroup.add(w.pid());
+    w.go();
+    let pid = w.pid();
+    wait_until(
+        Duration::from_secs(30),
+        || process_in(&daemon.snapshot(), pid).is_some(),
+        "the process in the model",
+    );
+    let snap = daemon.snapshot();
+    let p = process_in(&snap, pid).unwrap();
+    assert_eq!(p["alive"], true, "{p:#}");
+    assert_eq!(p["comm"], "gpu\\xff\\xfe-job", "{p:#}");
+    let mut w = w;
+    drop(w.child.stdin.take());
+    let _ = w.child.wait();
+    daemon.stop();
 }

@@ -139,7 +139,8 @@ impl FoundRegion {
     }
 
     /// Opens the control block beside the region: the region's name in that directory must
-    /// still be the region found (else the directory is not the region's any more).
+    /// still be the region found (else the directory is not the region's any more), and the
+    /// control block must be on the region's own filesystem, not mounted over.
     fn open_control(&self, access: Access) -> Result<TenantFile, TenantFsError> {
         let region = self.dir.open(Path::new(&self.name), Access::Read)?;
         if region.key() != self.key {
@@ -149,7 +150,15 @@ impl FoundRegion {
                 found: region.key(),
             });
         }
-        self.dir.open(Path::new(&self.control_name()), access)
+        // Opened for writing, a control block is resolved without crossing a mount point (a
+        // tenant's bind mount over it is refused), and it must sit on its region's filesystem.
+        let control = self.dir.open(Path::new(&self.control_name()), access)?;
+        if control.key().dev != self.key.dev {
+            return Err(TenantFsError::MountCrossed {
+                path: control.path().to_owned(),
+            });
+        }
+        Ok(control)
     }
 }
 

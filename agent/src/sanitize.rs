@@ -103,6 +103,10 @@ pub fn snapshot(snap: &mut Snapshot) {
             (k, v)
         })
         .collect();
+    fix_all(&mut a.claims_refused);
+    for c in &mut a.region_listing_cuts {
+        fix(&mut c.path);
+    }
     for u in &mut a.regions_unread {
         fix(&mut u.path);
         fix(&mut u.reason);

@@ -1,6 +1,7 @@
 //! Hostile tenants against the running agent (docs/security.md): a region whose records
-//! stay odd, clients that hold `/metrics` connections open, and a process whose name carries
-//! terminal escape sequences. Each asserts the safe outcome: the snapshot interval held and the
+//! stay odd, clients that hold `/metrics` connections open, a process whose name carries
+//! terminal escape sequences or bytes that are not UTF-8, and a victim's cgroup path made
+//! inside an attacker's container. Each asserts the safe outcome: the snapshot interval held and the
 //! region flagged, a concurrent scrape answered, no escape byte in the operator's terminal.
 //!
 //! Latency bounds here are far from what is measured (a scrape under attack answers in
@@ -439,4 +440,329 @@ fn two_hundred_idle_connections_do_not_delay_a_scrape() {
     eprintln!("scrape beside 200 idle connections: worst of 5 {worst:?}");
     assert!(worst < Duration::from_secs(1), "a scrape took {worst:?}");
     drop(idle);
+}
+
+/// The process with `pid` in a snapshot.
+fn process_in(snap: &Value, pid: u32) -> Option<&Value> {
+    snap["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["key"]["pid"] == pid)
+}
+
+/// A tenant creates the victim's pod and container cgroups (`kubepods/besteffort/pod<uid>/<id>`)
+/// below its own container's and runs its GPU process there, beside the victim's process in the
+/// real ones: the tenant's process is counted as the tenant's container, the victim's container
+/// holds only the victim's process, and the claim is listed in `agent.claims_refused`.
+#[test]
+fn a_victims_cgroup_nested_in_an_attackers_container_is_the_attackers() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let victim_id = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";
+    let attacker_id = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+    let pod_uid = "ac04f3f2-1f2c-11e9-b015-1ebee232acfa";
+    let tag = std::process::id();
+    let victim_path = format!("kubepods/besteffort/pod{pod_uid}/{victim_id}");
+    let cg_victim = TestCgroup::new(&format!("vgpu-test-{tag}/{victim_path}"));
+    let cg_attacker = TestCgroup::new(&format!(
+        "vgpu-test-{tag}/docker/{attacker_id}/{victim_path}"
+    ));
+    let daemon = Daemon::start(dir.path(), "200ms", &[]);
+    let mut workloads = Vec::new();
+    for (i, cg) in [&cg_victim, &cg_attacker].into_iter().enumerate() {
+        let wdir = dir.path().join(format!("w{i}"));
+        std::fs::create_dir_all(&wdir).unwrap();
+        let mut cmd = exercise(&lib);
+        cmd.args(["hold", "--bytes", &(64u64 << 20).to_string()])
+            .stdin(Stdio::piped());
+        let w = Workload::start(cmd, &wdir);
+        cg.add(w.pid());
+        workloads.push(w);
+    }
+    for w in &workloads {
+        w.go();
+    }
+    let (victim, attacker) = (workloads[0].pid(), workloads[1].pid());
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            let s = daemon.snapshot();
+            [victim, attacker]
+                .iter()
+                .all(|p| process_in(&s, *p).is_some_and(|p| p["alive"] == true))
+        },
+        "both processes in the model",
+    );
+    let snap = daemon.snapshot();
+    assert_eq!(process_in(&snap, victim).unwrap()["container"], victim_id);
+    assert_eq!(
+        process_in(&snap, attacker).unwrap()["container"],
+        attacker_id,
+        "the outer container's"
+    );
+    let containers = snap["containers"].as_array().unwrap();
+    let pids_of = |id: &str| -> Vec<u64> {
+        containers
+            .iter()
+            .find(|c| c["container_id"] == id)
+            .map(|c| {
+                c["processes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| k["pid"].as_u64().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(pids_of(victim_id), [u64::from(victim)]);
+    assert_eq!(pids_of(attacker_id), [u64::from(attacker)]);
+    let attacker_container = containers
+        .iter()
+        .find(|c| c["container_id"] == attacker_id)
+        .unwrap();
+    assert_eq!(attacker_container["runtime"], "docker");
+    assert_eq!(attacker_container["pod_uid"], Value::Null);
+    let claims = snap["agent"]["claims_refused"].as_array().unwrap();
+    assert!(
+        claims.iter().any(|c| {
+            let c = c.as_str().unwrap();
+            c.starts_with(&format!("process {attacker} ")) && c.contains(&format!("pod{pod_uid}"))
+        }),
+        "{claims:?}"
+    );
+    for mut w in workloads {
+        // The end of its input ends a `hold`.
+        drop(w.child.stdin.take());
+        let _ = w.child.wait();
+    }
+    daemon.stop();
+}
+
+/// A tenant names its GPU process with bytes that are not UTF-8: the daemon shows it running,
+/// its name escaped.
+#[test]
+fn a_process_named_with_bytes_that_are_not_utf8_is_shown_alive() {
+    use std::os::unix::ffi::OsStrExt;
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    // The comm is the file name's first 15 bytes.
+    let odd = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"gpu\xff\xfe-job"));
+    std::fs::copy(exercise_bin(), &odd).unwrap();
+    let daemon = Daemon::start(dir.path(), "200ms", &[]);
+    let mut cmd = Command::new(&odd);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("SIMCUDA_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.arg("--lib")
+        .arg(&lib)
+        .args(["hold", "--bytes", &(16u64 << 20).to_string()])
+        .stdin(Stdio::piped());
+    let cgroup = TestCgroup::new(&format!("vgpu-test-{}/odd-name", std::process::id()));
+    let w = Workload::start(cmd, dir.path());
+    cgroup.add(w.pid());
+    w.go();
+    let pid = w.pid();
+    wait_until(
+        Duration::from_secs(30),
+        || process_in(&daemon.snapshot(), pid).is_some(),
+        "the process in the model",
+    );
+    let snap = daemon.snapshot();
+    let p = process_in(&snap, pid).unwrap();
+    assert_eq!(p["alive"], true, "{p:#}");
+    assert_eq!(p["comm"], "gpu\\xff\\xfe-job", "{p:#}");
+    let mut w = w;
+    drop(w.child.stdin.take());
+    let _ = w.child.wait();
+    daemon.stop();
+}
+
+/// Start time (clock ticks after boot) of process `pid`.
+fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split(' ').nth(19).unwrap().parse().unwrap()
+}
+
+/// A tenant rewrites a slot of its own region to name another container's process: that
+/// process's host pid and start time, and the host's pid namespace, with 60 GiB held. The
+/// victim's figures and regions stay its own, the attacker's region stays the attacker's, and
+/// the forged slot is flagged in the region's problems and counted.
+#[test]
+fn a_forged_slot_naming_a_victims_host_pid_is_not_counted() {
+    use region::layout::{HEADER_SIZE, SLOT_SIZE, SlotHeader};
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let regions = dir.path().join("regions");
+    let victim_id = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";
+    let attacker_id = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+    let tag = std::process::id();
+    let mut workloads = Vec::new();
+    let mut cgroups = Vec::new();
+    for (name, id) in [("victim", victim_id), ("attacker", attacker_id)] {
+        let wdir = dir.path().join(name);
+        let region_dir = regions.join(format!("pod_{name}"));
+        std::fs::create_dir_all(&wdir).unwrap();
+        std::fs::create_dir_all(&region_dir).unwrap();
+        let cg = TestCgroup::new(&format!("vgpu-test-{tag}/docker/{id}"));
+        let mut cmd = exercise(&lib);
+        cmd.args(["hold", "--bytes", &(64u64 << 20).to_string()])
+            .stdin(Stdio::piped())
+            .env("LD_PRELOAD", limiter_lib())
+            .env("VGPU_REAL_LIBCUDA", &lib)
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .env(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                region_dir.join(format!("{name}.cache")),
+            );
+        let w = Workload::start(cmd, &wdir);
+        cg.add(w.pid());
+        w.go();
+        workloads.push(w);
+        cgroups.push(cg);
+    }
+    let (victim, attacker) = (workloads[0].pid(), workloads[1].pid());
+    let victim_region = regions.join("pod_victim/victim.cache");
+    let attacker_region = regions.join("pod_attacker/attacker.cache");
+    let daemon = Daemon::start(
+        dir.path(),
+        "200ms",
+        &["--region-dir", regions.to_str().unwrap()],
+    );
+    let held = |s: &Value, pid: u32| -> Option<(String, u64)> {
+        let l = &process_in(s, pid)?["limiter"];
+        Some((l["region"].as_str()?.to_owned(), l["held"][0].as_u64()?))
+    };
+    let mut before = None;
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            let s = daemon.snapshot();
+            before = held(&s, victim);
+            before.is_some() && held(&s, attacker).is_some()
+        },
+        "both processes' slots in the model",
+    );
+    let before = before.unwrap();
+    assert_eq!(before.0, victim_region.display().to_string());
+
+    // The attacker's forgery: the slot after its own made a copy of its own, then named the
+    // victim (its pid in the state word, its start time, the host's pid namespace), 60 GiB held
+    // on device 0.
+    let own = {
+        let f = region::tenant_fs::open_no_links(&attacker_region, region::tenant_fs::Access::Read)
+            .unwrap();
+        let snap = region::reader::RegionReader::from_file(f)
+            .unwrap()
+            .snapshot()
+            .unwrap();
+        assert_eq!(snap.slots.len(), 1, "the attacker's own slot");
+        (
+            snap.slots[0].index as usize,
+            snap.geometry.slot_count as usize,
+        )
+    };
+    let (own, forged_index) = (own.0, (own.0 + 1) % own.1);
+    let slot_at = |i: usize| (HEADER_SIZE + i * SLOT_SIZE) as u64;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&attacker_region)
+        .unwrap();
+    let mut header = vec![0u8; std::mem::size_of::<SlotHeader>()];
+    file.read_exact_at(&mut header, slot_at(own)).unwrap();
+    let state = std::mem::offset_of!(SlotHeader, state);
+    header[state..state + 4].copy_from_slice(&victim.to_le_bytes());
+    let at = |field: usize, value: u64, header: &mut Vec<u8>| {
+        header[field..field + 8].copy_from_slice(&value.to_le_bytes())
+    };
+    at(
+        std::mem::offset_of!(SlotHeader, start_time),
+        start_ticks(victim),
+        &mut header,
+    );
+    let host_ns = std::fs::metadata("/proc/self/ns/pid").unwrap();
+    at(
+        std::mem::offset_of!(SlotHeader, pid_ns),
+        std::os::unix::fs::MetadataExt::ino(&host_ns),
+        &mut header,
+    );
+    at(
+        std::mem::offset_of!(SlotHeader, held),
+        60 << 30,
+        &mut header,
+    );
+    file.write_all_at(&header, slot_at(forged_index)).unwrap();
+
+    let attacker_shown = attacker_region.display().to_string();
+    let forged =
+        format!("slot {forged_index}: claims pid {victim}, which does not map this region");
+    let region_of = |s: &Value, id: &str, path: &str| -> Option<Value> {
+        s["containers"]
+            .as_array()?
+            .iter()
+            .find(|c| c["container_id"] == id)?["regions"]
+            .as_array()?
+            .iter()
+            .find(|r| r["path"] == path)
+            .cloned()
+    };
+    let mut flagged = Value::Null;
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            flagged = daemon.snapshot();
+            region_of(&flagged, attacker_id, &attacker_shown).is_some_and(|r| {
+                r["problems"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p.as_str().unwrap().starts_with(&forged))
+            })
+        },
+        "the forged slot flagged in the attacker's region",
+    );
+    // Two snapshots after the forgery: the victim's figures are its own.
+    for s in [flagged, daemon.snapshot()] {
+        assert_eq!(held(&s, victim), Some(before.clone()), "{:#}", s["agent"]);
+        let victim_regions: Vec<&str> = s["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["container_id"] == victim_id)
+            .unwrap()["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            victim_regions,
+            [victim_region.display().to_string().as_str()]
+        );
+        assert!(region_of(&s, attacker_id, &attacker_shown).is_some());
+        assert!(s["agent"]["slots_refused"].as_u64().unwrap() >= 1);
+    }
+    for mut w in workloads {
+        drop(w.child.stdin.take());
+        let _ = w.child.wait();
+    }
+    daemon.stop();
 }

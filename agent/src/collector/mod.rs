@@ -98,6 +98,8 @@ pub struct Collector {
     /// The last snapshot of every process that had limiter figures: a process retires its region
     /// slot when it exits, so its final figures are kept here for the retention period.
     last_limited: HashMap<ProcessKey, crate::model::Process>,
+    /// Processes region slots named whose maps the region scan had not listed: listed next.
+    claimed_pids: Vec<u32>,
 }
 
 impl Collector {
@@ -143,6 +145,7 @@ impl Collector {
             exited_retention: opts.exited_retention,
             allocs_entries: None,
             last_limited: HashMap::new(),
+            claimed_pids: Vec::new(),
         }
     }
 
@@ -199,7 +202,12 @@ impl Collector {
             ),
         };
         let gpu = self.gpu.snapshot();
-        let pids: Vec<u32> = users.iter().map(|(pid, _)| *pid).collect();
+        let mut pids: Vec<u32> = users.iter().map(|(pid, _)| *pid).collect();
+        for pid in self.claimed_pids.drain(..) {
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
         let scanned = self.regions.scan(&pids, Instant::now() + self.region_time);
         warnings.extend(scanned.warnings);
 
@@ -214,6 +222,7 @@ impl Collector {
             users: &users,
             gpu: &gpu,
             regions: &scanned.regions,
+            listed: &scanned.listed,
             tracer: self.tracer.as_ref(),
             own_pid: std::process::id(),
         };
@@ -222,8 +231,10 @@ impl Collector {
             &mut self.processes,
             &mut self.names,
             &mut self.cgroups,
+            &mut self.claimed_pids,
             now,
         );
+        snap.agent.region_listing_cuts = scanned.cuts.iter().map(regions::cut_model).collect();
         snap.schema = crate::model::SCHEMA.into();
         snap.hostname = hostname();
         snap.taken_at_unix_ms = SystemTime::now()

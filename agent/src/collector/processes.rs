@@ -6,7 +6,14 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::identity::{ProcessFacts, container::ContainerIdentity};
+use crate::identity::{
+    ProcessFacts,
+    container::ContainerIdentity,
+    process::{MAX_CGROUP_BYTES, read_proc_text},
+};
+
+/// Bytes of `/proc/<pid>/status` read (about 1.5 KiB; its `Name:` is the process's own bytes).
+const MAX_STATUS_BYTES: usize = 16 << 10;
 
 /// A process as the collector knows it.
 #[derive(Clone, Debug)]
@@ -57,8 +64,7 @@ impl ProcessTable {
             .is_none_or(|c| c.facts.start_ticks != facts.start_ticks);
         if stale {
             let dir = self.proc.join(pid.to_string());
-            let identity = fs::read_to_string(dir.join("cgroup"))
-                .ok()
+            let identity = read_proc_text(&dir.join("cgroup"), MAX_CGROUP_BYTES)
                 .and_then(|t| ContainerIdentity::from_proc_cgroup(&t))
                 .unwrap_or_else(|| {
                     ContainerIdentity::from_path(facts.cgroup_path.as_deref().unwrap_or("/"))
@@ -66,8 +72,7 @@ impl ProcessTable {
             let ns = fs::read_link(dir.join("ns/pid"))
                 .ok()
                 .and_then(|l| namespace_inode(&l.to_string_lossy()));
-            let inner = fs::read_to_string(dir.join("status"))
-                .ok()
+            let inner = read_proc_text(&dir.join("status"), MAX_STATUS_BYTES)
                 .and_then(|s| innermost_pid(&s));
             let namespace_pid = ns.zip(inner);
             self.cache.insert(
@@ -125,5 +130,38 @@ mod tests {
             None,
             "a reused pid is another process"
         );
+    }
+
+    /// A process whose name is not UTF-8 (a comm is any bytes its process writes) is read as
+    /// running, with its name escaped, its identity and its namespace coordinates.
+    #[test]
+    fn a_process_named_with_bytes_that_are_not_utf8_is_alive_and_named() {
+        // The shell writes its own comm (a process can write only its own), then waits; the
+        // trailing `:` keeps it from exec'ing `sleep` (which would rename it).
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "printf 'gpu\\377\\376x' > /proc/$$/comm; sleep 30; :"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut t = ProcessTable::new(Path::new("/proc"));
+        let started = std::time::Instant::now();
+        let mut seen = None;
+        while started.elapsed() < std::time::Duration::from_secs(10) {
+            // A fresh table each time: the first read may predate the rename.
+            t.retain(|_| false);
+            let info = t.get(pid).cloned();
+            if info.as_ref().is_some_and(|i| i.facts.comm != "sh") {
+                seen = info;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let info = seen.expect("the process was read as running, renamed");
+        assert_eq!(info.facts.comm, "gpu\\xff\\xfex");
+        assert!(info.facts.start_ticks > 0);
+        assert!(info.namespace_pid.is_some(), "its status was read too");
+        assert!(info.facts.cgroup_path.is_some(), "its cgroup was read too");
     }
 }

@@ -30,7 +30,7 @@ use region::{
     tenant_fs::{FileKey, TenantFile},
 };
 
-use super::regions::{self, Candidate, Format, RegionRead, RegionReading};
+use super::regions::{self, Candidate, Format, ListingCut, RegionRead, RegionReading};
 
 /// Worker threads at most. A blocked read holds one until it returns; past this many, jobs wait
 /// in the queue (each directory, process and file has one job at most).
@@ -50,8 +50,9 @@ enum Listing {
 
 /// What a job reports.
 enum Done {
-    /// The region files a listing found, opened and sniffed.
-    Listed(Listing, Vec<Candidate>),
+    /// The region files a listing found, opened and sniffed, and the parts of a region
+    /// directory it did not look at whole.
+    Listed(Listing, Vec<Candidate>, Vec<ListingCut>),
     /// A region file's read, and its reader to keep.
     File(FileKey, Option<Reader>, RegionRead),
 }
@@ -60,6 +61,9 @@ enum Done {
 #[derive(Default)]
 struct ListingState {
     found: Vec<Candidate>,
+    cuts: Vec<ListingCut>,
+    /// A run of it has completed: `found` is what it found.
+    listed: bool,
     busy_since: Option<Instant>,
 }
 
@@ -149,7 +153,7 @@ type ReadFn =
 
 /// How a job lists the regions a process maps ([`regions::process_candidates`]; tests make it
 /// block).
-type ListFn = Arc<dyn Fn(&Path, u32) -> Vec<Candidate> + Send + Sync>;
+type ListFn = Arc<dyn Fn(&Path, u32) -> (Vec<Candidate>, Vec<ListingCut>) + Send + Sync>;
 
 /// What one scan found.
 pub struct ScanResult {
@@ -158,6 +162,12 @@ pub struct ScanResult {
     /// Listings that have not returned since an earlier scan: their regions are the ones they
     /// found last.
     pub warnings: Vec<String>,
+    /// Parts of the region directories, and processes' maps, not looked at whole (at their
+    /// last listing).
+    pub cuts: Vec<ListingCut>,
+    /// The processes whose maps have been listed (their regions are in
+    /// [`RegionReading::mapped_by`] when they map any).
+    pub listed: HashSet<u32>,
 }
 
 pub struct RegionScan {
@@ -228,14 +238,15 @@ impl RegionScan {
                 Listing::Dir(i) => {
                     let dir = self.dirs[i].clone();
                     self.pool.run(move || {
-                        let _ = tx.send(Done::Listed(listing, regions::dir_candidates(&dir)));
+                        let (found, cuts) = regions::dir_candidates(&dir);
+                        let _ = tx.send(Done::Listed(listing, found, cuts));
                     });
                 }
                 Listing::Process(pid) => {
                     let (proc, list) = (self.proc.clone(), Arc::clone(&self.list_process));
                     self.pool.run(move || {
-                        let found = list(&proc, pid);
-                        let _ = tx.send(Done::Listed(listing, found));
+                        let (found, cuts) = list(&proc, pid);
+                        let _ = tx.send(Done::Listed(listing, found, cuts));
                     });
                 }
             }
@@ -283,6 +294,20 @@ impl RegionScan {
                         index.insert(c.file.key(), candidates.len());
                         candidates.push((c, c.user_uid));
                     }
+                }
+            }
+        }
+        // Which GPU processes map each file (by identity), from their listings: a region's slot
+        // counts for a process only if the process is one of them.
+        let mut mapped_by: HashMap<FileKey, Vec<u32>> = HashMap::new();
+        for l in &wanted {
+            let (Listing::Process(pid), Some(state)) = (l, self.listings.get(l)) else {
+                continue;
+            };
+            for c in &state.found {
+                let pids = mapped_by.entry(c.file.key()).or_default();
+                if !pids.contains(pid) {
+                    pids.push(*pid);
                 }
             }
         }
@@ -343,16 +368,35 @@ impl RegionScan {
                 }
                 (None, None) => continue,
             };
+            let mut mapped_by = mapped_by.remove(&key).unwrap_or_default();
+            mapped_by.sort_unstable();
             out.push(RegionReading {
                 path,
                 read,
                 writable_by_others,
+                mapped_by,
             });
         }
         self.reads.clear();
+        let cuts = wanted
+            .iter()
+            .filter_map(|l| self.listings.get(l))
+            .flat_map(|s| s.cuts.iter().cloned())
+            .collect();
+        let listed = wanted
+            .iter()
+            .filter_map(|l| match l {
+                Listing::Process(pid) if self.listings.get(l).is_some_and(|s| s.listed) => {
+                    Some(*pid)
+                }
+                _ => None,
+            })
+            .collect();
         ScanResult {
             regions: out,
             warnings,
+            cuts,
+            listed,
         }
     }
 
@@ -387,10 +431,12 @@ impl RegionScan {
     /// job's key.
     fn take(&mut self, done: Done) -> Option<FileKey> {
         match done {
-            Done::Listed(listing, found) => {
+            Done::Listed(listing, found, cuts) => {
                 if let Some(state) = self.listings.get_mut(&listing) {
                     *state = ListingState {
                         found,
+                        cuts,
+                        listed: true,
                         busy_since: None,
                     };
                 }

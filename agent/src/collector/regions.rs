@@ -31,7 +31,18 @@ const MAX_DEPTH: usize = 3;
 /// Entries read from one directory under a region directory (more are not looked at).
 const MAX_DIR_ENTRIES: usize = 4096;
 
-/// Files looked at below one region directory at most (containers can write there).
+/// Files looked at below one subdirectory of a region directory. In HAMi's layout each
+/// subdirectory (`<podUID>_<container>`) is one container's, which it can write: past this its
+/// other files are skipped and counted, and its siblings are still listed.
+pub const MAX_SUBDIR_FILES: usize = 256;
+
+/// Directories entered below one subdirectory of a region directory (the subdirectory itself
+/// included).
+pub const MAX_SUBDIR_DIRS: usize = 16;
+
+/// Files looked at below one region directory in all: when the subdirectories hold more, the
+/// largest are cut first (each keeps an equal share at least), so a few files of each
+/// container are always looked at.
 const MAX_DIR_FILES: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,23 +93,135 @@ pub fn magic_prefix() -> Vec<u8> {
     v
 }
 
-/// Regular files below `inside` in `root`, up to `depth` directories down and [`MAX_DIR_FILES`]
-/// in all, never following a link (every directory is opened inside `root` again).
-fn files_under(root: &Root, inside: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok((entries, _)) = root.entries(inside, MAX_DIR_ENTRIES) else {
+/// A part of a region directory (one of its subdirectories, or the files directly in it) whose
+/// files were not all looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListingCut {
+    /// The subdirectory (or the region directory itself, for the files directly in it).
+    pub path: PathBuf,
+    /// Regular files found there and not looked at.
+    pub files_skipped: u64,
+    /// Directories below it not entered (over [`MAX_SUBDIR_DIRS`], or deeper than
+    /// [`MAX_DEPTH`]).
+    pub dirs_skipped: u64,
+    /// A directory there had more than [`MAX_DIR_ENTRIES`] entries: the rest were not read
+    /// (so not counted either).
+    pub entries_unread: bool,
+}
+
+/// How a cut is shown in the model.
+pub fn cut_model(c: &ListingCut) -> crate::model::RegionListingCut {
+    crate::model::RegionListingCut {
+        path: c.path.display().to_string(),
+        files_skipped: c.files_skipped,
+        dirs_skipped: c.dirs_skipped,
+        entries_unread: c.entries_unread,
+    }
+}
+
+/// The regular files of one part of a region directory, and what was left of it.
+struct Part {
+    files: Vec<PathBuf>,
+    cut: ListingCut,
+}
+
+/// Regular files below `inside` in `root` (a subdirectory), up to `depth` directories down,
+/// [`MAX_SUBDIR_FILES`] files and [`MAX_SUBDIR_DIRS`] directories, never following a link
+/// (every directory is opened inside `root` again); what is left is counted in `part.cut`.
+fn files_under(root: &Root, inside: &Path, depth: usize, part: &mut Part, dirs_read: &mut usize) {
+    *dirs_read += 1;
+    let Ok((entries, more)) = root.entries(inside, MAX_DIR_ENTRIES) else {
         return;
     };
+    part.cut.entries_unread |= more;
+    let mut below = Vec::new();
     for (name, kind) in entries {
-        if out.len() == MAX_DIR_FILES {
-            return;
-        }
-        let p = inside.join(name);
         match kind {
-            EntryKind::File => out.push(p),
-            EntryKind::Dir if depth > 0 => files_under(root, &p, depth - 1, out),
+            EntryKind::File if part.files.len() < MAX_SUBDIR_FILES => {
+                part.files.push(inside.join(name))
+            }
+            EntryKind::File => part.cut.files_skipped += 1,
+            EntryKind::Dir if depth > 0 => below.push(inside.join(name)),
+            EntryKind::Dir => part.cut.dirs_skipped += 1,
             _ => {}
         }
     }
+    for dir in below {
+        if *dirs_read < MAX_SUBDIR_DIRS {
+            files_under(root, &dir, depth - 1, part, dirs_read);
+        } else {
+            part.cut.dirs_skipped += 1;
+        }
+    }
+}
+
+/// The regular files below a region directory, each part bounded on its own: the files
+/// directly in it, and each subdirectory's tree ([`files_under`]). Then, over
+/// [`MAX_DIR_FILES`] in all, the largest parts are cut to an equal share. Returns the files and
+/// the parts that were cut.
+fn list_region_dir(root: &Root, shown: &Path) -> (Vec<PathBuf>, Vec<ListingCut>) {
+    let new_part = |path: PathBuf| Part {
+        files: vec![],
+        cut: ListingCut {
+            path,
+            files_skipped: 0,
+            dirs_skipped: 0,
+            entries_unread: false,
+        },
+    };
+    let Ok((entries, more)) = root.entries(Path::new(""), MAX_DIR_ENTRIES) else {
+        return (vec![], vec![]);
+    };
+    let mut top = new_part(shown.to_owned());
+    top.cut.entries_unread = more;
+    let mut parts = Vec::new();
+    for (name, kind) in entries {
+        let p = PathBuf::from(&name);
+        match kind {
+            EntryKind::File if top.files.len() < MAX_DIR_FILES => top.files.push(p),
+            EntryKind::File => top.cut.files_skipped += 1,
+            EntryKind::Dir => {
+                let mut part = new_part(shown.join(&name));
+                files_under(root, &p, MAX_DEPTH - 1, &mut part, &mut 0);
+                parts.push(part);
+            }
+            _ => {}
+        }
+    }
+    parts.push(top);
+    // Over the total: the largest cap that fits, so the smallest parts stay whole.
+    let total: usize = parts.iter().map(|p| p.files.len()).sum();
+    if total > MAX_DIR_FILES {
+        let mut sizes: Vec<usize> = parts.iter().map(|p| p.files.len()).collect();
+        sizes.sort_unstable();
+        let mut left = MAX_DIR_FILES;
+        let mut cap = 0;
+        for (i, size) in sizes.iter().enumerate() {
+            let share = left / (sizes.len() - i);
+            if *size > share {
+                cap = share;
+                break;
+            }
+            left -= size;
+            cap = *size;
+        }
+        for part in &mut parts {
+            if part.files.len() > cap {
+                part.cut.files_skipped += (part.files.len() - cap) as u64;
+                part.files.truncate(cap);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    let mut cuts = Vec::new();
+    for part in parts {
+        files.extend(part.files);
+        let c = part.cut;
+        if c.files_skipped > 0 || c.dirs_skipped > 0 || c.entries_unread {
+            cuts.push(c);
+        }
+    }
+    (files, cuts)
 }
 
 /// A shared file mapping of a process: a region candidate.
@@ -128,6 +251,9 @@ pub struct RegionReading {
     pub read: RegionRead,
     /// Why a uid other than its users' could have written it (`None`: only its owner could).
     pub writable_by_others: Option<String>,
+    /// Host pids of the GPU processes whose maps name this file (its device and inode), in
+    /// order: the only processes its slots may count for.
+    pub mapped_by: Vec<u32>,
 }
 
 /// Why a region file could have been written by a uid other than its users': its mode lets group
@@ -150,20 +276,14 @@ pub fn writable_by_others(mode: u32, owner: u32, user: Option<u32>) -> Option<St
 
 /// The region files below the configured directory `dir`: each opened inside it as a tenant's
 /// file (links, FIFOs and devices are never opened, linked directories never entered) and
-/// sniffed. Blocks only as long as the directory's files do: run on a worker.
-pub fn dir_candidates(dir: &Path) -> Vec<Candidate> {
+/// sniffed; with the parts of it that were not all looked at ([`list_region_dir`]). Blocks only
+/// as long as the directory's files do: run on a worker.
+pub fn dir_candidates(dir: &Path) -> (Vec<Candidate>, Vec<ListingCut>) {
     let Ok(root) = Root::dir(dir) else {
-        return vec![];
+        return (vec![], vec![]);
     };
-    let mut files = Vec::new();
-    files_under(&root, Path::new(""), MAX_DEPTH, &mut files);
-    if files.len() == MAX_DIR_FILES {
-        log::warn!(
-            "{}: looking at the first {MAX_DIR_FILES} files only",
-            dir.display()
-        );
-    }
-    files
+    let (files, cuts) = list_region_dir(&root, dir);
+    let candidates = files
         .into_iter()
         .filter_map(|rel| {
             let file = root.open(&rel, Access::Read).ok()?;
@@ -175,39 +295,66 @@ pub fn dir_candidates(dir: &Path) -> Vec<Candidate> {
                 user_uid: None,
             })
         })
-        .collect()
+        .collect();
+    (candidates, cuts)
 }
 
+/// Shared files of one process opened and sniffed at most per listing (a process maps one
+/// region, two with HAMi's beside this project's; the rest are other shared files).
+pub const MAX_PROCESS_FILES_SNIFFED: usize = 64;
+
+/// Regions of one process kept (opened, and read each snapshot) at most.
+pub const MAX_PROCESS_REGIONS: usize = 8;
+
 /// The region files process `pid` maps: each opened through its `map_files` entry (or inside its
-/// root) and used only if its (device, inode) is the one its maps name, then sniffed. Blocks as
-/// long as the process's maps or files do: run on a worker.
-pub fn process_candidates(proc: &Path, pid: u32) -> Vec<Candidate> {
+/// root) and used only if its (device, inode) is the one its maps name, then sniffed; at most
+/// [`MAX_PROCESS_FILES_SNIFFED`] files looked at and [`MAX_PROCESS_REGIONS`] regions kept, the
+/// rest counted in the cut. Blocks as long as the process's maps or files do: run on a worker.
+pub fn process_candidates(proc: &Path, pid: u32) -> (Vec<Candidate>, Vec<ListingCut>) {
     let mapped = mapped_files(proc, pid);
     if mapped.is_empty() {
-        return vec![];
+        return (vec![], vec![]);
     }
     let user_uid = fs::metadata(proc.join(pid.to_string()))
         .ok()
         .map(|m| m.uid());
-    mapped
-        .into_iter()
-        .filter_map(|MappedRegion { proc, pid, map }| {
-            let file =
-                tenant_fs::open_mapped(&proc, pid, map.range(), &map.path, map.key(), Access::Read)
-                    .ok()?;
-            let format = sniff(&file)?;
-            let path = proc
-                .join(pid.to_string())
-                .join("root")
-                .join(map.path.strip_prefix("/").unwrap_or(&map.path));
-            Some(Candidate {
-                path,
-                format,
-                file,
-                user_uid,
-            })
-        })
-        .collect()
+    let mut cut = ListingCut {
+        path: proc.join(pid.to_string()).join("maps"),
+        files_skipped: mapped.len().saturating_sub(MAX_PROCESS_FILES_SNIFFED) as u64,
+        dirs_skipped: 0,
+        entries_unread: false,
+    };
+    let mut found = Vec::new();
+    for MappedRegion { proc, pid, map } in mapped.into_iter().take(MAX_PROCESS_FILES_SNIFFED) {
+        let Ok(file) =
+            tenant_fs::open_mapped(&proc, pid, map.range(), &map.path, map.key(), Access::Read)
+        else {
+            continue;
+        };
+        let Some(format) = sniff(&file) else {
+            continue;
+        };
+        if found.len() == MAX_PROCESS_REGIONS {
+            cut.files_skipped += 1;
+            continue;
+        }
+        let path = proc
+            .join(pid.to_string())
+            .join("root")
+            .join(map.path.strip_prefix("/").unwrap_or(&map.path));
+        found.push(Candidate {
+            path,
+            format,
+            file,
+            user_uid,
+        });
+    }
+    let cuts = if cut.files_skipped > 0 {
+        vec![cut]
+    } else {
+        vec![]
+    };
+    (found, cuts)
 }
 
 /// Shared file mappings of process `pid` other than devices and memfds (region candidates).
@@ -265,7 +412,7 @@ mod tests {
         bytes.extend([0xffu8; 200]);
         fs::write(sub.join("r.cache"), &bytes).unwrap();
         fs::write(sub.join("not-a-region"), b"hello").unwrap();
-        let c = dir_candidates(dir.path());
+        let (c, _) = dir_candidates(dir.path());
         assert_eq!(c.len(), 1, "{c:?}");
         let mut scan = super::super::region_scan::RegionScan::new(
             vec![dir.path().to_owned()],
@@ -299,9 +446,119 @@ mod tests {
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
         let t0 = std::time::Instant::now();
-        let c = dir_candidates(dir.path());
+        let (c, cuts) = dir_candidates(dir.path());
         assert!(c.is_empty(), "{c:?}");
+        assert!(cuts.is_empty(), "{cuts:?}");
         assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    /// A directory of `n` files that are not regions.
+    fn junk(dir: &Path, n: usize) {
+        fs::create_dir_all(dir).unwrap();
+        for i in 0..n {
+            fs::write(dir.join(format!("junk-{i}")), b"x").unwrap();
+        }
+    }
+
+    /// One tenant fills its subdirectory of a shared region directory with 4,096 files: the
+    /// region in its sibling's subdirectory is still found, and the cut is counted for the
+    /// tenant's subdirectory only; the scan carries the cut to the model.
+    #[test]
+    fn a_full_subdirectory_does_not_hide_its_siblings() {
+        let dir = tempfile::tempdir().unwrap();
+        junk(&dir.path().join("pod_attacker"), 4096);
+        let honest = dir.path().join("pod_zz_honest");
+        fs::create_dir_all(&honest).unwrap();
+        let config = region::RegionConfig::unlimited(1);
+        let (_r, _) = region::Region::open_or_create(&honest.join("r.cache"), &config).unwrap();
+        let started = std::time::Instant::now();
+        let (found, cuts) = dir_candidates(dir.path());
+        eprintln!(
+            "listed 4,097 files in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].path.starts_with(&honest));
+        assert_eq!(
+            cuts,
+            [ListingCut {
+                path: dir.path().join("pod_attacker"),
+                files_skipped: 4096 - MAX_SUBDIR_FILES as u64,
+                dirs_skipped: 0,
+                entries_unread: false,
+            }]
+        );
+        let mut scan = super::super::region_scan::RegionScan::new(
+            vec![dir.path().to_owned()],
+            Path::new("/proc"),
+        );
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let result = scan.scan(&[], far);
+        assert_eq!(result.regions.len(), 1);
+        assert_eq!(result.cuts, cuts);
+        let line = cut_model(&result.cuts[0]).line();
+        assert!(
+            line.contains("pod_attacker") && line.contains("3840 file(s)"),
+            "{line}"
+        );
+    }
+
+    /// Past the total, the largest subdirectories are cut to an equal share and the small ones
+    /// stay whole; a tenant's deep or wide tree is entered only so far.
+    #[test]
+    fn the_total_is_shared_out_and_trees_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        // 20 full subdirectories: 5,120 files, over the 4,096 looked at in all.
+        for i in 0..20 {
+            junk(&dir.path().join(format!("pod_{i:02}")), MAX_SUBDIR_FILES);
+        }
+        let honest = dir.path().join("pod_honest");
+        fs::create_dir_all(&honest).unwrap();
+        let config = region::RegionConfig::unlimited(1);
+        let (_r, _) = region::Region::open_or_create(&honest.join("r.cache"), &config).unwrap();
+        // A tree of 40 directories under one subdirectory.
+        let wide = dir.path().join("pod_wide");
+        for i in 0..40 {
+            fs::create_dir_all(wide.join(format!("d{i}"))).unwrap();
+        }
+        let (found, cuts) = dir_candidates(dir.path());
+        assert_eq!(found.len(), 1, "the honest region is looked at");
+        // The honest file is kept; the 4,095 left are shared by the 20 full ones: 204 each.
+        let full: Vec<&ListingCut> = cuts.iter().filter(|c| c.files_skipped > 0).collect();
+        assert_eq!(full.len(), 20, "{cuts:?}");
+        let share = (MAX_DIR_FILES - 1) / 20;
+        for c in &full {
+            assert_eq!(c.files_skipped, (MAX_SUBDIR_FILES - share) as u64, "{c:?}");
+        }
+        let wide_cut = cuts
+            .iter()
+            .find(|c| c.path == wide)
+            .expect("the wide tree is cut");
+        assert_eq!(
+            wide_cut.dirs_skipped,
+            (40 + 1 - MAX_SUBDIR_DIRS) as u64,
+            "{wide_cut:?}"
+        );
+    }
+
+    /// A process that maps more regions than are kept: the first are kept, the rest counted
+    /// (this test's process maps them; other tests running beside it may map more).
+    #[test]
+    fn the_regions_one_process_maps_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = region::RegionConfig::unlimited(1);
+        let n = MAX_PROCESS_REGIONS + 4;
+        let _mapped: Vec<_> = (0..n)
+            .map(|i| {
+                region::Region::open_or_create(&dir.path().join(format!("r{i}.cache")), &config)
+                    .unwrap()
+            })
+            .collect();
+        let (found, cuts) = process_candidates(Path::new("/proc"), std::process::id());
+        assert_eq!(found.len(), MAX_PROCESS_REGIONS, "{found:?}");
+        assert_eq!(cuts.len(), 1, "{cuts:?}");
+        assert!(cuts[0].path.ends_with("maps"), "{cuts:?}");
+        assert!(cuts[0].files_skipped >= 4, "{cuts:?}");
     }
 
     #[test]

@@ -17,12 +17,15 @@
 //!
 //! # Which segment wins
 //!
-//! A path is read from the root down. The first container segment found names the container;
-//! anything below it is the container's own business (`init.scope`, `container`, or whatever a
-//! process that can write to its cgroup tree creates) and is ignored, so a container cannot
-//! re-attribute itself by naming a child cgroup like another container. The one exception is a
-//! Kubernetes pod level below a container (kind and other nodes-in-containers): the pod's
-//! container is then the identity and the outer one is kept as [`ContainerIdentity::nested_in`].
+//! A path is read from the root down. The first (outermost) container segment found names the
+//! container: that is the cgroup the runtime created. Anything below it is the container's own
+//! business (`init.scope`, `container`, or whatever a process that can write to its cgroup tree
+//! creates) and never changes the identity, so a container cannot pass its processes off as
+//! another container's or pod's by naming a child cgroup like one (`kubepods/pod<uid>/<id>`,
+//! `docker/<id>`, `libpod-<id>.scope`). Such a segment below a container's is kept as
+//! [`ContainerIdentity::nested_claim`] and shown, not believed. A Kubernetes node run inside a
+//! container (kind) is therefore one container, whose pods are named in its processes' cgroup
+//! paths.
 //!
 //! # Which line wins (v1, v2 and hybrid hosts)
 //!
@@ -161,8 +164,9 @@ pub struct ContainerIdentity {
     pub container_id: Option<ContainerId>,
     pub pod: Option<PodIdentity>,
     pub cgroup_driver: Option<CgroupDriver>,
-    /// The container this one runs inside (a Kubernetes node in a container, as kind makes).
-    pub nested_in: Option<ContainerId>,
+    /// A container or pod segment found below the container's own cgroup (which the container
+    /// can create): what the path claims, not believed; the identity is the outer container's.
+    pub nested_claim: Option<String>,
     /// Outside containers and pods: the systemd unit or last path segment (`nginx.service`,
     /// `session-3.scope`); `None` at the root.
     pub host_unit: Option<String>,
@@ -195,7 +199,7 @@ impl ContainerIdentity {
             container_id: walk.container_id,
             pod: walk.pod,
             cgroup_driver: walk.driver,
-            nested_in: walk.nested_in,
+            nested_claim: walk.nested_claim,
             host_unit,
         }
     }
@@ -301,7 +305,7 @@ struct Walk {
     container_id: Option<ContainerId>,
     pod: Option<PodIdentity>,
     driver: Option<CgroupDriver>,
-    nested_in: Option<ContainerId>,
+    nested_claim: Option<String>,
     /// A container segment was found: what follows is the container's own subtree.
     inside_container: bool,
 }
@@ -314,27 +318,26 @@ impl Walk {
             self.step(&format!("cri-containerd-{id}.scope"));
             return;
         }
-        if let Some((pod, driver)) = self.pod_level(segment) {
-            if self.inside_container {
-                // A Kubernetes node inside a container: the pod's containers are what we want.
-                self.nested_in = self.container_id.take();
-                self.runtime = None;
-                self.inside_container = false;
+        if self.inside_container {
+            // The container's own subtree: a segment named like a pod or a container here is a
+            // claim, never the identity.
+            self.note_kubepods_level(segment);
+            if self.nested_claim.is_none()
+                && (self.pod_level(segment).is_some() || self.container_level(segment).is_some())
+            {
+                self.nested_claim = Some(segment.to_owned());
             }
+        } else if let Some((pod, driver)) = self.pod_level(segment) {
             self.pod = Some(pod);
             self.driver = Some(driver);
-        } else if !self.inside_container {
-            if let Some((runtime, id, driver)) = self.container_level(segment) {
-                self.runtime = Some(runtime);
-                self.container_id = Some(id);
-                self.driver = Some(driver);
-                self.inside_container = true;
-                // A pod below a container counts only under its own `kubepods` level.
-                self.in_kubepods = false;
-                self.qos_from_parent = None;
-            } else {
-                self.note_kubepods_level(segment);
-            }
+        } else if let Some((runtime, id, driver)) = self.container_level(segment) {
+            self.runtime = Some(runtime);
+            self.container_id = Some(id);
+            self.driver = Some(driver);
+            self.inside_container = true;
+            // A pod level below a container is the container's own naming.
+            self.in_kubepods = false;
+            self.qos_from_parent = None;
         } else {
             self.note_kubepods_level(segment);
         }
@@ -359,9 +362,6 @@ impl Walk {
     /// A pod's own cgroup: `kubepods-<qos>-pod<uid>.slice` or `pod<uid>` under `kubepods`.
     fn pod_level(&self, segment: &str) -> Option<(PodIdentity, CgroupDriver)> {
         if let Some(name) = segment.strip_suffix(".slice") {
-            if self.inside_container && !self.in_kubepods {
-                return None;
-            }
             let at = name.rfind("-pod")?;
             let (prefix, uid) = (&name[..at], &name[at + 4..]);
             let qos = if prefix.ends_with("kubepods-burstable") {

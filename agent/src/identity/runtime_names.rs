@@ -291,19 +291,20 @@ impl RuntimeNames {
     }
 
     fn insert(&mut self, key: CacheKey, now: Instant, names: Option<ContainerNames>) {
+        // Containers that are gone are forgotten once their entry expires (an entry is
+        // inserted only when the one before it expired, so this runs at most once a TTL per
+        // container), not only when the cache is full.
+        let ttl = self.config.ttl;
+        self.by_key
+            .retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
         if self.by_key.len() >= self.config.max_entries && !self.by_key.contains_key(&key) {
-            let ttl = self.config.ttl;
-            self.by_key
-                .retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
-            if self.by_key.len() >= self.config.max_entries {
-                let oldest = self
-                    .by_key
-                    .iter()
-                    .min_by_key(|(_, (at, _))| *at)
-                    .map(|(k, _)| k.clone());
-                if let Some(oldest) = oldest {
-                    self.by_key.remove(&oldest);
-                }
+            let oldest = self
+                .by_key
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                self.by_key.remove(&oldest);
             }
         }
         self.by_key.insert(key, (now, names));

@@ -216,6 +216,42 @@ pub struct RegionInfo {
     pub writable_by_others: Option<String>,
 }
 
+/// A part of a region directory (a subdirectory, one container's in HAMi's layout, or the
+/// files directly in it), or a process's maps, whose files were not all looked at for regions:
+/// its bounds (docs/security.md) were reached. The others were listed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionListingCut {
+    /// The directory, or `/proc/<pid>/maps`.
+    pub path: String,
+    /// Regular files found there (shared files mapped, for a process) and not looked at.
+    pub files_skipped: u64,
+    /// Directories below it not entered.
+    pub dirs_skipped: u64,
+    /// A directory there had more entries than are read (those were not counted).
+    pub entries_unread: bool,
+}
+
+impl RegionListingCut {
+    /// How the cut is said to people.
+    pub fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if self.files_skipped > 0 {
+            parts.push(format!("{} file(s) not looked at", self.files_skipped));
+        }
+        if self.dirs_skipped > 0 {
+            parts.push(format!("{} directories not entered", self.dirs_skipped));
+        }
+        if self.entries_unread {
+            parts.push("a directory's entries past the first 4,096 not read".to_owned());
+        }
+        format!(
+            "regions listed in part (the bounds per subdirectory or process reached): {}: {}",
+            self.path,
+            parts.join(", ")
+        )
+    }
+}
+
 /// A region this snapshot did not read whole (docs/security.md); its
 /// [`RegionInfo::problems`] say so too.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -371,6 +407,20 @@ pub struct AgentStatus {
     /// Seconds this snapshot took to collect.
     #[serde(default)]
     pub collect_seconds: f64,
+    /// Region slots not counted for the process they name this snapshot: the process does not
+    /// run with the slot's start time, does not map the region, or is not of the region's
+    /// container (each is said in its region's problems).
+    #[serde(default)]
+    pub slots_refused: u64,
+    /// What tenants claimed that was not believed, one line each (at most 64, then a count):
+    /// region slots not counted, cgroup paths that name a container or pod below their own
+    /// container's cgroup.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims_refused: Vec<String>,
+    /// Parts of the region directories, and processes' maps, not looked at whole for regions
+    /// (at their last listing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub region_listing_cuts: Vec<RegionListingCut>,
     /// Regions not read whole this snapshot.
     #[serde(default)]
     pub regions_unread: Vec<RegionUnread>,
@@ -422,6 +472,9 @@ impl Default for AgentStatus {
             libraries_skipped: BTreeMap::new(),
             maps_scan: MapsScanStatus::default(),
             collect_seconds: 0.0,
+            slots_refused: 0,
+            claims_refused: vec![],
+            region_listing_cuts: vec![],
             regions_unread: vec![],
             stale: false,
             age_seconds: 0.0,

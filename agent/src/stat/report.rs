@@ -297,6 +297,11 @@ pub fn build(
             .filter(|p| p.as_str() != "NVML disabled")
             .map(|p| format!("NVML: {p}")),
     );
+    warnings.extend(
+        a.claims_refused
+            .iter()
+            .map(|c| format!("not believed: {c}")),
+    );
     warnings.dedup();
     StatReport {
         schema: SCHEMA,

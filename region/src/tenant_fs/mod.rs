@@ -73,6 +73,11 @@ pub enum TenantFsError {
     },
     #[error("{}: {len} bytes or more, over the {max} bytes read from such a file (refused)", path.display())]
     TooLarge { path: PathBuf, len: u64, max: u64 },
+    #[error(
+        "{}: is a mount point, or reached through one (refused for writing: a file the agent writes must sit on its directory's own filesystem, not be mounted over)",
+        path.display()
+    )]
+    MountCrossed { path: PathBuf },
     #[error("{}: held under a lease by another process (not waited for)", path.display())]
     Leased { path: PathBuf },
     #[error("{}: not found", path.display())]
@@ -96,6 +101,10 @@ impl TenantFsError {
             Some(libc::ELOOP) => TenantFsError::Link {
                 path: path.to_owned(),
             },
+            // RESOLVE_NO_XDEV met a mount point.
+            Some(libc::EXDEV) => TenantFsError::MountCrossed {
+                path: path.to_owned(),
+            },
             _ => TenantFsError::Io {
                 call,
                 path: path.to_owned(),
@@ -111,6 +120,7 @@ impl TenantFsError {
             | TenantFsError::NotRegular { path, .. }
             | TenantFsError::Replaced { path, .. }
             | TenantFsError::TooLarge { path, .. }
+            | TenantFsError::MountCrossed { path }
             | TenantFsError::Leased { path }
             | TenantFsError::NotFound { path }
             | TenantFsError::Io { path, .. } => path,
@@ -128,6 +138,16 @@ pub struct Root {
 /// The resolution every tenant path gets: inside the anchor, no magic links.
 fn resolve_flags() -> ResolveFlags {
     ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS
+}
+
+/// The resolution a tenant path opened for writing gets on top of [`resolve_flags`]: no mount
+/// point crossed below the anchor, so a file the tenant bind-mounted over the one the agent
+/// writes (a host file it can reach, say) is refused rather than written through.
+fn write_resolve_flags(access: Access) -> ResolveFlags {
+    match access {
+        Access::Read => ResolveFlags::empty(),
+        Access::ReadWrite => ResolveFlags::NO_XDEV,
+    }
 }
 
 impl Root {
@@ -231,7 +251,12 @@ impl Root {
 
     /// `inside` as an `O_PATH` descriptor, resolved inside this root, the last component not
     /// followed.
-    fn resolve(&self, inside: &Path, extra: OFlags) -> Result<OwnedFd, TenantFsError> {
+    fn resolve(
+        &self,
+        inside: &Path,
+        extra: OFlags,
+        resolve_extra: ResolveFlags,
+    ) -> Result<OwnedFd, TenantFsError> {
         // An empty path would name the anchor itself.
         let inside = if inside.as_os_str().is_empty() {
             Path::new(".")
@@ -243,21 +268,24 @@ impl Root {
             inside,
             OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC | extra,
             Mode::empty(),
-            resolve_flags(),
+            resolve_flags() | resolve_extra,
         )
         .map_err(|e| TenantFsError::io("openat2", &self.shown(inside), e.into()))
     }
 
     /// Opens the regular file at `inside` (absolute paths are taken as relative to this root).
+    /// For writing, no mount point may be crossed below this root (the file itself mounted over
+    /// included): open the directory the file sits in as the root
+    /// ([`Root::open_dir`]), then the file.
     pub fn open(&self, inside: &Path, access: Access) -> Result<TenantFile, TenantFsError> {
-        let fd = self.resolve(inside, OFlags::empty())?;
+        let fd = self.resolve(inside, OFlags::empty(), write_resolve_flags(access))?;
         finish(fd, access, None, self.shown(inside))
     }
 
     /// The directory at `inside`, as a root of its own (for opening files beside each other in
     /// the same directory).
     pub fn open_dir(&self, inside: &Path) -> Result<Root, TenantFsError> {
-        let fd = self.resolve(inside, OFlags::DIRECTORY)?;
+        let fd = self.resolve(inside, OFlags::DIRECTORY, ResolveFlags::empty())?;
         Ok(Root {
             fd,
             shown: self.shown(inside),
@@ -510,7 +538,7 @@ pub fn open_mapped(
             if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)) =>
         {
             let root = Root::process(proc, pid)?;
-            let fd = root.resolve(path, OFlags::empty())?;
+            let fd = root.resolve(path, OFlags::empty(), write_resolve_flags(access))?;
             finish(fd, access, Some(expected), root.shown(path))
         }
         other => other,

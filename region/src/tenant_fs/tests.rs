@@ -356,3 +356,93 @@ fn directory_entries_are_listed_inside_the_root_bounded_and_not_followed() {
         "{err}"
     );
 }
+
+/// Runs `f` on a thread of its own mount namespace (private: nothing it mounts reaches the host),
+/// so a test can mount without touching the machine's mounts. `None` when that is not allowed.
+fn in_private_mount_namespace<T: Send>(f: impl FnOnce() -> T + Send) -> Option<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare with a constant flag; it changes only this thread's mount namespace
+            // (and its fs attributes, which no other code on this thread uses).
+            if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+                return None;
+            }
+            // SAFETY: NUL-terminated literals; makes every mount of the new namespace private.
+            let private = unsafe {
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
+            };
+            (private == 0).then(f)
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Bind-mounts `from` over `to` (in the caller's mount namespace).
+fn bind_mount(from: &Path, to: &Path) -> bool {
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let (from, to) = (c(from), c(to));
+    // SAFETY: NUL-terminated paths that outlive the call.
+    unsafe {
+        libc::mount(
+            from.as_ptr(),
+            to.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ) == 0
+    }
+}
+
+/// A tenant that bind-mounts a file it can reach (a host file, here) over the control block the
+/// agent writes: opening it for writing is refused (no mount point is crossed for writing), so
+/// nothing is written through the mount; reading it is still possible, and the file beside it
+/// on the directory's own filesystem opens for writing.
+#[test]
+fn a_file_mounted_over_is_refused_for_writing() {
+    if !root_is_euid0() {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_PRIVILEGED").is_none_or(|v| v != "1"),
+            "a bind mount needs root"
+        );
+        eprintln!("skipping: a bind mount needs root");
+        return;
+    }
+    let f = Fixture::new();
+    let ctl = f.tenant.path().join("region.ctl");
+    std::fs::write(&ctl, b"control").unwrap();
+    let host = f.host_file();
+    let outcome = in_private_mount_namespace(|| {
+        assert!(bind_mount(&host, &ctl), "mount --bind");
+        let root = f.root();
+        let write = root.open(Path::new("region.ctl"), Access::ReadWrite);
+        let read = root
+            .open(Path::new("region.ctl"), Access::Read)
+            .map(|file| file.read_bounded(100).unwrap());
+        let beside = root.open(Path::new("own"), Access::ReadWrite).map(|_| ());
+        (write.map(|_| ()), read, beside)
+    })
+    .expect("a private mount namespace (root may unshare)");
+    let (write, read, beside) = outcome;
+    match write {
+        Err(e @ TenantFsError::MountCrossed { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("region.ctl") && msg.contains("mount point"),
+                "{msg}"
+            );
+        }
+        other => panic!("opened for writing through a mount: {other:?}"),
+    }
+    assert_eq!(read.unwrap(), b"host secret", "the mount was in place");
+    beside.unwrap();
+    // The host's file was never written, and the mount stayed in its namespace.
+    assert_eq!(std::fs::read(&host).unwrap(), b"host secret");
+    assert_eq!(std::fs::read(&ctl).unwrap(), b"control");
+}

@@ -221,28 +221,25 @@ fn containerd_without_kubernetes() {
 
 // kind runs each Kubernetes node as a docker container with the kubelet's cgroup root at
 // `/kubelet`; the inner path below is as a kubelet error log quoted in public code printed it
-// (`/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/...`).
+// (`/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/...`). The node is
+// the container the runtime created: its pods are its own naming, shown, not believed (a tenant
+// can make the same path inside its own container).
 #[test]
 fn kind_node_inside_docker() {
     let c = ContainerIdentity::from_path(
         "/system.slice/docker-7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-poda45947e4_314c_4694_8f05_5e1425a02de4.slice/cri-containerd-abb37780fc913b3720641a4039186adb06f5d1de0229de0e8707f12e2fde5a21.scope",
     );
-    assert_eq!(c.runtime, Some(Runtime::Containerd));
+    assert_eq!(c.runtime, Some(Runtime::Docker));
     assert_eq!(
         c.container_id,
         Some(id(
-            "abb37780fc913b3720641a4039186adb06f5d1de0229de0e8707f12e2fde5a21"
-        ))
-    );
-    assert_eq!(
-        c.pod.as_ref().map(|p| (p.uid.as_str(), p.qos)),
-        Some(("a45947e4-314c-4694-8f05-5e1425a02de4", QosClass::Burstable))
-    );
-    assert_eq!(
-        c.nested_in,
-        Some(id(
             "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8"
         ))
+    );
+    assert_eq!(c.pod, None);
+    assert_eq!(
+        c.nested_claim.as_deref(),
+        Some("kubelet-kubepods-burstable-poda45947e4_314c_4694_8f05_5e1425a02de4.slice")
     );
 }
 
@@ -250,18 +247,103 @@ fn kind_node_inside_docker() {
 #[test]
 fn children_of_a_container_are_the_container() {
     let base = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod48d25824_cbe2_4fdc_9928_5bb49e05473d.slice/cri-containerd-c40dff48f1d53c3f07a50aa12bb9ae0e58c0927dc6b1d77e3f166784722642ad.scope";
-    let expected = ContainerIdentity::from_path(base).container_id;
-    for child in [
-        "init.scope",
-        "container",
+    let outer = ContainerIdentity::from_path(base);
+    for (child, claim) in [
+        ("init.scope", None),
+        ("container", None),
         // A child named like another container does not re-attribute the process.
-        "docker-9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d.scope",
-        "kubepods-pod63b3ebfc_2890_11e9_8154_16bf8ef8d9dc.slice/crio-17d8c9eacc629f9945f304d89e9708c0c619649a484a215b240628319548a09f.scope",
+        (
+            "docker-9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d.scope",
+            Some("docker-9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d.scope"),
+        ),
+        (
+            "kubepods-pod63b3ebfc_2890_11e9_8154_16bf8ef8d9dc.slice/crio-17d8c9eacc629f9945f304d89e9708c0c619649a484a215b240628319548a09f.scope",
+            Some("kubepods-pod63b3ebfc_2890_11e9_8154_16bf8ef8d9dc.slice"),
+        ),
     ] {
         let c = ContainerIdentity::from_path(&format!("{base}/{child}"));
-        assert_eq!(c.container_id, expected, "{child}");
-        assert_eq!(c.nested_in, None, "{child}");
+        assert_eq!(c.container_id, outer.container_id, "{child}");
+        assert_eq!(c.pod, outer.pod, "{child}");
+        assert_eq!(c.runtime, outer.runtime, "{child}");
+        assert_eq!(c.nested_claim.as_deref(), claim, "{child}");
     }
+}
+
+/// A victim's coordinates (pod UID and container id) as a tenant can spell them below its own
+/// container, in each runtime's shapes.
+const VICTIM_POD: &str = "3d274242-8ee0-11e9-a8a6-1e68d864ef1a";
+const VICTIM_ID: &str = "abb37780fc913b3720641a4039186adb06f5d1de0229de0e8707f12e2fde5a21";
+const ATTACKER_ID: &str = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
+
+/// The victim's own cgroup paths, and nested copies of them below an attacker's container made
+/// by every runtime and driver: each nested copy is the attacker's container, flagged.
+#[test]
+fn a_victims_path_nested_in_an_attackers_container_is_the_attackers() {
+    let pod_sd = VICTIM_POD.replace('-', "_");
+    let victim_paths = [
+        format!("/kubepods/burstable/pod{VICTIM_POD}/{VICTIM_ID}"),
+        format!("/kubepods/pod{VICTIM_POD}/{VICTIM_ID}"),
+        format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_sd}.slice/cri-containerd-{VICTIM_ID}.scope"
+        ),
+        format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{pod_sd}.slice/crio-{VICTIM_ID}.scope"
+        ),
+        format!("/docker/{VICTIM_ID}"),
+        format!("/system.slice/docker-{VICTIM_ID}.scope"),
+        format!("/machine.slice/libpod-{VICTIM_ID}.scope"),
+    ];
+    let attacker_bases = [
+        (
+            format!("/system.slice/docker-{ATTACKER_ID}.scope"),
+            Runtime::Docker,
+        ),
+        (format!("/docker/{ATTACKER_ID}"), Runtime::Docker),
+        (
+            format!("/machine.slice/libpod-{ATTACKER_ID}.scope"),
+            Runtime::Podman,
+        ),
+        (
+            format!(
+                "/kubepods.slice/kubepods-pod48d25824_cbe2_4fdc_9928_5bb49e05473d.slice/cri-containerd-{ATTACKER_ID}.scope"
+            ),
+            Runtime::Containerd,
+        ),
+        (
+            format!("/kubepods/besteffort/pod48d25824-cbe2-4fdc-9928-5bb49e05473d/{ATTACKER_ID}"),
+            Runtime::Containerd,
+        ),
+        (
+            format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod48d25824_cbe2_4fdc_9928_5bb49e05473d.slice/crio-{ATTACKER_ID}.scope"
+            ),
+            Runtime::CriO,
+        ),
+    ];
+    for victim in &victim_paths {
+        let v = ContainerIdentity::from_path(victim);
+        assert_eq!(v.container_id, Some(id(VICTIM_ID)), "{victim}");
+        assert_eq!(v.nested_claim, None, "{victim}");
+        for (base, runtime) in &attacker_bases {
+            let a = ContainerIdentity::from_path(base);
+            for nested in [format!("{base}{victim}"), format!("{base}/init{victim}")] {
+                let c = ContainerIdentity::from_path(&nested);
+                assert_eq!(c.container_id, Some(id(ATTACKER_ID)), "{nested}");
+                assert_eq!(c.runtime, Some(*runtime), "{nested}");
+                assert_eq!(c.pod, a.pod, "{nested}: the attacker's pod, if any");
+                assert_eq!(c.key(), a.key(), "{nested}");
+                assert!(c.nested_claim.is_some(), "{nested}: flagged");
+            }
+        }
+    }
+    // Through /proc/<pid>/cgroup, on a v1 host too: the most specific line is still the
+    // attacker's.
+    let text = format!(
+        "12:memory:/docker/{ATTACKER_ID}/kubepods/pod{VICTIM_POD}/{VICTIM_ID}\n0::/docker/{ATTACKER_ID}/kubepods/pod{VICTIM_POD}/{VICTIM_ID}\n"
+    );
+    let c = ContainerIdentity::from_proc_cgroup(&text).unwrap();
+    assert_eq!(c.container_id, Some(id(ATTACKER_ID)));
+    assert_eq!(c.pod, None);
 }
 
 // falcosecurity/plugins, plugins/container/test/matchers.cpp (containerd_unknown): runc's

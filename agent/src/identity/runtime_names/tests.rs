@@ -216,6 +216,27 @@ fn the_cache_is_bounded() {
     assert!(names.by_key.len() <= 2);
 }
 
+/// A container that is gone is forgotten once its entry expires, though the cache is far from
+/// full.
+#[test]
+fn names_of_containers_that_are_gone_expire() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut names = RuntimeNames::new(sources(tmp.path()), NameLookupConfig::default());
+    let now = Instant::now();
+    let id = |c: char| {
+        ContainerIdentity::from_path(&format!(
+            "/system.slice/docker-{}.scope",
+            c.to_string().repeat(64)
+        ))
+    };
+    names.lookup(&id('a'), now);
+    names.lookup(&id('b'), now);
+    assert_eq!(names.by_key.len(), 2);
+    // A minute on, only `c` is looked up (`a` and `b` are gone).
+    names.lookup(&id('c'), now + NameLookupConfig::default().ttl);
+    assert_eq!(names.by_key.len(), 1);
+}
+
 #[test]
 fn labels_and_missing_sources() {
     let labels: HashMap<&str, &str> = [

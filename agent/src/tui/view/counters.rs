@@ -55,8 +55,8 @@ fn meaning(cause: &str) -> &'static str {
     }
 }
 
-/// The regions that could not be read (their reason) and the agent's warnings: what the
-/// header's `errors` counts.
+/// The regions that could not be read (their reason), the agent's warnings and what tenants
+/// claimed that was not believed: what the header's `errors` counts.
 pub fn errors(s: &Snapshot) -> Vec<String> {
     let mut out: Vec<String> = s
         .containers
@@ -66,6 +66,18 @@ pub fn errors(s: &Snapshot) -> Vec<String> {
         .map(|r| format!("region {}: {}", r.path, r.problems.join("; ")))
         .collect();
     out.extend(s.agent.warnings.iter().map(|w| format!("warning: {w}")));
+    out.extend(
+        s.agent
+            .claims_refused
+            .iter()
+            .map(|c| format!("not believed: {c}")),
+    );
+    out.extend(
+        s.agent
+            .region_listing_cuts
+            .iter()
+            .map(crate::model::RegionListingCut::line),
+    );
     out
 }
 
@@ -94,7 +106,7 @@ fn lines(s: &Snapshot, t: &Theme) -> Vec<Line<'static>> {
     let errors = errors(s);
     out.push(Line::from(vec![
         Span::styled(format!("errors {}", errors.len()), t.key()),
-        Span::raw("  regions that could not be read, and the agent's warnings:"),
+        Span::raw("  regions that could not be read, warnings, claims refused:"),
     ]));
     if errors.is_empty() {
         out.push(Line::from(Span::styled("  none", t.good())));
@@ -151,6 +163,8 @@ mod tests {
     fn errors_are_what_the_header_counts() {
         let mut s = crate::tui::fixture::snapshot();
         s.agent.warnings = vec!["probe poll: x".into()];
+        s.agent.claims_refused =
+            vec!["region /r/x: slot 1: claims pid 7, which does not map this region".into()];
         s.containers[0].regions.push(crate::model::RegionInfo {
             path: "/r/bad".into(),
             format: "vgpu".into(),
@@ -161,10 +175,20 @@ mod tests {
         });
         s.agent.region_errors = 1;
         let e = errors(&s);
-        assert_eq!(e.len(), s.agent.region_errors + s.agent.warnings.len());
+        assert_eq!(
+            e.len(),
+            s.agent.region_errors
+                + s.agent.warnings.len()
+                + s.agent.claims_refused.len()
+                + s.agent.region_listing_cuts.len()
+        );
         assert_eq!(
             e,
-            vec!["region /r/bad: not a region", "warning: probe poll: x"]
+            vec![
+                "region /r/bad: not a region",
+                "warning: probe poll: x",
+                "not believed: region /r/x: slot 1: claims pid 7, which does not map this region"
+            ]
         );
     }
 }

@@ -169,7 +169,8 @@ fn agent_line(s: &Snapshot, t: &Theme) -> Line<'static> {
         spans.push(Span::styled("  unread ", t.key()));
         spans.push(Span::styled(a.regions_unread.len().to_string(), t.warn()));
     }
-    let errors = a.region_errors + a.warnings.len();
+    let errors =
+        a.region_errors + a.warnings.len() + a.claims_refused.len() + a.region_listing_cuts.len();
     spans.push(Span::styled("  errors ", t.key()));
     spans.push(Span::styled(
         errors.to_string(),

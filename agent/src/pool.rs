@@ -40,6 +40,13 @@ impl Pool {
         }
     }
 
+    /// Whether a job sent now would start at once (an idle worker waits for it, or a worker can
+    /// be started) rather than wait in the queue behind jobs that may block.
+    pub fn has_room(&self) -> bool {
+        // Relaxed: an estimate; a worker that becomes idle meanwhile only makes it pessimistic.
+        self.idle.load(Relaxed) > self.queued.load(Relaxed) || self.threads < self.max_workers
+    }
+
     pub fn run(&mut self, job: impl FnOnce() + Send + 'static) {
         // Relaxed: the counts only decide whether to start a worker; a race starts one too many.
         if self.idle.load(Relaxed) <= self.queued.load(Relaxed) && self.threads < self.max_workers {
@@ -84,18 +91,20 @@ mod tests {
 
     use super::*;
 
-    /// Jobs that block hold their workers: the pool grows to its bound, then queues; a job sent
-    /// while a worker is free runs although another blocks.
+    /// Jobs that block hold their workers: the pool grows to its bound, then has no room and
+    /// queues; a job sent while there is room runs although the others block.
     #[test]
     fn blocked_jobs_hold_workers_up_to_the_bound() {
         let mut pool = Pool::new("pool-test", 2);
         let (release, gate) = mpsc::channel::<()>();
         let gate = Arc::new(Mutex::new(gate));
         let (done_tx, done) = mpsc::channel::<u32>();
+        assert!(pool.has_room());
         let g = Arc::clone(&gate);
         pool.run(move || {
             let _ = g.lock().unwrap().recv();
         });
+        assert!(pool.has_room(), "a second worker can start");
         let tx = done_tx.clone();
         pool.run(move || tx.send(1).unwrap());
         assert_eq!(done.recv_timeout(Duration::from_secs(30)), Ok(1));
@@ -106,6 +115,7 @@ mod tests {
         });
         let tx = done_tx.clone();
         pool.run(move || tx.send(2).unwrap());
+        assert!(!pool.has_room(), "both workers blocked or taken");
         release.send(()).unwrap();
         assert_eq!(done.recv_timeout(Duration::from_secs(30)), Ok(2));
         release.send(()).unwrap();

@@ -12,6 +12,7 @@ pub mod gpu_use;
 pub mod nccl;
 pub mod probing;
 mod rates;
+pub mod skips;
 
 use std::collections::BTreeMap;
 

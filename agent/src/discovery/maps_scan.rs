@@ -46,8 +46,8 @@ pub const MAX_CANDIDATES_PER_KIND: usize = 8;
 /// Bytes of `/proc/<pid>/cgroup` read at most.
 const MAX_CGROUP_BYTES: u64 = 16 << 10;
 /// How long a cycle waits for one process's maps before it goes on without them (the read goes
-/// on in the background and is taken by a later cycle). Reading 16 MiB of maps (65,000 mappings)
-/// takes about 40 ms.
+/// on in the background and is taken by a later cycle, so a read that is only slow loses
+/// nothing).
 pub const READ_WAIT: Duration = Duration::from_millis(100);
 /// Worker threads reading maps at most. With [`MAX_READS_PER_TENANT`] at 2, it takes 8 tenants
 /// whose reads all block to hold every worker; the other tenants' reads then wait (counted

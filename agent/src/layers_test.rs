@@ -19,10 +19,11 @@ struct Layer {
 /// The layer table, bottom first.
 const LAYERS: &[Layer] = &[
     // Process plumbing with no knowledge of GPUs: the one module that calls libc (`sys`), unit
-    // parsing and formatting, the shared tokio runtime and the process-wide signal flags.
+    // parsing and formatting, the shared tokio runtime, the process-wide signal flags and the
+    // worker pool for reads that may block.
     Layer {
         name: "base",
-        modules: &["sys", "units", "runtime", "signals"],
+        modules: &["sys", "units", "runtime", "signals", "pool"],
         may_use: &[],
     },
     // Plain data every other layer reports in (processes, devices, probe states, GPU use), and

@@ -14,6 +14,7 @@ mod layers_test;
 mod limit;
 mod model;
 mod nvml;
+mod pool;
 mod probes;
 mod runtime;
 mod sanitize;

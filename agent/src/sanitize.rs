@@ -107,6 +107,16 @@ pub fn snapshot(snap: &mut Snapshot) {
     for c in &mut a.region_listing_cuts {
         fix(&mut c.path);
     }
+    a.maps_scan.deferred_by_tenant = std::mem::take(&mut a.maps_scan.deferred_by_tenant)
+        .into_iter()
+        .map(|(mut k, v)| {
+            fix(&mut k);
+            (k, v)
+        })
+        .collect();
+    for b in &mut a.maps_scan.blocked {
+        fix(&mut b.tenant);
+    }
     for u in &mut a.regions_unread {
         fix(&mut u.path);
         fix(&mut u.reason);

@@ -1,9 +1,11 @@
 //! Reading every region within the snapshot's deadline. Everything that touches a tenant's files
 //! (reading a GPU process's maps and opening what it maps through `/proc/<pid>/map_files`,
 //! listing and opening the files of the configured directories, sniffing them, then reading each
-//! region) runs as a job on a small pool of worker threads ([`Pool`]), one job at a time per
-//! directory, per process and per region file. Every file is opened through `region::tenant_fs`
-//! ([`regions::dir_candidates`], [`regions::process_candidates`]) and read from that open file.
+//! region) runs as a job on a small pool of worker threads ([`crate::pool::Pool`]), one job at a
+//! time per directory, per process and per region file. Every file is opened through
+//! `region::tenant_fs` ([`regions::dir_candidates`], [`regions::process_candidates`]) and read
+//! from that open file.
+//!
 //! The collector waits for the jobs until the deadline and goes on without the ones still
 //! running: a file that blocks (a FUSE file in the tenant's mount namespace, a process holding
 //! its memory map's lock) holds one worker, never the snapshot, and is shown as `blocked` until
@@ -17,8 +19,7 @@ use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering::Relaxed},
+        Arc,
         mpsc::{self, Receiver, Sender},
     },
     time::Instant,
@@ -31,6 +32,7 @@ use region::{
 };
 
 use super::regions::{self, Candidate, Format, ListingCut, RegionRead, RegionReading};
+use crate::pool::Pool;
 
 /// Worker threads at most. A blocked read holds one until it returns; past this many, jobs wait
 /// in the queue (each directory, process and file has one job at most).
@@ -83,70 +85,6 @@ enum ReadFrom {
     File(TenantFile, Format),
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
-/// A small pool of worker threads that grows (to [`MAX_WORKERS`]) when every idle worker has a
-/// job waiting for it already.
-struct Pool {
-    tx: Sender<Job>,
-    rx: Arc<Mutex<Receiver<Job>>>,
-    /// Workers waiting for a job.
-    idle: Arc<AtomicUsize>,
-    /// Jobs sent and not taken yet.
-    queued: Arc<AtomicUsize>,
-    threads: usize,
-}
-
-impl Pool {
-    fn new() -> Pool {
-        let (tx, rx) = mpsc::channel();
-        Pool {
-            tx,
-            rx: Arc::new(Mutex::new(rx)),
-            idle: Arc::new(AtomicUsize::new(0)),
-            queued: Arc::new(AtomicUsize::new(0)),
-            threads: 0,
-        }
-    }
-
-    fn run(&mut self, job: impl FnOnce() + Send + 'static) {
-        // Relaxed: the counts only decide whether to start a worker; a race starts one too many.
-        if self.idle.load(Relaxed) <= self.queued.load(Relaxed) && self.threads < MAX_WORKERS {
-            let (rx, idle, queued) = (
-                Arc::clone(&self.rx),
-                Arc::clone(&self.idle),
-                Arc::clone(&self.queued),
-            );
-            let spawned = std::thread::Builder::new()
-                .name("region-reader".into())
-                .spawn(move || {
-                    loop {
-                        idle.fetch_add(1, Relaxed);
-                        let job = rx
-                            .lock()
-                            .map_err(|_| ())
-                            .and_then(|r| r.recv().map_err(|_| ()));
-                        idle.fetch_sub(1, Relaxed);
-                        match job {
-                            Ok(job) => {
-                                queued.fetch_sub(1, Relaxed);
-                                job()
-                            }
-                            Err(()) => return,
-                        }
-                    }
-                });
-            match spawned {
-                Ok(_) => self.threads += 1,
-                Err(e) => log::warn!("starting a region reader thread: {e}"),
-            }
-        }
-        self.queued.fetch_add(1, Relaxed);
-        // The workers hold the receiver for as long as the pool lives.
-        let _ = self.tx.send(Box::new(job));
-    }
-}
-
 /// How a job reads one region ([`read_region`]; tests make it block).
 type ReadFn =
     Arc<dyn Fn(&Path, ReadFrom, &ReadBudget) -> (Option<Reader>, RegionRead) + Send + Sync>;
@@ -195,7 +133,7 @@ impl RegionScan {
             dirs,
             proc: proc.to_owned(),
             budget: ReadBudget::DEFAULT,
-            pool: Pool::new(),
+            pool: Pool::new("region-reader", MAX_WORKERS),
             done_tx,
             done_rx,
             listings: HashMap::new(),
@@ -491,7 +429,13 @@ fn read_region(path: &Path, from: ReadFrom, budget: &ReadBudget) -> (Option<Read
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::{
+        sync::{
+            Mutex,
+            atomic::{AtomicUsize, Ordering::Relaxed},
+        },
+        time::Duration,
+    };
 
     use super::*;
 

@@ -9,8 +9,15 @@
 //! processes have 65,000 mappings each cannot keep another tenant's new process from being read.
 //!
 //! The cycle runs on a thread of its own ([`Worker`]); the collector waits for it a short while
-//! and otherwise takes its results at a later poll, so a slow or blocking read delays discovery,
-//! never a snapshot.
+//! and otherwise takes its results at a later poll, so a slow cycle delays discovery, never a
+//! snapshot. The cycle does not read maps itself either: each process's read is a job on a small
+//! pool ([`crate::pool::Pool`]) that the cycle waits for until [`Budget::read_wait`]. A read that
+//! blocks (a tenant's thread stuck in a page fault on a FUSE or userfaultfd mapping holds its
+//! process's memory-map lock, and reading its maps waits for that lock) holds one worker and goes
+//! on in the background: the cycle goes on with the other processes, the process is shown as
+//! blocked and not read again until its job returns (its result is taken by the next cycle), and a
+//! tenant has at most [`MAX_READS_PER_TENANT`] such jobs, so its blocked processes cannot take
+//! the pool from other tenants.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -23,7 +30,10 @@ use std::{
 };
 
 use super::{FileId, LibraryKind, procmaps};
-use crate::identity::container::{ContainerIdentity, ContainerKey};
+use crate::{
+    identity::container::{ContainerIdentity, ContainerKey},
+    pool::Pool,
+};
 
 /// Bytes of maps one cycle reads at most (the read that crosses it finishes).
 pub const CYCLE_BYTES: u64 = 32 << 20;
@@ -35,6 +45,17 @@ pub const MIN_TENANT_SHARE: u64 = 1 << 20;
 pub const MAX_CANDIDATES_PER_KIND: usize = 8;
 /// Bytes of `/proc/<pid>/cgroup` read at most.
 const MAX_CGROUP_BYTES: u64 = 16 << 10;
+/// How long a cycle waits for one process's maps before it goes on without them (the read goes
+/// on in the background and is taken by a later cycle, so a read that is only slow loses
+/// nothing).
+pub const READ_WAIT: Duration = Duration::from_millis(100);
+/// Worker threads reading maps at most. With [`MAX_READS_PER_TENANT`] at 2, it takes 8 tenants
+/// whose reads all block to hold every worker; the other tenants' reads then wait (counted
+/// deferred) until one returns.
+pub const MAX_READERS: usize = 16;
+/// A tenant's maps reads that may run at once (those that did not return within
+/// [`READ_WAIT`] included): past it, the tenant's other processes wait for a later cycle.
+pub const MAX_READS_PER_TENANT: usize = 2;
 
 /// A driver-named mapping a process has.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,17 +77,43 @@ pub struct ProcessMaps {
     pub over_cap: u64,
 }
 
+/// A process whose maps read has not returned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blocked {
+    pub pid: u32,
+    pub tenant: Arc<str>,
+    /// Since when its read runs.
+    pub since: Instant,
+}
+
 /// What one cycle found.
 #[derive(Debug, Default)]
 pub struct Cycle {
     /// Every process listed (those not listed exited).
     pub listed: Vec<u32>,
+    /// Maps read in this cycle, and those whose read outlasted an earlier cycle and came back.
     pub read: Vec<ProcessMaps>,
     pub unreadable: usize,
     pub bytes: u64,
-    /// Processes due that the budget left for a later cycle.
-    pub deferred: usize,
+    /// Processes due that the budget (bytes, time, the pool, the tenant's reads running) left
+    /// for a later cycle, by tenant.
+    pub deferred: BTreeMap<Arc<str>, usize>,
+    /// Processes whose maps read has not returned.
+    pub blocked: Vec<Blocked>,
     pub took: Duration,
+}
+
+/// What became of one process's read in a cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Read: its maps' bytes.
+    Read(u64),
+    /// Could not be read (it exited, or its maps are not readable).
+    Unreadable,
+    /// Its read did not return in time: it goes on in the background.
+    Running,
+    /// No worker was free to read it: left for a later cycle.
+    NoRoom,
 }
 
 /// Why a process is read, in the order they are served.
@@ -86,10 +133,15 @@ struct ProcState {
     /// Virtual size at the last read, and now.
     vsize_at_read: Option<u64>,
     vsize: Option<u64>,
+    /// Since when a read of its maps runs that did not return within its cycle.
+    reading_since: Option<Instant>,
 }
 
 impl ProcState {
     fn class(&self, now: Instant) -> Option<Class> {
+        if self.reading_since.is_some() {
+            return None;
+        }
         let (Some(bytes), Some(last)) = (self.bytes, self.last_read) else {
             return Some(Class::New);
         };
@@ -113,22 +165,26 @@ pub fn reread_after(bytes: u64) -> Duration {
     Duration::from_millis(bytes / 64).clamp(Duration::from_secs(5), Duration::from_secs(60))
 }
 
-/// Byte and time budget of a cycle.
+/// Byte and time budget of a cycle, and how long it waits for one process's read.
 #[derive(Clone, Copy, Debug)]
 pub struct Budget {
     pub bytes: u64,
     pub time: Duration,
+    pub read_wait: Duration,
 }
 
 impl Budget {
     pub const DEFAULT: Budget = Budget {
         bytes: CYCLE_BYTES,
         time: CYCLE_TIME,
+        read_wait: READ_WAIT,
     };
-    /// No bound (a one-off synchronous scan).
+    /// No byte or time bound (a one-off synchronous scan); a read that blocks is still left
+    /// running after a while.
     pub const UNBOUNDED: Budget = Budget {
         bytes: u64::MAX,
         time: Duration::MAX,
+        read_wait: Duration::from_secs(2),
     };
 }
 
@@ -149,7 +205,10 @@ impl Scheduler {
         mut vsize_of: impl FnMut(u32) -> Option<u64>,
     ) {
         let live: std::collections::HashSet<u32> = listed.iter().copied().collect();
-        self.procs.retain(|pid, _| live.contains(pid));
+        // A process gone while its read runs keeps its entry until the job returns, so that a
+        // reused pid does not start a second read beside it.
+        self.procs
+            .retain(|pid, p| live.contains(pid) || p.reading_since.is_some());
         for &pid in listed {
             let vsize = vsize_of(pid);
             let p = self.procs.entry(pid).or_insert_with(|| ProcState {
@@ -158,6 +217,7 @@ impl Scheduler {
                 last_read: None,
                 vsize_at_read: None,
                 vsize: None,
+                reading_since: None,
             });
             p.vsize = vsize;
         }
@@ -167,15 +227,49 @@ impl Scheduler {
         self.procs.len()
     }
 
-    /// Reads what is due within `budget`: `read(pid)` reads one process's maps and returns its
-    /// bytes (`None`: unreadable). Returns the pids read, in order, and how many due were left.
+    /// The tenant a known process was listed under.
+    pub fn tenant(&self, pid: u32) -> Option<&Arc<str>> {
+        self.procs.get(&pid).map(|p| &p.tenant)
+    }
+
+    /// Processes whose read has not returned, lowest pid first.
+    pub fn blocked(&self) -> Vec<Blocked> {
+        let mut out: Vec<Blocked> = self
+            .procs
+            .iter()
+            .filter_map(|(&pid, p)| {
+                Some(Blocked {
+                    pid,
+                    tenant: Arc::clone(&p.tenant),
+                    since: p.reading_since?,
+                })
+            })
+            .collect();
+        out.sort_by_key(|b| b.pid);
+        out
+    }
+
+    /// A read that outlasted its cycle returned at `now`: its bytes (`None`: unreadable).
+    pub fn finish(&mut self, pid: u32, bytes: Option<u64>, now: Instant) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.reading_since = None;
+            p.bytes = Some(bytes.unwrap_or(0));
+            p.last_read = Some(now);
+            p.vsize_at_read = p.vsize;
+        }
+    }
+
+    /// Reads what is due within `budget`: `read(pid)` reads one process's maps (see
+    /// [`Outcome`]). A tenant with [`MAX_READS_PER_TENANT`] reads running is not given another.
+    /// Returns the pids read (or whose read was left running), in order, and how many due were
+    /// left for later, by tenant.
     pub fn cycle(
         &mut self,
         now: Instant,
         budget: Budget,
         clock: impl Fn() -> Instant,
-        mut read: impl FnMut(u32, &Arc<str>) -> Option<u64>,
-    ) -> (Vec<u32>, usize) {
+        mut read: impl FnMut(u32, &Arc<str>) -> Outcome,
+    ) -> (Vec<u32>, BTreeMap<Arc<str>, usize>) {
         // Per class, per tenant, the pids to read (lowest pid first: the oldest, mostly).
         let mut queues: BTreeMap<Class, BTreeMap<Arc<str>, VecDeque<u32>>> = BTreeMap::new();
         let mut pids: Vec<u32> = self.procs.keys().copied().collect();
@@ -195,6 +289,10 @@ impl Scheduler {
             queues.values().flat_map(|q| q.keys().cloned()).collect();
         let share = (budget.bytes / tenants.len().max(1) as u64).max(MIN_TENANT_SHARE);
         let mut used: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut running: HashMap<Arc<str>, usize> = HashMap::new();
+        for p in self.procs.values().filter(|p| p.reading_since.is_some()) {
+            *running.entry(Arc::clone(&p.tenant)).or_default() += 1;
+        }
         let mut total = 0u64;
         let mut done = Vec::new();
         let started = clock();
@@ -217,6 +315,9 @@ impl Scheduler {
                         if within_share && used.get(t).copied().unwrap_or(0) >= share {
                             continue;
                         }
+                        if running.get(t).copied().unwrap_or(0) >= MAX_READS_PER_TENANT {
+                            continue;
+                        }
                         if over(total) {
                             break 'classes;
                         }
@@ -225,9 +326,25 @@ impl Scheduler {
                         if q.is_empty() {
                             queue.remove(t);
                         }
+                        let n = match read(pid, t) {
+                            Outcome::NoRoom => {
+                                // Every worker is busy: nothing more is read this cycle.
+                                queue.entry(Arc::clone(t)).or_default().push_front(pid);
+                                break 'classes;
+                            }
+                            Outcome::Running => {
+                                if let Some(p) = self.procs.get_mut(&pid) {
+                                    p.reading_since = Some(clock());
+                                }
+                                *running.entry(Arc::clone(t)).or_default() += 1;
+                                done.push(pid);
+                                progressed = true;
+                                continue;
+                            }
+                            Outcome::Read(n) => n,
+                            Outcome::Unreadable => 0,
+                        };
                         progressed = true;
-                        let bytes = read(pid, t);
-                        let n = bytes.unwrap_or(0);
                         total = total.saturating_add(n);
                         *used.entry(Arc::clone(t)).or_default() += n;
                         if let Some(p) = self.procs.get_mut(&pid) {
@@ -243,11 +360,10 @@ impl Scheduler {
                 }
             }
         }
-        let deferred = queues
-            .values()
-            .flat_map(|q| q.values())
-            .map(VecDeque::len)
-            .sum();
+        let mut deferred: BTreeMap<Arc<str>, usize> = BTreeMap::new();
+        for (t, q) in queues.values().flat_map(|q| q.iter()) {
+            *deferred.entry(Arc::clone(t)).or_default() += q.len();
+        }
         (done, deferred)
     }
 }
@@ -339,18 +455,64 @@ pub fn candidates(maps: &[procmaps::MappedFile]) -> (Vec<Candidate>, u64) {
     (out, over)
 }
 
-/// The scan of one `/proc`: the schedule and the reading.
-#[derive(Debug)]
+/// One process's maps as a job read them.
+#[derive(Clone, Debug)]
+pub struct MapsRead {
+    pub candidates: Vec<Candidate>,
+    pub over_cap: u64,
+    pub bytes: u64,
+}
+
+/// How a job reads one process's maps ([`read_maps`]; tests make it block). `None`: unreadable.
+type ReadFn = Arc<dyn Fn(&Path, u32) -> Option<MapsRead> + Send + Sync>;
+
+/// A job: reads process `pid`'s maps within [`procmaps::MAX_MAPS_BYTES`] and keeps its
+/// driver-named mappings.
+pub fn read_maps(proc: &Path, pid: u32) -> Option<MapsRead> {
+    let (maps, r) = procmaps::read(proc, pid).ok()?;
+    if r.truncated {
+        log::debug!(
+            "pid {pid}: maps longer than {} bytes; the rest was not read",
+            procmaps::MAX_MAPS_BYTES
+        );
+    }
+    let (candidates, over_cap) = candidates(&maps);
+    Some(MapsRead {
+        candidates,
+        over_cap,
+        bytes: r.bytes,
+    })
+}
+
+/// The scan of one `/proc`: the schedule, and the pool its reads run on.
 pub struct MapsScan {
     proc: PathBuf,
     schedule: Scheduler,
+    read: ReadFn,
+    pool: Pool,
+    done_tx: Sender<(u32, Option<MapsRead>)>,
+    done_rx: Receiver<(u32, Option<MapsRead>)>,
+}
+
+impl std::fmt::Debug for MapsScan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MapsScan")
+            .field("proc", &self.proc)
+            .field("schedule", &self.schedule)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MapsScan {
     pub fn new(proc: &Path) -> MapsScan {
+        let (done_tx, done_rx) = mpsc::channel();
         MapsScan {
             proc: proc.to_path_buf(),
             schedule: Scheduler::default(),
+            read: Arc::new(read_maps),
+            pool: Pool::new("maps-reader", MAX_READERS),
+            done_tx,
+            done_rx,
         }
     }
 
@@ -361,6 +523,12 @@ impl MapsScan {
     /// One cycle within `budget`.
     pub fn cycle(&mut self, budget: Budget) -> Cycle {
         let started = Instant::now();
+        // Reads that outlasted an earlier cycle and returned since.
+        let mut late: Vec<(u32, Option<MapsRead>)> = self.done_rx.try_iter().collect();
+        for (pid, r) in &late {
+            self.schedule
+                .finish(*pid, r.as_ref().map(|r| r.bytes), started);
+        }
         let listed = list_pids(&self.proc);
         let proc = self.proc.clone();
         self.schedule.refresh(
@@ -371,41 +539,66 @@ impl MapsScan {
         let mut read = Vec::new();
         let mut unreadable = 0;
         let mut bytes = 0;
-        let (_, deferred) =
-            self.schedule.cycle(
-                started,
-                budget,
-                Instant::now,
-                |pid, tenant| match procmaps::read(&proc, pid) {
-                    Ok((maps, r)) => {
-                        if r.truncated {
-                            log::debug!(
-                                "pid {pid}: maps longer than {} bytes; the rest was not read",
-                                procmaps::MAX_MAPS_BYTES
-                            );
-                        }
-                        let (candidates, over_cap) = candidates(&maps);
-                        bytes += r.bytes;
-                        read.push(ProcessMaps {
-                            pid,
-                            tenant: Arc::clone(tenant),
-                            candidates,
-                            over_cap,
-                        });
-                        Some(r.bytes)
+        let (pool, read_fn, done_tx, done_rx) =
+            (&mut self.pool, &self.read, &self.done_tx, &self.done_rx);
+        let mut keep = |pid: u32, tenant: &Arc<str>, r: Option<MapsRead>| match r {
+            Some(m) => {
+                bytes += m.bytes;
+                read.push(ProcessMaps {
+                    pid,
+                    tenant: Arc::clone(tenant),
+                    candidates: m.candidates,
+                    over_cap: m.over_cap,
+                });
+                Outcome::Read(m.bytes)
+            }
+            None => {
+                unreadable += 1;
+                Outcome::Unreadable
+            }
+        };
+        let mut came_back = Vec::new();
+        let (_, deferred) = self
+            .schedule
+            .cycle(started, budget, Instant::now, |pid, tenant| {
+                if !pool.has_room() {
+                    return Outcome::NoRoom;
+                }
+                let (tx, f, proc) = (done_tx.clone(), Arc::clone(read_fn), proc.clone());
+                pool.run(move || {
+                    let _ = tx.send((pid, f(&proc, pid)));
+                });
+                let until = Instant::now() + budget.read_wait;
+                loop {
+                    let wait = until.saturating_duration_since(Instant::now());
+                    match done_rx.recv_timeout(wait) {
+                        Ok((p, r)) if p == pid => return keep(pid, tenant, r),
+                        // An earlier cycle's read, returned meanwhile.
+                        Ok(other) => came_back.push(other),
+                        Err(_) => return Outcome::Running,
                     }
-                    Err(_) => {
-                        unreadable += 1;
-                        None
-                    }
-                },
-            );
+                }
+            });
+        let now = Instant::now();
+        for (pid, r) in &came_back {
+            self.schedule.finish(*pid, r.as_ref().map(|r| r.bytes), now);
+        }
+        late.extend(came_back);
+        // Late reads of processes still listed count as read now.
+        let live: std::collections::HashSet<u32> = listed.iter().copied().collect();
+        for (pid, r) in late.into_iter().filter(|(pid, _)| live.contains(pid)) {
+            let Some(tenant) = self.schedule.tenant(pid).cloned() else {
+                continue;
+            };
+            keep(pid, &tenant, r);
+        }
         Cycle {
             listed,
             read,
             unreadable,
             bytes,
             deferred,
+            blocked: self.schedule.blocked(),
             took: started.elapsed(),
         }
     }
@@ -484,9 +677,12 @@ mod tests {
         let budget = Budget {
             bytes: 32 << 20,
             time: Duration::from_secs(10),
+            read_wait: READ_WAIT,
         };
         let size = |pid: u32| if pid == 500 { 4096 } else { 16 << 20 };
-        let (read, deferred) = s.cycle(now, budget, Instant::now, |pid, _| Some(size(pid)));
+        let (read, deferred) =
+            s.cycle(now, budget, Instant::now, |pid, _| Outcome::Read(size(pid)));
+        let deferred: usize = deferred.values().sum();
         assert!(read.contains(&500), "{read:?}");
         let bytes: u64 = read.iter().map(|p| size(*p)).sum();
         assert!(
@@ -498,7 +694,7 @@ mod tests {
         // The next cycles read the rest of the new processes before any re-read.
         let mut all: std::collections::HashSet<u32> = read.into_iter().collect();
         for _ in 0..20 {
-            let (r, _) = s.cycle(now, budget, Instant::now, |pid, _| Some(size(pid)));
+            let (r, _) = s.cycle(now, budget, Instant::now, |pid, _| Outcome::Read(size(pid)));
             all.extend(r);
         }
         assert_eq!(all.len(), 32);
@@ -508,11 +704,15 @@ mod tests {
     fn new_processes_first_then_changed_then_due_and_the_time_budget_holds() {
         let mut s = sched(&[(1, "a"), (2, "a"), (3, "b")]);
         let t0 = Instant::now();
-        let (r, _) = s.cycle(t0, Budget::UNBOUNDED, Instant::now, |_, _| Some(1000));
+        let (r, _) = s.cycle(t0, Budget::UNBOUNDED, Instant::now, |_, _| {
+            Outcome::Read(1000)
+        });
         assert_eq!(r.len(), 3);
         // Nothing is due right after.
-        let (r, d) = s.cycle(t0, Budget::UNBOUNDED, Instant::now, |_, _| Some(1000));
-        assert!(r.is_empty() && d == 0);
+        let (r, d) = s.cycle(t0, Budget::UNBOUNDED, Instant::now, |_, _| {
+            Outcome::Read(1000)
+        });
+        assert!(r.is_empty() && d.is_empty());
         // A new process and a changed one: the new one first.
         s.refresh(
             &[1, 2, 3, 4],
@@ -520,23 +720,28 @@ mod tests {
             |p| Some(if p == 2 { 9 } else { 1 }),
         );
         let t1 = t0 + changed_after(1000);
-        let (r, _) = s.cycle(t1, Budget::UNBOUNDED, Instant::now, |_, _| Some(1000));
+        let (r, _) = s.cycle(t1, Budget::UNBOUNDED, Instant::now, |_, _| {
+            Outcome::Read(1000)
+        });
         assert_eq!(r, vec![4, 2]);
         // Later everything unchanged is due again.
         let t2 = t1 + reread_after(1000);
-        let (r, _) = s.cycle(t2, Budget::UNBOUNDED, Instant::now, |_, _| Some(1000));
+        let (r, _) = s.cycle(t2, Budget::UNBOUNDED, Instant::now, |_, _| {
+            Outcome::Read(1000)
+        });
         assert_eq!(r.len(), 4);
         // A cycle stops at its time budget (a read that takes 20 ms, a budget of 30 ms).
         let mut s = sched(&[(1, "a"), (2, "a"), (3, "a"), (4, "a")]);
         let budget = Budget {
             bytes: u64::MAX,
             time: Duration::from_millis(30),
+            read_wait: READ_WAIT,
         };
         let (r, d) = s.cycle(t0, budget, Instant::now, |_, _| {
             std::thread::sleep(Duration::from_millis(20));
-            Some(1)
+            Outcome::Read(1)
         });
-        assert_eq!((r.len(), d), (2, 2));
+        assert_eq!((r.len(), d.values().sum::<usize>()), (2, 2));
         // Exited processes are forgotten.
         s.refresh(&[4], |_| Arc::from("a"), |_| None);
         assert_eq!(s.len(), 1);
@@ -578,5 +783,113 @@ mod tests {
         assert_eq!(c.iter().filter(|c| c.kind == LibraryKind::Cuda).count(), 8);
         assert_eq!(c.iter().filter(|c| c.kind == LibraryKind::Nccl).count(), 1);
         assert_eq!(over, 5000 - 8);
+    }
+    /// A fake `/proc` process of cgroup `tenant` whose maps map a driver-named file.
+    fn fake_process(proc: &Path, pid: u32, tenant: &str) {
+        let dir = proc.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), format!("0::{tenant}\n")).unwrap();
+        std::fs::write(dir.join("statm"), "1000 10 0 0 0 0 0\n").unwrap();
+        let line = format!(
+            "7f00-7f10 r-xp 00000000 08:01 {} /usr/lib/libcuda.so.1\n",
+            pid
+        );
+        std::fs::write(dir.join("maps"), line).unwrap();
+    }
+
+    /// A tenant's process whose maps read blocks (it holds its memory-map lock): the cycle goes
+    /// on without it and shows it blocked, never starts a second read of it, and another
+    /// tenant's new process is read in the next cycle, within the cycle's time. The tenant's
+    /// other processes whose reads block too hold at most [`MAX_READS_PER_TENANT`] workers; the
+    /// rest of its processes wait (counted deferred for it), and the other tenant's processes
+    /// are still read. Once the blocked reads return, their maps are taken by a later cycle.
+    #[test]
+    fn a_maps_read_that_blocks_holds_a_worker_not_the_scan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path().to_owned();
+        fake_process(&proc, 100, "/hostile");
+        let (release, gate) = mpsc::channel::<()>();
+        let gate = Arc::new(std::sync::Mutex::new(gate));
+        let blocked_reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut scan = MapsScan::new(&proc);
+        let (g, counted) = (Arc::clone(&gate), Arc::clone(&blocked_reads));
+        scan.read = Arc::new(move |proc, pid| {
+            if (100..200).contains(&pid) {
+                // Relaxed: a count read after the cycles that made it.
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // Every blocked read waits until the sender is dropped.
+                let _ = g.lock().map(|r| r.recv());
+            }
+            read_maps(proc, pid)
+        });
+        let hostile: Arc<str> = Arc::from("/hostile");
+        let victim: Arc<str> = Arc::from("/victim");
+        let reads = |c: &Cycle| -> Vec<u32> {
+            let mut v: Vec<u32> = c.read.iter().map(|p| p.pid).collect();
+            v.sort_unstable();
+            v
+        };
+        let blocked = |c: &Cycle| -> Vec<u32> { c.blocked.iter().map(|b| b.pid).collect() };
+        // A cycle's time, with margin for a loaded host: the cycle waits READ_WAIT for the
+        // blocked read and no more.
+        let bound = CYCLE_TIME + READ_WAIT + Duration::from_secs(2);
+
+        let first = scan.cycle(Budget::DEFAULT);
+        println!("first cycle: {:?}", first.took);
+        assert!(first.took < bound, "{:?}", first.took);
+        assert_eq!(reads(&first), Vec::<u32>::new());
+        assert_eq!(blocked(&first), [100]);
+        assert_eq!(first.blocked[0].tenant, hostile);
+
+        // Another tenant starts a process: read at the next cycle; the blocked one is not read
+        // again.
+        fake_process(&proc, 500, "/victim");
+        let second = scan.cycle(Budget::DEFAULT);
+        println!("second cycle: {:?}", second.took);
+        assert!(second.took < bound, "{:?}", second.took);
+        assert_eq!(reads(&second), [500]);
+        assert_eq!(second.read[0].tenant, victim);
+        assert_eq!(second.read[0].candidates.len(), 1);
+        assert_eq!(blocked(&second), [100]);
+
+        // The hostile tenant starts ten more processes that block; the victim one more.
+        for pid in 101..111 {
+            fake_process(&proc, pid, "/hostile");
+        }
+        fake_process(&proc, 501, "/victim");
+        let third = scan.cycle(Budget::DEFAULT);
+        println!("third cycle: {:?}", third.took);
+        assert!(third.took < bound, "{:?}", third.took);
+        assert_eq!(reads(&third), [501]);
+        assert_eq!(
+            third.blocked.len(),
+            MAX_READS_PER_TENANT,
+            "{:?}",
+            third.blocked
+        );
+        assert_eq!(
+            third.deferred.get(&hostile),
+            Some(&(11 - MAX_READS_PER_TENANT))
+        );
+        assert_eq!(third.deferred.get(&victim), None);
+        assert_eq!(
+            blocked_reads.load(std::sync::atomic::Ordering::Relaxed),
+            MAX_READS_PER_TENANT,
+            "one read per process at a time, and two per tenant"
+        );
+
+        // The reads return: later cycles take them and read the tenant's other processes.
+        drop(gate);
+        drop(release);
+        let mut seen: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        let all_read = (0..100).any(|_| {
+            let c = scan.cycle(Budget::DEFAULT);
+            seen.extend(c.read.iter().map(|p| p.pid));
+            (100..111).all(|p| seen.contains(&p)) && c.blocked.is_empty() || {
+                std::thread::sleep(Duration::from_millis(20));
+                false
+            }
+        });
+        assert!(all_read, "read: {seen:?}");
     }
 }

@@ -422,7 +422,21 @@ impl Discovery {
             scan.unreadable = cycle.unreadable;
             self.status.processes = known;
             self.status.bytes = cycle.bytes;
-            self.status.deferred = cycle.deferred;
+            self.status.deferred = cycle.deferred.values().sum();
+            self.status.deferred_by_tenant = cycle
+                .deferred
+                .iter()
+                .map(|(t, n)| (t.to_string(), *n))
+                .collect();
+            self.status.blocked = cycle
+                .blocked
+                .iter()
+                .map(|b| crate::model::MapsBlocked {
+                    pid: b.pid,
+                    tenant: b.tenant.to_string(),
+                    seconds: b.since.elapsed().as_secs_f64(),
+                })
+                .collect();
             self.status.cycle_seconds = cycle.took.as_secs_f64();
         }
         let mut considered: HashMap<Arc<str>, usize> = HashMap::new();

@@ -12,6 +12,7 @@ pub mod gpu_use;
 pub mod nccl;
 pub mod probing;
 mod rates;
+pub mod skips;
 
 use std::collections::BTreeMap;
 
@@ -360,10 +361,26 @@ pub struct MapsScanStatus {
     pub bytes: u64,
     /// Processes due for a read that the last cycle left for later (over its budget).
     pub deferred: usize,
+    /// The same, by tenant (container id or cgroup path).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deferred_by_tenant: BTreeMap<String, usize>,
+    /// Processes whose maps read has not returned (a read that blocks: the process holds its
+    /// memory-map lock); each is read again only once its read returns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<MapsBlocked>,
     /// Seconds the last finished cycle took.
     pub cycle_seconds: f64,
     /// Polls at which the cycle had not finished in time (its results came at a later poll).
     pub late_polls: u64,
+}
+
+/// A process whose maps read has not returned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MapsBlocked {
+    pub pid: u32,
+    pub tenant: String,
+    /// Seconds its read has run.
+    pub seconds: f64,
 }
 
 /// The agent's own state: what it could and could not do.

@@ -148,6 +148,22 @@ pub fn table(r: &StatReport) -> String {
         };
         let _ = writeln!(out, "region not read whole: {} ({what})", u.path);
     }
+    let maps = &snap.maps_scan;
+    if maps.deferred > 0 || !maps.blocked.is_empty() || maps.late_polls > 0 {
+        let _ = writeln!(
+            out,
+            "maps scan: {} process(es) deferred, {} read(s) blocked, {} poll(s) late in the \
+             window ({} processes known, last cycle {:.2}s)",
+            maps.deferred,
+            maps.blocked.len(),
+            maps.late_polls,
+            maps.processes,
+            maps.cycle_seconds
+        );
+    }
+    for t in &snap.skipped_by_tenant {
+        let _ = writeln!(out, "skipped for tenant {}: {}", t.tenant, t.summary());
+    }
     for w in &r.warnings {
         let _ = writeln!(out, "warning: {w}");
     }
@@ -321,6 +337,8 @@ mod tests {
                     slots: 1020,
                     blocked_seconds: 0.0,
                 }],
+                maps_scan: Default::default(),
+                skipped_by_tenant: vec![],
             },
             processes: vec![],
             cgroups: vec![],
@@ -333,6 +351,73 @@ mod tests {
                 "region not read whole: /r/hostile.cache (read budget exhausted (retries), 1020 slot(s) unread)"
             ),
             "{t}"
+        );
+    }
+
+    /// What a tenant made the agent skip is said per tenant in the table and the JSON: the
+    /// libraries not attached by reason, the warnings not kept, its processes whose maps were
+    /// deferred or whose read blocks; the maps scan's late polls are counted within the window.
+    #[test]
+    fn what_each_tenant_made_the_agent_skip_is_said() {
+        let first = crate::tui::fixture::snapshot();
+        let mut last = first.clone();
+        let a = &mut last.agent;
+        a.libraries_skipped.insert(
+            "/hostile".into(),
+            [
+                ("mappings".to_string(), 4984),
+                ("not_a_driver".to_string(), 8),
+            ]
+            .into(),
+        );
+        a.warnings_suppressed.insert("/hostile".into(), 12);
+        a.maps_scan = crate::model::MapsScanStatus {
+            processes: 40,
+            read: 3,
+            bytes: 1 << 20,
+            deferred: 9,
+            deferred_by_tenant: [("/hostile".to_string(), 7), ("/victim".to_string(), 2)].into(),
+            blocked: vec![crate::model::MapsBlocked {
+                pid: 100,
+                tenant: "/hostile".into(),
+                seconds: 12.34,
+            }],
+            cycle_seconds: 0.251,
+            late_polls: first.agent.maps_scan.late_polls + 4,
+        };
+        let r = crate::stat::report::build(&first, &last, "daemon", 10.0, |_| None);
+        let t = table(&r);
+        for line in [
+            "maps scan: 9 process(es) deferred, 1 read(s) blocked, 4 poll(s) late in the window \
+             (40 processes known, last cycle 0.25s)",
+            "skipped for tenant /hostile: libraries skipped 4992 (mappings 4984, not_a_driver 8), \
+             warnings suppressed 12, maps deferred 7, maps read blocked: pid 100 for 12.3s",
+            "skipped for tenant /victim: maps deferred 2",
+        ] {
+            assert!(t.lines().any(|l| l == line), "no line {line:?} in\n{t}");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        let snap = &json["snapshot"];
+        assert_eq!(snap["maps_scan"]["late_polls"], 4);
+        assert_eq!(snap["maps_scan"]["blocked"][0]["pid"], 100);
+        assert_eq!(snap["maps_scan"]["deferred_by_tenant"]["/victim"], 2);
+        let hostile = &snap["skipped_by_tenant"][0];
+        assert_eq!(hostile["tenant"], "/hostile");
+        assert_eq!(hostile["libraries_skipped"]["mappings"], 4984);
+        assert_eq!(hostile["warnings_suppressed"], 12);
+        assert_eq!(hostile["maps_deferred"], 7);
+        assert_eq!(hostile["maps_blocked"][0]["seconds"], 12.34);
+        // Nothing skipped: no such lines.
+        let quiet = table(&crate::stat::report::build(
+            &first,
+            &first,
+            "daemon",
+            10.0,
+            |_| None,
+        ));
+        assert!(
+            !quiet.contains("maps scan:") && !quiet.contains("skipped for"),
+            "{quiet}"
         );
     }
 }

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{
-    ApiUsage, Communicator, LibraryStatus, MemoryViews, Process, RegionInfo, RegionUnread,
-    Snapshot, Source,
+    ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, Process, RegionInfo,
+    RegionUnread, Snapshot, Source,
     by_device::DeviceMemory,
     gpu_use::{WindowUse, window_use},
+    skips::{self, TenantSkips},
 };
 
 pub const SCHEMA: &str = "vgpu-agent.stat/v1";
@@ -133,6 +134,11 @@ pub struct SnapshotStatus {
     pub collect_seconds: f64,
     /// Regions it did not read whole (read budget exhausted, or a read that blocked).
     pub regions_unread: Vec<RegionUnread>,
+    /// The maps scan as last seen (`late_polls` counted within the window).
+    pub maps_scan: MapsScanStatus,
+    /// What each tenant made the agent skip, as last seen: libraries not attached, warnings
+    /// not kept, processes whose maps were not read.
+    pub skipped_by_tenant: Vec<TenantSkips>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -323,6 +329,14 @@ pub fn build(
             stale: a.stale,
             collect_seconds: a.collect_seconds,
             regions_unread: a.regions_unread.clone(),
+            maps_scan: MapsScanStatus {
+                late_polls: a
+                    .maps_scan
+                    .late_polls
+                    .saturating_sub(first.agent.maps_scan.late_polls),
+                ..a.maps_scan.clone()
+            },
+            skipped_by_tenant: skips::by_tenant(a),
         },
         processes,
         cgroups: cgroups

@@ -470,3 +470,41 @@ pub fn with_errors() -> Snapshot {
     ];
     s
 }
+
+/// A tenant flooding the agent: its processes map thousands of driver-named files that are not
+/// drivers (skipped, their warnings past the bound suppressed), one of them holds its memory-map
+/// lock (its maps read blocks) and more of its processes wait for a maps read; another tenant
+/// has a process deferred by the budget.
+pub fn with_skips() -> Snapshot {
+    let mut s = snapshot();
+    let a = &mut s.agent;
+    let hostile = "7951fb549ab9c2d4e6f8a0b1c3d5e7f9a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1";
+    a.libraries_skipped.insert(
+        hostile.into(),
+        [
+            ("mappings".to_string(), 4984u64),
+            ("not_a_driver".to_string(), 8),
+        ]
+        .into(),
+    );
+    a.warnings_suppressed.insert(hostile.into(), 12);
+    a.maps_scan = crate::model::MapsScanStatus {
+        processes: 412,
+        read: 37,
+        bytes: 2 << 20,
+        deferred: 10,
+        deferred_by_tenant: [
+            (hostile.to_string(), 9),
+            ("/system.slice/cron.service".to_string(), 1),
+        ]
+        .into(),
+        blocked: vec![crate::model::MapsBlocked {
+            pid: 51234,
+            tenant: hostile.into(),
+            seconds: 12.3,
+        }],
+        cycle_seconds: 0.251,
+        late_polls: 2,
+    };
+    s
+}

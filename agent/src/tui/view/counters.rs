@@ -1,6 +1,7 @@
-//! What the header's `lost` and `errors` count, and each of them (the `e` dialog): lost or
-//! unmatched probe events by cause, with what each cause means; regions that could not be read
-//! and the agent's warnings, in full.
+//! What the header's `lost`, `skipped` and `errors` count, and each of them (the `e` dialog):
+//! lost or unmatched probe events by cause, with what each cause means; what each tenant made the
+//! agent skip (libraries not attached, warnings not kept, processes whose maps were deferred or
+//! whose read blocks); regions that could not be read and the agent's warnings, in full.
 
 use agent_common::maps::Health;
 use ratatui::{
@@ -103,6 +104,32 @@ fn lines(s: &Snapshot, t: &Theme) -> Vec<Line<'static>> {
         ]));
     }
     out.push(Line::from(""));
+    let skipped = crate::model::skips::by_tenant(a);
+    if !skipped.is_empty() {
+        out.push(Line::from(vec![
+            Span::styled(format!("skipped {}", skipped.len()), t.key()),
+            Span::raw(
+                "  tenants whose processes made the agent skip libraries, warnings or maps \
+                 reads (the agent goes on for everyone else):",
+            ),
+        ]));
+        for row in skipped {
+            out.push(Line::from(vec![
+                Span::styled(format!("  {}: ", row.tenant), t.warn()),
+                Span::raw(row.summary()),
+            ]));
+        }
+        let m = &a.maps_scan;
+        out.push(Line::from(format!(
+            "  maps scan: {} processes, last cycle {:.2}s, {} deferred, {} blocked, {} polls late",
+            m.processes,
+            m.cycle_seconds,
+            m.deferred,
+            m.blocked.len(),
+            m.late_polls
+        )));
+        out.push(Line::from(""));
+    }
     let errors = errors(s);
     out.push(Line::from(vec![
         Span::styled(format!("errors {}", errors.len()), t.key()),
@@ -142,7 +169,7 @@ pub fn render(frame: &mut Frame, model: &Model, t: &Theme) {
     frame.render_widget(
         Paragraph::new(text)
             .wrap(Wrap { trim: false })
-            .block(Block::bordered().title(" the header's lost and errors: any key closes ")),
+            .block(Block::bordered().title(" the header's counters: any key closes ")),
         area,
     );
 }

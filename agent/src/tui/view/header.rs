@@ -176,6 +176,13 @@ fn agent_line(s: &Snapshot, t: &Theme) -> Line<'static> {
         errors.to_string(),
         if errors > 0 { t.bad() } else { t.good() },
     ));
+    // Tenants that made the agent skip something (libraries, warnings, maps reads): `e` lists
+    // them. Last, so that a narrow terminal cuts it before `errors`.
+    let skipped = crate::model::skips::by_tenant(a).len();
+    if skipped > 0 {
+        spans.push(Span::styled("  skipped ", t.key()));
+        spans.push(Span::styled(skipped.to_string(), t.warn()));
+    }
     Line::from(spans)
 }
 

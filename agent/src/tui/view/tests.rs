@@ -188,6 +188,30 @@ fn the_header_counters_explained() {
     both("counters", &m, &with(&m, &[Action::ToggleCounters]));
 }
 
+/// A tenant that made the agent skip libraries, warnings and maps reads: the header counts the
+/// tenants (`skipped 2`) and the `e` dialog lists what each made it skip.
+#[test]
+fn what_tenants_made_the_agent_skip_is_shown() {
+    let mut m = Model::default();
+    m.source.name = "in-process".into();
+    m.apply(fixture::with_skips());
+    let t = draw(&m, &ViewState::default(), 160, 48);
+    let text = format!("{}", t.backend());
+    assert!(text.contains("errors 0  skipped 2"), "{text}");
+    both("skipped", &m, &with(&m, &[Action::ToggleCounters]));
+    let t = draw(&m, &with(&m, &[Action::ToggleCounters]), 160, 48);
+    let text = format!("{}", t.backend());
+    for shown in [
+        "skipped 2",
+        "7951fb549ab9c2d4e6f8a0b1c3d5e7f9a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1: libraries skipped 4992",
+        "warnings suppressed 12, maps deferred 9, maps read blocked: pid 51234 for 12.3s",
+        "/system.slice/cron.service: maps deferred 1",
+        "maps scan: 412 processes, last cycle 0.25s, 10 deferred, 1 blocked, 2 polls late",
+    ] {
+        assert!(text.contains(shown), "{shown:?} not in {text}");
+    }
+}
+
 #[test]
 fn no_gpu_no_driver() {
     let mut m = Model::default();

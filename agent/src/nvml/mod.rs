@@ -21,7 +21,7 @@ use std::{
 use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
 
-pub use self::calls::{CallTally, CallTimes, NvmlCall};
+pub use self::calls::{CallTimes, NvmlCall};
 use self::process_use::DeviceSampler;
 pub use self::process_use::PidUse;
 use crate::model::gpu_use::UseWindow;

@@ -763,3 +763,14 @@ fn a_read_interval_carries_the_last_reading_and_measures_use_over_it() {
     source.snapshot_with(t0 + Duration::from_secs(6), 106 * SEC);
     assert_eq!(backend(&source).take_asked(), changing_queries(2));
 }
+
+/// docs/metrics.md lists every kind of query with the NVML functions behind it.
+#[test]
+fn the_docs_list_every_kind_of_query() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
+        .unwrap();
+    for call in NvmlCall::ALL {
+        let row = format!("| `{}` | {} |", call.name(), call.functions());
+        assert!(doc.contains(&row), "docs/metrics.md should have {row}");
+    }
+}

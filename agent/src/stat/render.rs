@@ -322,6 +322,7 @@ mod tests {
                     blocked_seconds: 0.0,
                 }],
             },
+            nvml_calls: Default::default(),
             processes: vec![],
             cgroups: vec![],
             containers: vec![],

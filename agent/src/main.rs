@@ -99,6 +99,12 @@ struct CollectArgs {
     /// Do not read NVML.
     #[arg(long)]
     no_nvml: bool,
+    /// Read NVML at most this often (rounded to a whole number of snapshots); the snapshots in
+    /// between carry the last reading. Default: at every snapshot. A longer interval asks the
+    /// driver less (docs/metrics.md, "What reading NVML costs") at the price of GPU figures,
+    /// processes' GPU memory and GPU use that change only at each reading.
+    #[arg(long, value_parser = units::parse_duration)]
+    nvml_interval: Option<Duration>,
     /// Live allocations the probes track per process at most (its share of the kernel's
     /// allocation table, 262,144 entries shared by all processes); more are counted as untracked
     /// and the process's live-memory figure is marked incomplete.
@@ -390,6 +396,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 region_dirs: collect.region_dirs(),
                 socket: (!no_daemon).then_some(socket),
                 nvml: !collect.no_nvml,
+                nvml_interval: collect.nvml_interval,
             };
             let report = match stat::run(opts) {
                 Ok(r) => r,
@@ -435,6 +442,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 region_dirs: collect.region_dirs(),
                 socket: (!no_daemon).then_some(socket),
                 nvml: !collect.no_nvml,
+                nvml_interval: collect.nvml_interval,
                 filter: attribute::report::Filter { container, pid },
                 baseline,
             };
@@ -479,6 +487,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     region_dirs: collect.region_dirs(),
                     host: host::HostPaths::system().with_root(collect.host_root.clone()),
                     nvml: !collect.no_nvml,
+                    nvml_interval: collect.nvml_interval,
                     exited_retention: collector::EXITED_RETENTION,
                 },
             })
@@ -550,6 +559,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     region_dirs: collect.region_dirs(),
                     host: host::HostPaths::system().with_root(collect.host_root.clone()),
                     nvml: !collect.no_nvml,
+                    nvml_interval: collect.nvml_interval,
                     exited_retention,
                 },
             };

@@ -52,6 +52,8 @@ pub struct AttributeOptions {
     pub region_dirs: Vec<PathBuf>,
     pub socket: Option<PathBuf>,
     pub nvml: bool,
+    /// Read NVML at most this often (`None`: every snapshot).
+    pub nvml_interval: Option<Duration>,
     pub filter: report::Filter,
     pub baseline: Option<PathBuf>,
 }
@@ -107,6 +109,7 @@ fn record(opts: &AttributeOptions) -> Result<window::Window, WindowError> {
             region_dirs: opts.region_dirs.clone(),
             host: opts.trace.host.clone(),
             nvml: opts.nvml,
+            nvml_interval: opts.nvml_interval,
             exited_retention: crate::collector::EXITED_RETENTION,
         },
         verb: "recording",

@@ -227,6 +227,30 @@ mod tests {
         assert_eq!(m.devices[0].processes, 1);
     }
 
+    /// With `--nvml-interval` the snapshots between two readings carry the same reading: its
+    /// busy time counts once, and the next reading's adds to it.
+    #[test]
+    fn a_reading_carried_to_later_snapshots_counts_once() {
+        let d1 = reading(0, SEC, vec![gp(1, SEC / 2)]);
+        let s1 = snap(vec![(1, vec![nvml_process(&d1, &d1.processes[0])])]);
+        let mut s2 = snap(vec![(1, vec![nvml_process(&d1, &d1.processes[0])])]);
+        accumulate(Some(&s1), &mut s2);
+        let mut s3 = snap(vec![(1, vec![nvml_process(&d1, &d1.processes[0])])]);
+        accumulate(Some(&s2), &mut s3);
+        let busy = |s: &Snapshot| s.processes[0].nvml[0].busy;
+        assert_eq!(busy(&s3), busy(&s1));
+        // The next reading, 5 s later: 3 s busy.
+        let d2 = reading(SEC, 6 * SEC, vec![gp(1, 3 * SEC)]);
+        let mut s4 = snap(vec![(1, vec![nvml_process(&d2, &d2.processes[0])])]);
+        accumulate(Some(&s3), &mut s4);
+        assert_eq!(
+            (busy(&s4).sm_us, busy(&s4).observed_us),
+            (SEC / 2 + 3 * SEC, 6 * SEC)
+        );
+        let key = [s4.processes[0].key];
+        assert_eq!(window_use(&s1, &s4, &key)[0].sm_util_pct, Some(60.0));
+    }
+
     #[test]
     fn a_pid_namespace_of_its_own_is_said() {
         let d = reading(0, SEC, vec![gp(1, SEC)]);

@@ -11,7 +11,7 @@ pub mod regions;
 pub mod window;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::PathBuf,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -60,6 +60,8 @@ pub struct CollectorOptions {
     pub host: HostPaths,
     /// Read NVML (off in tests that must not depend on the host's driver).
     pub nvml: bool,
+    /// Read NVML at most this often (rounded to whole snapshots; `None`: every snapshot).
+    pub nvml_interval: Option<Duration>,
     /// How long exited processes stay in the model.
     pub exited_retention: Duration,
 }
@@ -85,6 +87,7 @@ pub struct Collector {
     /// How long the regions may take per snapshot.
     region_time: Duration,
     gpu: Box<dyn GpuSource + Send>,
+    nvml_interval: Option<Duration>,
     processes: processes::ProcessTable,
     names: RuntimeNames,
     cgroups: crate::identity::CgroupIndex,
@@ -120,11 +123,12 @@ impl Collector {
                 }
             },
         };
-        let gpu: Box<dyn GpuSource + Send> = if opts.nvml {
+        let mut gpu: Box<dyn GpuSource + Send> = if opts.nvml {
             Box::new(NvmlGpuSource::for_host(opts.host.clone()))
         } else {
             Box::new(NoGpu)
         };
+        gpu.set_read_interval(nvml_read_gap(opts.nvml_interval, DEFAULT_INTERVAL));
         Collector {
             tracer,
             probes_unavailable,
@@ -132,6 +136,7 @@ impl Collector {
             regions: region_scan::RegionScan::new(opts.region_dirs, &opts.host.proc),
             region_time: region_times(DEFAULT_INTERVAL).0,
             gpu,
+            nvml_interval: opts.nvml_interval,
             processes: processes::ProcessTable::new(&opts.host.proc),
             names: RuntimeNames::new(
                 NameSources::from_host(&opts.host),
@@ -170,6 +175,8 @@ impl Collector {
         let (region_time, budget) = region_times(interval);
         self.region_time = region_time;
         self.regions.set_budget(budget);
+        self.gpu
+            .set_read_interval(nvml_read_gap(self.nvml_interval, interval));
         if let Some(t) = &mut self.tracer {
             t.set_interval(interval);
         }
@@ -248,6 +255,7 @@ impl Collector {
         a.probes_unavailable = self.probes_unavailable.clone();
         a.launch_probes = self.launch_mode;
         a.nvml_problems = gpu.problems.clone();
+        a.nvml_calls = nvml_calls(&gpu.calls);
         if let Some(t) = &self.tracer {
             a.attach_mode = Some(t.probes().mode());
             a.libraries = t.library_status();
@@ -360,6 +368,34 @@ impl Collector {
     }
 }
 
+/// The least time between two NVML readings for readings every `nvml_interval` at snapshots
+/// every `snapshot_interval`: half a snapshot less, so that the reading falls on the snapshot
+/// nearest its time whatever the snapshots' jitter (every snapshot without an interval or with
+/// one no longer than the snapshots').
+fn nvml_read_gap(nvml_interval: Option<Duration>, snapshot_interval: Duration) -> Duration {
+    nvml_interval.map_or(Duration::ZERO, |every| {
+        every.saturating_sub(snapshot_interval / 2)
+    })
+}
+
+/// The NVML queries made so far, by kind; none without NVML.
+fn nvml_calls(calls: &crate::nvml::CallTimes) -> BTreeMap<String, crate::model::NvmlCallCost> {
+    if calls.iter().all(|(_, t)| t.calls == 0) {
+        return BTreeMap::new();
+    }
+    calls
+        .iter()
+        .map(|(call, t)| {
+            let cost = crate::model::NvmlCallCost {
+                calls: t.calls,
+                seconds: t.total_ns as f64 / 1e9,
+                max_seconds: t.max_ns as f64 / 1e9,
+            };
+            (call.name().to_owned(), cost)
+        })
+        .collect()
+}
+
 /// How long a snapshot without probes waits for the maps scan.
 fn discovery_wait(region_time: Duration) -> Duration {
     (region_time / 5).clamp(Duration::from_millis(20), Duration::from_millis(250))
@@ -369,4 +405,41 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nvml::{CallTimes, NvmlCall};
+
+    /// `--nvml-interval` falls on the snapshot nearest its time: every snapshot without it or
+    /// with one no longer than the snapshots', every fifth for 5 s at 1 s.
+    #[test]
+    fn the_nvml_interval_is_rounded_to_whole_snapshots() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(nvml_read_gap(None, s(1)), Duration::ZERO);
+        assert_eq!(nvml_read_gap(Some(s(5)), s(1)), ms(4500));
+        // Snapshots 1 s apart with a few ms of jitter: a reading every fifth.
+        let gap = nvml_read_gap(Some(s(5)), s(1));
+        assert!(ms(3990) < gap && ms(5010) > gap);
+        // No longer than the snapshots': every one, however they jitter.
+        assert!(nvml_read_gap(Some(s(1)), s(1)) < ms(990));
+        assert_eq!(nvml_read_gap(Some(ms(200)), s(1)), Duration::ZERO);
+    }
+
+    #[test]
+    fn nvml_calls_in_the_model_are_every_kind_once_nvml_is_used() {
+        assert!(nvml_calls(&CallTimes::default()).is_empty(), "no NVML");
+        let mut times = CallTimes::default();
+        times.add(NvmlCall::ProcessUtilization, Duration::from_millis(3));
+        times.add(NvmlCall::ProcessUtilization, Duration::from_millis(1));
+        let m = nvml_calls(&times);
+        assert_eq!(m.len(), NvmlCall::ALL.len());
+        let pu = m["process_utilization"];
+        assert_eq!(pu.calls, 2);
+        assert!((pu.seconds - 0.004).abs() < 1e-9, "{pu:?}");
+        assert!((pu.max_seconds - 0.003).abs() < 1e-9, "{pu:?}");
+        assert_eq!(m["uuid"].calls, 0);
+    }
 }

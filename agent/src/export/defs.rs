@@ -524,6 +524,33 @@ pub const AGENT_COLLECT_TIME: Def = def(
     "How long the snapshot behind this exposition took to collect.",
     "agent.collect_seconds",
 );
+pub const AGENT_NVML_CALLS: Def = def(
+    "vgpu_agent_nvml_calls",
+    Counter,
+    None,
+    false,
+    &["call"],
+    "NVML queries the agent made since it started, by kind (call: init, driver_version, cuda_driver_version, device_count, uuid, name, utilization, memory, power, power_limit, temperature, compute_processes, graphics_processes, process_utilization), failed ones included.",
+    "agent.nvml_calls.*.calls",
+);
+pub const AGENT_NVML_CALL_TIME: Def = def(
+    "vgpu_agent_nvml_call_duration",
+    Counter,
+    Some(Seconds),
+    false,
+    &["call"],
+    "Seconds the agent spent in NVML queries since it started, by kind (as vgpu_agent_nvml_calls_total): what watching the GPUs costs the agent, and where the driver's time goes.",
+    "agent.nvml_calls.*.seconds",
+);
+pub const AGENT_NVML_CALL_MAX: Def = def(
+    "vgpu_agent_nvml_call_max_duration",
+    Gauge,
+    Some(Seconds),
+    false,
+    &["call"],
+    "The longest single NVML query of each kind since the agent started.",
+    "agent.nvml_calls.*.max_seconds",
+);
 pub const AGENT_REGIONS_UNREAD: Def = def(
     "vgpu_agent_regions_unread",
     Gauge,
@@ -676,6 +703,9 @@ pub const ALL: &[Def] = &[
     AGENT_SNAPSHOT_AGE,
     AGENT_SNAPSHOT_STALE,
     AGENT_COLLECT_TIME,
+    AGENT_NVML_CALLS,
+    AGENT_NVML_CALL_TIME,
+    AGENT_NVML_CALL_MAX,
     AGENT_REGIONS_UNREAD,
     AGENT_HTTP_DROPPED,
     AGENT_SPANS,

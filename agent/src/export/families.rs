@@ -367,6 +367,21 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
         &defs::AGENT_COLLECT_TIME,
         one(Value::Float(a.collect_seconds)),
     );
+    let by_call = |value: fn(&crate::model::NvmlCallCost) -> Value| {
+        a.nvml_calls
+            .iter()
+            .map(|(call, cost)| (vec![call.clone()], value(cost)))
+            .collect()
+    };
+    fam(&defs::AGENT_NVML_CALLS, by_call(|c| Value::Int(c.calls)));
+    fam(
+        &defs::AGENT_NVML_CALL_TIME,
+        by_call(|c| Value::Float(c.seconds)),
+    );
+    fam(
+        &defs::AGENT_NVML_CALL_MAX,
+        by_call(|c| Value::Float(c.max_seconds)),
+    );
     fam(
         &defs::AGENT_REGIONS_UNREAD,
         ["time", "retries", "blocked"]

@@ -418,6 +418,14 @@ pub(crate) fn with_a_region_and_a_gpu(mut s: Snapshot) -> Snapshot {
 fn the_exposition_is_openmetrics_per_kind_unless_per_api() {
     let mut s = with_a_region_and_a_gpu(synthetic(3, 5));
     s.agent.events_lost = BTreeMap::from([("stack_full".to_owned(), 2)]);
+    s.agent.nvml_calls = BTreeMap::from([(
+        "process_utilization".to_owned(),
+        crate::model::NvmlCallCost {
+            calls: 40,
+            seconds: 0.25,
+            max_seconds: 0.0125,
+        },
+    )]);
     let pod = "pod=\"train-000-7d9f8c6b5-x2k4p\",namespace=\"ml\"";
     let names = defs::metric_names();
     for per_api in [false, true] {
@@ -428,6 +436,13 @@ fn the_exposition_is_openmetrics_per_kind_unless_per_api() {
             text.contains("vgpu_agent_events_lost_total{cause=\"stack_full\"} 2"),
             "{text}"
         );
+        for line in [
+            "vgpu_agent_nvml_calls_total{call=\"process_utilization\"} 40\n",
+            "vgpu_agent_nvml_call_duration_seconds_total{call=\"process_utilization\"} 0.25\n",
+            "vgpu_agent_nvml_call_max_duration_seconds{call=\"process_utilization\"} 0.0125\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
         let api = if per_api {
             "api=\"cuMemAlloc_v2\","
         } else {

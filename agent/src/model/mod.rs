@@ -383,6 +383,17 @@ pub struct MapsBlocked {
     pub seconds: f64,
 }
 
+/// What one kind of NVML query cost the agent since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NvmlCallCost {
+    /// Queries made, failed ones included.
+    pub calls: u64,
+    /// Seconds spent in them, all together.
+    pub seconds: f64,
+    /// The longest one.
+    pub max_seconds: f64,
+}
+
 /// The agent's own state: what it could and could not do.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentStatus {
@@ -406,6 +417,11 @@ pub struct AgentStatus {
     /// removed), to show that nothing leaks.
     pub map_entries: BTreeMap<String, usize>,
     pub nvml_problems: Vec<String>,
+    /// What the NVML queries cost the agent since it started, by kind: the fixed set of kinds
+    /// of query the agent makes (docs/model.md), each present once NVML is used; empty without
+    /// NVML.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nvml_calls: BTreeMap<String, NvmlCallCost>,
     /// The agent's warnings: deduplicated (one made again says how often) and bounded per
     /// tenant and in all.
     pub warnings: Vec<String>,
@@ -484,6 +500,7 @@ impl Default for AgentStatus {
             region_errors: 0,
             map_entries: BTreeMap::new(),
             nvml_problems: vec![],
+            nvml_calls: BTreeMap::new(),
             warnings: vec![],
             warnings_suppressed: BTreeMap::new(),
             libraries_skipped: BTreeMap::new(),

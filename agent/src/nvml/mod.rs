@@ -8,6 +8,7 @@
 //! `problems`, a failing field is `None` without dropping its device, and initialisation is
 //! retried at most every [`RETRY_INIT_EVERY`] (a driver can be installed or loaded later).
 
+pub mod calls;
 pub mod library;
 pub mod process_use;
 
@@ -20,6 +21,7 @@ use std::{
 use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
 
+pub use self::calls::{CallTimes, NvmlCall};
 use self::process_use::DeviceSampler;
 pub use self::process_use::PidUse;
 use crate::model::gpu_use::UseWindow;
@@ -30,6 +32,10 @@ pub const RETRY_INIT_EVERY: Duration = Duration::from_secs(30);
 /// A source of GPU snapshots: NVML, or a fake in tests.
 pub trait GpuSource {
     fn snapshot(&mut self) -> GpuSnapshot;
+
+    /// Reads the driver at most this often: a snapshot within it of the last reading is that
+    /// reading again.
+    fn set_read_interval(&mut self, _every: Duration) {}
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -40,6 +46,9 @@ pub struct GpuSnapshot {
     pub devices: Vec<DeviceReading>,
     /// What could not be read, for people: "GPU 0: power: not supported".
     pub problems: Vec<String>,
+    /// The queries made to the driver so far (since the source was created), timed.
+    #[serde(skip)]
+    pub calls: CallTimes,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -173,6 +182,81 @@ fn describe(e: &NvmlError) -> String {
 /// How a backend is opened, so that tests can open a fake.
 type Opener<B> = Box<dyn FnMut() -> Result<B, NvmlProblem> + Send>;
 
+/// An answer worth keeping: asking again would only repeat it (until the driver is reloaded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lasting {
+    NotSupported,
+    NoPermission,
+    FunctionNotFound,
+}
+
+impl Lasting {
+    fn of(e: &NvmlError) -> Option<Lasting> {
+        match e {
+            NvmlError::NotSupported => Some(Lasting::NotSupported),
+            NvmlError::NoPermission => Some(Lasting::NoPermission),
+            NvmlError::FunctionNotFound => Some(Lasting::FunctionNotFound),
+            _ => None,
+        }
+    }
+
+    fn error(self) -> NvmlError {
+        match self {
+            Lasting::NotSupported => NvmlError::NotSupported,
+            Lasting::NoPermission => NvmlError::NoPermission,
+            Lasting::FunctionNotFound => NvmlError::FunctionNotFound,
+        }
+    }
+}
+
+/// A kept answer: `None` until asked, or after a failure that may pass.
+type Kept<T> = Option<Result<T, Lasting>>;
+
+/// What only changes when the driver is reloaded, a GPU comes or goes, or (the power limit) an
+/// operator sets it: asked once, then again every [`RECHECK_FACTS_EVERY`] or after a failure.
+struct Facts {
+    checked_at: Instant,
+    driver_version: Kept<String>,
+    cuda_driver_version: Kept<i32>,
+    /// Per device, by index: as many as the driver counted.
+    devices: Vec<DeviceFacts>,
+    /// A query failed in a way that may mean the driver or a GPU changed: ask everything again
+    /// at the next reading.
+    recheck: bool,
+}
+
+#[derive(Clone, Default)]
+struct DeviceFacts {
+    uuid: Kept<String>,
+    name: Kept<String>,
+    power_limit_mw: Kept<u32>,
+}
+
+/// How often the driver version, the device count and each device's uuid, name and power limit
+/// are asked again although nothing failed (an operator may change a power limit at any time).
+pub const RECHECK_FACTS_EVERY: Duration = Duration::from_secs(60);
+
+/// Asks `query` unless `kept` holds an answer worth keeping, and keeps its answer if it is one.
+/// A failure that may pass sets `recheck`.
+fn fact<T: Clone>(
+    kept: &mut Kept<T>,
+    calls: &mut CallTimes,
+    call: NvmlCall,
+    recheck: &mut bool,
+    query: impl FnOnce() -> Result<T, NvmlError>,
+) -> Result<T, NvmlError> {
+    if let Some(answer) = kept {
+        return answer.clone().map_err(Lasting::error);
+    }
+    let answer = calls.time(call, query);
+    *kept = match &answer {
+        Ok(v) => Some(Ok(v.clone())),
+        Err(e) => Lasting::of(e).map(Err),
+    };
+    *recheck |= kept.is_none();
+    answer
+}
+
 /// Snapshots from NVML, re-initialising after failures.
 pub struct NvmlGpuSource<B: NvmlBackend = library::NvmlLibrary> {
     open: Opener<B>,
@@ -182,6 +266,13 @@ pub struct NvmlGpuSource<B: NvmlBackend = library::NvmlLibrary> {
     retry_every: Duration,
     /// Per-process sampling state per device uuid (or index).
     samplers: HashMap<String, DeviceSampler>,
+    /// What is not asked at every reading; `None` before the first and after losing the driver.
+    facts: Option<Facts>,
+    /// Every query made, timed.
+    calls: CallTimes,
+    /// NVML is read at most this often: snapshots in between carry the last reading.
+    read_every: Duration,
+    last_read: Option<(Instant, GpuSnapshot)>,
 }
 
 impl NvmlGpuSource<library::NvmlLibrary> {
@@ -250,6 +341,10 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
             last_failure: None,
             retry_every,
             samplers: HashMap::new(),
+            facts: None,
+            calls: CallTimes::default(),
+            read_every: Duration::ZERO,
+            last_read: None,
         }
     }
 
@@ -263,8 +358,21 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
     }
 
     /// As [`Self::snapshot_at`], with the CPU time NVML's sample timestamps are compared with
-    /// (`CLOCK_REALTIME`, microseconds).
+    /// (`CLOCK_REALTIME`, microseconds). Within [`GpuSource::set_read_interval`] of the last
+    /// reading, that reading again.
     pub fn snapshot_with(&mut self, now: Instant, wall_us: u64) -> GpuSnapshot {
+        if let Some((at, last)) = &self.last_read
+            && now.saturating_duration_since(*at) < self.read_every
+        {
+            return last.clone();
+        }
+        let mut snap = self.read(now, wall_us);
+        snap.calls = self.calls.clone();
+        self.last_read = Some((now, snap.clone()));
+        snap
+    }
+
+    fn read(&mut self, now: Instant, wall_us: u64) -> GpuSnapshot {
         let mut snap = GpuSnapshot::default();
         if self.backend.is_none() {
             let due = self
@@ -272,7 +380,7 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
                 .is_none_or(|at| now.saturating_duration_since(at) >= self.retry_every);
             if due {
                 self.last_attempt = Some(now);
-                match (self.open)() {
+                match self.calls.time(NvmlCall::Init, || (self.open)()) {
                     Ok(b) => {
                         self.backend = Some(b);
                         self.last_failure = None;
@@ -292,44 +400,94 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
             );
             return snap;
         };
-        let mut problem = |p: NvmlProblem| snap.problems.push(p.to_string());
-        match backend.driver_version() {
+        let calls = &mut self.calls;
+        let mut problems = Vec::new();
+        let mut problem = |p: NvmlProblem| problems.push(p.to_string());
+        let due = self.facts.as_ref().is_none_or(|f| {
+            f.recheck || now.saturating_duration_since(f.checked_at) >= RECHECK_FACTS_EVERY
+        });
+        if due {
+            let count = match calls.time(NvmlCall::DeviceCount, || backend.device_count()) {
+                Ok(n) => n,
+                Err(source) => {
+                    problem(NvmlProblem::System {
+                        what: "device count",
+                        source,
+                    });
+                    // The driver may have gone away: start over after the retry interval.
+                    self.backend = None;
+                    self.last_attempt = Some(now);
+                    self.samplers.clear();
+                    self.facts = None;
+                    snap.problems = problems;
+                    return snap;
+                }
+            };
+            self.facts = Some(Facts {
+                checked_at: now,
+                driver_version: None,
+                cuda_driver_version: None,
+                devices: vec![DeviceFacts::default(); count as usize],
+                recheck: false,
+            });
+        }
+        let facts = self.facts.as_mut().expect("facts set above");
+        let mut recheck = false;
+        match fact(
+            &mut facts.driver_version,
+            calls,
+            NvmlCall::DriverVersion,
+            &mut recheck,
+            || backend.driver_version(),
+        ) {
             Ok(v) => snap.driver_version = Some(v),
             Err(source) => problem(NvmlProblem::System {
                 what: "driver version",
                 source,
             }),
         }
-        match backend.cuda_driver_version() {
+        match fact(
+            &mut facts.cuda_driver_version,
+            calls,
+            NvmlCall::CudaDriverVersion,
+            &mut recheck,
+            || backend.cuda_driver_version(),
+        ) {
             Ok(v) => snap.cuda_driver_version = Some(format!("{}.{}", v / 1000, (v % 1000) / 10)),
             Err(source) => problem(NvmlProblem::System {
                 what: "CUDA driver version",
                 source,
             }),
         }
-        let count = match backend.device_count() {
-            Ok(n) => n,
-            Err(source) => {
-                problem(NvmlProblem::System {
-                    what: "device count",
-                    source,
-                });
-                // The driver may have gone away: start over after the retry interval.
-                self.backend = None;
-                self.last_attempt = Some(now);
-                self.samplers.clear();
-                return snap;
-            }
-        };
-        let mut devices = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            devices.push(read_device(
+        let mut devices = Vec::with_capacity(facts.devices.len());
+        for (index, device_facts) in (0u32..).zip(facts.devices.iter_mut()) {
+            let mut q = Queries {
                 backend,
                 index,
-                wall_us,
-                &mut self.samplers,
-                &mut problem,
-            ));
+                calls,
+                facts: device_facts,
+                recheck: &mut recheck,
+                problem: &mut problem,
+            };
+            devices.push(q.read_device(wall_us, &mut self.samplers));
+        }
+        facts.recheck |= recheck;
+        // A query failed in a way that may mean the driver went away: find out now, as a
+        // reading that asked for the count would have.
+        if recheck
+            && !due
+            && let Err(source) = calls.time(NvmlCall::DeviceCount, || backend.device_count())
+        {
+            problem(NvmlProblem::System {
+                what: "device count",
+                source,
+            });
+            self.backend = None;
+            self.last_attempt = Some(now);
+            self.samplers.clear();
+            self.facts = None;
+            snap.problems = problems;
+            return snap;
         }
         // Devices that went away take their state with them.
         self.samplers.retain(|key, _| {
@@ -338,6 +496,7 @@ impl<B: NvmlBackend> NvmlGpuSource<B> {
                 .any(|d| device_key(d.uuid.as_deref(), d.index) == *key)
         });
         snap.devices = devices;
+        snap.problems = problems;
         snap
     }
 }
@@ -346,6 +505,10 @@ impl<B: NvmlBackend> GpuSource for NvmlGpuSource<B> {
     fn snapshot(&mut self) -> GpuSnapshot {
         self.snapshot_at(Instant::now())
     }
+
+    fn set_read_interval(&mut self, every: Duration) {
+        self.read_every = every;
+    }
 }
 
 /// The key of a device's sampling state: its uuid, else its index.
@@ -353,119 +516,170 @@ fn device_key(uuid: Option<&str>, index: u32) -> String {
     uuid.map_or_else(|| format!("index {index}"), str::to_owned)
 }
 
-fn read_device(
-    backend: &impl NvmlBackend,
+/// The queries of one reading of one device.
+struct Queries<'a, B, P> {
+    backend: &'a B,
     index: u32,
-    wall_us: u64,
-    samplers: &mut HashMap<String, DeviceSampler>,
-    problem: &mut impl FnMut(NvmlProblem),
-) -> DeviceReading {
-    let mut field = |field: &'static str, source: NvmlError| {
-        problem(NvmlProblem::Field {
-            index,
+    calls: &'a mut CallTimes,
+    facts: &'a mut DeviceFacts,
+    /// Set when a query failed in a way that may pass (the GPU or the driver may have gone).
+    recheck: &'a mut bool,
+    problem: &'a mut P,
+}
+
+impl<B: NvmlBackend, P: FnMut(NvmlProblem)> Queries<'_, B, P> {
+    /// Makes `call`; a failure is a problem of `field`.
+    fn ask<T>(
+        &mut self,
+        call: NvmlCall,
+        field: &'static str,
+        query: impl FnOnce(&B, u32) -> Result<T, NvmlError>,
+    ) -> Option<T> {
+        let (backend, index) = (self.backend, self.index);
+        let answer = self.calls.time(call, || query(backend, index));
+        answer.map_err(|e| self.failed(field, e)).ok()
+    }
+
+    fn failed(&mut self, field: &'static str, source: NvmlError) {
+        *self.recheck |= Lasting::of(&source).is_none();
+        (self.problem)(NvmlProblem::Field {
+            index: self.index,
             field,
             source,
         });
-    };
-    let mut d = DeviceReading {
-        index,
-        ..DeviceReading::default()
-    };
-    d.uuid = backend.uuid(index).map_err(|e| field("uuid", e)).ok();
-    d.name = backend.name(index).map_err(|e| field("name", e)).ok();
-    if let Ok((gpu, mem)) = backend
-        .utilization_pct(index)
-        .map_err(|e| field("utilization", e))
-    {
-        (d.utilization_gpu_pct, d.utilization_memory_pct) = (Some(gpu), Some(mem));
     }
-    if let Ok((used, total)) = backend
-        .memory_used_total(index)
-        .map_err(|e| field("memory", e))
-    {
-        (d.memory_used, d.memory_total) = (Some(used), Some(total));
-    }
-    d.power_mw = backend.power_mw(index).map_err(|e| field("power", e)).ok();
-    d.power_limit_mw = backend
-        .power_limit_mw(index)
-        .map_err(|e| field("power limit", e))
-        .ok();
-    d.temperature_c = backend
-        .temperature_c(index)
-        .map_err(|e| field("temperature", e))
-        .ok();
 
-    // Memory from the compute and graphics lists; a process in both is counted once.
-    let mut by_pid: BTreeMap<u32, GpuProcess> = BTreeMap::new();
-    for (list, what) in [
-        (backend.compute_processes(index), "compute processes"),
-        (backend.graphics_processes(index), "graphics processes"),
-    ] {
-        match list {
-            Ok(list) => {
-                for p in list {
-                    let entry = by_pid.entry(p.pid).or_insert(GpuProcess {
-                        pid: p.pid,
-                        used_memory: None,
-                        busy: None,
-                    });
-                    entry.used_memory = entry.used_memory.max(p.used);
-                }
-            }
-            Err(e) => field(what, e),
-        }
-    }
-    // GPU use since the previous reading (see `process_use`).
-    let sampler = samplers
-        .entry(device_key(d.uuid.as_deref(), index))
-        .or_default();
-    let samples = match backend.process_utilization(index, sampler.since()) {
-        Ok(samples) => Ok(samples),
-        // "Not found": no process was busy since `since`.
-        Err(NvmlError::NotFound) => Ok(vec![]),
-        Err(e) => Err(e),
-    };
-    let mut out_of_range = 0;
-    match samples {
-        Ok(samples) => {
-            let reading = sampler.fold(wall_us, &samples);
-            out_of_range = reading.out_of_range;
-            if let Some(window) = reading.window {
-                d.use_window = Some(window);
-                for p in by_pid.values_mut() {
-                    p.busy = Some(PidUse::default());
-                }
-                for (pid, used) in reading.by_pid {
-                    by_pid
-                        .entry(pid)
-                        .or_insert(GpuProcess {
-                            pid,
-                            used_memory: None,
-                            busy: None,
-                        })
-                        .busy = Some(used);
-                }
-            }
-        }
-        Err(e) => {
-            sampler.reset();
-            d.use_unavailable = Some(match e {
-                NvmlError::NotSupported => {
-                    "not supported on this device (MIG mode, a vGPU guest or an older GPU)".into()
-                }
-                ref other => describe(other),
-            });
-            field("process utilization", e);
-        }
-    }
-    if out_of_range > 0 {
-        problem(NvmlProblem::SamplesOutOfRange {
-            index,
-            count: out_of_range,
+    /// A kept fact, asked with `call` if it is not kept.
+    fn fact<T: Clone>(
+        &mut self,
+        kept: fn(&mut DeviceFacts) -> &mut Kept<T>,
+        call: NvmlCall,
+        field: &'static str,
+        query: impl FnOnce(&B, u32) -> Result<T, NvmlError>,
+    ) -> Option<T> {
+        let (backend, index) = (self.backend, self.index);
+        let answer = fact(kept(self.facts), self.calls, call, self.recheck, || {
+            query(backend, index)
         });
+        answer
+            .map_err(|e| {
+                (self.problem)(NvmlProblem::Field {
+                    index,
+                    field,
+                    source: e,
+                })
+            })
+            .ok()
     }
-    d.processes = by_pid.into_values().collect();
-    d
+
+    fn read_device(
+        &mut self,
+        wall_us: u64,
+        samplers: &mut HashMap<String, DeviceSampler>,
+    ) -> DeviceReading {
+        let index = self.index;
+        let mut d = DeviceReading {
+            index,
+            ..DeviceReading::default()
+        };
+        d.uuid = self.fact(|f| &mut f.uuid, NvmlCall::Uuid, "uuid", B::uuid);
+        d.name = self.fact(|f| &mut f.name, NvmlCall::Name, "name", B::name);
+        if let Some((gpu, mem)) = self.ask(NvmlCall::Utilization, "utilization", B::utilization_pct)
+        {
+            (d.utilization_gpu_pct, d.utilization_memory_pct) = (Some(gpu), Some(mem));
+        }
+        if let Some((used, total)) = self.ask(NvmlCall::Memory, "memory", B::memory_used_total) {
+            (d.memory_used, d.memory_total) = (Some(used), Some(total));
+        }
+        d.power_mw = self.ask(NvmlCall::Power, "power", B::power_mw);
+        d.power_limit_mw = self.fact(
+            |f| &mut f.power_limit_mw,
+            NvmlCall::PowerLimit,
+            "power limit",
+            B::power_limit_mw,
+        );
+        d.temperature_c = self.ask(NvmlCall::Temperature, "temperature", B::temperature_c);
+
+        // Memory from the compute and graphics lists; a process in both is counted once.
+        let mut by_pid: BTreeMap<u32, GpuProcess> = BTreeMap::new();
+        for (call, what, query) in [
+            (
+                NvmlCall::ComputeProcesses,
+                "compute processes",
+                B::compute_processes as fn(&B, u32) -> _,
+            ),
+            (
+                NvmlCall::GraphicsProcesses,
+                "graphics processes",
+                B::graphics_processes,
+            ),
+        ] {
+            for p in self.ask(call, what, query).unwrap_or_default() {
+                let entry = by_pid.entry(p.pid).or_insert(GpuProcess {
+                    pid: p.pid,
+                    used_memory: None,
+                    busy: None,
+                });
+                entry.used_memory = entry.used_memory.max(p.used);
+            }
+        }
+        // GPU use since the previous reading (see `process_use`).
+        let sampler = samplers
+            .entry(device_key(d.uuid.as_deref(), index))
+            .or_default();
+        let since = sampler.since();
+        let (backend, calls) = (self.backend, &mut *self.calls);
+        let samples = match calls.time(NvmlCall::ProcessUtilization, || {
+            backend.process_utilization(index, since)
+        }) {
+            Ok(samples) => Ok(samples),
+            // "Not found": no process was busy since `since`.
+            Err(NvmlError::NotFound) => Ok(vec![]),
+            Err(e) => Err(e),
+        };
+        let mut out_of_range = 0;
+        match samples {
+            Ok(samples) => {
+                let reading = sampler.fold(wall_us, &samples);
+                out_of_range = reading.out_of_range;
+                if let Some(window) = reading.window {
+                    d.use_window = Some(window);
+                    for p in by_pid.values_mut() {
+                        p.busy = Some(PidUse::default());
+                    }
+                    for (pid, used) in reading.by_pid {
+                        by_pid
+                            .entry(pid)
+                            .or_insert(GpuProcess {
+                                pid,
+                                used_memory: None,
+                                busy: None,
+                            })
+                            .busy = Some(used);
+                    }
+                }
+            }
+            Err(e) => {
+                sampler.reset();
+                d.use_unavailable = Some(match e {
+                    NvmlError::NotSupported => {
+                        "not supported on this device (MIG mode, a vGPU guest or an older GPU)"
+                            .into()
+                    }
+                    ref other => describe(other),
+                });
+                self.failed("process utilization", e);
+            }
+        }
+        if out_of_range > 0 {
+            (self.problem)(NvmlProblem::SamplesOutOfRange {
+                index,
+                count: out_of_range,
+            });
+        }
+        d.processes = by_pid.into_values().collect();
+        d
+    }
 }
 
 #[cfg(test)]

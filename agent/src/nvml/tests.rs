@@ -1,5 +1,5 @@
 use std::{
-    cell::RefCell,
+    cell::{Cell, RefCell},
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -26,6 +26,41 @@ struct FakeNvml {
     devices: Vec<FakeDevice>,
     /// The `since` argument of each process utilisation call.
     asked_since: RefCell<Vec<Option<u64>>>,
+    /// Every query made, in order.
+    asked: RefCell<Vec<NvmlCall>>,
+    /// Queries that fail, by kind, with what they fail with (every device).
+    failing: RefCell<BTreeMap<NvmlCall, fn() -> NvmlError>>,
+    /// Every query fails with this (the driver went away).
+    gone: Cell<Option<fn() -> NvmlError>>,
+    /// Queries that take this long, by kind.
+    slow: BTreeMap<NvmlCall, Duration>,
+}
+
+impl FakeNvml {
+    /// Logs a query of kind `call`, and fails it if it is set to fail.
+    fn query(&self, call: NvmlCall) -> Result<(), NvmlError> {
+        self.asked.borrow_mut().push(call);
+        if let Some(took) = self.slow.get(&call) {
+            std::thread::sleep(*took);
+        }
+        match self
+            .gone
+            .get()
+            .or(self.failing.borrow().get(&call).copied())
+        {
+            Some(e) => Err(e()),
+            None => Ok(()),
+        }
+    }
+
+    /// How many queries of each kind were made since the last time this was asked.
+    fn take_asked(&self) -> BTreeMap<NvmlCall, u64> {
+        let mut n = BTreeMap::new();
+        for c in self.asked.take() {
+            *n.entry(c).or_default() += 1;
+        }
+        n
+    }
 }
 
 fn or_unsupported<T: Clone>(v: &Option<T>) -> Result<T, NvmlError> {
@@ -34,39 +69,51 @@ fn or_unsupported<T: Clone>(v: &Option<T>) -> Result<T, NvmlError> {
 
 impl NvmlBackend for FakeNvml {
     fn driver_version(&self) -> Result<String, NvmlError> {
+        self.query(NvmlCall::DriverVersion)?;
         Ok("550.54.15".into())
     }
     fn cuda_driver_version(&self) -> Result<i32, NvmlError> {
+        self.query(NvmlCall::CudaDriverVersion)?;
         Ok(12040)
     }
     fn device_count(&self) -> Result<u32, NvmlError> {
+        self.query(NvmlCall::DeviceCount)?;
         Ok(self.devices.len() as u32)
     }
     fn uuid(&self, index: u32) -> Result<String, NvmlError> {
+        self.query(NvmlCall::Uuid)?;
         or_unsupported(&self.devices[index as usize].uuid)
     }
     fn name(&self, _: u32) -> Result<String, NvmlError> {
+        self.query(NvmlCall::Name)?;
         Ok("NVIDIA H100 80GB HBM3".into())
     }
     fn utilization_pct(&self, _: u32) -> Result<(u32, u32), NvmlError> {
+        self.query(NvmlCall::Utilization)?;
         Ok((87, 40))
     }
     fn memory_used_total(&self, _: u32) -> Result<(u64, u64), NvmlError> {
+        self.query(NvmlCall::Memory)?;
         Ok((3 << 30, 80 << 30))
     }
     fn power_mw(&self, index: u32) -> Result<u32, NvmlError> {
+        self.query(NvmlCall::Power)?;
         or_unsupported(&self.devices[index as usize].power_mw)
     }
     fn power_limit_mw(&self, _: u32) -> Result<u32, NvmlError> {
+        self.query(NvmlCall::PowerLimit)?;
         Err(NvmlError::NoPermission)
     }
     fn temperature_c(&self, _: u32) -> Result<u32, NvmlError> {
+        self.query(NvmlCall::Temperature)?;
         Ok(51)
     }
     fn compute_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError> {
+        self.query(NvmlCall::ComputeProcesses)?;
         Ok(self.devices[index as usize].compute.clone())
     }
     fn graphics_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError> {
+        self.query(NvmlCall::GraphicsProcesses)?;
         Ok(self.devices[index as usize].graphics.clone())
     }
     fn process_utilization(
@@ -74,6 +121,7 @@ impl NvmlBackend for FakeNvml {
         index: u32,
         since: Option<u64>,
     ) -> Result<Vec<ProcessSample>, NvmlError> {
+        self.query(NvmlCall::ProcessUtilization)?;
         self.asked_since.borrow_mut().push(since);
         let device = &self.devices[index as usize];
         if let Some(e) = device.utilization_error {
@@ -447,4 +495,282 @@ fn the_host_nvml_is_opened_when_the_loader_finds_none() {
         err.to_string(),
         "NVML not found: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?)"
     );
+}
+
+/// What a reading of `devices` GPUs asks of the driver besides the facts: each device's
+/// changing fields and processes.
+fn changing_queries(devices: u64) -> BTreeMap<NvmlCall, u64> {
+    [
+        NvmlCall::Utilization,
+        NvmlCall::Memory,
+        NvmlCall::Power,
+        NvmlCall::Temperature,
+        NvmlCall::ComputeProcesses,
+        NvmlCall::GraphicsProcesses,
+        NvmlCall::ProcessUtilization,
+    ]
+    .into_iter()
+    .map(|c| (c, devices))
+    .collect()
+}
+
+/// The facts a reading of `devices` GPUs asks for when it asks for them.
+fn fact_queries(devices: u64) -> BTreeMap<NvmlCall, u64> {
+    let mut n = changing_queries(devices);
+    n.extend([
+        (NvmlCall::DriverVersion, 1),
+        (NvmlCall::CudaDriverVersion, 1),
+        (NvmlCall::DeviceCount, 1),
+        (NvmlCall::Uuid, devices),
+        (NvmlCall::Name, devices),
+        (NvmlCall::PowerLimit, devices),
+    ]);
+    n
+}
+
+fn backend(source: &NvmlGpuSource<FakeNvml>) -> &FakeNvml {
+    source.backend.as_ref().expect("NVML open")
+}
+
+/// The driver and CUDA versions, the device count and each device's uuid, name and power limit
+/// are asked once; later readings ask only what changes, and show the same facts and the same
+/// lasting problems (a field the device does not support, a permission it does not give).
+#[test]
+fn a_second_reading_asks_only_what_can_change() {
+    let mut source = source_of(two_gpus());
+    let t0 = Instant::now();
+    let first = source.snapshot_with(t0, 100 * SEC);
+    assert_eq!(backend(&source).take_asked(), fact_queries(2));
+    let second = source.snapshot_with(t0 + Duration::from_secs(1), 101 * SEC);
+    assert_eq!(backend(&source).take_asked(), changing_queries(2));
+    assert_eq!(second.driver_version, first.driver_version);
+    assert_eq!(second.cuda_driver_version, first.cuda_driver_version);
+    assert_eq!(second.devices.len(), 2);
+    for (a, b) in first.devices.iter().zip(&second.devices) {
+        assert_eq!(
+            (&a.uuid, &a.name, a.power_limit_mw),
+            (&b.uuid, &b.name, b.power_limit_mw)
+        );
+    }
+    assert_eq!(second.devices[0].uuid.as_deref(), Some("GPU-a"));
+    assert_eq!(second.problems, first.problems);
+    assert!(
+        second
+            .problems
+            .contains(&"GPU 0: power limit: no permission".to_owned())
+            && second
+                .problems
+                .contains(&"GPU 1: uuid: not supported".to_owned()),
+        "{:?}",
+        second.problems
+    );
+}
+
+/// The facts are asked again every minute (a power limit can be changed, a GPU can come): a
+/// GPU added shows within a minute, with its uuid and name.
+#[test]
+fn the_facts_are_asked_again_every_minute() {
+    let mut source = source_of(two_gpus());
+    let t0 = Instant::now();
+    source.snapshot_with(t0, 100 * SEC);
+    backend(&source).take_asked();
+    source.backend.as_mut().unwrap().devices.push(FakeDevice {
+        uuid: Some("GPU-c".into()),
+        ..FakeDevice::default()
+    });
+    let before = source.snapshot_with(t0 + Duration::from_secs(30), 130 * SEC);
+    assert_eq!(before.devices.len(), 2, "the count is kept for a minute");
+    assert_eq!(backend(&source).take_asked(), changing_queries(2));
+    let after = source.snapshot_with(t0 + RECHECK_FACTS_EVERY, 160 * SEC);
+    assert_eq!(backend(&source).take_asked(), fact_queries(3));
+    assert_eq!(after.devices.len(), 3);
+    assert_eq!(after.devices[2].uuid.as_deref(), Some("GPU-c"));
+    // The new minute starts from that reading.
+    source.snapshot_with(t0 + RECHECK_FACTS_EVERY + Duration::from_secs(1), 161 * SEC);
+    assert_eq!(backend(&source).take_asked(), changing_queries(3));
+}
+
+/// A query that fails in a way that may pass (not "not supported" or "no permission") has
+/// everything asked again at the next reading; a fact that failed so is not kept.
+#[test]
+fn a_failure_that_may_pass_asks_the_facts_again() {
+    let mut source = source_of(two_gpus());
+    let t0 = Instant::now();
+    source.snapshot_with(t0, 100 * SEC);
+    let fake = backend(&source);
+    fake.take_asked();
+    fake.failing
+        .borrow_mut()
+        .insert(NvmlCall::Temperature, || NvmlError::Unknown);
+    let failed = source.snapshot_with(t0 + Duration::from_secs(1), 101 * SEC);
+    assert_eq!(failed.devices[0].temperature_c, None);
+    assert!(
+        failed
+            .problems
+            .iter()
+            .any(|p| p.starts_with("GPU 0: temperature:")),
+        "{:?}",
+        failed.problems
+    );
+    // The reading checked that the driver is still there: the count.
+    let mut asked = changing_queries(2);
+    asked.insert(NvmlCall::DeviceCount, 1);
+    assert_eq!(backend(&source).take_asked(), asked);
+    let fake = backend(&source);
+    fake.failing.borrow_mut().clear();
+    fake.failing
+        .borrow_mut()
+        .insert(NvmlCall::Name, || NvmlError::GpuLost);
+    let lost = source.snapshot_with(t0 + Duration::from_secs(2), 102 * SEC);
+    assert_eq!(backend(&source).take_asked(), fact_queries(2));
+    assert_eq!(lost.devices[0].name, None);
+    assert!(
+        lost.problems
+            .contains(&"GPU 0: name: the GPU fell off the bus".to_owned()),
+        "{:?}",
+        lost.problems
+    );
+    // The name was not kept: it is asked again, and kept once answered.
+    backend(&source).failing.borrow_mut().clear();
+    let back = source.snapshot_with(t0 + Duration::from_secs(3), 103 * SEC);
+    assert_eq!(backend(&source).take_asked(), fact_queries(2));
+    assert_eq!(
+        back.devices[0].name.as_deref(),
+        Some("NVIDIA H100 80GB HBM3")
+    );
+    source.snapshot_with(t0 + Duration::from_secs(4), 104 * SEC);
+    assert_eq!(backend(&source).take_asked(), changing_queries(2));
+}
+
+/// When the driver goes away between readings, the reading that sees it fails says so and drops
+/// NVML, as before the facts were kept; NVML is opened again after the retry interval.
+#[test]
+fn a_driver_that_goes_away_is_dropped_at_the_reading_that_sees_it() {
+    let opens = Arc::new(AtomicUsize::new(0));
+    let mut source: NvmlGpuSource<FakeNvml> = NvmlGpuSource::with_opener(
+        Box::new({
+            let opens = opens.clone();
+            move || {
+                opens.fetch_add(1, Ordering::SeqCst);
+                Ok(two_gpus())
+            }
+        }),
+        RETRY_INIT_EVERY,
+    );
+    let t0 = Instant::now();
+    assert_eq!(source.snapshot_with(t0, 100 * SEC).devices.len(), 2);
+    backend(&source)
+        .gone
+        .set(Some(|| NvmlError::DriverNotLoaded));
+    let gone = source.snapshot_with(t0 + Duration::from_secs(1), 101 * SEC);
+    assert!(gone.devices.is_empty(), "{gone:?}");
+    assert!(
+        gone.problems
+            .contains(&"NVML: device count: the NVIDIA driver is not loaded".to_owned()),
+        "{:?}",
+        gone.problems
+    );
+    assert!(source.backend.is_none() && source.facts.is_none());
+    assert!(source.samplers.is_empty());
+    source.snapshot_with(t0 + Duration::from_secs(2), 102 * SEC);
+    assert_eq!(
+        opens.load(Ordering::SeqCst),
+        1,
+        "not before the retry interval"
+    );
+    let back = source.snapshot_with(t0 + Duration::from_secs(1) + RETRY_INIT_EVERY, 131 * SEC);
+    assert_eq!(opens.load(Ordering::SeqCst), 2);
+    assert_eq!(back.devices.len(), 2);
+    assert_eq!(backend(&source).take_asked(), fact_queries(2));
+}
+
+/// Every query is timed by kind, the failed ones and the opening included: the tallies count
+/// exactly the queries the driver saw, and a slow query's time shows in its total and maximum.
+#[test]
+fn every_query_is_timed_by_kind() {
+    let slow = Duration::from_millis(3);
+    let mut fake = two_gpus();
+    fake.slow.insert(NvmlCall::ProcessUtilization, slow);
+    let mut source = source_of(fake);
+    let t0 = Instant::now();
+    source.snapshot_with(t0, 100 * SEC);
+    let snap = source.snapshot_with(t0 + Duration::from_secs(1), 101 * SEC);
+    let mut asked = fact_queries(2);
+    for (call, n) in changing_queries(2) {
+        *asked.entry(call).or_default() += n;
+    }
+    assert_eq!(backend(&source).take_asked(), asked);
+    for (call, tally) in snap.calls.iter() {
+        let expected = if call == NvmlCall::Init {
+            1
+        } else {
+            asked.get(&call).copied().unwrap_or(0)
+        };
+        assert_eq!(tally.calls, expected, "{call:?}");
+        assert!(tally.max_ns <= tally.total_ns, "{call:?}: {tally:?}");
+    }
+    let pu = snap.calls.get(NvmlCall::ProcessUtilization);
+    assert_eq!(pu.calls, 4);
+    let slow_ns = slow.as_nanos() as u64;
+    assert!(pu.total_ns >= 4 * slow_ns, "{pu:?}");
+    assert!(pu.max_ns >= slow_ns, "{pu:?}");
+    eprintln!("process_utilization with a {slow:?} fake: {pu:?}");
+    // The names are the fixed set /metrics labels with.
+    let names: Vec<&str> = NvmlCall::ALL.iter().map(|c| c.name()).collect();
+    assert_eq!(names.len(), 14);
+    assert!(names.contains(&"process_utilization") && names.contains(&"init"));
+}
+
+/// With a read interval longer than the snapshots', the snapshots in between carry the last
+/// reading without asking the driver anything; the next reading measures GPU use over the whole
+/// time since the previous one (the per-process estimate weighs samples by the time they cover,
+/// not by the number of readings).
+#[test]
+fn a_read_interval_carries_the_last_reading_and_measures_use_over_it() {
+    let mut source = source_of(two_gpus());
+    source.set_read_interval(Duration::from_secs(5));
+    let t0 = Instant::now();
+    let first = source.snapshot_with(t0, 100 * SEC);
+    backend(&source).take_asked();
+    {
+        // Five seconds of process 200 at 60%, one sample every 1/6 s.
+        let mut samples = backend(&source).devices[0].samples.borrow_mut();
+        samples.extend((1..=30).map(|i| sample(200, 100 * SEC + i * SEC / 6, 60)));
+    }
+    for s in 1..5 {
+        let carried = source.snapshot_with(t0 + Duration::from_secs(s), (100 + s) * SEC);
+        assert_eq!(carried, first, "snapshot {s}");
+    }
+    assert!(
+        backend(&source).take_asked().is_empty(),
+        "nothing asked in between"
+    );
+    let snap = source.snapshot_with(t0 + Duration::from_secs(5), 105 * SEC);
+    assert_eq!(backend(&source).take_asked(), changing_queries(2));
+    let gpu0 = &snap.devices[0];
+    let w = gpu0.use_window.expect("a window");
+    assert_eq!((w.from_unix_us, w.to_unix_us), (100 * SEC, 105 * SEC));
+    let b200 = gpu0
+        .processes
+        .iter()
+        .find(|p| p.pid == 200)
+        .and_then(|p| p.busy)
+        .expect("process 200 measured");
+    assert_eq!(b200.samples, 30);
+    assert!(b200.sm_busy_us.abs_diff(3 * SEC) <= 30, "{b200:?}");
+    // Back to every snapshot: the next one reads.
+    source.set_read_interval(Duration::ZERO);
+    source.snapshot_with(t0 + Duration::from_secs(6), 106 * SEC);
+    assert_eq!(backend(&source).take_asked(), changing_queries(2));
+}
+
+/// docs/metrics.md lists every kind of query with the NVML functions behind it.
+#[test]
+fn the_docs_list_every_kind_of_query() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
+        .unwrap();
+    for call in NvmlCall::ALL {
+        let row = format!("| `{}` | {} |", call.name(), call.functions());
+        assert!(doc.contains(&row), "docs/metrics.md should have {row}");
+    }
 }

@@ -26,6 +26,8 @@ pub struct StatOptions {
     /// Read from the daemon on this socket when it answers.
     pub socket: Option<PathBuf>,
     pub nvml: bool,
+    /// Read NVML at most this often (`None`: every snapshot).
+    pub nvml_interval: Option<std::time::Duration>,
 }
 
 /// Collects for `duration` (or until SIGINT/SIGTERM) and returns the report.
@@ -39,6 +41,7 @@ pub fn run(opts: StatOptions) -> Result<StatReport, StatError> {
             region_dirs: opts.region_dirs,
             host: opts.trace.host.clone(),
             nvml: opts.nvml,
+            nvml_interval: opts.nvml_interval,
             exited_retention: crate::collector::EXITED_RETENTION,
         },
         verb: "tracing",

@@ -340,6 +340,7 @@ mod tests {
                 maps_scan: Default::default(),
                 skipped_by_tenant: vec![],
             },
+            nvml_calls: Default::default(),
             processes: vec![],
             cgroups: vec![],
             containers: vec![],

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{
-    ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, Process, RegionInfo,
+    ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, NvmlCallCost, Process,
+    RegionInfo,
     RegionUnread, Snapshot, Source,
     by_device::DeviceMemory,
     gpu_use::{WindowUse, window_use},
@@ -152,6 +153,10 @@ pub struct StatReport {
     pub health: BTreeMap<String, u64>,
     pub warnings: Vec<String>,
     pub snapshot: SnapshotStatus,
+    /// NVML queries by kind: `calls` and `seconds` within the window, `max_seconds` the longest
+    /// one since the agent started. Absent without NVML.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub nvml_calls: BTreeMap<String, NvmlCallCost>,
     pub processes: Vec<ProcessRow>,
     pub cgroups: Vec<CgroupRow>,
     pub containers: Vec<ContainerRow>,
@@ -200,6 +205,29 @@ fn merge_into(into: &mut BTreeMap<(String, Source), ApiUsage>, u: &ApiUsage) {
     for (a, b) in e.hist.iter_mut().zip(&u.hist) {
         *a += b;
     }
+}
+
+/// The NVML queries made between `first` and `last`, by kind (a daemon restarted in between
+/// counts from 0, never below).
+fn window_nvml_calls(first: &Snapshot, last: &Snapshot) -> BTreeMap<String, NvmlCallCost> {
+    last.agent
+        .nvml_calls
+        .iter()
+        .map(|(call, l)| {
+            let f = first
+                .agent
+                .nvml_calls
+                .get(call)
+                .copied()
+                .unwrap_or_default();
+            let cost = NvmlCallCost {
+                calls: l.calls.saturating_sub(f.calls),
+                seconds: (l.seconds - f.seconds).max(0.0),
+                max_seconds: l.max_seconds,
+            };
+            (call.clone(), cost)
+        })
+        .collect()
 }
 
 /// Builds the report of the window `first..last`. `cgroup_id` maps a cgroup path to its id.
@@ -338,6 +366,7 @@ pub fn build(
             },
             skipped_by_tenant: skips::by_tenant(a),
         },
+        nvml_calls: window_nvml_calls(first, last),
         processes,
         cgroups: cgroups
             .into_iter()
@@ -488,6 +517,46 @@ mod tests {
             .find(|c| c.cgroup_path.as_deref() == Some("/b"))
             .unwrap();
         assert_eq!((b.pids.clone(), b.live_bytes), (vec![200], 2 << 20));
+    }
+
+    /// The NVML queries of the window: calls and seconds between the first and the last
+    /// snapshot, the longest one as the agent last said; absent without NVML.
+    #[test]
+    fn nvml_calls_of_the_window() {
+        let cost = |calls, seconds, max_seconds| crate::model::NvmlCallCost {
+            calls,
+            seconds,
+            max_seconds,
+        };
+        let mut first = snapshot(vec![]);
+        first.agent.nvml_calls = BTreeMap::from([
+            ("process_utilization".to_owned(), cost(20, 0.5, 0.04)),
+            ("uuid".to_owned(), cost(2, 0.001, 0.0006)),
+        ]);
+        let mut last = snapshot(vec![]);
+        last.agent.nvml_calls = BTreeMap::from([
+            ("process_utilization".to_owned(), cost(40, 1.25, 0.05)),
+            ("uuid".to_owned(), cost(2, 0.001, 0.0006)),
+            ("init".to_owned(), cost(1, 0.2, 0.2)),
+        ]);
+        let r = build(&first, &last, "daemon", 10.0, |_| None);
+        assert_eq!(r.nvml_calls["process_utilization"], cost(20, 0.75, 0.05));
+        assert_eq!(r.nvml_calls["uuid"], cost(0, 0.0, 0.0006));
+        assert_eq!(r.nvml_calls["init"], cost(1, 0.2, 0.2), "new in the window");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["nvml_calls"]["process_utilization"]["calls"], 20);
+        // A daemon restarted within the window counts from 0, never below.
+        let r = build(&last, &first, "daemon", 10.0, |_| None);
+        assert_eq!(r.nvml_calls["process_utilization"], cost(0, 0.0, 0.04));
+        let none = build(&snapshot(vec![]), &snapshot(vec![]), "daemon", 1.0, |_| {
+            None
+        });
+        assert!(
+            serde_json::to_value(&none)
+                .unwrap()
+                .get("nvml_calls")
+                .is_none()
+        );
     }
 
     fn on_gpu(mut p: Process, sm_us: u64, observed_us: u64) -> Process {

@@ -88,7 +88,8 @@ def breakdown(out):
                   + ", ".join(f"{k} {v:.0f}" for k, v in sorted(classes.items())))
             for path, pro in libs.items():
                 print(f"  library {path}: prologues {pro}")
-            ranks = [p for p in snap["processes"] if any(a["source"] == "probes" for a in p["apis"])]
+            ranks = [p for p in snap["processes"]
+                     if any(a["source"] == "probes" and a["kind"] == "nccl" for a in p["apis"])]
             for p in ranks:
                 calls = {a["api"]: a["calls"] for a in p["apis"] if a["source"] == "probes"}
                 top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
@@ -105,13 +106,20 @@ def breakdown(out):
                 # Per step and per rank: the programs' own time and the hits at the class price
                 # of the library's main class.
                 prog_per_step = prog_ns * (rank_calls / max(hits, 1)) / len(ranks) / steps / 1000
-                price = statistics.mean(classes.values()) if classes else float("nan")
+                # The ranks' hits are nearly all on push-class functions (libcuda 580, PyTorch's
+                # libnccl): priced at the push class.
+                price = classes.get("push", float("nan"))
                 hit_per_step = rank_calls / len(ranks) / steps
                 print(f"  per rank per step: {hit_per_step:.2f} probe hits; eBPF program time "
-                      f"{prog_per_step:.2f} us; at the mean class price {price:.0f} ns: "
+                      f"{prog_per_step:.2f} us; at the push class's price {price:.0f} ns: "
                       f"{hit_per_step * price / 1000:.2f} us")
                 per_step_probe.append(hit_per_step * price / 1000)
                 per_step_prog.append(prog_per_step)
+            nv = snap["agent"].get("nvml_calls") or {}
+            if nv:
+                print("  NVML queries over the daemon's life (calls, ms in all, longest ms): " + ", ".join(
+                    f"{k} {v['calls']} {v['seconds'] * 1e3:.1f} {v['max_seconds'] * 1e3:.2f}"
+                    for k, v in sorted(nv.items(), key=lambda kv: -kv[1]["seconds"])))
             if os.path.exists(cpu_path):
                 by = {}
                 for line in open(cpu_path):
@@ -124,7 +132,7 @@ def breakdown(out):
         if per_step_probe:
             print(f"  median per rank per step: probes {med(per_step_probe):.2f} us at calibrated prices, "
                   f"of which eBPF program time {med(per_step_prog):.2f} us")
-    for cfg in ["limiter", "agent", "agent-pinned", "agent-nonvml"]:
+    for cfg in os.environ.get("CONFIGS", "native limiter agent agent-pinned agent-nonvml").split():
         if cfg not in runs:
             print(f"no runs of {cfg}")
     return 0 if ok else 1

@@ -8,8 +8,7 @@ use serde::Serialize;
 
 use crate::model::{
     ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, NvmlCallCost, Process,
-    RegionInfo,
-    RegionUnread, Snapshot, Source,
+    RegionInfo, RegionUnread, Snapshot, Source,
     by_device::DeviceMemory,
     gpu_use::{WindowUse, window_use},
     skips::{self, TenantSkips},

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 8-process part of bench-limiter.sh alone (issue 4, point 5): 1 MiB cuMemAlloc_v2+cuMemFree_v2
+# The 8-process part of bench-limiter.sh alone: 1 MiB cuMemAlloc_v2+cuMemFree_v2
 # pairs, 8 processes after a barrier, native and under the limiter interleaved, RUNS of each
 # (default 5). Prints the slowest process's median pair per run and the limiter's own hook
 # self-time per pair from the region (median and worst process). Run on the GPU machine from the

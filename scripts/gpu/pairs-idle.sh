@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Why eight processes' alloc+free pairs cost the limiter twice what one process's do (issue 4,
-# point 5): pairs-self.sh on the real driver with and without idle CPUs held in their shallowest
+# Why eight processes' alloc+free pairs cost the limiter twice what one process's do: pairs-self.sh
+# on the real driver with and without idle CPUs held in their shallowest
 # state (HOLD_IDLE=1), and on the simulated driver with calls that sleep inside the driver (as a
 # call does that waits for another process's), one process, with and without the hold.
 #   bash scripts/gpu/pairs-idle.sh      # results under $OUT/<case>/, the CPU's idle states in $OUT/cpu.txt

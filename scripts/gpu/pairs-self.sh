@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The limiter's own time per 1 MiB cuMemAlloc_v2 + cuMemFree_v2 pair on the real driver (issue 4,
-# point 5), for one or more limiter builds side by side: 1 and 8 processes allocating at once
+# The limiter's own time per 1 MiB cuMemAlloc_v2 + cuMemFree_v2 pair on the real driver, for one or
+# more limiter builds side by side: 1 and 8 processes allocating at once
 # (after a barrier), native and each build interleaved round by round (the order rotates).
 # Per process: the region's hook_ns per alloc + per free (the limiter's self-time, including
 # the record of the call) and its median pair time end to end.

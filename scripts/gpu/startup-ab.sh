@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The limiter's own start-up time with N processes starting together (issue 4, point 5), for
+# The limiter's own start-up time with N processes starting together, for
 # several limiter builds side by side, interleaved round by round (the order rotates), so that
 # builds are compared on the same host. Per process, as scripts/gpu/bench-limiter.sh counts it:
 # initialisation + slot claim (from the limiter's log) + its hooks' self-time, and the CPU time

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Screenshot of `vgpu-agent top` on the GPU machine, for the README (issue 6, point 7). Run as
+# Screenshot of `vgpu-agent top` on the GPU machine, for the README. Run as
 # root from the repo root after `cargo xtask bundle` (binaries in .carry/bin). Needs tmux and
 # python3; with Pillow (python3-pil) and a monospace font (fonts-dejavu-core) it renders PNGs,
 # else it leaves the colour HTML and text captures. Results go to $OUT (default /tmp/out):

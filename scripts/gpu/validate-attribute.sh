@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Attribution on the real driver against the truth measured inside the attributed process
-# (issue 22). scripts/gpu/attribute_micro.cu makes N launches straight through cuLaunchKernel,
+# Attribution on the real driver against the truth measured inside the attributed process.
+# scripts/gpu/attribute_micro.cu makes N launches straight through cuLaunchKernel,
 # timing each, and knows which were probed (a uprobe shows as an int3 at libcuda's entry point), so
 # the truths are in the same process at the same moments: the launches made, the probes' cost per
 # probed launch (probed mean - unprobed mean, each trimmed of 1% at both ends), and the launches'

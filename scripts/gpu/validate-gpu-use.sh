@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU use per process (issue 18, point 1): `vgpu-agent stat --json`'s per-process SM utilisation
+# GPU use per process: `vgpu-agent stat --json`'s per-process SM utilisation
 # against `nvidia-smi pmon -s u` over the same 20 s windows, for a saturating PyTorch matmul loop
 # (no limiter), the same loop under the limiter at CUDA_DEVICE_SM_LIMIT=30, and the two at once.
 # Run on the GPU machine from the repo root after `cargo xtask bundle` (needs

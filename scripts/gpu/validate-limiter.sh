@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation of the limiter (issue 4, point 9). Run on the GPU machine from the repo root after
+# GPU validation of the limiter. Run on the GPU machine from the repo root after
 # `cargo xtask bundle` (needs .carry/bin/libvgpu_limiter.so and vgpu-agent). Under a 4 GiB limit,
 # each case (PyTorch default and expandable_segments, CuPy default and MemoryAsyncPool, JAX, raw
 # ctypes driver calls) allocates until out-of-memory in its own region; nvidia-smi's per-process

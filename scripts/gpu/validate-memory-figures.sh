@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation of the memory figures (issue 18, point 3). Run on the GPU machine from the repo
+# GPU validation of the memory figures. Run on the GPU machine from the repo
 # root after `cargo xtask bundle` (needs .carry/bin/libvgpu_limiter.so); builds nothing.
 # For PyTorch, JAX (if it imports; XLA_PYTHON_CLIENT_PREALLOCATE=false) and CuPy: the free memory
 # a framework reads right after initialising (torch.cuda.mem_get_info, cuMemGetInfo through

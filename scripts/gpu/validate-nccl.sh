@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation of the NCCL probes (issue 5): `vgpu-agent stat` beside a 1-GPU torch.distributed
+# GPU validation of the NCCL probes: `vgpu-agent stat` beside a 1-GPU torch.distributed
 # (nccl) workload with known collectives. Run on the GPU machine from the repo root after
 # `cargo xtask bundle` (binaries in .carry/bin). Results go to $OUT (default /tmp/out-nccl).
 # Prints PASS or FAIL (exit status 1) at the end.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NVML's per-process list under the limiter (issue 4, point 2). Run on the GPU machine from the
+# NVML's per-process list under the limiter. Run on the GPU machine from the
 # repo root after `cargo xtask bundle`. Two PyTorch processes of one "container" (one region,
 # CUDA_DEVICE_MEMORY_LIMIT=8g) hold 1 GiB and 2 GiB; a third process outside it holds 512 MiB.
 # nvidia-smi (which loads libnvidia-ml with dlopen) and pynvml are run natively (the driver's

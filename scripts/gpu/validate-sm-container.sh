@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation of SM shares per container (issue 18, point 2). Run on the GPU machine from the
+# GPU validation of SM shares per container. Run on the GPU machine from the
 # repo root after `cargo xtask bundle` (needs .carry/bin/libvgpu_limiter.so); builds nothing.
 # Container A: two processes sharing one region at CUDA_DEVICE_SM_LIMIT=50; container B: one
 # process in its own region at 30; each a saturating PyTorch matmul loop (CuPy if PyTorch is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation of the SM share controller (issue 9). Run on the GPU machine from the repo root
+# GPU validation of the SM share controller. Run on the GPU machine from the repo root
 # after `cargo xtask bundle` (needs .carry/bin/libvgpu_limiter.so and .carry/bin/vgpu-agent); builds
 # nothing. A saturating PyTorch matmul loop (CuPy if PyTorch is missing) runs under the limiter:
 #   1. alone at CUDA_DEVICE_SM_LIMIT=25, 50, 75: NVML device utilisation sampled every 200 ms for

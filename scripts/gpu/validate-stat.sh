@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation of `vgpu-agent stat` (issue 2, point 9). Run on the GPU machine from the repo
+# GPU validation of `vgpu-agent stat`. Run on the GPU machine from the repo
 # root after `cargo xtask bundle` (binaries in .carry/bin). Results go to $OUT (default /tmp/out).
 set -u
 OUT=${OUT:-/tmp/out}

@@ -1,4 +1,4 @@
-"""GPU validation of the limiter (issue 4, point 9): each case of limiter_cases.py under
+"""GPU validation of the limiter: each case of limiter_cases.py under
 CUDA_DEVICE_MEMORY_LIMIT=4g with its own region, then nvidia-smi's per-process memory against the
 region's accounting. Usage: validate_limiter.py LIMITER_SO AGENT OUT [CASE...]"""
 import json

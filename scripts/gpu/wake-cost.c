@@ -1,6 +1,6 @@
 // What a thread pays, right after it wakes from a sleep, to run code it ran before, against the
-// same code right after a busy wait of the same length (scripts/gpu/wake-cost.sh; issue 4,
-// point 5: why eight processes' alloc+free pairs cost the limiter twice what one process's do).
+// same code right after a busy wait of the same length (scripts/gpu/wake-cost.sh:
+// why eight processes' alloc+free pairs cost the limiter twice what one process's do).
 // Each case runs 16 calls or 16 lines of code and is timed with the TSC; medians and p10..p90.
 // Built and run by wake-cost.sh.
 #include <stdio.h>

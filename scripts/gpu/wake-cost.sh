@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of code run right after a sleep (issue 4, point 5): scripts/gpu/wake-cost.c, one copy
+# The cost of code run right after a sleep: scripts/gpu/wake-cost.c, one copy
 # and eight copies at once, each sleeping 400 us between timed runs (as a process does that waits
 # in the driver for other processes' calls). A C program, built here with cc (0.1 s) if
 # .carry/bin/wake-cost is missing.

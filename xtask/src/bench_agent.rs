@@ -1,4 +1,4 @@
-//! `cargo xtask bench agent`: what the agent daemon costs (issue 5, point 7).
+//! `cargo xtask bench agent`: what the agent daemon costs.
 //!
 //! 1. Idle, then under a paced load of 50,000 probed calls per second from a simulated-driver
 //!    process: the daemon's CPU (utime + stime from /proc) as a share of one core, and its RSS.

@@ -1,5 +1,5 @@
-//! `cargo xtask bench limiter`: what the preloaded limiter costs, against the simulated driver
-//! (issue 4, point 8). Native and limited runs are interleaved (A B A B ...), `RUNS` of each, and
+//! `cargo xtask bench limiter`: what the preloaded limiter costs, against the simulated driver.
+//! Native and limited runs are interleaved (A B A B ...), `RUNS` of each, and
 //! reported as medians with their spread (min..max over runs) and as limited/native ratios:
 //!
 //! - launches: `cuda-exercise launch-loop` (cuLaunchKernel through a pointer resolved once, the

@@ -1,6 +1,7 @@
 //! User documents and code comments state current behaviour; development history ("the fourth
-//! session", records named `...-session5.txt`) belongs in `docs/lab/` or in git history. This
-//! test fails when a file outside `docs/lab/` names a development session.
+//! session", records named `...-session5.txt`, "issue 4, point 8") belongs in `docs/lab/` or in
+//! git history. This test fails when a file outside `docs/lab/` names a development session or
+//! cites one of the project's issues by number.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,28 @@ fn session_mentions(text: &str) -> Vec<String> {
             let end = (at + word.len() + 10).min(lower.len());
             let context = text.get(start..end).unwrap_or(word);
             found.push(format!("line {line}: ...{context}..."));
+        }
+    }
+    found
+}
+
+/// The places in `text` that cite one of the project's issues: "issue" as a word, then blanks
+/// and a digit ("issue 22", "Issue 4, point 8"). Other projects' issues are cited by their
+/// repository (`HAMi#2863`), which this leaves alone, as it does "issues" ("rank r issues 5").
+fn issue_mentions(text: &str) -> Vec<String> {
+    let lower = text.to_ascii_lowercase();
+    let word = "issue";
+    let mut found = Vec::new();
+    for (at, _) in lower.match_indices(word) {
+        let starts_word = !lower[..at].ends_with(|c: char| c.is_ascii_alphanumeric());
+        let rest = &lower[at + word.len()..];
+        let blanks = rest.len() - rest.trim_start_matches([' ', '\t', '\n']).len();
+        let digit = blanks > 0 && rest[blanks..].starts_with(|c: char| c.is_ascii_digit());
+        if starts_word && digit {
+            let line = lower[..at].matches('\n').count() + 1;
+            let end = (at + word.len() + blanks + 6).min(lower.len());
+            let context = text.get(at..end).unwrap_or(word);
+            found.push(format!("line {line}: {context}..."));
         }
     }
     found
@@ -89,6 +112,17 @@ fn the_detector_finds_sessions_and_leaves_unit_names_alone() {
     assert!(session_mentions("the thirst session").is_empty());
 }
 
+// The samples are split so that this file does not itself cite an issue.
+#[test]
+fn the_detector_finds_issue_numbers_and_leaves_other_uses_alone() {
+    assert_eq!(issue_mentions(concat!("(", "issue 4, point 8)")).len(), 1);
+    assert_eq!(issue_mentions(concat!("see Issue", "\n22 for")).len(), 1);
+    assert!(issue_mentions("HAMi#2863 and HAMi-core#274").is_empty());
+    assert!(issue_mentions("rank r issues 5 calls").is_empty());
+    assert!(issue_mentions("tissue 5").is_empty());
+    assert!(issue_mentions("an issue with 4 GPUs").is_empty());
+}
+
 #[test]
 fn no_file_outside_docs_lab_names_a_development_session() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -109,7 +143,10 @@ fn no_file_outside_docs_lab_names_a_development_session() {
         let Ok(text) = fs::read_to_string(&path) else {
             continue;
         };
-        for mention in session_mentions(&text) {
+        for mention in session_mentions(&text)
+            .into_iter()
+            .chain(issue_mentions(&text))
+        {
             offenders.push(format!("{}: {mention}", path.display()));
         }
     }

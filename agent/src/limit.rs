@@ -90,29 +90,18 @@ impl Target {
     }
 }
 
-/// Parses a memory limit: bytes with an optional binary suffix k, m, g, t (as
-/// `CUDA_DEVICE_MEMORY_LIMIT`), or `0`/`none` for no limit.
+/// Parses a memory limit as the limiter parses `CUDA_DEVICE_MEMORY_LIMIT`
+/// (`limiter_core::config::parse_bytes`: bytes with an optional binary suffix k, m, g, t), or
+/// `0`/`none` for no limit.
 pub fn parse_memory(s: &str) -> Result<u64, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(0);
     }
-    let bad =
-        || format!("{s:?}: expected bytes with an optional k, m, g or t suffix (e.g. 4g), or none");
-    let (digits, shift) = match s.as_bytes().last().map(u8::to_ascii_lowercase) {
-        Some(b'k') => (&s[..s.len() - 1], 10),
-        Some(b'm') => (&s[..s.len() - 1], 20),
-        Some(b'g') => (&s[..s.len() - 1], 30),
-        Some(b't') => (&s[..s.len() - 1], 40),
-        _ => (s, 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(bad)
+    limiter_core::config::parse_bytes(s).map_err(|e| {
+        format!(
+            "{s:?}: {e} (expected bytes with an optional k, m, g or t suffix, e.g. 4g, or none)"
+        )
+    })
 }
 
 /// A region found for a target: the directory holding it (an anchor that the control block is

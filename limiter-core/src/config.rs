@@ -188,8 +188,9 @@ impl Default for Config {
 }
 
 /// Parses a byte count: decimal digits with an optional binary suffix `k`, `m`, `g` or `t` (either
-/// case), as HAMi-core accepts: `"4g"`, `"4096m"`, `"1073741824"`.
-pub(crate) fn parse_bytes(s: &str) -> Result<u64, BytesError> {
+/// case), as HAMi-core accepts: `"4g"`, `"4096m"`, `"1073741824"`. The one parser of sizes: the
+/// limiter reads its environment with it, and the agent the limits it writes.
+pub fn parse_bytes(s: &str) -> Result<u64, BytesError> {
     if s.is_empty() {
         return Err(BytesError::Empty);
     }

@@ -362,7 +362,7 @@ fn top_in_tmux_shows_the_demo_truthfully() {
     // e: what lost and errors count, and each of them; the numbers match the header's.
     tmux.keys(&["e"]);
     let s = tmux.wait("the counters explained", |s| {
-        s.contains("the header's lost and errors")
+        s.contains("the header's counters")
     });
     // The first `word N` in `s` (the dialog's title says "lost and errors").
     let number_after = |s: &str, word: &str| -> Option<u64> {

@@ -488,6 +488,42 @@ pub const AGENT_LIBRARIES_SKIPPED: Def = def(
     "Driver-named files that tenants' processes map and that are not attached, by reason (not_a_driver, tenant_cap, total_cap, attach_failed, mappings).",
     "agent.libraries_skipped",
 );
+pub const AGENT_MAPS_DEFERRED: Def = def(
+    "vgpu_agent_maps_deferred",
+    Gauge,
+    None,
+    false,
+    &["tenant"],
+    "Processes whose maps were left to a later cycle of the maps scan (its byte and time budget, no free reader, or the tenant's two reads running), by tenant.",
+    "agent.maps_scan.deferred_by_tenant",
+);
+pub const AGENT_MAPS_BLOCKED: Def = def(
+    "vgpu_agent_maps_blocked",
+    Gauge,
+    None,
+    false,
+    &["tenant"],
+    "Processes whose maps read has not returned (it holds a reader until it does), by tenant.",
+    "agent.maps_scan.blocked",
+);
+pub const AGENT_SLOTS_REFUSED: Def = def(
+    "vgpu_agent_region_slots_refused",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Region slots not counted for the process they name in the latest snapshot (it does not run with the slot's start time, map the region, or belong to the region's container).",
+    "agent.slots_refused",
+);
+pub const AGENT_REGION_FILES_SKIPPED: Def = def(
+    "vgpu_agent_region_listing_files_skipped",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Files of region directories (and shared files of processes' maps) not looked at for regions at their last listing, past the bounds per subdirectory and in all.",
+    "agent.region_listing_cuts[].files_skipped",
+);
 pub const AGENT_SNAPSHOT_TIME: Def = def(
     "vgpu_agent_snapshot_timestamp",
     Gauge,
@@ -699,6 +735,10 @@ pub const ALL: &[Def] = &[
     AGENT_WARNINGS,
     AGENT_WARNINGS_SUPPRESSED,
     AGENT_LIBRARIES_SKIPPED,
+    AGENT_MAPS_DEFERRED,
+    AGENT_MAPS_BLOCKED,
+    AGENT_SLOTS_REFUSED,
+    AGENT_REGION_FILES_SKIPPED,
     AGENT_SNAPSHOT_TIME,
     AGENT_SNAPSHOT_AGE,
     AGENT_SNAPSHOT_STALE,

@@ -356,6 +356,32 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
             .collect(),
     );
     fam(
+        &defs::AGENT_MAPS_DEFERRED,
+        a.maps_scan
+            .deferred_by_tenant
+            .iter()
+            .map(|(k, v)| (vec![k.clone()], Value::Int(*v as u64)))
+            .collect(),
+    );
+    let mut blocked: BTreeMap<&str, u64> = BTreeMap::new();
+    for b in &a.maps_scan.blocked {
+        *blocked.entry(b.tenant.as_str()).or_default() += 1;
+    }
+    fam(
+        &defs::AGENT_MAPS_BLOCKED,
+        blocked
+            .into_iter()
+            .map(|(k, v)| (vec![k.to_owned()], Value::Int(v)))
+            .collect(),
+    );
+    fam(&defs::AGENT_SLOTS_REFUSED, one(Value::Int(a.slots_refused)));
+    fam(
+        &defs::AGENT_REGION_FILES_SKIPPED,
+        one(Value::Int(
+            a.region_listing_cuts.iter().map(|c| c.files_skipped).sum(),
+        )),
+    );
+    fam(
         &defs::AGENT_SNAPSHOT_TIME,
         one(Value::Float(snap.taken_at_unix_ms as f64 / 1e3)),
     );

@@ -211,6 +211,45 @@ fn containers_aggregate_their_processes_and_stay_monotonic_when_one_leaves() {
     assert_eq!(int(&e, &defs::API_CALLS, &labels), 16);
 }
 
+/// What tenants made the agent skip is exported per tenant where the tenant is known: libraries
+/// skipped by reason, warnings suppressed, maps deferred and blocked; and the refused region
+/// slots and the region files not listed, in all.
+#[test]
+fn what_tenants_made_the_agent_skip_is_exported() {
+    let mut snap = snapshot(vec![], vec![]);
+    let a = &mut snap.agent;
+    a.libraries_skipped
+        .entry("t1".into())
+        .or_default()
+        .insert("tenant_cap".into(), 4);
+    a.warnings_suppressed.insert("t1".into(), 12);
+    a.maps_scan.deferred_by_tenant.insert("t1".into(), 9);
+    for pid in [5, 6] {
+        a.maps_scan.blocked.push(crate::model::MapsBlocked {
+            pid,
+            tenant: "t1".into(),
+            seconds: 3.0,
+        });
+    }
+    a.slots_refused = 2;
+    a.region_listing_cuts.push(crate::model::RegionListingCut {
+        path: "/regions/pod_a".into(),
+        files_skipped: 3840,
+        dirs_skipped: 0,
+        entries_unread: false,
+    });
+    let e = view().update(&snap);
+    assert_eq!(
+        int(&e, &defs::AGENT_LIBRARIES_SKIPPED, &["t1", "tenant_cap"]),
+        4
+    );
+    assert_eq!(int(&e, &defs::AGENT_WARNINGS_SUPPRESSED, &["t1"]), 12);
+    assert_eq!(int(&e, &defs::AGENT_MAPS_DEFERRED, &["t1"]), 9);
+    assert_eq!(int(&e, &defs::AGENT_MAPS_BLOCKED, &["t1"]), 2);
+    assert_eq!(int(&e, &defs::AGENT_SLOTS_REFUSED, &[]), 2);
+    assert_eq!(int(&e, &defs::AGENT_REGION_FILES_SKIPPED, &[]), 3840);
+}
+
 #[test]
 fn histogram_buckets_are_the_log2_bounds_in_seconds() {
     let p = process(

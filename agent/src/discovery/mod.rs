@@ -187,8 +187,9 @@ struct Known {
     verdict: Verdict,
     kind: LibraryKind,
     tenant: Option<Arc<str>>,
-    /// Polls in a row at which no live process mapped it.
+    /// Polls in a row at which no live process mapped it, and since when.
     unmapped_polls: u32,
+    unmapped_since: Option<std::time::Instant>,
     /// Found on the host or configured: kept whatever maps it.
     pinned: bool,
 }
@@ -258,6 +259,7 @@ impl Discovery {
                     kind: LibraryKind::Cuda,
                     tenant: None,
                     unmapped_polls: 0,
+                    unmapped_since: None,
                     pinned: true,
                 },
             )
@@ -273,6 +275,7 @@ impl Discovery {
                 kind: lib.kind,
                 tenant: lib.tenant.clone(),
                 unmapped_polls: 0,
+                unmapped_since: None,
                 pinned: !matches!(lib.found_by, FoundBy::Process { .. }),
             },
         );
@@ -331,9 +334,15 @@ impl Discovery {
         out
     }
 
-    /// Files found in processes that no live process has mapped for `grace` polls in a row:
-    /// forgotten here, returned so that the ones attached are detached.
-    pub fn unmapped(&mut self, grace: u32) -> Vec<(FileId, Verdict)> {
+    /// Files found in processes that no live process has mapped for `grace` polls in a row and
+    /// at least `grace_time` up to `now`: forgotten here, returned so that the ones attached are
+    /// detached.
+    pub fn unmapped(
+        &mut self,
+        grace: u32,
+        grace_time: std::time::Duration,
+        now: std::time::Instant,
+    ) -> Vec<(FileId, Verdict)> {
         let mapped: HashSet<FileId> = self
             .processes
             .values()
@@ -343,10 +352,12 @@ impl Discovery {
         for (id, k) in &mut self.known {
             if k.pinned || mapped.contains(id) {
                 k.unmapped_polls = 0;
+                k.unmapped_since = None;
                 continue;
             }
             k.unmapped_polls += 1;
-            if k.unmapped_polls >= grace {
+            let since = *k.unmapped_since.get_or_insert(now);
+            if k.unmapped_polls >= grace && now.saturating_duration_since(since) >= grace_time {
                 gone.push((*id, k.verdict));
             }
         }
@@ -716,9 +727,15 @@ mod tests {
         let scan = d.scan_processes(&host);
         assert_eq!(scan.exited, vec![10]);
         assert!(!d.is_live(10));
-        assert!(d.unmapped(3).is_empty());
-        assert!(d.unmapped(3).is_empty());
-        let mut gone = d.unmapped(3);
+        assert!(
+            d.unmapped(3, std::time::Duration::ZERO, std::time::Instant::now())
+                .is_empty()
+        );
+        assert!(
+            d.unmapped(3, std::time::Duration::ZERO, std::time::Instant::now())
+                .is_empty()
+        );
+        let mut gone = d.unmapped(3, std::time::Duration::ZERO, std::time::Instant::now());
         gone.sort_by_key(|(id, _)| *id);
         // Sorted as `gone` is: the files' inode numbers need not follow their creation.
         let mut want = vec![
@@ -728,7 +745,11 @@ mod tests {
         want.sort_by_key(|(id, _)| *id);
         assert_eq!(gone, want);
         assert!(d.skipped().is_empty());
-        assert!(d.unmapped(1).is_empty(), "the host's library stays");
+        assert!(
+            d.unmapped(1, std::time::Duration::ZERO, std::time::Instant::now())
+                .is_empty(),
+            "the host's library stays"
+        );
         assert!(d.known.contains_key(&host_id));
     }
 

@@ -35,9 +35,12 @@ use super::warnings::{WarningKey, WarningStore};
 pub const LIBRARIES_PER_TENANT: usize = 4;
 /// Libraries found in processes attached in all at most.
 pub const LIBRARIES_TOTAL: usize = 64;
-/// Polls in a row without a live process mapping it after which a library found in processes
-/// is detached and forgotten.
+/// Polls in a row, and time, without a live process mapping it after which a library found in
+/// processes is detached and forgotten. The time keeps a library attached across a process that
+/// exits and starts again (a crash loop, a job's next step), and for a report made just after
+/// its last user exited; a tenant's bound counts it until then.
 pub const UNMAPPED_GRACE_POLLS: u32 = 3;
+pub const UNMAPPED_GRACE_TIME: Duration = Duration::from_secs(5);
 /// How long a poll waits for the maps scan by default (see [`Tracer::set_interval`]).
 const MAPS_WAIT: Duration = Duration::from_millis(250);
 /// How long the first poll waits for the first maps scan.
@@ -368,7 +371,9 @@ impl Tracer {
     /// for [`UNMAPPED_GRACE_POLLS`] polls; room made under a bound lets skipped ones be
     /// considered again.
     fn detach_unmapped(&mut self) {
-        let gone = self.discovery.unmapped(UNMAPPED_GRACE_POLLS);
+        let gone =
+            self.discovery
+                .unmapped(UNMAPPED_GRACE_POLLS, UNMAPPED_GRACE_TIME, Instant::now());
         let mut freed = false;
         for (id, verdict) in gone {
             self.warnings.forget_subject(&id.to_string());

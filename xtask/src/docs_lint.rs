@@ -1,5 +1,5 @@
 //! User documents and code comments state current behaviour; development history ("the fourth
-//! session", records named `...-session5.txt`, "issue 4, point 8") belongs in `docs/lab/` or in
+//! session", records named `...-session5.txt`, an issue cited by its number) belongs in `docs/lab/` or in
 //! git history. This test fails when a file outside `docs/lab/` names a development session or
 //! cites one of the project's issues by number.
 
@@ -40,7 +40,7 @@ fn session_mentions(text: &str) -> Vec<String> {
 }
 
 /// The places in `text` that cite one of the project's issues: "issue" as a word, then blanks
-/// and a digit ("issue 22", "Issue 4, point 8"). Other projects' issues are cited by their
+/// and a digit. Other projects' issues are cited by their
 /// repository (`HAMi#2863`), which this leaves alone, as it does "issues" ("rank r issues 5").
 fn issue_mentions(text: &str) -> Vec<String> {
     let lower = text.to_ascii_lowercase();
@@ -115,11 +115,11 @@ fn the_detector_finds_sessions_and_leaves_unit_names_alone() {
 // The samples are split so that this file does not itself cite an issue.
 #[test]
 fn the_detector_finds_issue_numbers_and_leaves_other_uses_alone() {
-    assert_eq!(issue_mentions(concat!("(", "issue 4, point 8)")).len(), 1);
-    assert_eq!(issue_mentions(concat!("see Issue", "\n22 for")).len(), 1);
+    assert_eq!(issue_mentions(concat!("(iss", "ue 4, point 8)")).len(), 1);
+    assert_eq!(issue_mentions(concat!("see Iss", "ue\n22 for")).len(), 1);
     assert!(issue_mentions("HAMi#2863 and HAMi-core#274").is_empty());
     assert!(issue_mentions("rank r issues 5 calls").is_empty());
-    assert!(issue_mentions("tissue 5").is_empty());
+    assert!(issue_mentions(concat!("tiss", "ue 5")).is_empty());
     assert!(issue_mentions("an issue with 4 GPUs").is_empty());
 }
 

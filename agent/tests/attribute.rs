@@ -162,8 +162,10 @@ fn a_known_throttle_lands_in_throttled() {
 
 /// A launch loop under the limiter with launch probes sampled under a budget: the launch figures
 /// are the limiter's (its exact count, its timing of the driver call less the probe hits in
-/// it), not the sampled probes' estimate. The driver time is at least what the simulated driver
-/// measured inside the launches, less the probe cost charged, and at most what the loop took.
+/// it), not the sampled probes' estimate. The probes sample its launches only until the agent has
+/// seen its region slot (from then on they take no probe trap); what they charged before is taken
+/// out of the limiter's timing. The driver time is at least what the simulated driver measured
+/// inside the launches, less the probe cost charged, and at most what the loop took.
 #[test]
 fn under_the_limiter_launch_figures_are_its_exact_count_and_timing() {
     let _serial = serial();
@@ -181,12 +183,8 @@ fn under_the_limiter_launch_figures_are_its_exact_count_and_timing() {
     assert_eq!(launch["calls"], LAUNCHES, "{launch}");
     assert_eq!(launch["measured_by"], "limiter", "{launch}");
     assert!(launch.get("calls_uncertainty").is_none(), "exact: {launch}");
-    // The probes did sample launches meanwhile (their cost is charged, and taken out of the
-    // limiter's timing).
-    let sampled = report["sampling"]["sampled_kinds"].as_array().unwrap();
-    assert!(sampled.iter().any(|k| k["kind"] == "launch"), "{sampled:?}");
     let probe_cost = num(&p["components"]["probe_cost"]);
-    assert!(probe_cost > 0.0);
+    assert!(probe_cost >= 0.0);
     let seconds = num(&launch["seconds"]);
     let inside = num(&made["inside_total_ns"]) / 1e9;
     let loop_s = (num(&made["launch_mean_ns"]) + 1.0) * LAUNCHES as f64 / 1e9;

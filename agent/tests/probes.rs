@@ -567,3 +567,128 @@ fn a_tenant_flooding_the_kernel_maps_is_held_to_its_quota_and_marked_incomplete(
     assert!(container_of(allocs_pid).get("probe_losses").is_some());
     assert!(container_of(victim_pid).get("probe_losses").is_none());
 }
+
+/// The (calls, errors, bytes) of one API from one source in a row's `apis`, zeros if absent.
+fn api_from(row: &serde_json::Value, name: &str, source: &str) -> (u64, u64, u64) {
+    row["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["api"] == name && a["source"] == source)
+        .map(|a| {
+            (
+                a["calls"].as_u64().unwrap(),
+                a["errors"].as_u64().unwrap(),
+                a["bytes"].as_u64().unwrap(),
+            )
+        })
+        .unwrap_or((0, 0, 0))
+}
+
+/// Two processes share one driver library, one under the limiter: the limiter's process takes
+/// no probe trap for its launches, synchronisations and copies (the probes count none of them)
+/// and its limiter's exact figures are shown; the other is probed for every call, exactly.
+#[test]
+fn processes_under_the_limiter_take_no_probe_trap_for_what_their_limiter_records() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let regions = dir.path().join("regions");
+    std::fs::create_dir_all(&regions).unwrap();
+    let start = |name: &str, limited: bool| {
+        let wdir = dir.path().join(name);
+        std::fs::create_dir_all(&wdir).unwrap();
+        let mut cmd = exercise(&lib);
+        if limited {
+            cmd.env("LD_PRELOAD", limiter_lib())
+                .env("VGPU_REAL_LIBCUDA", &lib)
+                .env("CUDA_DEVICE_MEMORY_LIMIT", "8g")
+                .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join("ctr.cache"));
+        }
+        // The limiter's process is still there when the report is made.
+        let linger = if limited { "4000" } else { "0" };
+        cmd.args([
+            "--init-first",
+            "--linger-ms",
+            linger,
+            "counts",
+            "--per-api",
+            "7",
+        ]);
+        Workload::start(cmd, &wdir)
+    };
+    let limited = start("limited", true);
+    let probed = start("probed", false);
+    let mut stat = Stat::start(&[
+        "--no-calibrate",
+        "--probe-launches",
+        "--region-dir",
+        regions.to_str().unwrap(),
+    ]);
+    stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    stat.wait_for("probed for 1 process(es) only", ATTACH_TIMEOUT);
+    let (lpid, ppid) = (limited.pid(), probed.pid());
+    limited.go();
+    probed.go();
+    let pmade = probed.finish();
+    // The limiter's process made its calls meanwhile (as fast as the other), and lingers.
+    std::thread::sleep(Duration::from_millis(1500));
+    let report = stat.finish();
+    let lmade = limited.finish();
+    let per_process = [
+        agent_common::ApiKind::Launch,
+        agent_common::ApiKind::Sync,
+        agent_common::ApiKind::Copy,
+    ];
+    let mut checked = 0;
+    for (pid, made, exact, untouched) in [
+        (lpid, &lmade, "limiter", "probes"),
+        (ppid, &pmade, "probes", "limiter"),
+    ] {
+        let row = process(&report, pid);
+        for (name, c) in made["calls"].as_object().unwrap() {
+            let Some(spec) = agent_common::ApiId::from_name(name).and_then(|a| a.spec()) else {
+                continue;
+            };
+            if !per_process.contains(&spec.kind) {
+                continue;
+            }
+            let want = (
+                c["calls"].as_u64().unwrap(),
+                c["errors"].as_u64().unwrap(),
+                c["bytes"].as_u64().unwrap(),
+            );
+            let got = api_from(row, name, exact);
+            if spec.kind == agent_common::ApiKind::Copy && spec.size_arg.is_some() {
+                assert_eq!(
+                    got, want,
+                    "pid {pid} {name} from the {exact}: (calls, errors, bytes)"
+                );
+            } else {
+                assert_eq!(
+                    (got.0, got.1),
+                    (want.0, want.1),
+                    "pid {pid} {name} from the {exact}"
+                );
+            }
+            assert_eq!(
+                api_from(row, name, untouched).0,
+                0,
+                "pid {pid} {name} from the {untouched}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 40, "{checked} APIs checked");
+    // The library says whom it probes them for: not the limiter's process (the other exited).
+    let libraries = report["probes"]["libraries"].as_array().unwrap();
+    let scoped = libraries
+        .iter()
+        .find_map(|l| l["processes_scoped"].as_array())
+        .expect("a library probed for some processes only");
+    assert!(!scoped.iter().any(|p| p == lpid), "{scoped:?}");
+}

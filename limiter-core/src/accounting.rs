@@ -25,6 +25,8 @@ pub struct Call {
     pub bytes_allocated: u64,
     /// Bytes the call freed.
     pub bytes_freed: u64,
+    /// Bytes the call copied.
+    pub bytes_moved: u64,
 }
 
 /// A reservation that would pass the limit.
@@ -77,6 +79,7 @@ pub(crate) struct ApiStats {
     pub(crate) hook_ns: AtomicU64,
     pub(crate) alloc_bytes: AtomicU64,
     pub(crate) free_bytes: AtomicU64,
+    pub(crate) moved_bytes: AtomicU64,
     pub(crate) denied: AtomicU64,
     pub(crate) denied_bytes: AtomicU64,
 }
@@ -133,6 +136,9 @@ impl InProcess {
         }
         if call.bytes_freed != 0 {
             s.free_bytes.fetch_add(call.bytes_freed, Ordering::Relaxed);
+        }
+        if call.bytes_moved != 0 {
+            s.moved_bytes.fetch_add(call.bytes_moved, Ordering::Relaxed);
         }
         if hook_ns != 0 {
             s.hook_ns.fetch_add(hook_ns, Ordering::Relaxed);

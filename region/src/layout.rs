@@ -34,8 +34,9 @@ pub const LAYOUT_MAJOR: u32 = 3;
 /// The oldest major version the reader still decodes (1: `reserved` and `held` are plain bytes).
 pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// Layout minor version: additions inside reserved fields; readers accept any minor. 1: the
-/// container's SM share per device ([`SmShare`], in what was the header's tail).
-pub const LAYOUT_MINOR: u32 = 1;
+/// container's SM share per device ([`SmShare`], in what was the header's tail). 2: the bytes
+/// an API copied ([`ApiRecord::bytes_moved`], in what was the record's first spare word).
+pub const LAYOUT_MINOR: u32 = 2;
 /// Devices per region (as HAMi-core's `CUDA_DEVICE_MAX_COUNT`).
 pub const MAX_DEVICES: usize = 16;
 /// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
@@ -207,13 +208,15 @@ pub struct ApiRecord {
     pub denied_bytes: AtomicU64,
     /// Log2 latency histogram (bucketed by `agent_common::hist::bucket_of`).
     pub hist: [AtomicU64; HIST_BUCKETS],
+    /// Bytes copied by this API (minor 2; zero in regions of older writers).
+    pub bytes_moved: AtomicU64,
     /// Room for growth (minor versions).
     pub spare: [AtomicU64; API_RECORD_SPARE_WORDS],
 }
 
 /// Bytes of an [`ApiRecord`]: a power of two, so that no record straddles a page.
 pub const API_RECORD_SIZE: usize = 512;
-const API_RECORD_SPARE_WORDS: usize = API_RECORD_SIZE / 8 - 10 - HIST_BUCKETS;
+const API_RECORD_SPARE_WORDS: usize = API_RECORD_SIZE / 8 - 11 - HIST_BUCKETS;
 
 /// A single-writer statistics shard: one record per API id.
 #[repr(C)]
@@ -433,6 +436,7 @@ field_offsets!(
     ApiRecord.denied,
     ApiRecord.denied_bytes,
     ApiRecord.hist,
+    ApiRecord.bytes_moved,
     ApiRecord.spare,
     SlotRecordV2.header,
     SlotRecordV2.shards,

@@ -342,6 +342,7 @@ fn reset_shard(shard: &Shard) {
             &record.throttled_ns,
             &record.denied,
             &record.denied_bytes,
+            &record.bytes_moved,
         ]
         .into_iter()
         .chain(&record.hist)

@@ -31,6 +31,8 @@ pub struct Call {
     pub bytes_allocated: u64,
     /// Bytes the call freed.
     pub bytes_freed: u64,
+    /// Bytes the call copied.
+    pub bytes_moved: u64,
 }
 
 /// The calling thread's handle for recording statistics into its process's slot.
@@ -181,6 +183,10 @@ impl<'r> ShardWriter<'r> {
             bump(&r.bytes_allocated, call.bytes_allocated);
             bump(&r.bytes_freed, call.bytes_freed);
             bump(&r.hist[bucket_of(call.latency_ns)], 1);
+            // Only copies touch the line of this word.
+            if call.bytes_moved != 0 {
+                bump(&r.bytes_moved, call.bytes_moved);
+            }
             bump(&r.hook_ns, hook_ns());
         });
     }

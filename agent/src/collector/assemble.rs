@@ -410,7 +410,7 @@ pub fn build(
                                 source: Source::Limiter,
                                 calls: a.calls,
                                 errors: a.errors,
-                                bytes: a.bytes_allocated + a.bytes_freed,
+                                bytes: a.bytes_allocated + a.bytes_freed + a.bytes_moved,
                                 total_ns: a.latency_ns,
                                 hook_ns: a.hook_ns,
                                 denied: a.denied,

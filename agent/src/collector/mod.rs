@@ -242,6 +242,17 @@ impl Collector {
             now,
         );
         snap.agent.region_listing_cuts = scanned.cuts.iter().map(regions::cut_model).collect();
+        if let Some(t) = &mut self.tracer {
+            // Processes whose limiter counts their launches, synchronisations and copies: not
+            // probed for them from the next poll.
+            t.set_limited(
+                snap.processes
+                    .iter()
+                    .filter(|p| p.alive && p.limiter.is_some())
+                    .map(|p| p.key.pid)
+                    .collect(),
+            );
+        }
         snap.schema = crate::model::SCHEMA.into();
         snap.hostname = hostname();
         snap.taken_at_unix_ms = SystemTime::now()

@@ -348,6 +348,11 @@ pub struct LibraryStatus {
     /// First instruction of the probed functions, by kind (decides the probe cost).
     pub prologues: BTreeMap<String, usize>,
     pub kinds_attached: Vec<String>,
+    /// Where processes under the limiter use the library: the only processes its launches,
+    /// synchronisations and copies are probed in (the limiter records those of its own
+    /// processes). Absent: probed in every process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes_scoped: Option<Vec<u32>>,
 }
 
 /// The incremental reading of processes' maps (`/proc/<pid>/maps`), done off the collector's

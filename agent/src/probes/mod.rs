@@ -103,18 +103,55 @@ fn program_name(kind: ApiKind, entry: bool, mode: AttachMode) -> String {
     }
 }
 
+/// The kinds of a CUDA driver library that can be attached for some processes only: what the
+/// limiter records itself, exactly (counts, latencies, bytes), so that the processes under it
+/// take no probe trap for them.
+pub const PER_PROCESS_KINDS: [ApiKind; 3] = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
+
+/// Which processes a library's [`PER_PROCESS_KINDS`] are attached for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessScope {
+    /// Every process that maps the library: one link pair per kind.
+    All,
+    /// These processes only: a link pair per kind and process (uprobe links scoped to a
+    /// process: the kernel writes no breakpoint into the others).
+    Only(BTreeSet<u32>),
+}
+
+/// Links of one attachment: (program name, link), entry and return.
+type Links = Vec<(String, UProbeLinkId)>;
+
 /// One library's attachment.
 #[derive(Debug)]
 pub struct AttachedLibrary {
     pub file: LibraryFile,
     pub symbols: SymbolTable,
-    /// Links per kind (entry and return programs).
-    links: BTreeMap<ApiKind, Vec<(String, UProbeLinkId)>>,
+    /// Links per kind attached for every process.
+    links: BTreeMap<ApiKind, Links>,
+    /// Links per kind and process, where the scope is [`ProcessScope::Only`].
+    process_links: BTreeMap<(ApiKind, u32), Links>,
+    scope: ProcessScope,
 }
 
 impl AttachedLibrary {
+    /// Kinds attached (a per-process kind is attached while it is on, for whichever processes
+    /// are in scope, none included).
     pub fn attached_kinds(&self) -> impl Iterator<Item = ApiKind> + '_ {
-        self.links.keys().copied()
+        let per_process: BTreeSet<ApiKind> = self.process_links.keys().map(|(k, _)| *k).collect();
+        let mut kinds: BTreeSet<ApiKind> = self.links.keys().copied().collect();
+        kinds.extend(per_process);
+        kinds.into_iter()
+    }
+
+    pub fn scope(&self) -> &ProcessScope {
+        &self.scope
+    }
+
+    /// Whether `kind` is attached per process in this library.
+    fn scoped(&self, kind: ApiKind) -> bool {
+        self.file.kind == LibraryKind::Cuda
+            && PER_PROCESS_KINDS.contains(&kind)
+            && matches!(self.scope, ProcessScope::Only(_))
     }
 }
 
@@ -156,6 +193,9 @@ pub struct Probes {
     off: BTreeSet<ApiKind>,
     /// Links of forgotten libraries being released, and the release of all at drop.
     releaser: release::Releaser,
+    /// Whether uprobe links can be scoped to one process (uprobe_multi with a working pid
+    /// filter); without it every library stays [`ProcessScope::All`].
+    can_scope: bool,
 }
 
 impl Probes {
@@ -191,6 +231,9 @@ impl Probes {
             (AttachMode::Multi, Ok(true)) => AttachMode::Multi,
             _ => AttachMode::PerSymbol,
         };
+        // Per-process links only as uprobe_multi links: one per kind and process (per-symbol
+        // perf links would take one descriptor per symbol, kind and process).
+        let can_scope = mode == AttachMode::Multi && calib_mode == AttachMode::Multi;
         let mut kinds: Vec<ApiKind> = ApiKind::PROBED.to_vec();
         kinds.extend(ApiKind::NCCL_PROBED);
         kinds.push(ApiKind::Info);
@@ -216,6 +259,7 @@ impl Probes {
             libraries: BTreeMap::new(),
             off: [ApiKind::Launch].into(),
             releaser: release::Releaser::default(),
+            can_scope,
         })
     }
 
@@ -253,6 +297,8 @@ impl Probes {
             file,
             symbols,
             links: BTreeMap::new(),
+            process_links: BTreeMap::new(),
+            scope: ProcessScope::All,
         };
         for &kind in kinds {
             if self.off.contains(&kind) {
@@ -260,13 +306,8 @@ impl Probes {
             }
             if let Err(e) = self.attach_kind(&mut lib, kind) {
                 // Leave nothing of a library that failed half-way attached.
-                for (_, links) in std::mem::take(&mut lib.links) {
-                    for (name, link) in links {
-                        if let Ok(p) = program(&mut self.ebpf, &name) {
-                            let _ = p.detach(link);
-                        }
-                    }
-                }
+                let links = Self::take_links(&mut self.ebpf, &mut lib);
+                self.releaser.release_now(links);
                 return Err(e);
             }
         }
@@ -274,7 +315,57 @@ impl Probes {
         Ok(self.libraries.entry(id).or_insert(lib))
     }
 
+    /// Attaches `kind` to `lib` under the library's scope: for every process, or for each
+    /// process in it (one that cannot be attached for, because it exited meanwhile, is left out
+    /// of the scope, so that the next [`Probes::set_scope`] tries it again).
     fn attach_kind(&mut self, lib: &mut AttachedLibrary, kind: ApiKind) -> Result<(), ProbeError> {
+        if !lib.scoped(kind) {
+            if let Some(links) = self.attach_points(lib, kind, UProbeScope::AllProcesses)? {
+                lib.links.insert(kind, links);
+            }
+            return Ok(());
+        }
+        let ProcessScope::Only(pids) = lib.scope.clone() else {
+            unreachable!("scoped() checked the scope")
+        };
+        for pid in pids {
+            self.attach_for_process(lib, kind, pid);
+        }
+        Ok(())
+    }
+
+    /// Attaches `kind` to `lib` for process `pid` only; a failure (the process exited) takes
+    /// it out of the scope.
+    fn attach_for_process(&mut self, lib: &mut AttachedLibrary, kind: ApiKind, pid: u32) {
+        let Some(nz) = std::num::NonZeroU32::new(pid) else {
+            return;
+        };
+        match self.attach_points(lib, kind, UProbeScope::OneProcess(nz)) {
+            Ok(Some(links)) => {
+                lib.process_links.insert((kind, pid), links);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                log::debug!(
+                    "attaching {} of {} for pid {pid}: {e}",
+                    kind.name(),
+                    lib.file.attach_path.display()
+                );
+                if let ProcessScope::Only(pids) = &mut lib.scope {
+                    pids.remove(&pid);
+                }
+            }
+        }
+    }
+
+    /// Attaches the entry and return programs of `kind` to the library's symbols of that kind
+    /// (`None`: it has none). Leaves nothing half-attached on failure.
+    fn attach_points(
+        &mut self,
+        lib: &AttachedLibrary,
+        kind: ApiKind,
+        scope: UProbeScope,
+    ) -> Result<Option<Links>, ProbeError> {
         let points: Vec<UProbeAttachPoint<'static>> = lib
             .symbols
             .found
@@ -288,17 +379,13 @@ impl Probes {
             })
             .collect();
         if points.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let mut links = Vec::with_capacity(2);
         for entry in [true, false] {
             let name = program_name(kind, entry, self.mode);
             let prog = program(&mut self.ebpf, &name)?;
-            match prog.attach(
-                points.iter(),
-                &lib.file.attach_path,
-                UProbeScope::AllProcesses,
-            ) {
+            match prog.attach(points.iter(), &lib.file.attach_path, scope) {
                 Ok(id) => links.push((name, id)),
                 Err(source) => {
                     // Leave nothing half-attached: an entry probe without its return probe
@@ -316,44 +403,132 @@ impl Probes {
                 }
             }
         }
-        lib.links.insert(kind, links);
-        Ok(())
+        Ok(Some(links))
     }
 
     /// Detaches a kind from a library now (a sampling window's edge: the probes must be off
-    /// when this returns).
+    /// when this returns), every process's links at once.
     fn detach_kind(&mut self, id: FileId, kind: ApiKind) {
         let Some(lib) = self.libraries.get_mut(&id) else {
             return;
         };
-        for (name, link) in lib.links.remove(&kind).unwrap_or_default() {
-            if let Ok(p) = program(&mut self.ebpf, &name)
-                && let Err(e) = p.detach(link)
-            {
-                log::warn!(
-                    "detaching {name} from {}: {e}",
-                    lib.file.attach_path.display()
-                );
+        let mut taken: Vec<Links> = lib.links.remove(&kind).into_iter().collect();
+        let keys: Vec<(ApiKind, u32)> = lib
+            .process_links
+            .keys()
+            .filter(|(k, _)| *k == kind)
+            .copied()
+            .collect();
+        for key in keys {
+            taken.extend(lib.process_links.remove(&key));
+        }
+        let path = lib.file.attach_path.clone();
+        let links = Self::take_named(&mut self.ebpf, taken, &path);
+        self.releaser.release_now(links);
+    }
+
+    /// Whether libraries can be attached for some processes only (see [`ProcessScope`]).
+    pub fn can_scope(&self) -> bool {
+        self.can_scope
+    }
+
+    /// Sets which processes a CUDA library's [`PER_PROCESS_KINDS`] are attached for. Processes
+    /// that leave the scope lose their links in the background; a change between
+    /// [`ProcessScope::All`] and [`ProcessScope::Only`] detaches the kinds first and attaches
+    /// them again after (a call in between is missed, none is counted twice).
+    pub fn set_scope(
+        &mut self,
+        id: FileId,
+        scope: ProcessScope,
+    ) -> Result<(), Vec<(FileId, ProbeError)>> {
+        let mut failed = Vec::new();
+        if !self.can_scope {
+            return Ok(());
+        }
+        let Some(mut lib) = self.libraries.remove(&id) else {
+            return Ok(());
+        };
+        if lib.file.kind != LibraryKind::Cuda || lib.scope == scope {
+            self.libraries.insert(id, lib);
+            return Ok(());
+        }
+        let on: Vec<ApiKind> = PER_PROCESS_KINDS
+            .into_iter()
+            .filter(|k| !self.off.contains(k))
+            .collect();
+        match (&lib.scope, &scope) {
+            (ProcessScope::Only(old), ProcessScope::Only(new)) => {
+                let (old, new) = (old.clone(), new.clone());
+                let mut gone = Vec::new();
+                for pid in old.difference(&new) {
+                    for kind in PER_PROCESS_KINDS {
+                        gone.extend(lib.process_links.remove(&(kind, *pid)));
+                    }
+                }
+                let links = Self::take_named(&mut self.ebpf, gone, &lib.file.attach_path);
+                self.releaser.release_in_background(links);
+                lib.scope = ProcessScope::Only(new.clone());
+                for pid in new.difference(&old) {
+                    for &kind in &on {
+                        self.attach_for_process(&mut lib, kind, *pid);
+                    }
+                }
+            }
+            _ => {
+                let mut taken: Vec<Links> = Vec::new();
+                for kind in PER_PROCESS_KINDS {
+                    taken.extend(lib.links.remove(&kind));
+                }
+                taken.extend(std::mem::take(&mut lib.process_links).into_values());
+                let links = Self::take_named(&mut self.ebpf, taken, &lib.file.attach_path);
+                self.releaser.release_now(links);
+                lib.scope = scope;
+                for &kind in &on {
+                    if let Err(e) = self.attach_kind(&mut lib, kind) {
+                        failed.push((id, e));
+                    }
+                }
+                // Said once the probes are as it says.
+                match &lib.scope {
+                    ProcessScope::All => log::info!(
+                        "{}: launches, synchronisations and copies probed in every process",
+                        lib.file.path.display()
+                    ),
+                    ProcessScope::Only(pids) => log::info!(
+                        "{}: launches, synchronisations and copies probed for {} process(es) only \
+                         (the limiter records those of its other users)",
+                        lib.file.path.display(),
+                        pids.len()
+                    ),
+                }
             }
         }
+        self.libraries.insert(id, lib);
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed)
+        }
+    }
+
+    /// Takes these links out of their programs, to be released by the caller.
+    fn take_named(ebpf: &mut Ebpf, taken: Vec<Links>, path: &Path) -> Vec<UProbeLink> {
+        let mut out = Vec::new();
+        for (name, link) in taken.into_iter().flatten() {
+            match program(ebpf, &name).map(|p| p.take_link(link)) {
+                Ok(Ok(l)) => out.push(l),
+                Ok(Err(e)) => log::warn!("taking {name}'s link on {}: {e}", path.display()),
+                Err(e) => log::warn!("{e}"),
+            }
+        }
+        out
     }
 
     /// Takes the links of `lib` out of their programs, to be released by the caller.
     fn take_links(ebpf: &mut Ebpf, lib: &mut AttachedLibrary) -> Vec<UProbeLink> {
-        let mut out = Vec::new();
-        for (_, links) in std::mem::take(&mut lib.links) {
-            for (name, link) in links {
-                match program(ebpf, &name).map(|p| p.take_link(link)) {
-                    Ok(Ok(l)) => out.push(l),
-                    Ok(Err(e)) => log::warn!(
-                        "taking {name}'s link on {}: {e}",
-                        lib.file.attach_path.display()
-                    ),
-                    Err(e) => log::warn!("{e}"),
-                }
-            }
-        }
-        out
+        let mut taken: Vec<Links> = std::mem::take(&mut lib.links).into_values().collect();
+        taken.extend(std::mem::take(&mut lib.process_links).into_values());
+        Self::take_named(ebpf, taken, &lib.file.attach_path)
     }
 
     /// Turns the launch-family probes on or off in every attached library.

@@ -42,6 +42,29 @@ impl Releaser {
         }
     }
 
+    /// Releases `links` now, spread over up to [`EXIT_THREADS`] threads, and waits for them
+    /// only (a sampling window's edge, or a change of scope: the probes must be off when this
+    /// returns).
+    pub(super) fn release_now(&mut self, links: Vec<UProbeLink>) {
+        if links.len() <= 1 {
+            drop(links);
+            return;
+        }
+        let threads = links.len().min(EXIT_THREADS);
+        let mut shares: Vec<Vec<UProbeLink>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, link) in links.into_iter().enumerate() {
+            shares[i % threads].push(link);
+        }
+        std::thread::scope(|s| {
+            for share in shares {
+                // A thread that cannot start drops its share here: released inline.
+                let _ = std::thread::Builder::new()
+                    .name("link-release".into())
+                    .spawn_scoped(s, move || drop(share));
+            }
+        });
+    }
+
     /// Releases `links` spread over up to [`EXIT_THREADS`] threads at once, and waits for them
     /// and for the background releases still running. Returns how long it took.
     pub(super) fn release_all(&mut self, links: Vec<UProbeLink>) -> Duration {

@@ -2,7 +2,7 @@
 //! probes switched by policy, and raw readings of the kernel's aggregation maps.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -21,7 +21,7 @@ use crate::{
         probing::{LaunchProbes, ProbeCost, Prologue, SamplingStatus},
     },
     probes::{
-        ProbeError, Probes,
+        ProbeError, Probes, ProcessScope,
         calibrate::Calibrator,
         sampling::{Budget, SAMPLED_KINDS, Schedule},
     },
@@ -41,6 +41,11 @@ pub const LIBRARIES_TOTAL: usize = 64;
 /// its last user exited; a tenant's bound counts it until then.
 pub const UNMAPPED_GRACE_POLLS: u32 = 3;
 pub const UNMAPPED_GRACE_TIME: Duration = Duration::from_secs(5);
+/// Processes a CUDA library's high-rate kinds are attached for one by one at most, while
+/// processes under the limiter use it too (see [`Tracer::set_limited`]); with more, the library
+/// is attached for every process again (the limiter's processes then take the traps too), so
+/// that a tenant's many processes cannot make the agent hold links without bound.
+pub const PER_PROCESS_MAX: usize = 32;
 /// How long a poll waits for the maps scan by default (see [`Tracer::set_interval`]).
 const MAPS_WAIT: Duration = Duration::from_millis(250);
 /// How long the first poll waits for the first maps scan.
@@ -106,6 +111,9 @@ pub struct Tracer {
     edge_returns: u64,
     /// The aggregation rows as last read, so that what is shown never goes back.
     floors: crate::probes::monotonic::Floors,
+    /// Processes whose launches, synchronisations and copies their limiter records (see
+    /// [`Tracer::set_limited`]).
+    limited: BTreeSet<u32>,
 }
 
 impl Tracer {
@@ -134,6 +142,7 @@ impl Tracer {
             maps_wait: MAPS_WAIT,
             edge_returns: 0,
             floors: Default::default(),
+            limited: BTreeSet::new(),
         };
         if t.opts.launches == LaunchProbes::On {
             let r = t.set_launches(true);
@@ -428,6 +437,7 @@ impl Tracer {
             }
         }
         self.users = scan.users.clone();
+        self.apply_scopes();
         for (pid, _) in scan.users {
             let stale = self.seen_processes.get(&pid).is_none_or(|f| {
                 // A reused pid is another process.
@@ -451,6 +461,59 @@ impl Tracer {
             self.settle(r)?;
         }
         Ok(())
+    }
+
+    /// The processes whose limiter records their launches, synchronisations and copies itself
+    /// (a live slot in a region: see `identity::regions`). From the next poll, the CUDA
+    /// libraries they map have those kinds attached only for their other users, so that the
+    /// limiter's processes take no probe trap for what their limiter already counts exactly.
+    pub fn set_limited(&mut self, pids: BTreeSet<u32>) {
+        self.limited = pids;
+    }
+
+    /// Scopes each CUDA library's per-process kinds: to every process while none of its users
+    /// is under the limiter, else to its other users (up to [`PER_PROCESS_MAX`]).
+    fn apply_scopes(&mut self) {
+        if !self.probes.can_scope() {
+            return;
+        }
+        let mut users: BTreeMap<FileId, BTreeSet<u32>> = BTreeMap::new();
+        for (pid, id) in &self.users {
+            users.entry(*id).or_default().insert(*pid);
+        }
+        let ids: Vec<(FileId, PathBuf)> = self
+            .probes
+            .libraries()
+            .filter(|l| l.file.kind == LibraryKind::Cuda)
+            .map(|l| (l.file.id, l.file.path.clone()))
+            .collect();
+        for (id, path) in ids {
+            let of = users.remove(&id).unwrap_or_default();
+            let rest: BTreeSet<u32> = of.difference(&self.limited).copied().collect();
+            let scope = if rest.len() == of.len() {
+                ProcessScope::All
+            } else if rest.len() > PER_PROCESS_MAX {
+                let key = WarningKey {
+                    tenant: None,
+                    kind: "per_process_max",
+                    subject: id.to_string(),
+                };
+                let msg = format!(
+                    "{}: {} processes not under the limiter use it: probed for every process \
+                     (the limiter's processes take probe traps too) above {PER_PROCESS_MAX}",
+                    path.display(),
+                    rest.len()
+                );
+                self.warnings.warn(key, None, msg, Instant::now());
+                ProcessScope::All
+            } else {
+                ProcessScope::Only(rest)
+            };
+            let r = self.probes.set_scope(id, scope);
+            if let Err(e) = self.settle(r) {
+                self.warn(format!("scoping the probes of {}: {e}", path.display()));
+            }
+        }
     }
 
     /// When the sampling schedule next attaches or detaches a kind (`None` without a budget).
@@ -640,6 +703,10 @@ impl Tracer {
                     m
                 }),
                 kinds_attached: l.attached_kinds().map(|k| k.name().to_owned()).collect(),
+                processes_scoped: match l.scope() {
+                    ProcessScope::All => None,
+                    ProcessScope::Only(pids) => Some(pids.iter().copied().collect()),
+                },
             })
             .collect()
     }

@@ -363,6 +363,7 @@ pub fn snapshot() -> Snapshot {
                 symbols_missing: vec![],
                 prologues: BTreeMap::new(),
                 kinds_attached: vec!["alloc".into(), "free".into(), "sync".into()],
+                processes_scoped: None,
             }],
             launch_probes: LaunchProbes::Sampled {
                 window: std::time::Duration::from_secs(1),

@@ -79,6 +79,7 @@ fn record_call(
         ok,
         bytes_allocated: allocated,
         bytes_freed: freed,
+        bytes_moved: 0,
     };
     process.ledger.record(api, call, || {
         clock.ns_between(entered, t0) + clock.ns_between(t1, clock.now())

@@ -4,7 +4,8 @@
 //! - [`gate`]: how every hook starts (re-entry, failure or the limiter's logic) and records.
 //! - [`memory`]: allocations and frees, exact enforcement; [`info`]: memory information under
 //!   the limit; [`launch`]: kernel and graph launches, counted, timed and paced; [`init`]:
-//!   `cuInit`; [`context`]: context creation, where the context's memory is charged.
+//!   `cuInit`; [`context`]: context creation, where the context's memory is charged; [`timed`]:
+//!   synchronisations, copies and host functions, counted and timed.
 //! - [`nvml`]: NVML's memory information and process list under the limit.
 //! - [`lookup`]: the table of our hooks and `cuGetProcAddress`, which hands them out;
 //!   [`dlsym`]: the `dlsym` override, which hands them out too.
@@ -18,3 +19,4 @@ pub(crate) mod launch;
 pub(crate) mod lookup;
 pub(crate) mod memory;
 pub(crate) mod nvml;
+pub(crate) mod timed;

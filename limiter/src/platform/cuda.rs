@@ -27,6 +27,14 @@ pub(crate) type CUmemGenericAllocationHandle = u64;
 pub(crate) type CUlaunchConfig = c_void;
 /// `CUmemPoolProps` is only passed through.
 pub(crate) type CUmemPoolProps = c_void;
+/// `CUcontext`.
+pub(crate) type CUcontext = *mut c_void;
+/// `CUevent`.
+pub(crate) type CUevent = *mut c_void;
+/// `CUhostFn` (`void (*)(void *)`), only passed through.
+pub(crate) type CUhostFn = *mut c_void;
+/// `CUmemcpyAttributes`, only passed through.
+pub(crate) type CUmemcpyAttributes = c_void;
 /// `CUdriverProcAddressQueryResult`.
 pub(crate) type CUdriverProcAddressQueryResult = c_int;
 

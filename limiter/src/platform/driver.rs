@@ -113,6 +113,56 @@ pub(crate) type PfnMemPoolGetAttribute =
 pub(crate) type PfnDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
 pub(crate) type PfnDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
 pub(crate) type PfnDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
+pub(crate) type PfnCtxSynchronizeV2 = unsafe extern "C" fn(CUcontext) -> CUresult;
+pub(crate) type PfnStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+pub(crate) type PfnEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
+pub(crate) type PfnStreamWaitEvent = unsafe extern "C" fn(CUstream, CUevent, c_uint) -> CUresult;
+pub(crate) type PfnLaunchHostFunc =
+    unsafe extern "C" fn(CUstream, CUhostFn, *mut c_void) -> CUresult;
+/// `cuMemcpy` and `cuMemcpyDtoD_v2`: (destination, source, bytes).
+pub(crate) type PfnMemcpy = unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
+pub(crate) type PfnMemcpyAsync =
+    unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+pub(crate) type PfnMemcpyHtoDAsync =
+    unsafe extern "C" fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemcpyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+pub(crate) type PfnMemcpyDtoHAsync =
+    unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemcpyPeer =
+    unsafe extern "C" fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize) -> CUresult;
+pub(crate) type PfnMemcpyPeerAsync = unsafe extern "C" fn(
+    CUdeviceptr,
+    CUcontext,
+    CUdeviceptr,
+    CUcontext,
+    usize,
+    CUstream,
+) -> CUresult;
+/// `cuMemcpyBatchAsync` (CUDA 12.8): (dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs,
+/// failIdx, stream).
+pub(crate) type PfnMemcpyBatchAsync = unsafe extern "C" fn(
+    *mut CUdeviceptr,
+    *mut CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    *mut usize,
+    CUstream,
+) -> CUresult;
+/// `cuMemcpyBatchAsync_v2` (CUDA 13): as `cuMemcpyBatchAsync` without `failIdx`.
+pub(crate) type PfnMemcpyBatchAsyncV2 = unsafe extern "C" fn(
+    *mut CUdeviceptr,
+    *mut CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    CUstream,
+) -> CUresult;
 
 /// A driver symbol with its function-pointer type, so that the slot and the signature of a symbol
 /// are named together once, in [`driver_symbols!`].
@@ -198,8 +248,41 @@ driver_symbols! {
     GraphLaunchPtsz = c"cuGraphLaunch_ptsz": PfnGraphLaunch, hooked: true;
     /// Used by the hooks to find the current device; not hooked.
     CtxGetDevice = c"cuCtxGetDevice": PfnCtxGetDevice, hooked: false;
-    /// Used by the SM controller to drain the device at the end of a window; not hooked.
-    CtxSynchronize = c"cuCtxSynchronize": PfnCtxSynchronize, hooked: false;
+    // Synchronisations, copies and host functions: counted and timed (`hooks::timed`). The SM
+    // controller drains the device through the real cuCtxSynchronize, from this table.
+    CtxSynchronize = c"cuCtxSynchronize": PfnCtxSynchronize, hooked: true;
+    CtxSynchronizeV2 = c"cuCtxSynchronize_v2": PfnCtxSynchronizeV2, hooked: true;
+    StreamSynchronize = c"cuStreamSynchronize": PfnStreamSynchronize, hooked: true;
+    StreamSynchronizePtsz = c"cuStreamSynchronize_ptsz": PfnStreamSynchronize, hooked: true;
+    EventSynchronize = c"cuEventSynchronize": PfnEventSynchronize, hooked: true;
+    StreamWaitEvent = c"cuStreamWaitEvent": PfnStreamWaitEvent, hooked: true;
+    StreamWaitEventPtsz = c"cuStreamWaitEvent_ptsz": PfnStreamWaitEvent, hooked: true;
+    LaunchHostFunc = c"cuLaunchHostFunc": PfnLaunchHostFunc, hooked: true;
+    LaunchHostFuncPtsz = c"cuLaunchHostFunc_ptsz": PfnLaunchHostFunc, hooked: true;
+    Memcpy = c"cuMemcpy": PfnMemcpy, hooked: true;
+    MemcpyPtds = c"cuMemcpy_ptds": PfnMemcpy, hooked: true;
+    MemcpyAsync = c"cuMemcpyAsync": PfnMemcpyAsync, hooked: true;
+    MemcpyAsyncPtsz = c"cuMemcpyAsync_ptsz": PfnMemcpyAsync, hooked: true;
+    MemcpyHtoDV2 = c"cuMemcpyHtoD_v2": PfnMemcpyHtoD, hooked: true;
+    MemcpyHtoDV2Ptds = c"cuMemcpyHtoD_v2_ptds": PfnMemcpyHtoD, hooked: true;
+    MemcpyDtoHV2 = c"cuMemcpyDtoH_v2": PfnMemcpyDtoH, hooked: true;
+    MemcpyDtoHV2Ptds = c"cuMemcpyDtoH_v2_ptds": PfnMemcpyDtoH, hooked: true;
+    MemcpyDtoDV2 = c"cuMemcpyDtoD_v2": PfnMemcpy, hooked: true;
+    MemcpyDtoDV2Ptds = c"cuMemcpyDtoD_v2_ptds": PfnMemcpy, hooked: true;
+    MemcpyHtoDAsyncV2 = c"cuMemcpyHtoDAsync_v2": PfnMemcpyHtoDAsync, hooked: true;
+    MemcpyHtoDAsyncV2Ptsz = c"cuMemcpyHtoDAsync_v2_ptsz": PfnMemcpyHtoDAsync, hooked: true;
+    MemcpyDtoHAsyncV2 = c"cuMemcpyDtoHAsync_v2": PfnMemcpyDtoHAsync, hooked: true;
+    MemcpyDtoHAsyncV2Ptsz = c"cuMemcpyDtoHAsync_v2_ptsz": PfnMemcpyDtoHAsync, hooked: true;
+    MemcpyDtoDAsyncV2 = c"cuMemcpyDtoDAsync_v2": PfnMemcpyAsync, hooked: true;
+    MemcpyDtoDAsyncV2Ptsz = c"cuMemcpyDtoDAsync_v2_ptsz": PfnMemcpyAsync, hooked: true;
+    MemcpyPeer = c"cuMemcpyPeer": PfnMemcpyPeer, hooked: true;
+    MemcpyPeerPtds = c"cuMemcpyPeer_ptds": PfnMemcpyPeer, hooked: true;
+    MemcpyPeerAsync = c"cuMemcpyPeerAsync": PfnMemcpyPeerAsync, hooked: true;
+    MemcpyPeerAsyncPtsz = c"cuMemcpyPeerAsync_ptsz": PfnMemcpyPeerAsync, hooked: true;
+    MemcpyBatchAsync = c"cuMemcpyBatchAsync": PfnMemcpyBatchAsync, hooked: true;
+    MemcpyBatchAsyncPtsz = c"cuMemcpyBatchAsync_ptsz": PfnMemcpyBatchAsync, hooked: true;
+    MemcpyBatchAsyncV2 = c"cuMemcpyBatchAsync_v2": PfnMemcpyBatchAsyncV2, hooked: true;
+    MemcpyBatchAsyncV2Ptsz = c"cuMemcpyBatchAsync_v2_ptsz": PfnMemcpyBatchAsyncV2, hooked: true;
     /// Used to charge pools their reserved size; not hooked.
     MemPoolGetAttribute = c"cuMemPoolGetAttribute": PfnMemPoolGetAttribute, hooked: false;
     /// Used to find the pool of `cuMemAllocAsync`; not hooked.
@@ -603,6 +686,23 @@ mod tests {
         }
         assert_eq!(Sym::hooked_by_name(b"cuCtxGetDevice"), None);
         assert_eq!(Sym::hooked_by_name(b"cuMemAlloc"), None);
+    }
+
+    /// The agent probes launches, synchronisations and copies only in processes without the
+    /// limiter: every such entry point must be one the limiter records, or its calls would go
+    /// uncounted in the limiter's processes.
+    #[test]
+    fn every_launch_sync_and_copy_entry_point_is_hooked() {
+        use agent_common::api::{APIS, ApiKind};
+        let kinds = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
+        let mut checked = 0;
+        for spec in APIS.iter().filter(|a| kinds.contains(&a.kind)) {
+            let sym = Sym::hooked_by_name(spec.name.as_bytes());
+            assert!(sym.is_some(), "{} is not hooked", spec.name);
+            assert_eq!(sym.map(Sym::api), ApiId::from_name(spec.name));
+            checked += 1;
+        }
+        assert!(checked >= 40, "{checked}");
     }
 
     #[test]

@@ -222,6 +222,7 @@ impl Accounting for RegionLedger {
             ok: call.ok,
             bytes_allocated: call.bytes_allocated,
             bytes_freed: call.bytes_freed,
+            bytes_moved: call.bytes_moved,
         };
         self.with_writer(|w| w.record(api, call, hook_ns));
     }

@@ -19,6 +19,7 @@ fn alloc_call() -> Call {
         ok: true,
         bytes_allocated: MIB,
         bytes_freed: 0,
+        bytes_moved: 0,
     }
 }
 

@@ -48,8 +48,8 @@ impl Totals {
     }
 
     /// Adds one API's counters (in [`ApiCountersV2`] field order) and histogram.
-    fn add(&mut self, index: usize, fields: &[u64], hist: &[u64]) {
-        if fields.iter().all(|&v| v == 0) && hist.iter().all(|&v| v == 0) {
+    fn add(&mut self, index: usize, fields: &[u64], hist: &[u64], moved: u64) {
+        if moved == 0 && fields.iter().all(|&v| v == 0) && hist.iter().all(|&v| v == 0) {
             return;
         }
         let stats = self.merged[index].get_or_insert(ApiStats {
@@ -62,8 +62,10 @@ impl Totals {
             bytes_freed: 0,
             denied: 0,
             denied_bytes: 0,
+            bytes_moved: 0,
             histogram: [0; HIST_BUCKETS],
         });
+        stats.bytes_moved = stats.bytes_moved.wrapping_add(moved);
         let targets = [
             &mut stats.calls,
             &mut stats.errors,
@@ -91,6 +93,7 @@ const R_CALLS: usize = offset_of!(ApiRecord, calls) / 8;
 const R_THROTTLED: usize = offset_of!(ApiRecord, throttled_ns) / 8;
 const R_DENIED: usize = offset_of!(ApiRecord, denied) / 8;
 const R_HIST: usize = offset_of!(ApiRecord, hist) / 8;
+const R_MOVED: usize = offset_of!(ApiRecord, bytes_moved) / 8;
 const _: () = assert!(SHARD_WORDS == API_SLOTS * RECORD_WORDS);
 // calls, errors, latency, hook, allocated, freed: contiguous, in `ApiCountersV2` order.
 const _: () = assert!(offset_of!(ApiRecord, bytes_freed) / 8 == R_CALLS + 5);
@@ -136,7 +139,7 @@ impl RegionReader {
                 let apis = shard[V2_APIS..V2_APIS + API_SLOTS * V2_API_WORDS].chunks(V2_API_WORDS);
                 let hists = shard[V2_HIST..].chunks(HIST_BUCKETS);
                 for (i, (fields, hist)) in apis.zip(hists).enumerate() {
-                    totals.add(i, fields, hist);
+                    totals.add(i, fields, hist, 0);
                 }
             }
             SeqRead::Stuck { seq } | SeqRead::Busy { seq } => {
@@ -238,5 +241,10 @@ fn add_record(totals: &mut Totals, k: usize, record: &[u64]) {
     let mut fields = [0u64; V2_API_WORDS];
     fields[..6].copy_from_slice(&record[R_CALLS..R_CALLS + 6]);
     fields[6..].copy_from_slice(&record[R_DENIED..R_DENIED + 2]);
-    totals.add(k, &fields, &record[R_HIST..R_HIST + HIST_BUCKETS]);
+    totals.add(
+        k,
+        &fields,
+        &record[R_HIST..R_HIST + HIST_BUCKETS],
+        record[R_MOVED],
+    );
 }

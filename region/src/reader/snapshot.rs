@@ -44,6 +44,8 @@ pub struct ApiStats {
     pub denied: u64,
     /// Bytes of denied allocations.
     pub denied_bytes: u64,
+    /// Bytes copied (layout 3.2 and later; 0 before).
+    pub bytes_moved: u64,
     /// Log2 latency histogram (`agent_common::hist`).
     pub histogram: [u64; HIST_BUCKETS],
 }

@@ -17,6 +17,10 @@ pub struct Cli {
     /// Create this file once the library is loaded (before waiting for --wait-file).
     #[arg(long, global = true)]
     pub ready_file: Option<PathBuf>,
+    /// Call cuInit(0) once the library is loaded, before --ready-file, and count it nowhere: a
+    /// limiter preloaded into the process takes its region slot then, before the counted calls.
+    #[arg(long, global = true)]
+    pub init_first: bool,
     /// After the command, stay alive this long before exiting (so an observer sees the final
     /// state of a short-lived process, e.g. its limiter region slot before it is retired).
     #[arg(long, global = true, default_value_t = 0)]

@@ -80,6 +80,9 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let mut drv = Driver::open(&cli.lib)?;
+    if cli.init_first {
+        drv.init();
+    }
     if let Some(p) = &cli.ready_file {
         std::fs::write(p, std::process::id().to_string())
             .map_err(|e| format!("{}: {e}", p.display()))?;

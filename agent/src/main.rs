@@ -82,6 +82,18 @@ struct CollectArgs {
     /// With `--probe-launches sampled`: how often a window starts.
     #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
     launch_period: Duration,
+    /// Keep the cost of the high-rate probes (launches, synchronisations, copies) under this
+    /// share of each process's time by probing them in windows sized from their rates (e.g.
+    /// 0.5%, 1%); figures of a kind it sampled are estimates and marked so. `off` probes
+    /// synchronisations and copies always and launches as --probe-launches says. Processes
+    /// under the limiter are never probed for these: their limiter records them exactly.
+    /// (Default: 0.5%; 1% for `attribute`.)
+    #[arg(long, value_parser = parse_budget)]
+    probe_budget: Option<Budget>,
+    /// With a probe budget: how long each sampling window lasts (default 100ms; 50ms for
+    /// `attribute`).
+    #[arg(long, value_parser = units::parse_duration)]
+    sample_window: Option<Duration>,
     /// Also probe this libcuda (repeatable); discovered libraries are always probed.
     #[arg(long = "libcuda", value_name = "PATH")]
     libcuda: Vec<PathBuf>,
@@ -117,13 +129,38 @@ struct CollectArgs {
     probe_row_quota: u64,
 }
 
+/// A command's defaults for the probes.
+struct ProbeDefaults {
+    launches: LaunchMode,
+    /// With `--probe-launches sampled` and no budget: each window's length.
+    launch_window: Duration,
+    budget: f64,
+    sample_window: Duration,
+}
+
+/// `run`, `stat` and `top`: watching at a cost within noise (docs/multi-gpu.md).
+const WATCH: ProbeDefaults = ProbeDefaults {
+    launches: LaunchMode::Off,
+    launch_window: Duration::from_secs(1),
+    budget: 0.005,
+    sample_window: Duration::from_millis(100),
+};
+
+/// `attribute`: launches sampled too, and a larger budget in shorter windows for its estimates.
+const ATTRIBUTE: ProbeDefaults = ProbeDefaults {
+    launches: LaunchMode::Sampled,
+    launch_window: Duration::from_millis(200),
+    budget: 0.01,
+    sample_window: Duration::from_millis(50),
+};
+
 impl CollectArgs {
-    /// Probe options, with this command's defaults for the launch probes.
+    /// Probe options, with this command's defaults.
     fn trace_options(
         &self,
-        default_launches: LaunchMode,
-        default_window: Duration,
+        defaults: &ProbeDefaults,
     ) -> anyhow::Result<probes::session::TraceOptions> {
+        let (default_launches, default_window) = (defaults.launches, defaults.launch_window);
         let window = self.launch_window.unwrap_or(default_window);
         let launches = match self.probe_launches.unwrap_or(default_launches) {
             LaunchMode::Off => LaunchProbes::Off,
@@ -146,7 +183,14 @@ impl CollectArgs {
             calibrate: !self.no_calibrate,
             host: host::HostPaths::system().with_root(self.host_root.clone()),
             spans: None,
-            budget: None,
+            budget: self
+                .probe_budget
+                .unwrap_or(Budget(Some(defaults.budget)))
+                .0
+                .map(|share| probes::sampling::Budget {
+                    share,
+                    window: self.sample_window.unwrap_or(defaults.sample_window),
+                }),
             quotas: probes::MapQuotas {
                 allocs_per_process: self.probe_alloc_quota,
                 rows_per_cgroup: self.probe_row_quota,
@@ -262,15 +306,6 @@ enum Command {
         /// Never read from a daemon: load the probes in this process.
         #[arg(long)]
         no_daemon: bool,
-        /// Keep the cost of the high-rate probes (launches, synchronisations, copies) under this
-        /// share of each process's time by probing them in windows sized from their rates
-        /// (e.g. 1%, 0.5%); `off` probes synchronisations and copies always and launches in
-        /// fixed windows (--launch-window, --launch-period).
-        #[arg(long, default_value = "1%", value_parser = parse_budget)]
-        probe_budget: Budget,
-        /// With a probe budget: how long each sampling window lasts.
-        #[arg(long, default_value = "50ms", value_parser = units::parse_duration)]
-        sample_window: Duration,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -392,7 +427,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let opts = stat::StatOptions {
                 duration,
                 poll_interval,
-                trace: collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?,
+                trace: collect.trace_options(&WATCH)?,
                 region_dirs: collect.region_dirs(),
                 socket: (!no_daemon).then_some(socket),
                 nvml: !collect.no_nvml,
@@ -425,16 +460,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             poll_interval,
             socket,
             no_daemon,
-            probe_budget,
-            sample_window,
             collect,
         } => {
-            let mut trace =
-                collect.trace_options(LaunchMode::Sampled, Duration::from_millis(200))?;
-            trace.budget = probe_budget.0.map(|share| probes::sampling::Budget {
-                share,
-                window: sample_window,
-            });
+            let trace = collect.trace_options(&ATTRIBUTE)?;
             let opts = attribute::AttributeOptions {
                 duration,
                 poll_interval,
@@ -483,7 +511,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 interval,
                 socket: (!no_daemon).then_some(socket),
                 collector: collector::CollectorOptions {
-                    trace: Some(collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?),
+                    trace: Some(collect.trace_options(&WATCH)?),
                     region_dirs: collect.region_dirs(),
                     host: host::HostPaths::system().with_root(collect.host_root.clone()),
                     nvml: !collect.no_nvml,
@@ -530,7 +558,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             trace_container_event_rate,
             collect,
         } => {
-            let mut trace = collect.trace_options(LaunchMode::Off, Duration::from_secs(1))?;
+            let mut trace = collect.trace_options(&WATCH)?;
             if otlp_endpoint.is_some() {
                 trace.spans = Some(probes::SpanSampling {
                     slow_ns: trace_slow.as_nanos() as u64,

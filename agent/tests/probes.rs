@@ -692,3 +692,62 @@ fn processes_under_the_limiter_take_no_probe_trap_for_what_their_limiter_records
         .expect("a library probed for some processes only");
     assert!(!scoped.iter().any(|p| p == lpid), "{scoped:?}");
 }
+
+/// A process not under the limiter synchronising 20,000 times a second: at `stat`'s default
+/// probe budget its synchronisations are probed in windows, and the report shows an estimate of
+/// all of them, marked so, beside the calls the probes saw.
+#[test]
+fn at_the_default_budget_a_busy_kind_is_sampled_and_shown_as_an_estimate() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let mut cmd = exercise(&lib);
+    cmd.args([
+        "steady",
+        "--api",
+        "cuStreamSynchronize",
+        "--rate",
+        "20000",
+        "--seconds",
+        "4",
+    ]);
+    let workload = Workload::start(cmd, dir.path());
+    let mut stat = Stat::start(&["--no-calibrate"]);
+    stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    let pid = workload.pid();
+    workload.go();
+    let made = workload.finish();
+    let report = stat.finish();
+    let made_calls = made["calls"].as_u64().unwrap();
+    let row = process(&report, pid)["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["api"] == "cuStreamSynchronize")
+        .cloned()
+        .expect("synchronisations in the report");
+    assert_eq!(row["estimated"], true, "{row}");
+    let calls = row["calls"].as_u64().unwrap();
+    let probed = row["probed_calls"].as_u64().unwrap();
+    assert!(
+        probed < made_calls / 2,
+        "probed {probed} of {made_calls}: {row}"
+    );
+    assert!(
+        calls > made_calls / 2 && calls < made_calls * 2,
+        "estimated {calls} of {made_calls} made: {row}"
+    );
+    let budget = &report["probes"]["budget"];
+    assert_eq!(budget["share"], 0.005, "{budget}");
+    let sync = budget["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == "sync")
+        .expect("sync under the budget");
+    assert!(sync["duty"].as_f64().unwrap() < 1.0, "{sync}");
+}

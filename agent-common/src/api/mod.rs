@@ -49,6 +49,10 @@ impl ApiKind {
         ApiKind::Lifecycle,
     ];
 
+    /// The high-rate kinds of the CUDA driver API: a probe budget samples them, and the limiter
+    /// records them itself (so processes under it are not probed for them).
+    pub const HIGH_RATE: [ApiKind; 3] = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
+
     /// Kinds probed on NCCL libraries.
     pub const NCCL_PROBED: [ApiKind; 1] = [ApiKind::Nccl];
 

@@ -135,16 +135,19 @@ pub struct Charged {
     pub inband_ns: Option<f64>,
 }
 
-/// The calls of `now` since `before` (the same process in the window's first snapshot).
+/// The calls of `now` since `before` (the same process in the window's first snapshot), as the
+/// probes saw them (the sampled kinds' estimates are made here, with their uncertainty).
 fn window(now: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
     now.apis
         .iter()
         .map(|a| {
-            a.since(before.and_then(|b| {
+            let earlier = before.and_then(|b| {
                 b.apis
                     .iter()
                     .find(|e| e.api == a.api && e.source == a.source)
-            }))
+            });
+            a.as_probed()
+                .since(earlier.map(ApiUsage::as_probed).as_ref())
         })
         .filter(|a| a.calls > 0 || a.hook_ns > 0)
         .collect()

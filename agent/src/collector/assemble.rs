@@ -416,6 +416,7 @@ pub fn build(
                                 denied: a.denied,
                                 hist: a.histogram.to_vec(),
                                 latency: None,
+                                probed: None,
                             })
                         })
                         .collect();
@@ -656,6 +657,7 @@ pub fn build(
                     denied: 0,
                     hist: s.hist[..HIST_BUCKETS].to_vec(),
                     latency: spec.kind.is_nccl().then(|| "host_enqueue".to_owned()),
+                    probed: None,
                 })
             })
             .collect();

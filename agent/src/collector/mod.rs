@@ -4,6 +4,7 @@
 
 mod assemble;
 mod context_charge;
+mod estimates;
 mod gpu_use;
 pub mod processes;
 mod region_scan;
@@ -288,6 +289,7 @@ impl Collector {
             }
         }
 
+        estimates::apply(&mut snap, self.previous.as_ref().map(|(_, s)| s));
         self.carry_limiter_figures(&mut snap);
         gpu_use::accumulate(self.previous.as_ref().map(|(_, s)| s), &mut snap);
         snap.agent.warnings.extend(gpu_use::pid_namespace_warning(

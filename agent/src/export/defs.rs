@@ -641,6 +641,15 @@ pub const CONTAINER_PROBES_INCOMPLETE: Def = def(
     "1 when an alive process of the container lost probe data (its probe figures are incomplete, not exact), else 0.",
     "processes[].probe_losses not empty (alive processes)",
 );
+pub const CONTAINER_API_ESTIMATED: Def = def(
+    "vgpu_container_api_estimated",
+    Gauge,
+    None,
+    true,
+    &["kind"],
+    "1 when a probe budget (--probe-budget) sampled this kind of call in an alive process of the container: its vgpu_container_api_* figures of the kind are then estimates of the whole from the calls probed, else 0. For the kinds a budget samples (launch, sync, copy) that the container's processes made calls of; processes under the limiter are never sampled (it records their calls exactly).",
+    "processes[].apis[].probed (present on estimated rows)",
+);
 pub const CONTAINER_SPANS_DROPPED: Def = def(
     "vgpu_container_spans_dropped",
     Counter,
@@ -752,6 +761,7 @@ pub const ALL: &[Def] = &[
     AGENT_SPANS_DROPPED,
     CONTAINER_PROBE_LOSSES,
     CONTAINER_PROBES_INCOMPLETE,
+    CONTAINER_API_ESTIMATED,
     CONTAINER_SPANS_DROPPED,
     HOST_PROCESS_SM_UTILIZATION,
     HOST_PROCESS_MEMORY_BANDWIDTH_UTILIZATION,

@@ -485,6 +485,35 @@ pub(super) fn probe_losses(
     ));
 }
 
+/// Which kinds of calls of each container are estimates from sampled probes now (of its alive
+/// processes' rows: 1 if any is estimated).
+pub(super) fn api_estimated(
+    snap: &Snapshot,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+    out: &mut Exposition,
+) {
+    let mut kinds: BTreeMap<Vec<String>, u64> = BTreeMap::new();
+    for p in snap.processes.iter().filter(|p| p.alive) {
+        let sampled = agent_common::ApiKind::HIGH_RATE.map(|k| k.name());
+        for a in p
+            .effective_apis()
+            .into_iter()
+            .filter(|a| sampled.contains(&a.kind.as_str()))
+        {
+            let labels: Vec<String> = labels_of(&p.container)
+                .into_iter()
+                .chain([a.kind.clone()])
+                .collect();
+            let e = kinds.entry(labels).or_default();
+            *e = (*e).max(u64::from(a.is_estimated()));
+        }
+    }
+    out.families.push(FamilyData::of(
+        &defs::CONTAINER_API_ESTIMATED,
+        kinds.into_iter().map(|(l, n)| (l, Value::Int(n))).collect(),
+    ));
+}
+
 /// Spans dropped per container, span kind and reason (the pipeline's own counters: cumulative).
 pub(super) fn container_span_drops(
     spans: &SpanCounters,

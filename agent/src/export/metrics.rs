@@ -389,6 +389,7 @@ impl MetricsView {
         families::container_gauges(snap, &labels_of, &mut self.denied_published, &mut out);
         families::api_families(&self.published, self.opts.per_api, &mut out);
         families::probe_losses(snap, &self.published, &labels_of, &mut out);
+        families::api_estimated(snap, &labels_of, &mut out);
         families::gpu_and_agent(snap, &self.spans, &mut out);
         families::container_span_drops(&self.spans, &labels_of, &mut out);
         super::gpu_use::families(snap, &labels_of, &mut out);

@@ -29,6 +29,7 @@ pub(crate) fn api(name: &str, kind: &str, source: Source, calls: u64, ns_each: u
         denied: 0,
         hist,
         latency: None,
+        probed: None,
     }
 }
 

@@ -63,9 +63,44 @@ pub struct ApiUsage {
     /// NCCL (collectives are asynchronous: the time is the host-side call that enqueues them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<String>,
+    /// Where a probe budget sampled this API's kind in this process: what the probes saw. The
+    /// figures above are then estimates of the whole (what they saw scaled by the sampling's
+    /// estimate of the kind's calls: see `probing::Exposure`), cumulative and never going back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probed: Option<Probed>,
+}
+
+/// The figures the probes saw of a sampled API (see [`ApiUsage::probed`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Probed {
+    pub calls: u64,
+    pub errors: u64,
+    pub bytes: u64,
+    pub total_ns: u64,
 }
 
 impl ApiUsage {
+    /// Whether the figures are estimates (a probe budget sampled the API's kind).
+    pub fn is_estimated(&self) -> bool {
+        self.probed.is_some()
+    }
+
+    /// The row with the figures the probes saw in place of the estimates, if it has any (for
+    /// estimators of their own: `attribute`).
+    pub fn as_probed(&self) -> ApiUsage {
+        match self.probed {
+            Some(p) => ApiUsage {
+                calls: p.calls,
+                errors: p.errors,
+                bytes: p.bytes,
+                total_ns: p.total_ns,
+                probed: None,
+                ..self.clone()
+            },
+            None => self.clone(),
+        }
+    }
+
     /// The difference `self - earlier` (saturating: counters never go back).
     pub fn since(&self, earlier: Option<&ApiUsage>) -> ApiUsage {
         let Some(e) = earlier else {
@@ -84,6 +119,21 @@ impl ApiUsage {
                 .zip(e.hist.iter().chain(std::iter::repeat(&0)))
                 .map(|(a, b)| a.saturating_sub(*b))
                 .collect(),
+            probed: self.probed.map(|p| {
+                // An earlier reading before the sampling began saw everything it counted.
+                let b = e.probed.unwrap_or(Probed {
+                    calls: e.calls,
+                    errors: e.errors,
+                    bytes: e.bytes,
+                    total_ns: e.total_ns,
+                });
+                Probed {
+                    calls: p.calls.saturating_sub(b.calls),
+                    errors: p.errors.saturating_sub(b.errors),
+                    bytes: p.bytes.saturating_sub(b.bytes),
+                    total_ns: p.total_ns.saturating_sub(b.total_ns),
+                }
+            }),
             ..self.clone()
         }
     }

@@ -72,6 +72,7 @@ mod tests {
             denied: 0,
             hist: vec![],
             latency: None,
+            probed: None,
         }
     }
 

@@ -106,7 +106,7 @@ fn program_name(kind: ApiKind, entry: bool, mode: AttachMode) -> String {
 /// The kinds of a CUDA driver library that can be attached for some processes only: what the
 /// limiter records itself, exactly (counts, latencies, bytes), so that the processes under it
 /// take no probe trap for them.
-pub const PER_PROCESS_KINDS: [ApiKind; 3] = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
+pub const PER_PROCESS_KINDS: [ApiKind; 3] = ApiKind::HIGH_RATE;
 
 /// Which processes a library's [`PER_PROCESS_KINDS`] are attached for.
 #[derive(Clone, Debug, PartialEq, Eq)]

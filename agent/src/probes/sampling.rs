@@ -32,7 +32,7 @@ use gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates, refere
 use windows::commit;
 
 /// The kinds a budget controls.
-pub const SAMPLED_KINDS: [ApiKind; 3] = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
+pub const SAMPLED_KINDS: [ApiKind; 3] = ApiKind::HIGH_RATE;
 
 /// How much probe cost the sampled kinds may add.
 #[derive(Clone, Copy, Debug, PartialEq)]

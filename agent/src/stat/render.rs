@@ -23,7 +23,12 @@ fn api_table(out: &mut String, apis: &[ApiRow]) {
                 Source::Probes => "probes",
                 Source::Limiter => "limiter",
             },
-            a.calls,
+            // `~`: estimated from the calls a probe budget sampled.
+            if a.estimated {
+                format!("~{}", a.calls)
+            } else {
+                a.calls.to_string()
+            },
             a.errors,
             a.p50_ns.map(nanos).unwrap_or_else(|| "-".into()),
             a.p99_ns.map(nanos).unwrap_or_else(|| "-".into()),
@@ -108,6 +113,30 @@ pub fn table(r: &StatReport) -> String {
         p.libraries.len(),
         if p.libraries.len() == 1 { "y" } else { "ies" },
     );
+    if let Some(b) = &p.budget {
+        let kinds: Vec<String> = b
+            .kinds
+            .iter()
+            .map(|k| {
+                if k.duty >= 1.0 {
+                    format!("{} whole", k.kind)
+                } else {
+                    format!("{} {:.0}% of the time", k.kind, k.duty * 100.0)
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "probe budget {:.2}% of each process's time: {}{}",
+            b.share * 100.0,
+            kinds.join(", "),
+            if b.kinds.iter().any(|k| k.duty < 1.0) {
+                " (~: estimated from the calls probed)"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(why) = &p.unavailable {
         let _ = writeln!(out, "probes unavailable: {why}");
     }
@@ -324,6 +353,24 @@ mod tests {
                 launch_probe_seconds: 0.0,
                 cost: None,
                 libraries: vec![],
+                budget: Some(crate::stat::report::BudgetInfo {
+                    share: 0.005,
+                    window_seconds: 0.1,
+                    kinds: vec![
+                        crate::model::probing::KindSampling {
+                            kind: "sync".into(),
+                            duty: 0.25,
+                            rate_per_second: 8000.0,
+                            attached_seconds: 2.5,
+                        },
+                        crate::model::probing::KindSampling {
+                            kind: "copy".into(),
+                            duty: 1.0,
+                            rate_per_second: 10.0,
+                            attached_seconds: 10.0,
+                        },
+                    ],
+                }),
             },
             health: Default::default(),
             warnings: vec![],
@@ -347,6 +394,12 @@ mod tests {
         };
         let t = table(&r);
         assert!(t.contains("STALE: the last snapshot is 7.3s old"), "{t}");
+        assert!(
+            t.contains(
+                "probe budget 0.50% of each process's time: sync 25% of the time, copy whole (~: estimated from the calls probed)"
+            ),
+            "{t}"
+        );
         assert!(
             t.contains(
                 "region not read whole: /r/hostile.cache (read budget exhausted (retries), 1020 slot(s) unread)"

@@ -33,6 +33,13 @@ pub struct ApiRow {
     /// `host_enqueue` for NCCL: collectives are asynchronous, the latency is the host-side call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency: Option<String>,
+    /// A probe budget sampled the API's kind: `calls`, `errors`, `bytes` and `total_ns` are
+    /// estimates of the whole from the `probed_calls` the probes saw (the histogram and
+    /// quantiles are those calls').
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probed_calls: Option<u64>,
 }
 
 impl ApiRow {
@@ -49,6 +56,8 @@ impl ApiRow {
             p99_ns: u.quantile_ns(0.99),
             hist: u.hist.clone(),
             latency: u.latency.clone(),
+            estimated: u.is_estimated(),
+            probed_calls: u.probed.map(|p| p.calls),
         }
     }
 }
@@ -120,6 +129,18 @@ pub struct ProbeInfo {
     pub launch_probe_seconds: f64,
     pub cost: Option<crate::model::probing::ProbeCost>,
     pub libraries: Vec<LibraryStatus>,
+    /// The probe budget and what it sampled, as last seen (absent with `--probe-budget off`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetInfo>,
+}
+
+/// A probe budget at work: the share of each process's time its probes may take, and each
+/// sampled kind's duty (1: probed whole, its figures exact).
+#[derive(Clone, Debug, Serialize)]
+pub struct BudgetInfo {
+    pub share: f64,
+    pub window_seconds: f64,
+    pub kinds: Vec<crate::model::probing::KindSampling>,
 }
 
 /// The window's last snapshot: how fresh it was and what it could not read.
@@ -348,6 +369,11 @@ pub fn build(
                 .max(0.0),
             cost: a.probe_cost.clone(),
             libraries: a.libraries.clone(),
+            budget: a.sampling.as_ref().map(|s| BudgetInfo {
+                share: s.budget_share,
+                window_seconds: s.window_seconds,
+                kinds: s.kinds.clone(),
+            }),
         },
         health,
         warnings,
@@ -406,6 +432,7 @@ mod tests {
             denied: 0,
             hist,
             latency: None,
+            probed: None,
         }
     }
 

@@ -76,6 +76,7 @@ fn api(name: &str, kind: &str, source: Source, samples: &[(u64, u64)]) -> ApiUsa
         denied: 0,
         hist: hist(samples),
         latency: None,
+        probed: None,
     }
 }
 
@@ -290,12 +291,23 @@ pub fn snapshot() -> Snapshot {
     notebook.nvml = nvml(700 * MIB, None);
 
     let mut blender = process(777, "blender", "/usr/bin/blender -b scene.blend -a", "host");
-    blender.apis = vec![api(
-        "cuMemAlloc_v2",
-        "alloc",
+    // Its synchronisations sampled under the probe budget: 100 estimated from the 25 probed.
+    let mut sync = api(
+        "cuStreamSynchronize",
+        "sync",
         Source::Probes,
-        &[(30_000, 64)],
-    )];
+        &[(50_000, 100)],
+    );
+    sync.probed = Some(crate::model::Probed {
+        calls: 25,
+        errors: 0,
+        bytes: 0,
+        total_ns: 25 * 50_000,
+    });
+    blender.apis = vec![
+        api("cuMemAlloc_v2", "alloc", Source::Probes, &[(30_000, 64)]),
+        sync,
+    ];
     blender.memory = MemoryViews {
         probes: Some(2 * GIB + 512 * MIB),
         nvml: Some(3 * GIB),
@@ -385,7 +397,25 @@ pub fn snapshot() -> Snapshot {
                 classes: Vec::new(),
                 process_prologue: BTreeMap::new(),
             }),
-            sampling: None,
+            sampling: Some(crate::model::probing::SamplingStatus {
+                budget_share: 0.005,
+                window_seconds: 0.1,
+                kinds: vec![
+                    crate::model::probing::KindSampling {
+                        kind: "sync".into(),
+                        duty: 0.25,
+                        rate_per_second: 8_000.0,
+                        attached_seconds: 15.0,
+                    },
+                    crate::model::probing::KindSampling {
+                        kind: "copy".into(),
+                        duty: 1.0,
+                        rate_per_second: 20.0,
+                        attached_seconds: 60.0,
+                    },
+                ],
+                exposure: BTreeMap::new(),
+            }),
             events_lost: [("free_unknown".to_string(), 3u64)].into(),
             regions_read: 3,
             region_errors: 0,

@@ -120,6 +120,7 @@ fn p99_of(hist: Vec<u64>) -> Option<u64> {
         denied: 0,
         hist,
         latency: None,
+        probed: None,
     };
     u.quantile_ns(0.99)
 }

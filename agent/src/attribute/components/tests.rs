@@ -25,6 +25,7 @@ fn usage(
         denied: 0,
         hist: vec![],
         latency: None,
+        probed: None,
     }
 }
 

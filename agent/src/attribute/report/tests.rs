@@ -55,6 +55,7 @@ fn snapshot(
         denied: 0,
         hist: vec![],
         latency: None,
+        probed: None,
     }]);
     p.key.start_ticks = 0;
     s.processes = vec![p];

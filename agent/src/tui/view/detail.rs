@@ -42,8 +42,13 @@ fn merge(procs: &[&Process]) -> Vec<ApiUsage> {
                     denied: 0,
                     hist: vec![0; agent_common::hist::HIST_BUCKETS],
                     latency: None,
+                    probed: None,
                     ..a.clone()
                 });
+            if a.is_estimated() {
+                // Marks the sum estimated (what the probes saw is not shown here).
+                e.probed.get_or_insert_with(Default::default);
+            }
             e.calls += a.calls;
             e.errors += a.errors;
             e.bytes += a.bytes;
@@ -58,6 +63,15 @@ fn merge(procs: &[&Process]) -> Vec<ApiUsage> {
     let mut v: Vec<ApiUsage> = by.into_values().collect();
     v.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.api.cmp(&b.api)));
     v
+}
+
+/// A count, `~`-prefixed where it is an estimate.
+fn estimated(n: u64, estimate: bool) -> String {
+    if estimate {
+        format!("~{n}")
+    } else {
+        n.to_string()
+    }
 }
 
 /// The histogram between its first and last non-empty buckets, with the range it covers.
@@ -107,7 +121,8 @@ fn api_table<'a>(apis: &[ApiUsage], width: u16, t: &Theme) -> Table<'a> {
                     Source::Probes => "probes",
                     Source::Limiter => "limiter",
                 }),
-                Cell::from(format!("{:>9}", a.calls)),
+                // `~`: estimated from the calls a probe budget sampled.
+                Cell::from(format!("{:>9}", estimated(a.calls, a.is_estimated()))),
             ];
             if wide {
                 cells.push(Cell::from(format!("{:>5}", a.errors)));
@@ -558,4 +573,26 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Them
         return;
     }
     frame.render_widget(api_table(&apis, area.width, t), table);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row a probe budget sampled stays marked estimated when rows are added up, and its
+    /// count is shown `~`-prefixed; exact counts are not.
+    #[test]
+    fn sampled_rows_are_shown_as_estimates() {
+        let snap = crate::tui::fixture::snapshot();
+        let host = snap.processes.iter().find(|p| p.key.pid == 777).unwrap();
+        let merged = merge(&[host]);
+        let sync = merged
+            .iter()
+            .find(|a| a.api == "cuStreamSynchronize")
+            .unwrap();
+        assert!(sync.is_estimated());
+        assert_eq!(estimated(sync.calls, sync.is_estimated()), "~100");
+        let alloc = merged.iter().find(|a| a.api == "cuMemAlloc_v2").unwrap();
+        assert_eq!(estimated(alloc.calls, alloc.is_estimated()), "64");
+    }
 }

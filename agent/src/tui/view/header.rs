@@ -152,6 +152,22 @@ fn agent_line(s: &Snapshot, t: &Theme) -> Line<'static> {
                 ),
             };
             spans.push(Span::raw(format!(", {launches}")));
+            if let Some(b) = &a.sampling {
+                // Kinds it probes only part of the time: their counts are estimates (`~`).
+                let sampled: Vec<&str> = b
+                    .kinds
+                    .iter()
+                    .filter(|k| k.duty < 1.0)
+                    .map(|k| k.kind.as_str())
+                    .collect();
+                spans.push(Span::raw(format!(", budget {}%", b.budget_share * 100.0)));
+                if !sampled.is_empty() {
+                    spans.push(Span::styled(
+                        format!(" (~{})", sampled.join(" ~")),
+                        t.warn(),
+                    ));
+                }
+            }
             if let Some(c) = &a.probe_cost {
                 spans.push(Span::raw(format!(", {}/hit", nanos(c.per_hit_ns as u64))));
             }

@@ -208,7 +208,7 @@ fn initialise(
             PHASE_READY => return Ok(InitOutcome::Joined),
             PHASE_UNINIT | PHASE_INITIALISING => {
                 let my_ns =
-                    *my_ns.get_or_insert_with(|| procfs::pid_namespace_inode().unwrap_or(0));
+                    *my_ns.get_or_insert_with(|| tenant_fs::own_pid_namespace().unwrap_or(0));
                 let stale_pid = init_pid(word);
                 let take = word == 0 || initialiser_is_stale(header, word, my_ns);
                 if take {

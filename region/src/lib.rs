@@ -33,7 +33,6 @@ mod slots;
 pub mod sm_share;
 mod stats;
 mod sync;
-pub mod tenant_fs;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -32,7 +32,6 @@ use crate::procfs::{self, Liveness};
 use crate::slots::{
     PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
 };
-use crate::tenant_fs::{self, Access, TenantFile};
 
 mod budget;
 mod shards;
@@ -51,7 +50,7 @@ pub(crate) use validate::validate_header;
 pub enum ReadError {
     /// The file could not be opened as a tenant's file may be (a link, not a regular file, ...).
     #[error(transparent)]
-    Open(#[from] crate::tenant_fs::TenantFsError),
+    Open(#[from] tenant_fs::TenantFsError),
     /// Opening, sizing or mapping the file failed.
     #[error("{call} on `{path}` failed")]
     Io {
@@ -240,7 +239,7 @@ impl RegionReader {
         // Relaxed loads from here on read private copies: nothing else touches them.
         let r = Ordering::Relaxed;
         let creator_pid_ns = header.creator_pid_ns.load(r);
-        let my_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        let my_ns = tenant_fs::own_pid_namespace().unwrap_or(0);
         let bytes = byte_decoder(geometry.major);
         let devices = header.devices[..geometry.device_count as usize]
             .iter()

@@ -13,15 +13,14 @@
 //!   with one link; it is never created, resized or followed. `show` opens it read-only.
 //!   Anything else is refused with an error naming the container (or region) and the reason.
 
+use agent_common::MAX_DEVICES;
 use std::{
     collections::HashSet,
     ffi::OsString,
     path::{Path, PathBuf},
 };
 
-use region::{
-    ControlError, ControlSettings, ControlSnapshot, ControlWriter, MAX_DEVICES, read_control,
-};
+use region::{ControlError, ControlSettings, ControlSnapshot, ControlWriter, read_control};
 use tenant_fs::{Access, FileKey, Root, TenantFile, TenantFsError};
 
 use crate::{

@@ -9,9 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::layout::MAX_DEVICES;
-use tenant_fs::{Access, TenantFile};
 use crate::pread::{self, PreadError};
+use agent_common::MAX_DEVICES;
+use tenant_fs::{Access, TenantFile};
 
 /// `MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`.
 pub const HAMI_MAGIC: i32 = 19_920_718;

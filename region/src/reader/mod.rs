@@ -16,6 +16,7 @@
 //! snapshot whole or not at all: one the budget ran out in is left out with the slots after it
 //! (its figures would be short of its counters' and go back; a reader keeps the last whole ones).
 
+use agent_common::MAX_DEVICES;
 use std::fs::File;
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
@@ -23,8 +24,8 @@ use std::sync::atomic::{Ordering, fence};
 
 use crate::init::init_pid;
 use crate::layout::{
-    CONTEXT_REFUSED, HEADER_SIZE, MAX_DEVICES, RegionHeader, SHARDS_PER_SLOT, SlotHeader,
-    SlotRecord, shard_stride_for, slot_stride_for,
+    CONTEXT_REFUSED, HEADER_SIZE, RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord,
+    shard_stride_for, slot_stride_for,
 };
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
 use crate::pread::{self, PreadError};
@@ -32,6 +33,7 @@ use crate::procfs::{self, Liveness};
 use crate::slots::{
     PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
 };
+use tenant_fs::{Access, TenantFile};
 
 mod budget;
 mod shards;

@@ -1,5 +1,6 @@
-//! Process identity and liveness from `/proc`: pid, start time (`/proc/<pid>/stat` field 22),
-//! pid namespace, command name, and the clocks the protocol uses.
+//! Process identity and liveness from `/proc`: pid, start time (`/proc/<pid>/stat` field 22,
+//! read by `tenant_fs::read_stat`), pid namespace (`tenant_fs::own_pid_namespace`), command name,
+//! and the clocks the protocol uses.
 //!
 //! None of this runs on the hot path: only at slot claim, initialisation and dead-slot sweeps.
 

@@ -4,8 +4,9 @@
 //!
 //! # Threat model
 //!
-//! The caller is trusted and privileged: the agent runs as root (and the limiter, in a tenant's
-//! process, uses the same code for the files of its own container). Tenants are hostile. A
+//! The caller is trusted and privileged: the agent, as root. (The limiter, inside a tenant's own
+//! process, uses only the `stat` reader and [`own_pid_namespace`], through the region, on its
+//! own container's processes.) Tenants are hostile. A
 //! container fully controls the files in its root and in any directory it can write: any
 //! component of a path may be a symbolic link (to a host file, when followed from the host), a
 //! FIFO (an `open` that never returns), a device node (an `open` with side effects), a sparse or
@@ -44,9 +45,10 @@
 //!   [`read_proc`] and [`read_proc_lines`] read at most a stated number of bytes, and at most a
 //!   stated length per line; [`read_stat`] reads into a fixed buffer.
 //! - The `/proc` parsers ([`parse_stat`], [`innermost_pid`], [`pid_namespace`],
-//!   [`cgroup_v2_path`], [`maps::parse_line`]) take bytes, never assume UTF-8 where a process
-//!   chose the text, count fields from the end of the part a process cannot forge (the last `)`
-//!   of `stat`), and return `None` on anything malformed: no panic, whatever the bytes.
+//!   [`maps::parse_line`], and [`cgroup_v2_path`] on text the caller converted lossily) never
+//!   assume UTF-8 where a process chose the text (a name, a path), count `stat`'s fields from its
+//!   last `)` (a name may hold parentheses and spaces, the fields after it are the kernel's), and
+//!   return `None` on anything malformed: no panic, whatever the bytes (property-tested).
 //! - Nothing here creates, truncates or extends a file; writing is limited to what a caller asks
 //!   for with [`Access::ReadWrite`].
 //!

@@ -6,23 +6,22 @@
 //! - a container's regions are the files its processes map, opened through the kernel's
 //!   reference to the mapping (`/proc/<pid>/map_files`) and used only if they are the file
 //!   `/proc/<pid>/maps` names; the control block beside one is opened in the same directory,
-//!   resolved inside the process's root (`region::tenant_fs`);
+//!   resolved inside the process's root (`tenant_fs`);
 //! - `--region` takes the operator's path: `/proc/<pid>/root/...` is resolved inside that
 //!   process's root, any other path must have no symbolic link in it;
 //! - a control block is written only if it already exists as a regular file of exactly its size
 //!   with one link; it is never created, resized or followed. `show` opens it read-only.
 //!   Anything else is refused with an error naming the container (or region) and the reason.
 
+use agent_common::MAX_DEVICES;
 use std::{
     collections::HashSet,
     ffi::OsString,
     path::{Path, PathBuf},
 };
 
-use region::{
-    ControlError, ControlSettings, ControlSnapshot, ControlWriter, MAX_DEVICES, read_control,
-    tenant_fs::{self, Access, FileKey, Root, TenantFile, TenantFsError},
-};
+use region::{ControlError, ControlSettings, ControlSnapshot, ControlWriter, read_control};
+use tenant_fs::{Access, FileKey, Root, TenantFile, TenantFsError};
 
 use crate::{
     collector::regions::{Format, mapped_files, sniff},

@@ -592,9 +592,11 @@ fn a_process_named_with_bytes_that_are_not_utf8_is_shown_alive() {
 
 /// Start time (clock ticks after boot) of process `pid`.
 fn start_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    rest.split(' ').nth(19).unwrap().parse().unwrap()
+    let mut buf = [0u8; tenant_fs::MAX_STAT_BYTES];
+    let path = format!("/proc/{pid}/stat");
+    tenant_fs::read_stat(Path::new(&path), &mut buf)
+        .unwrap()
+        .start_ticks
 }
 
 /// A tenant rewrites a slot of its own region to name another container's process: that
@@ -667,8 +669,7 @@ fn a_forged_slot_naming_a_victims_host_pid_is_not_counted() {
     // victim (its pid in the state word, its start time, the host's pid namespace), 60 GiB held
     // on device 0.
     let own = {
-        let f = region::tenant_fs::open_no_links(&attacker_region, region::tenant_fs::Access::Read)
-            .unwrap();
+        let f = tenant_fs::open_no_links(&attacker_region, tenant_fs::Access::Read).unwrap();
         let snap = region::reader::RegionReader::from_file(f)
             .unwrap()
             .snapshot()
@@ -698,10 +699,9 @@ fn a_forged_slot_naming_a_victims_host_pid_is_not_counted() {
         start_ticks(victim),
         &mut header,
     );
-    let host_ns = std::fs::metadata("/proc/self/ns/pid").unwrap();
     at(
         std::mem::offset_of!(SlotHeader, pid_ns),
-        std::os::unix::fs::MetadataExt::ino(&host_ns),
+        tenant_fs::own_pid_namespace().unwrap(),
         &mut header,
     );
     at(

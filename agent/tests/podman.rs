@@ -15,10 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use region::{
-    reader::{DeviceSnapshot, RegionReader},
-    tenant_fs,
-};
+use region::reader::{DeviceSnapshot, RegionReader};
 use serde_json::Value;
 use support::{podman::*, *};
 

@@ -493,13 +493,9 @@ fn demo_workloads_end_with_the_process_that_started_them() {
         .collect();
     assert!(!pids.is_empty());
     let alive = |pid: &u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
+        let mut buf = [0u8; tenant_fs::MAX_STAT_BYTES];
+        let path = format!("/proc/{pid}/stat");
+        tenant_fs::read_stat(std::path::Path::new(&path), &mut buf).is_ok_and(|s| s.state != b'Z')
     };
     assert!(
         pids.iter().all(alive),

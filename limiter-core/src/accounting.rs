@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent_common::api::{API_SLOTS, ApiId};
 
-use crate::config::{Config, MAX_DEVICES};
+use agent_common::MAX_DEVICES;
+
+use crate::config::Config;
 
 /// One hooked call, as it is recorded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

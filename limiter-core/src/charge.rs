@@ -9,12 +9,10 @@
 //!   ([`ContextCharges`]: `VGPU_CONTEXT_BYTES`), held until the process exits;
 //! - stream-ordered pools: their reserved size, not their live allocations ([`crate::pools`]).
 
+use agent_common::MAX_DEVICES;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::{
-    accounting::{Accounting, Denied},
-    config::MAX_DEVICES,
-};
+use crate::accounting::{Accounting, Denied};
 
 /// The driver's allocation granularity for sizes from 2 MiB on.
 pub(crate) const GRANULE: u64 = 2 << 20;

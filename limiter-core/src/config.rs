@@ -8,8 +8,7 @@
 
 use std::{ffi::OsString, path::PathBuf};
 
-/// Devices addressed by per-device variables (`_0` ..= `_15`), as in HAMi-core.
-pub const MAX_DEVICES: usize = 16;
+use agent_common::MAX_DEVICES;
 
 pub(crate) const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub(crate) const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";

@@ -18,7 +18,7 @@ use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
-use crate::layout::MAX_DEVICES;
+use agent_common::MAX_DEVICES;
 
 /// `b"VGPUCTL1"` read as a little-endian `u64`.
 pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"VGPUCTL1");

@@ -17,7 +17,7 @@ use crate::layout_types::RegionPod;
 use crate::mapping::Mapping;
 use crate::region::Region;
 use crate::sigbus;
-use crate::tenant_fs::TenantFile;
+use tenant_fs::TenantFile;
 
 // SAFETY: `#[repr(C)]`, made only of `AtomicU64` fields and arrays of them: valid for every bit
 // pattern and only ever accessed atomically.
@@ -239,7 +239,7 @@ impl ControlReader {
 const WRITER_GIVE_UP_MS: u64 = 5 * WRITER_STALL_MS;
 
 /// The agent's writer of a control block: only an existing regular file of exactly the block's
-/// size, opened through [`crate::tenant_fs`] (so never created, resized or reached through a
+/// size, opened through [`tenant_fs`] (so never created, resized or reached through a
 /// link), is written.
 pub struct ControlWriter {
     map: Mapping,

@@ -3,7 +3,7 @@
 mod reader_and_writer {
     use super::super::*;
     use crate::control::control_path;
-    use crate::tenant_fs::{Access, open_no_links};
+    use tenant_fs::{Access, open_no_links};
 
     /// The agent's writer of the block at `path`, which must exist.
     fn writer(path: &Path) -> Result<ControlWriter, ControlError> {
@@ -93,7 +93,7 @@ mod writer {
     use std::os::unix::fs::symlink;
 
     use super::super::*;
-    use crate::tenant_fs::{Access, TenantFsError, open_no_links};
+    use tenant_fs::{Access, TenantFsError, open_no_links};
 
     fn writer(path: &Path) -> Result<ControlWriter, ControlError> {
         ControlWriter::new(&open_no_links(path, Access::ReadWrite).unwrap())

@@ -9,9 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::layout::MAX_DEVICES;
 use crate::pread::{self, PreadError};
-use crate::tenant_fs::{self, Access, TenantFile};
+use agent_common::MAX_DEVICES;
+use tenant_fs::{Access, TenantFile};
 
 /// `MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`.
 pub const HAMI_MAGIC: i32 = 19_920_718;
@@ -55,7 +55,7 @@ const _: () = assert!(SLOT_DEVICE_UTIL + MAX_DEVICES * DEVICE_UTIL_SIZE == SLOT_
 pub enum HamiError {
     /// The file could not be opened as a tenant's file may be (a link, not a regular file, ...).
     #[error(transparent)]
-    Open(#[from] crate::tenant_fs::TenantFsError),
+    Open(#[from] tenant_fs::TenantFsError),
     /// Opening, sizing or mapping the file failed.
     #[error("{call} on `{path}` failed")]
     Io {

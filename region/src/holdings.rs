@@ -24,7 +24,7 @@ impl Region {
     /// slot order: the container's processes as the caller sees them (the SM correction sums
     /// their NVML samples). A momentary view.
     pub fn live_pids(&self) -> Vec<u32> {
-        let own_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        let own_ns = tenant_fs::own_pid_namespace().unwrap_or(0);
         (0..self.slot_count())
             .filter_map(|i| self.slot_record(i))
             .filter_map(|record| {
@@ -52,7 +52,7 @@ impl Region {
         if device >= self.device_count() {
             return Vec::new();
         }
-        let own_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        let own_ns = tenant_fs::own_pid_namespace().unwrap_or(0);
         (0..self.slot_count())
             .filter_map(|i| self.slot_record(i))
             .filter_map(|record| {

@@ -11,6 +11,7 @@
 //! taken over by a CAS from the exact observed word, so exactly one process takes over; the
 //! taken-over initialiser's own publishing CAS then fails and it becomes a waiter.
 
+use agent_common::MAX_DEVICES;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -23,7 +24,7 @@ use agent_common::hist::HIST_BUCKETS;
 
 use crate::error::RegionError;
 use crate::layout::{
-    HEADER_SIZE, LAYOUT_MAJOR, LAYOUT_MINOR, MAX_DEVICES, REGION_MAGIC, RegionHeader, SHARD_SIZE,
+    HEADER_SIZE, LAYOUT_MAJOR, LAYOUT_MINOR, REGION_MAGIC, RegionHeader, SHARD_SIZE,
     SHARDS_PER_SLOT, SLOT_SIZE, SlotRecord, region_size,
 };
 use crate::mapping::Mapping;
@@ -208,7 +209,7 @@ fn initialise(
             PHASE_READY => return Ok(InitOutcome::Joined),
             PHASE_UNINIT | PHASE_INITIALISING => {
                 let my_ns =
-                    *my_ns.get_or_insert_with(|| procfs::pid_namespace_inode().unwrap_or(0));
+                    *my_ns.get_or_insert_with(|| tenant_fs::own_pid_namespace().unwrap_or(0));
                 let stale_pid = init_pid(word);
                 let take = word == 0 || initialiser_is_stale(header, word, my_ns);
                 if take {

@@ -20,6 +20,7 @@
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
+use agent_common::MAX_DEVICES;
 use agent_common::api::API_SLOTS;
 use agent_common::hist::HIST_BUCKETS;
 
@@ -37,8 +38,6 @@ pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// container's SM share per device ([`SmShare`], in what was the header's tail). 2: the bytes
 /// an API copied ([`ApiRecord::bytes_moved`], in what was the record's first spare word).
 pub const LAYOUT_MINOR: u32 = 2;
-/// Devices per region (as HAMi-core's `CUDA_DEVICE_MAX_COUNT`).
-pub const MAX_DEVICES: usize = 16;
 /// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
 pub const MAX_SLOTS: u32 = 1024;
 /// Slots of a region when the configuration does not say.

@@ -12,7 +12,9 @@ use std::sync::atomic::AtomicU64;
 use agent_common::api::API_SLOTS;
 use agent_common::hist::HIST_BUCKETS;
 
-use crate::layout::{MAX_DEVICES, SHARDS_PER_SLOT};
+use agent_common::MAX_DEVICES;
+
+use crate::layout::SHARDS_PER_SLOT;
 
 /// Per-API counters of one shard (one cache line).
 #[repr(C)]

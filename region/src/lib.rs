@@ -33,7 +33,6 @@ mod slots;
 pub mod sm_share;
 mod stats;
 mod sync;
-pub mod tenant_fs;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
@@ -43,7 +42,7 @@ pub use control_file::{ControlReader, ControlWriter, read_control};
 pub use error::{RegionError, ReserveError};
 pub use holdings::Holding;
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT, REGION_MODE};
-pub use layout::{DEFAULT_SLOTS, MAX_DEVICES, MAX_SLOTS, SmShare};
+pub use layout::{DEFAULT_SLOTS, MAX_SLOTS, SmShare};
 pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, Reserver, SWEEP_INTERVAL_MS};
 pub use reserve::{Denied, MAX_RESERVABLE};
 pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};

@@ -1,9 +1,10 @@
-//! Process identity and liveness from `/proc`: pid, start time (`/proc/<pid>/stat` field 22),
-//! pid namespace, command name, and the clocks the protocol uses.
+//! Process identity and liveness from `/proc`: pid, start time (`/proc/<pid>/stat` field 22,
+//! read by `tenant_fs::read_stat`), pid namespace (`tenant_fs::own_pid_namespace`), command name,
+//! and the clocks the protocol uses.
 //!
 //! None of this runs on the hot path: only at slot claim, initialisation and dead-slot sweeps.
 
-use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 /// Identity of the calling process as stored in a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,49 +25,19 @@ impl ProcessIdentity {
         let pid = std::process::id();
         ProcessIdentity {
             pid,
-            start_time: read_stat(pid).map(|s| s.start_time).unwrap_or(0),
-            pid_ns: pid_namespace_inode().unwrap_or(0),
+            start_time: read_stat(pid).map_or(0, |(_, start)| start),
+            pid_ns: tenant_fs::own_pid_namespace().unwrap_or(0),
             name: own_name(),
         }
     }
 }
 
-/// What `/proc/<pid>/stat` says about a process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ProcStat {
-    /// Field 3: `R`, `S`, `Z`, ...
-    pub state: u8,
-    /// Field 22: start time in clock ticks since boot.
-    pub start_time: u64,
-}
-
-/// Parses the contents of a `/proc/<pid>/stat` file. The command name (field 2) may contain
-/// spaces and parentheses, so fields are counted from the *last* `)`.
-pub(crate) fn parse_stat(text: &str) -> Option<ProcStat> {
-    let after_name = &text[text.rfind(')')? + 1..];
-    let mut fields = after_name.split_ascii_whitespace();
-    let state = *fields.next()?.as_bytes().first()?;
-    // Field 3 is `state`; field 22 is 19 fields later.
-    let start_time = fields.nth(18)?.parse().ok()?;
-    Some(ProcStat { state, start_time })
-}
-
-pub(crate) fn read_stat(pid: u32) -> Option<ProcStat> {
-    use std::io::Read;
-    // One buffer that holds any stat line (52 numeric fields and a 16-byte name), read until
-    // EOF: `read_to_string` starts from 32 bytes and doubles, six `read` calls for a stat line.
-    let mut buf = [0u8; 2048];
-    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
-    let mut len = 0;
-    while len < buf.len() {
-        match file.read(&mut buf[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    }
-    parse_stat(std::str::from_utf8(&buf[..len]).ok()?)
+/// Start time and state of process `pid` (in the caller's pid namespace), from its
+/// `/proc/<pid>/stat`; `None` when it is gone.
+fn read_stat(pid: u32) -> Option<(u8, u64)> {
+    let mut buf = [0u8; tenant_fs::MAX_STAT_BYTES];
+    let stat = tenant_fs::read_stat(Path::new(&format!("/proc/{pid}/stat")), &mut buf).ok()?;
+    Some((stat.state, stat.start_ticks))
 }
 
 /// Whether a slot's or initialiser's owner still runs.
@@ -87,15 +58,10 @@ pub(crate) fn liveness(pid: u32, expected_start: u64) -> Liveness {
     match read_stat(pid) {
         None => Liveness::Dead,
         // Zombie (`Z`) and dead (`X`/`x`) processes run no more code.
-        Some(stat) if matches!(stat.state, b'Z' | b'X' | b'x') => Liveness::Dead,
-        Some(stat) if expected_start != 0 && stat.start_time != expected_start => Liveness::Dead,
+        Some((b'Z' | b'X' | b'x', _)) => Liveness::Dead,
+        Some((_, start)) if expected_start != 0 && start != expected_start => Liveness::Dead,
         Some(_) => Liveness::Alive,
     }
-}
-
-/// Inode of the caller's pid namespace (`/proc/self/ns/pid`).
-pub fn pid_namespace_inode() -> Option<u64> {
-    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }
 
 /// The calling thread's command name (`/proc/self/comm` for the main thread), NUL padded: one
@@ -142,21 +108,6 @@ pub(crate) fn unix_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_from_the_last_parenthesis() {
-        let line = "1234 (evil) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
-                    987654 1000000 100 18446744073709551615";
-        assert_eq!(
-            parse_stat(line),
-            Some(ProcStat {
-                state: b'S',
-                start_time: 987654
-            })
-        );
-        assert_eq!(parse_stat("garbage"), None);
-        assert_eq!(parse_stat("1 (x) S 1 2"), None);
-    }
 
     #[test]
     fn own_process_is_alive_and_a_wrong_start_time_is_dead() {

@@ -1,13 +1,12 @@
 //! The writer side: a region mapped read-write by a limiter process.
 
+use agent_common::MAX_DEVICES;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{RegionError, ReserveError};
-use crate::layout::{
-    DeviceState, HEADER_SIZE, MAX_DEVICES, MAX_SLOTS, RegionHeader, SLOT_SIZE, SlotRecord,
-};
+use crate::layout::{DeviceState, HEADER_SIZE, MAX_SLOTS, RegionHeader, SLOT_SIZE, SlotRecord};
 use crate::mapping::Mapping;
 use crate::reserve::{self, Kind, MAX_RESERVABLE, OpError, Stop};
 use crate::slots::Slot;

@@ -20,7 +20,9 @@
 use std::sync::atomic::Ordering;
 
 use crate::error::RegionError;
-use crate::layout::{MAX_DEVICES, SHARDS_PER_SLOT, Shard, SlotRecord};
+use agent_common::MAX_DEVICES;
+
+use crate::layout::{SHARDS_PER_SLOT, Shard, SlotRecord};
 use crate::procfs::{self, Liveness, ProcessIdentity};
 use crate::region::Region;
 use crate::reserve::{self, Stop};

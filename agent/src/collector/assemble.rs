@@ -202,12 +202,6 @@ fn claim_listing(to_list: &mut Vec<u32>, pid: u32) {
     }
 }
 
-pub(super) fn own_pid_namespace() -> Option<u64> {
-    std::fs::read_link("/proc/self/ns/pid")
-        .ok()
-        .and_then(|l| super::processes::namespace_inode(&l.to_string_lossy()))
-}
-
 /// Builds the snapshot. `to_list` gets the processes that region slots name whose maps have not
 /// been listed (at most [`MAX_CLAIMED_LISTINGS`]): the next scan is to list them.
 pub fn build(
@@ -235,7 +229,7 @@ pub fn build(
     }
 
     // Regions: match slots to host processes; keep the region summaries.
-    let my_ns = own_pid_namespace();
+    let my_ns = tenant_fs::own_pid_namespace();
     let mut slots: HashMap<u32, SlotView> = HashMap::new();
     let mut region_infos: Vec<(RegionInfo, Option<String>)> = Vec::new();
     let mut region_errors = 0;
@@ -871,8 +865,8 @@ mod tests {
     use region::{
         RegionConfig,
         reader::{RegionReader, RegionSnapshot},
-        tenant_fs::{Access, open_no_links},
     };
+    use tenant_fs::{Access, open_no_links};
 
     use super::*;
     use crate::identity::runtime_names::{NameLookupConfig, NameSources};
@@ -1032,7 +1026,7 @@ mod tests {
     #[test]
     fn a_forged_slot_naming_another_containers_process_is_not_counted() {
         let mut w = world();
-        let host_ns = own_pid_namespace().expect("the agent's pid namespace");
+        let host_ns = tenant_fs::own_pid_namespace().expect("the agent's pid namespace");
         // The victim: host pid 100, pid 7 in its container's namespace; the attacker: host pid
         // 200 in the agent's namespace.
         fake_process(
@@ -1112,7 +1106,7 @@ mod tests {
     #[test]
     fn a_slot_of_a_process_not_listed_yet_waits_for_its_listing() {
         let mut w = world();
-        let host_ns = own_pid_namespace().expect("the agent's pid namespace");
+        let host_ns = tenant_fs::own_pid_namespace().expect("the agent's pid namespace");
         fake_process(&w.proc, 300, 7000, "/user.slice/job.service", host_ns, 300);
         let path = w.regions.join("job.cache");
         let mut region = region_holding(&path, GIB);
@@ -1141,7 +1135,7 @@ mod tests {
     #[test]
     fn a_slot_counts_only_for_a_process_of_the_regions_container() {
         let mut w = world();
-        let host_ns = own_pid_namespace().expect("the agent's pid namespace");
+        let host_ns = tenant_fs::own_pid_namespace().expect("the agent's pid namespace");
         fake_process(
             &w.proc,
             100,

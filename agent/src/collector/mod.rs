@@ -293,7 +293,7 @@ impl Collector {
         self.carry_limiter_figures(&mut snap);
         gpu_use::accumulate(self.previous.as_ref().map(|(_, s)| s), &mut snap);
         snap.agent.warnings.extend(gpu_use::pid_namespace_warning(
-            assemble::own_pid_namespace(),
+            tenant_fs::own_pid_namespace(),
             &snap,
         ));
         // Rates against the previous snapshot, per process.

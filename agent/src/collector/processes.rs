@@ -2,7 +2,6 @@
 
 use std::{
     collections::HashMap,
-    fs,
     path::{Path, PathBuf},
 };
 
@@ -22,20 +21,6 @@ pub struct ProcessInfo {
     pub identity: ContainerIdentity,
     /// Inode of the process's pid namespace, and its pid there (the innermost `NSpid`).
     pub namespace_pid: Option<(u64, u32)>,
-}
-
-/// The last value of the `NSpid:` line of `/proc/<pid>/status`: the pid inside the innermost
-/// pid namespace.
-pub fn innermost_pid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|v| v.split_whitespace().last()?.parse().ok())
-}
-
-/// `pid:[4026531836]` -> 4026531836.
-pub fn namespace_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
 }
 
 pub struct ProcessTable {
@@ -69,11 +54,10 @@ impl ProcessTable {
                 .unwrap_or_else(|| {
                     ContainerIdentity::from_path(facts.cgroup_path.as_deref().unwrap_or("/"))
                 });
-            let ns = fs::read_link(dir.join("ns/pid"))
+            let ns = tenant_fs::pid_namespace(&dir);
+            let inner = tenant_fs::read_proc(&dir.join("status"), MAX_STATUS_BYTES)
                 .ok()
-                .and_then(|l| namespace_inode(&l.to_string_lossy()));
-            let inner = read_proc_text(&dir.join("status"), MAX_STATUS_BYTES)
-                .and_then(|s| innermost_pid(&s));
+                .and_then(|(s, _)| tenant_fs::innermost_pid(&s));
             let namespace_pid = ns.zip(inner);
             self.cache.insert(
                 pid,
@@ -104,15 +88,6 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_namespace_coordinates() {
-        assert_eq!(innermost_pid("Name:\tx\nNSpid:\t4242\t7\n"), Some(7));
-        assert_eq!(innermost_pid("NSpid:\t4242\n"), Some(4242));
-        assert_eq!(innermost_pid("Name: x\n"), None);
-        assert_eq!(namespace_inode("pid:[4026531836]"), Some(4026531836));
-        assert_eq!(namespace_inode("net:[1]"), None);
-    }
 
     #[test]
     fn finds_this_process_by_its_namespace_pid() {

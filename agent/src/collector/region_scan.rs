@@ -3,7 +3,7 @@
 //! listing and opening the files of the configured directories, sniffing them, then reading each
 //! region) runs as a job on a small pool of worker threads ([`crate::pool::Pool`]), one job at a
 //! time per directory, per process and per region file. Every file is opened through
-//! `region::tenant_fs` ([`regions::dir_candidates`], [`regions::process_candidates`]) and read
+//! `tenant_fs` ([`regions::dir_candidates`], [`regions::process_candidates`]) and read
 //! from that open file.
 //!
 //! The collector waits for the jobs until the deadline and goes on without the ones still
@@ -28,8 +28,8 @@ use std::{
 use region::{
     hami::HamiReader,
     reader::{ReadBudget, RegionReader},
-    tenant_fs::{FileKey, TenantFile},
 };
+use tenant_fs::{FileKey, TenantFile};
 
 use super::regions::{self, Candidate, Format, ListingCut, RegionRead, RegionReading};
 use crate::pool::Pool;

@@ -1,6 +1,6 @@
 //! Finding limiter regions: files under the configured directories, and region files that GPU
 //! processes have mapped (reached through `/proc/<pid>/map_files`, so regions inside containers
-//! are found without configuration). Every file is opened through `region::tenant_fs` (never by
+//! are found without configuration). Every file is opened through `tenant_fs` (never by
 //! following a tenant's path) and sniffed here; [`super::region_scan`] runs this on its workers
 //! and reads what it finds. Both this project's format and HAMi-core's v1 format are read,
 //! lock-free and read-only; a corrupt or hostile file is reported, never trusted.
@@ -15,10 +15,10 @@ use region::{
     hami::{HAMI_MAGIC, HamiSnapshot},
     layout::{REGION_MAGIC, RegionHeader},
     reader::RegionSnapshot,
-    tenant_fs::{self, Access, EntryKind, Root, TenantFile},
 };
+use tenant_fs::{Access, EntryKind, Root, TenantFile};
 
-use crate::discovery::procmaps::{self, MappedFile};
+use tenant_fs::maps::MappedFile;
 
 /// Directories searched by default: this project's, and HAMi's per-container directories on the
 /// host (`<hostHookPath>/vgpu/containers/<podUID>_<container>/`).
@@ -233,7 +233,7 @@ pub struct MappedRegion {
     pub map: MappedFile,
 }
 
-/// A region file found this time, opened through `region::tenant_fs` and sniffed.
+/// A region file found this time, opened through `tenant_fs` and sniffed.
 #[derive(Debug)]
 pub struct Candidate {
     /// How it is shown: the directory's path, or `/proc/<pid>/root/<path in the container>`.
@@ -359,7 +359,7 @@ pub fn process_candidates(proc: &Path, pid: u32) -> (Vec<Candidate>, Vec<Listing
 
 /// Shared file mappings of process `pid` other than devices and memfds (region candidates).
 pub fn mapped_files(proc: &Path, pid: u32) -> Vec<MappedRegion> {
-    let Ok((maps, _)) = procmaps::read(proc, pid) else {
+    let Ok((maps, _)) = tenant_fs::maps::read(proc, pid) else {
         return vec![];
     };
     let mut out: Vec<MappedRegion> = maps

@@ -29,7 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{FileId, LibraryKind, procmaps};
+use super::{FileId, LibraryKind};
 use crate::{
     identity::container::{ContainerIdentity, ContainerKey},
     pool::Pool,
@@ -372,7 +372,7 @@ impl Scheduler {
 /// `/proc/<pid>/cgroup`); `?` when it cannot be read.
 pub fn tenant_of(proc: &Path, pid: u32) -> Arc<str> {
     let mut text = String::new();
-    let read = region::tenant_fs::read_proc_lines(
+    let read = tenant_fs::read_proc_lines(
         &proc.join(pid.to_string()).join("cgroup"),
         MAX_CGROUP_BYTES,
         MAX_CGROUP_BYTES as usize,
@@ -394,7 +394,7 @@ pub fn tenant_of(proc: &Path, pid: u32) -> Arc<str> {
 /// A process's virtual size in pages (`/proc/<pid>/statm`'s first field).
 fn vsize_of(proc: &Path, pid: u32) -> Option<u64> {
     let mut first = None;
-    region::tenant_fs::read_proc_lines(
+    tenant_fs::read_proc_lines(
         &proc.join(pid.to_string()).join("statm"),
         256,
         256,
@@ -421,7 +421,7 @@ pub fn list_pids(proc: &Path) -> Vec<u32> {
 
 /// The driver-named mappings among a process's maps, at most [`MAX_CANDIDATES_PER_KIND`] of each
 /// kind (distinct files); returns them and how many more there were.
-pub fn candidates(maps: &[procmaps::MappedFile]) -> (Vec<Candidate>, u64) {
+pub fn candidates(maps: &[tenant_fs::maps::MappedFile]) -> (Vec<Candidate>, u64) {
     let mut out: Vec<Candidate> = Vec::new();
     let mut over = 0u64;
     for kind in LibraryKind::ALL {
@@ -466,14 +466,14 @@ pub struct MapsRead {
 /// How a job reads one process's maps ([`read_maps`]; tests make it block). `None`: unreadable.
 type ReadFn = Arc<dyn Fn(&Path, u32) -> Option<MapsRead> + Send + Sync>;
 
-/// A job: reads process `pid`'s maps within [`procmaps::MAX_MAPS_BYTES`] and keeps its
+/// A job: reads process `pid`'s maps within [`tenant_fs::maps::MAX_MAPS_BYTES`] and keeps its
 /// driver-named mappings.
 pub fn read_maps(proc: &Path, pid: u32) -> Option<MapsRead> {
-    let (maps, r) = procmaps::read(proc, pid).ok()?;
+    let (maps, r) = tenant_fs::maps::read(proc, pid).ok()?;
     if r.truncated {
         log::debug!(
             "pid {pid}: maps longer than {} bytes; the rest was not read",
-            procmaps::MAX_MAPS_BYTES
+            tenant_fs::maps::MAX_MAPS_BYTES
         );
     }
     let (candidates, over_cap) = candidates(&maps);
@@ -759,8 +759,8 @@ mod tests {
 
     #[test]
     fn candidates_are_capped_per_kind_and_the_rest_counted() {
-        let maps: Vec<procmaps::MappedFile> = (0..5000u64)
-            .map(|i| procmaps::MappedFile {
+        let maps: Vec<tenant_fs::maps::MappedFile> = (0..5000u64)
+            .map(|i| tenant_fs::maps::MappedFile {
                 start: i * 4096,
                 end: i * 4096 + 4096,
                 dev: 1,
@@ -769,7 +769,7 @@ mod tests {
                 path: PathBuf::from(format!("/t/libcuda.so.{i}")),
                 deleted: false,
             })
-            .chain(std::iter::once(procmaps::MappedFile {
+            .chain(std::iter::once(tenant_fs::maps::MappedFile {
                 start: 1 << 40,
                 end: (1 << 40) + 4096,
                 dev: 1,

@@ -6,7 +6,6 @@
 
 pub mod ldcache;
 pub mod maps_scan;
-pub mod procmaps;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -16,7 +15,7 @@ use std::{
     sync::Arc,
 };
 
-use region::tenant_fs::{self, Access, FileKey, TenantFile, TenantFsError};
+use tenant_fs::{Access, FileKey, TenantFile, TenantFsError};
 
 use crate::{host::HostPaths, model::FoundBy};
 

@@ -42,14 +42,6 @@ fn unescape_octal(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The cgroup v2 path of a process from its `/proc/<pid>/cgroup` text (the `0::` line).
-pub fn v2_path_of(proc_cgroup: &str) -> Option<String> {
-    proc_cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_owned)
-}
-
 /// Maps cgroup ids to paths by walking the cgroup2 tree; rebuilt when an id is not found.
 #[derive(Debug, Default)]
 pub struct CgroupIndex {
@@ -139,16 +131,6 @@ mod tests {
         );
         let spaced = "31 30 0:27 / /mnt/my\\040cg rw - cgroup2 cgroup2 rw\n";
         assert_eq!(cgroup2_mount(spaced), Some(PathBuf::from("/mnt/my cg")));
-    }
-
-    #[test]
-    fn reads_the_v2_line() {
-        let text = "12:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/system.slice/docker-abc.scope\n";
-        assert_eq!(
-            v2_path_of(text).as_deref(),
-            Some("/system.slice/docker-abc.scope")
-        );
-        assert_eq!(v2_path_of("4:cpu:/x\n"), None);
     }
 
     #[test]

@@ -20,9 +20,6 @@ pub struct ProcessFacts {
 /// Bytes of `/proc/<pid>/cmdline` read.
 const MAX_CMDLINE_BYTES: usize = 64 << 10;
 
-/// Bytes of `/proc/<pid>/stat` read (a line of 52 numbers and a comm of 16 bytes at most).
-const MAX_STAT_BYTES: usize = 4 << 10;
-
 /// Bytes of `/proc/<pid>/cgroup` read (one line per hierarchy; a cgroup v2 path is at most a few
 /// KiB, and a tenant can nest its own cgroups).
 pub const MAX_CGROUP_BYTES: usize = 64 << 10;
@@ -40,23 +37,10 @@ pub fn escape_invalid_utf8(bytes: &[u8]) -> String {
     out
 }
 
-/// Parses `comm` and the start time out of a `/proc/<pid>/stat` line. The comm is in parentheses
-/// and may itself contain spaces, parentheses and bytes that are not UTF-8 (a process sets its
-/// own), so fields are counted from the last `)` and the comm is kept as escaped bytes.
-pub fn parse_stat(stat: &[u8]) -> Option<(String, u64)> {
-    let open = stat.iter().position(|&b| b == b'(')?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let comm = escape_invalid_utf8(stat.get(open + 1..close)?);
-    // After ") " come fields 3.. ; start time is field 22, i.e. index 19 of the rest.
-    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
-    let start = rest.split(' ').nth(19)?.parse().ok()?;
-    Some((comm, start))
-}
-
 /// A small procfs file of process `dir` as text (bytes that are not UTF-8 replaced), within
 /// `max` bytes; `None` if it cannot be read (the process is gone).
 pub fn read_proc_text(path: &Path, max: usize) -> Option<String> {
-    let (bytes, _) = region::tenant_fs::read_proc(path, max).ok()?;
+    let (bytes, _) = tenant_fs::read_proc(path, max).ok()?;
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -64,10 +48,13 @@ impl ProcessFacts {
     /// Reads a process's facts from `proc` (normally `/proc`); `None` if it is gone.
     pub fn read(proc: &Path, pid: u32) -> Option<ProcessFacts> {
         let dir = proc.join(pid.to_string());
-        let (stat, _) = region::tenant_fs::read_proc(&dir.join("stat"), MAX_STAT_BYTES).ok()?;
-        let (comm, start_ticks) = parse_stat(&stat)?;
+        let mut stat = [0u8; tenant_fs::MAX_STAT_BYTES];
+        let stat = tenant_fs::read_stat(&dir.join("stat"), &mut stat).ok()?;
+        // A process sets its own comm: any bytes, kept with those that are not UTF-8 escaped.
+        let comm = escape_invalid_utf8(stat.comm);
+        let start_ticks = stat.start_ticks;
         // A process chooses how long its command line is (megabytes): read what is shown.
-        let cmdline = region::tenant_fs::read_proc(&dir.join("cmdline"), MAX_CMDLINE_BYTES)
+        let cmdline = tenant_fs::read_proc(&dir.join("cmdline"), MAX_CMDLINE_BYTES)
             .map(|(b, _)| {
                 b.split(|&c| c == 0)
                     .filter(|a| !a.is_empty())
@@ -77,7 +64,7 @@ impl ProcessFacts {
             })
             .unwrap_or_default();
         let cgroup_path = read_proc_text(&dir.join("cgroup"), MAX_CGROUP_BYTES)
-            .and_then(|t| super::cgroup::v2_path_of(&t));
+            .and_then(|t| tenant_fs::cgroup_v2_path(&t).map(str::to_owned));
         Some(ProcessFacts {
             pid,
             start_ticks,
@@ -93,21 +80,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_stat_with_awkward_comm() {
-        let line = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194304 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 18446744073709551615";
-        assert_eq!(
-            parse_stat(line.as_bytes()),
-            Some(("my (odd) name".into(), 987654))
-        );
-        assert_eq!(parse_stat(b"garbage"), None);
-        assert_eq!(parse_stat(b"1 (x) S"), None);
-        let odd =
-            b"4242 (a\xff\xfeb) S 1 4242 4242 0 -1 4194304 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000";
-        assert_eq!(
-            parse_stat(odd),
-            Some(("a\\xff\\xfeb".into(), 987654)),
-            "a comm that is not UTF-8 is kept, escaped"
-        );
+    fn a_name_that_is_not_utf8_is_kept_escaped() {
+        assert_eq!(escape_invalid_utf8(b"my (odd) name"), "my (odd) name");
+        assert_eq!(escape_invalid_utf8(b"a\xff\xfeb"), "a\\xff\\xfeb");
     }
 
     #[test]

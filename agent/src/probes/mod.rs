@@ -78,7 +78,7 @@ pub enum ProbeError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Library(#[from] region::tenant_fs::TenantFsError),
+    Library(#[from] tenant_fs::TenantFsError),
     #[error("{} is not an ELF library: {reason}", path.display())]
     NotElf { path: PathBuf, reason: String },
     #[error("{} does not look like the driver it is named after: {reason}", path.display())]

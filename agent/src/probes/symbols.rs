@@ -10,7 +10,7 @@ use std::{
 
 use agent_common::ApiId;
 use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
-use region::tenant_fs::TenantFile;
+use tenant_fs::TenantFile;
 
 use super::ProbeError;
 use crate::{discovery::LibraryFile, model::probing::Prologue};

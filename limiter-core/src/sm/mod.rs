@@ -33,7 +33,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
-use crate::config::MAX_DEVICES;
+use agent_common::MAX_DEVICES;
 
 pub mod feedback;
 mod window;

@@ -596,7 +596,7 @@ impl PoolSizes for Driver {
 /// shared by the container, or this process's own).
 pub(crate) struct DriverEnv<'a> {
     pub(crate) driver: &'a Driver,
-    pub(crate) windows: &'a [SmShare; region::MAX_DEVICES],
+    pub(crate) windows: &'a [SmShare; agent_common::MAX_DEVICES],
 }
 
 /// A device's duty-cycle words as the controller sees them.

@@ -10,12 +10,10 @@
 //! `DeviceState.memory_limit` (the limiter, not the agent, writes the region). A value the block
 //! does not override keeps the environment's.
 
+use agent_common::MAX_DEVICES;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use limiter_core::{
-    config::{Config, MAX_DEVICES},
-    sm::Controller,
-};
+use limiter_core::{config::Config, sm::Controller};
 use region::{ControlError, ControlReader, ControlSettings, Region, control_path};
 
 use crate::platform::log::{self, Level};

@@ -9,6 +9,7 @@
 //! handler retires the slot, returning everything it still holds; after a crash or SIGKILL the
 //! next claimant or a denied reservation reclaims it (the region's dead-slot sweep).
 
+use agent_common::MAX_DEVICES;
 use std::{
     ptr,
     sync::atomic::{AtomicBool, Ordering},
@@ -18,7 +19,6 @@ use limiter_core::{
     accounting::{Denied, InProcess},
     alloc_table::{ADDRESS_BUCKETS, AllocTable, HANDLE_BUCKETS},
     charge::{Charge, ContextCharges},
-    config::MAX_DEVICES,
     pools::PoolTable,
 };
 use region::{Region, Slot};

@@ -14,14 +14,12 @@
 //! namespace never find theirs in the samples, and the correction stays off (logged once at
 //! Info). The thread never touches the launch path: launches read the duty cycle from the window.
 
+use agent_common::MAX_DEVICES;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use limiter_core::{
-    config::MAX_DEVICES,
-    sm::{
-        Controller, effective_permille,
-        feedback::{LOOKBACK_US, Loop, SAMPLE_EVERY, TICK},
-    },
+use limiter_core::sm::{
+    Controller, effective_permille,
+    feedback::{LOOKBACK_US, Loop, SAMPLE_EVERY, TICK},
 };
 use region::{
     Region, SmShare,

@@ -9,13 +9,11 @@
 //! `cuInit`: runtimes and frameworks report "CUDA unavailable / initialisation error" instead of
 //! blaming an argument of some later call.
 
+use agent_common::MAX_DEVICES;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use agent_common::api::ApiId;
-use limiter_core::{
-    config::{Config, MAX_DEVICES},
-    sm::Controller,
-};
+use limiter_core::{config::Config, sm::Controller};
 use region::{InitOutcome, Region, RegionConfig, SmShare};
 
 use super::{

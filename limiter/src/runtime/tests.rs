@@ -104,9 +104,9 @@ fn a_control_block_change_reaches_the_controller_and_the_region() {
     let cx = Cx::new(c.clone(), "control");
     let region = cx.state.region().unwrap();
     assert_eq!(cx.state.sm.percent(0), 0);
-    let block = region::tenant_fs::open_no_links(
+    let block = tenant_fs::open_no_links(
         &control_path(cx.region.as_ref().unwrap()),
-        region::tenant_fs::Access::ReadWrite,
+        tenant_fs::Access::ReadWrite,
     )
     .unwrap();
     let writer = ControlWriter::new(&block).unwrap();

@@ -16,6 +16,7 @@
 //! snapshot whole or not at all: one the budget ran out in is left out with the slots after it
 //! (its figures would be short of its counters' and go back; a reader keeps the last whole ones).
 
+use agent_common::MAX_DEVICES;
 use std::fs::File;
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
@@ -23,8 +24,8 @@ use std::sync::atomic::{Ordering, fence};
 
 use crate::init::init_pid;
 use crate::layout::{
-    CONTEXT_REFUSED, HEADER_SIZE, MAX_DEVICES, RegionHeader, SHARDS_PER_SLOT, SlotHeader,
-    SlotRecord, shard_stride_for, slot_stride_for,
+    CONTEXT_REFUSED, HEADER_SIZE, RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord,
+    shard_stride_for, slot_stride_for,
 };
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
 use crate::pread::{self, PreadError};
@@ -32,7 +33,7 @@ use crate::procfs::{self, Liveness};
 use crate::slots::{
     PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
 };
-use crate::tenant_fs::{self, Access, TenantFile};
+use tenant_fs::{Access, TenantFile};
 
 mod budget;
 mod shards;
@@ -51,7 +52,7 @@ pub(crate) use validate::validate_header;
 pub enum ReadError {
     /// The file could not be opened as a tenant's file may be (a link, not a regular file, ...).
     #[error(transparent)]
-    Open(#[from] crate::tenant_fs::TenantFsError),
+    Open(#[from] tenant_fs::TenantFsError),
     /// Opening, sizing or mapping the file failed.
     #[error("{call} on `{path}` failed")]
     Io {
@@ -240,7 +241,7 @@ impl RegionReader {
         // Relaxed loads from here on read private copies: nothing else touches them.
         let r = Ordering::Relaxed;
         let creator_pid_ns = header.creator_pid_ns.load(r);
-        let my_ns = procfs::pid_namespace_inode().unwrap_or(0);
+        let my_ns = tenant_fs::own_pid_namespace().unwrap_or(0);
         let bytes = byte_decoder(geometry.major);
         let devices = header.devices[..geometry.device_count as usize]
             .iter()

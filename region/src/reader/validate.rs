@@ -1,5 +1,6 @@
 //! Validating a region's header against this crate's layout and the file's size.
 
+use agent_common::MAX_DEVICES;
 use std::sync::atomic::Ordering;
 
 use agent_common::api::API_SLOTS;
@@ -8,8 +9,8 @@ use agent_common::hist::HIST_BUCKETS;
 use super::{Geometry, ReadError};
 use crate::init::{PHASE_READY, init_phase};
 use crate::layout::{
-    HEADER_SIZE, LAYOUT_MAJOR, MAX_DEVICES, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC,
-    RegionHeader, SHARDS_PER_SLOT, region_size_for, shard_stride_for, slot_stride_for,
+    HEADER_SIZE, LAYOUT_MAJOR, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC, RegionHeader,
+    SHARDS_PER_SLOT, region_size_for, shard_stride_for, slot_stride_for,
 };
 
 fn expect_field(field: &'static str, offset: u64, found: u64, want: u64) -> Result<(), ReadError> {

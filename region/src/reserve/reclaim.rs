@@ -8,8 +8,8 @@ use super::{
     Cells, Helped, Intent, Kind, SEQ_MASK, STATE_DONE, STATE_PENDING, Stop, TAG_MASK, apply,
     container_tag, help, last_tag, pack, word_bytes, word_tag,
 };
-use crate::layout::MAX_DEVICES;
 use crate::sync::Atomic64;
+use agent_common::MAX_DEVICES;
 
 /// What [`return_holdings`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

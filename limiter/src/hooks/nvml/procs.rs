@@ -41,7 +41,7 @@ fn container_processes(
             if region.limit(device) == 0 {
                 return None;
             }
-            let own_ns = region::procfs::pid_namespace_inode().unwrap_or(0);
+            let own_ns = tenant_fs::own_pid_namespace().unwrap_or(0);
             Some(
                 region
                     .holdings(device)

@@ -2,13 +2,13 @@
 //! how long their paths are) and parsed as bytes (a path need not be UTF-8). The kernel escapes a
 //! newline in a path as `\012` and nothing else (not even a backslash), so a path that shows
 //! `\012` may be either; the (device, inode) on the line is what identifies the file, and every
-//! open checks it (see `region::tenant_fs::open_mapped`).
+//! open checks it (see [`crate::open_mapped`]).
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-use region::tenant_fs::{self, FileKey, ProcRead, TenantFsError};
+use crate::{FileKey, ProcRead, TenantFsError};
 
 /// Bytes of one process's maps read at most. A GPU process with PyTorch has about 1 MiB.
 pub const MAX_MAPS_BYTES: u64 = 16 << 20;
@@ -124,7 +124,7 @@ pub fn parse_line(line: &[u8]) -> Option<MappedFile> {
 /// [`MAX_MAPS_BYTES`]. The second value says whether the file was cut at the bound.
 pub fn read(proc: &Path, pid: u32) -> Result<(Vec<MappedFile>, ProcRead), TenantFsError> {
     let mut out = Vec::new();
-    let read = tenant_fs::read_proc_lines(
+    let read = crate::read_proc_lines(
         &proc.join(pid.to_string()).join("maps"),
         MAX_MAPS_BYTES,
         MAX_MAPS_LINE,

@@ -1,25 +1,60 @@
-//! Opening files that a tenant controls: the one way the agent (root) opens a path inside a
-//! container, a file a process maps, or a file in a directory that containers can write.
+//! How the agent opens and reads files that tenants control: a path inside a container, a file
+//! a process maps, a file in a directory that containers can write, and the `/proc` files a
+//! process shapes (its `stat`, `status`, `maps`, `cgroup`, `cmdline`).
 //!
-//! A container fully controls the files in its root: any component of a path may be a symbolic
-//! link (to a host file, when followed from the host), a FIFO (an `open` that never returns), a
-//! device node, a sparse or endless file. So every open here:
-//! - resolves the path *inside* an anchor directory ([`Root`]: the process's `/proc/<pid>/root`,
-//!   or a configured directory) with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: an
-//!   absolute symlink or `..` stays inside the anchor, and `/proc/self/...`-style magic links are
-//!   refused; the last component is never followed (`O_NOFOLLOW`);
-//! - or, for a file a process maps, opens the kernel's own reference to that mapping
-//!   (`/proc/<pid>/map_files/<start>-<end>`, no path resolution at all) and checks its
-//!   (device, inode) against the one `/proc/<pid>/maps` names ([`open_mapped`]);
-//! - opens with `O_PATH` first and checks `fstat`: only a regular file is opened for real (a FIFO
-//!   or device node is never opened, so its `open` can neither block nor have side effects);
-//! - reopens that exact inode (through `/proc/self/fd/<n>`) `O_NONBLOCK | O_CLOEXEC | O_NOCTTY`:
-//!   a file under a lease that a tenant holds fails with [`TenantFsError::Leased`] instead of
-//!   blocking for the kernel's lease-break time (45 s by default);
-//! - and reads at most a stated number of bytes ([`TenantFile::read_bounded`], [`read_proc`]).
+//! # Threat model
 //!
-//! Writing is limited to what a caller asks for with [`Access::Write`]; nothing here creates,
-//! truncates or extends a file.
+//! The caller is trusted and privileged: the agent, as root. (The limiter, inside a tenant's own
+//! process, uses only the `stat` reader and [`own_pid_namespace`], through the region, on its
+//! own container's processes.) Tenants are hostile. A
+//! container fully controls the files in its root and in any directory it can write: any
+//! component of a path may be a symbolic link (to a host file, when followed from the host), a
+//! FIFO (an `open` that never returns), a device node (an `open` with side effects), a sparse or
+//! endless file, a file under a lease, or a mount point it bind-mounted over. A process also
+//! shapes what the kernel writes about it in `/proc`: its `comm` is any 15 bytes (spaces,
+//! parentheses, bytes that are not UTF-8), its mappings' paths are any bytes (newlines
+//! included), and it decides how many mappings, cgroups and arguments it has (megabytes). Its
+//! pid may be reused between two reads.
+//!
+//! # What each function guarantees
+//!
+//! - [`Root::open`], [`Root::open_dir`], [`Root::entries`]: the path is resolved inside the
+//!   anchor directory ([`Root`]: the process's `/proc/<pid>/root`, or a configured directory)
+//!   with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: an absolute symlink or `..` stays
+//!   inside the anchor, and `/proc/self/...`-style magic links are refused; the last component
+//!   is never followed (`O_NOFOLLOW`). A tenant's symlink never leads outside its root. For
+//!   writing ([`Access::ReadWrite`]) no mount point below the anchor is crossed
+//!   (`RESOLVE_NO_XDEV`), so a file mounted over the one meant is refused.
+//! - [`open_mapped`]: a file a process maps is opened through the kernel's own reference to the
+//!   mapping (`/proc/<pid>/map_files/<start>-<end>`, no path resolution at all), else inside the
+//!   process's root, and used only if its (device, inode) is the one `/proc/<pid>/maps` names.
+//! - [`open_no_links`], [`open_operator_path`], [`Root::dir_no_links`]: an operator's path with
+//!   no symbolic link anywhere in it (`RESOLVE_NO_SYMLINKS`), or resolved inside the process's
+//!   root when it is `/proc/<pid>/root/...`.
+//! - [`open_checked`]: a path that leads to the right file by construction (a `map_files` entry,
+//!   a host library), checked to be a regular file and, when given, the expected one.
+//! - Every open is `O_PATH` first and checked with `fstat`: only a regular file is opened for
+//!   real, so a FIFO or device node is never opened (its `open` can neither block nor have side
+//!   effects). The check and the real open are about one inode: the real open reopens the
+//!   checked descriptor (through `/proc/self/fd/<n>`) `O_NONBLOCK | O_CLOEXEC | O_NOCTTY`, so a
+//!   path swapped in between is not followed, and a file under a tenant's lease fails with
+//!   [`TenantFsError::Leased`] instead of blocking for the kernel's lease-break time (45 s by
+//!   default).
+//! - Every read is bounded: [`TenantFile::read_bounded`] refuses a file over its bound before
+//!   reading (a sparse 16 GB file costs nothing) and cuts one that grows while read;
+//!   [`read_proc`] and [`read_proc_lines`] read at most a stated number of bytes, and at most a
+//!   stated length per line; [`read_stat`] reads into a fixed buffer.
+//! - The `/proc` parsers ([`parse_stat`], [`innermost_pid`], [`pid_namespace`],
+//!   [`maps::parse_line`], and [`cgroup_v2_path`] on text the caller converted lossily) never
+//!   assume UTF-8 where a process chose the text (a name, a path), count `stat`'s fields from its
+//!   last `)` (a name may hold parentheses and spaces, the fields after it are the kernel's), and
+//!   return `None` on anything malformed: no panic, whatever the bytes (property-tested).
+//! - Nothing here creates, truncates or extends a file; writing is limited to what a caller asks
+//!   for with [`Access::ReadWrite`].
+//!
+//! What this crate does not do: it does not decide which process or container a file belongs to,
+//! and it does not keep a pid from being reused; callers compare a process's start time
+//! ([`ProcStat::start_ticks`]) before and after they use what they read.
 
 use std::fmt;
 use std::fs::File;
@@ -82,6 +117,8 @@ pub enum TenantFsError {
     Leased { path: PathBuf },
     #[error("{}: not found", path.display())]
     NotFound { path: PathBuf },
+    #[error("{}: not in the format the kernel writes (refused)", path.display())]
+    Malformed { path: PathBuf },
     #[error("{}: {call}: {source}", path.display())]
     Io {
         call: &'static str,
@@ -123,6 +160,7 @@ impl TenantFsError {
             | TenantFsError::MountCrossed { path }
             | TenantFsError::Leased { path }
             | TenantFsError::NotFound { path }
+            | TenantFsError::Malformed { path }
             | TenantFsError::Io { path, .. } => path,
         }
     }
@@ -600,8 +638,12 @@ pub fn open_operator_path(
     }
 }
 
+pub mod maps;
 mod proc;
-pub use proc::{ProcRead, read_proc, read_proc_lines};
+pub use proc::{
+    MAX_STAT_BYTES, ProcRead, ProcStat, cgroup_v2_path, innermost_pid, own_pid_namespace,
+    parse_stat, pid_namespace, read_proc, read_proc_lines, read_stat,
+};
 
 #[cfg(test)]
 mod tests;

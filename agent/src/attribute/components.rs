@@ -137,15 +137,7 @@ pub struct Charged {
 
 /// The calls of `now` since `before` (the same process in the window's first snapshot).
 fn window(now: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
-    now.apis
-        .iter()
-        .map(|a| {
-            a.since(before.and_then(|b| {
-                b.apis
-                    .iter()
-                    .find(|e| e.api == a.api && e.source == a.source)
-            }))
-        })
+    now.apis_since(before)
         .filter(|a| a.calls > 0 || a.hook_ns > 0)
         .collect()
 }

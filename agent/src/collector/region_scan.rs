@@ -387,13 +387,16 @@ impl RegionScan {
     }
 }
 
+/// A region file found, with the uid of a process that maps it (when one does).
+type UsedCandidate<'l> = (&'l Candidate, Option<u32>);
+
 /// The region files the listings of `wanted` found, each once (a process's uid joined to a
 /// directory's find), and where each is in that list.
 fn candidates<'l>(
     listings: &'l HashMap<Listing, ListingState>,
     wanted: &[Listing],
-) -> (Vec<(&'l Candidate, Option<u32>)>, HashMap<FileKey, usize>) {
-    let mut candidates: Vec<(&Candidate, Option<u32>)> = Vec::new();
+) -> (Vec<UsedCandidate<'l>>, HashMap<FileKey, usize>) {
+    let mut candidates: Vec<UsedCandidate<'_>> = Vec::new();
     let mut index: HashMap<FileKey, usize> = HashMap::new();
     for l in wanted {
         let Some(state) = listings.get(l) else {

@@ -138,17 +138,7 @@ pub struct Charged {
 /// The calls of `now` since `before` (the same process in the window's first snapshot), as the
 /// probes saw them (the sampled kinds' estimates are made here, with their uncertainty).
 fn window(now: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
-    now.apis
-        .iter()
-        .map(|a| {
-            let earlier = before.and_then(|b| {
-                b.apis
-                    .iter()
-                    .find(|e| e.api == a.api && e.source == a.source)
-            });
-            a.as_probed()
-                .since(earlier.map(ApiUsage::as_probed).as_ref())
-        })
+    now.probed_apis_since(before)
         .filter(|a| a.calls > 0 || a.hook_ns > 0)
         .collect()
 }

@@ -5,7 +5,15 @@ use std::{
     time::Instant,
 };
 
-use agent_common::{ApiId, hist::HIST_BUCKETS, maps::Health};
+use agent_common::{
+    ApiId,
+    hist::HIST_BUCKETS,
+    maps::{ApiStats, Health},
+};
+use region::{
+    hami::HamiSnapshot,
+    reader::{RegionSnapshot, SlotSnapshot},
+};
 
 use super::{
     processes::ProcessTable,
@@ -204,6 +212,11 @@ fn claim_listing(to_list: &mut Vec<u32>, pid: u32) {
 
 /// Builds the snapshot. `to_list` gets the processes that region slots name whose maps have not
 /// been listed (at most [`MAX_CLAIMED_LISTINGS`]): the next scan is to list them.
+///
+/// The stages, in order: the GPU processes by every source ([`gpu_pids`]); the regions' slots
+/// matched to host processes ([`match_regions`]), whose owners join them; the probes' rows per
+/// process ([`ProbeRows::gather`]); one row per process with its probe, limiter and NVML figures
+/// ([`ProcessRows::row`]); containers ([`containers`]); GPUs and health.
 pub fn build(
     inp: Inputs<'_>,
     procs: &mut ProcessTable,
@@ -212,7 +225,70 @@ pub fn build(
     to_list: &mut Vec<u32>,
     now: Instant,
 ) -> Snapshot {
-    // Every pid that is a GPU process by any source.
+    let mut pids = gpu_pids(&inp);
+    for pid in &pids {
+        procs.get(*pid);
+    }
+    let RegionMatch {
+        slots,
+        regions,
+        region_errors,
+        regions_unread,
+        mut claims,
+        owners,
+    } = match_regions(&inp, procs, to_list);
+    pids.extend(owners);
+
+    let mut rows = ProcessRows {
+        inp: &inp,
+        probes: ProbeRows::gather(inp.reading),
+        slots,
+        user_file: inp.users.iter().copied().collect(),
+        tick_ns: 1_000_000_000 / ticks_per_second(),
+    };
+    let mut processes = Vec::new();
+    let mut identities: HashMap<ProcessKey, ContainerIdentity> = HashMap::new();
+    let mut sorted: Vec<u32> = pids.into_iter().collect();
+    sorted.sort_unstable();
+    for pid in sorted {
+        let (process, identity) = rows.row(pid, procs, cgroups);
+        if let Some(claim) = &identity.nested_claim {
+            claims.refuse(format!(
+                "process {pid} ({}): its cgroup names `{claim}` below its container's own cgroup: counted as {}'s",
+                process.comm,
+                container_key(&identity)
+            ));
+        }
+        identities.insert(process.key, identity);
+        processes.push(process);
+    }
+
+    let regions_read = regions.len();
+    Snapshot {
+        schema: String::new(),
+        hostname: String::new(),
+        taken_at_unix_ms: 0,
+        interval_seconds: 0.0,
+        driver_version: None,
+        cuda_driver_version: None,
+        agent: crate::model::AgentStatus {
+            events_lost: events_lost(inp.reading),
+            regions_read,
+            region_errors,
+            regions_unread,
+            slots_refused: claims.slots,
+            claims_refused: claims.lines,
+            ..Default::default()
+        },
+        gpus: gpus(inp.gpu),
+        containers: containers(&processes, &identities, regions, names, now),
+        processes,
+    }
+}
+
+/// Every pid that is a GPU process by any source (the probes' maps, the processes mapping a
+/// probed library, NVML), but the agent's own.
+fn gpu_pids(inp: &Inputs<'_>) -> HashSet<u32> {
     let mut pids: HashSet<u32> = HashSet::new();
     pids.extend(inp.reading.stats.iter().map(|(k, _)| k.tgid));
     pids.extend(inp.reading.live.iter().map(|(t, _)| *t));
@@ -224,30 +300,84 @@ pub fn build(
         pids.extend(d.processes.iter().map(|p| p.pid));
     }
     pids.remove(&inp.own_pid);
-    for pid in &pids {
-        procs.get(*pid);
-    }
+    pids
+}
 
-    // Regions: match slots to host processes; keep the region summaries.
-    let my_ns = tenant_fs::own_pid_namespace();
-    let mut slots: HashMap<u32, SlotView> = HashMap::new();
-    let mut region_infos: Vec<(RegionInfo, Option<String>)> = Vec::new();
-    let mut region_errors = 0;
-    let mut regions_unread = Vec::new();
-    let mut claims = ClaimsRefused::default();
-    let mut seen = Seen {
-        procs,
-        memo: HashMap::new(),
+/// The regions of a snapshot, their slots matched to host processes.
+struct RegionMatch {
+    /// The slots that count, by host pid.
+    slots: HashMap<u32, SlotView>,
+    /// Each region's summary, with the container that owns it.
+    regions: Vec<(RegionInfo, Option<String>)>,
+    region_errors: usize,
+    regions_unread: Vec<RegionUnread>,
+    claims: ClaimsRefused,
+    /// The host processes slots count for (GPU processes by the other sources or not).
+    owners: Vec<u32>,
+}
+
+/// Matches every region's slots to host processes: a slot counts for the process it names only
+/// when that process runs (with the start time the slot says), maps the region and is of the
+/// region's container; what is refused is said.
+fn match_regions(
+    inp: &Inputs<'_>,
+    procs: &mut ProcessTable,
+    to_list: &mut Vec<u32>,
+) -> RegionMatch {
+    let mut matcher = SlotMatcher {
+        seen: Seen {
+            procs,
+            memo: HashMap::new(),
+        },
+        my_ns: tenant_fs::own_pid_namespace(),
+        listed: inp.listed,
+        to_list,
+        gpu_count: inp.gpu.devices.len(),
+        out: RegionMatch {
+            slots: HashMap::new(),
+            regions: Vec::new(),
+            region_errors: 0,
+            regions_unread: Vec::new(),
+            claims: ClaimsRefused::default(),
+            owners: Vec::new(),
+        },
     };
-    for RegionReading {
-        path,
-        read,
-        writable_by_others,
-        mapped_by,
-    } in inp.regions
-    {
+    for reading in inp.regions {
+        matcher.region(reading);
+    }
+    matcher.out
+}
+
+/// One region as its slots are matched: its name as shown, the processes that map it and the
+/// container that owns it.
+struct RegionAt<'r> {
+    shown: &'r str,
+    mapped_by: &'r [u32],
+    owner: Option<&'r str>,
+}
+
+/// The state of [`match_regions`].
+struct SlotMatcher<'p, 'i> {
+    seen: Seen<'p>,
+    /// The agent's pid namespace: slots of processes in it name host pids.
+    my_ns: Option<u64>,
+    listed: &'i HashSet<u32>,
+    to_list: &'i mut Vec<u32>,
+    /// The devices NVML reports (0 without NVML).
+    gpu_count: usize,
+    out: RegionMatch,
+}
+
+impl SlotMatcher<'_, '_> {
+    fn region(&mut self, reading: &RegionReading) {
+        let RegionReading {
+            path,
+            read,
+            writable_by_others,
+            mapped_by,
+        } = reading;
         let shown = path.display().to_string();
-        let (owner, shared) = region_owner(mapped_by, &mut seen);
+        let (owner, shared) = region_owner(mapped_by, &mut self.seen);
         let mut info = RegionInfo {
             path: shown.clone(),
             format: String::new(),
@@ -259,446 +389,440 @@ pub fn build(
         if let Some(why) = shared {
             info.problems.push(why);
         }
-        let mut owners = Vec::new();
+        let at = RegionAt {
+            shown: &shown,
+            mapped_by,
+            owner: owner.as_deref(),
+        };
         match read {
             RegionRead::Failed(format, why) => {
                 info.format = format!("{format:?}").to_lowercase();
                 info.problems.push(why.clone());
-                region_errors += 1;
+                self.out.region_errors += 1;
             }
             RegionRead::Blocked { format, seconds } => {
                 info.format = format!("{format:?}").to_lowercase();
                 info.problems.push(format!(
                     "not read: a read of it started {seconds:.1}s ago has not returned (blocked file)"
                 ));
-                regions_unread.push(RegionUnread {
+                self.out.regions_unread.push(RegionUnread {
                     path: shown.clone(),
                     reason: "blocked".into(),
                     slots: 0,
                     blocked_seconds: *seconds,
                 });
             }
-            RegionRead::Vgpu(s) => {
-                info.format = "vgpu".into();
-                info.read_retries = s.counters.seqlock_retries;
-                info.devices = s
-                    .devices
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| RegionDevice {
-                        index: i as u32,
-                        memory_limit: d.memory_limit,
-                        sm_limit_pct: d.sm_limit,
-                        reserved: d.reserved,
-                        denied: d.denied,
-                        context_charge: super::context_charge::vgpu(s, i),
-                    })
-                    .collect();
-                // The limiter's regions have room for 16 devices whatever the host has: show the
-                // devices that exist (NVML's count), else the ones in use, at least one.
-                let active = info
-                    .devices
-                    .iter()
-                    .rposition(|d| d.reserved > 0 || d.denied > 0)
-                    .map_or(1, |i| i + 1);
-                let keep = if inp.gpu.devices.is_empty() {
-                    active
-                } else {
-                    inp.gpu.devices.len().max(active)
-                };
-                info.devices.truncate(keep);
-                if let Some(u) = &s.unread {
-                    let reason = match u.limit {
-                        region::reader::BudgetLimit::Time => "time",
-                        region::reader::BudgetLimit::Retries => "retries",
-                    };
-                    info.problems.push(format!(
-                        "read budget exhausted ({reason}): {} claimed slot(s) from slot {} not read this snapshot",
-                        u.slots, u.first_slot
-                    ));
-                    regions_unread.push(RegionUnread {
-                        path: shown.clone(),
-                        reason: reason.into(),
-                        slots: u.slots,
-                        blocked_seconds: 0.0,
-                    });
-                }
-                if s.counters.shards_skipped > 0 {
-                    info.problems.push(format!(
-                        "{} statistics shard(s) skipped (stuck or busy writer)",
-                        s.counters.shards_skipped
-                    ));
-                }
-                for slot in &s.slots {
-                    let host_pid = if Some(slot.pid_ns) == my_ns {
-                        // The agent's own pid namespace: the slot names a host pid, which
-                        // counts only with its start time.
-                        match seen.get(slot.pid).map(|(_, start)| *start) {
-                            Some(start) if start == slot.start_time => Some(slot.pid),
-                            Some(start) => {
-                                let why = format!(
-                                    "slot {}: claims pid {} started at {}, but pid {} started at {start} (reused, or a forged slot)",
-                                    slot.index, slot.pid, slot.start_time, slot.pid
-                                );
-                                claims.refuse_slot(&shown, &mut info, why);
-                                continue;
-                            }
-                            None => None,
-                        }
-                    } else {
-                        seen.procs
-                            .find_by_namespace(slot.pid_ns, slot.pid, slot.start_time)
-                    };
-                    let problems: Vec<String> = slot
-                        .shard_problems
-                        .iter()
-                        .map(|p| {
-                            format!(
-                                "shard {} {:?} (tid {}, seq {})",
-                                p.shard, p.kind, p.tid, p.seq
-                            )
-                            .to_lowercase()
-                        })
-                        .collect();
-                    let Some(pid) = host_pid else {
-                        info.problems.push(format!(
-                            "slot {}: pid {} (start {}) matches no process here{}",
-                            slot.index,
-                            slot.pid,
-                            slot.start_time,
-                            if slot.alive == Some(false) {
-                                " (its writer died)"
-                            } else {
-                                ""
-                            }
-                        ));
-                        continue;
-                    };
-                    match slot_belongs(
-                        slot.index,
-                        pid,
-                        mapped_by,
-                        owner.as_deref(),
-                        inp.listed,
-                        &mut seen,
-                    ) {
-                        Belongs::Yes => {}
-                        Belongs::NotListedYet => {
-                            claim_listing(to_list, pid);
-                            continue;
-                        }
-                        Belongs::No(why) => {
-                            claims.refuse_slot(&shown, &mut info, why);
-                            continue;
-                        }
-                    }
-                    owners.push(pid);
-                    let apis = slot
-                        .apis
-                        .iter()
-                        .filter_map(|a| {
-                            let spec = a.api.spec()?;
-                            Some(ApiUsage {
-                                api: spec.name.into(),
-                                kind: spec.kind.name().into(),
-                                source: Source::Limiter,
-                                calls: a.calls,
-                                errors: a.errors,
-                                bytes: a.bytes_allocated + a.bytes_freed + a.bytes_moved,
-                                total_ns: a.latency_ns,
-                                hook_ns: a.hook_ns,
-                                denied: a.denied,
-                                hist: a.histogram.to_vec(),
-                                latency: None,
-                                probed: None,
-                            })
-                        })
-                        .collect();
-                    slots.insert(
-                        pid,
-                        SlotView {
-                            region: shown.clone(),
-                            slot: slot.index,
-                            // The devices shown for the region (what a slot holds is
-                            // reserved on its device, so nothing held is cut off).
-                            held: slot.held.iter().take(keep).copied().collect(),
-                            context: slot.context_bytes.iter().take(keep).copied().collect(),
-                            throttled_ns: slot.throttled_ns,
-                            dropped_records: slot.dropped_records,
-                            problems,
-                            apis,
-                        },
-                    );
-                }
-            }
-            RegionRead::Hami(h) => {
-                info.format = "hami".into();
-                info.devices = (0..h.device_count)
-                    .map(|i| RegionDevice {
-                        index: i as u32,
-                        memory_limit: h.limit.get(i).copied().unwrap_or(0),
-                        sm_limit_pct: h.sm_limit.get(i).copied().unwrap_or(0).min(100) as u8,
-                        reserved: h
-                            .processes
-                            .iter()
-                            .map(|p| p.used_total.get(i).copied().unwrap_or(0))
-                            .sum(),
-                        denied: 0,
-                        context_charge: super::context_charge::hami(h, i),
-                    })
-                    .collect();
-                for p in &h.processes {
-                    if !p.consistent {
-                        info.problems.push(format!(
-                            "slot {}: inconsistent read (a writer died mid-update?)",
-                            p.slot
-                        ));
-                    }
-                    if p.hostpid > 0 {
-                        let pid = p.hostpid as u32;
-                        // HAMi's slots carry no start time: the process must run, map the
-                        // region and be of its container.
-                        let belongs = if seen.get(pid).is_some() {
-                            slot_belongs(
-                                p.slot as u32,
-                                pid,
-                                mapped_by,
-                                owner.as_deref(),
-                                inp.listed,
-                                &mut seen,
-                            )
-                        } else {
-                            Belongs::No(format!(
-                                "slot {}: claims host pid {pid}, which matches no process here",
-                                p.slot
-                            ))
-                        };
-                        match belongs {
-                            Belongs::Yes => {}
-                            Belongs::NotListedYet => {
-                                claim_listing(to_list, pid);
-                                continue;
-                            }
-                            Belongs::No(why) => {
-                                claims.refuse_slot(&shown, &mut info, why);
-                                continue;
-                            }
-                        }
-                        owners.push(pid);
-                        slots.insert(
-                            pid,
-                            SlotView {
-                                region: shown.clone(),
-                                slot: p.slot as u32,
-                                held: p.used_total.clone(),
-                                context: p.context_size.clone(),
-                                throttled_ns: 0,
-                                dropped_records: 0,
-                                problems: vec![],
-                                apis: vec![],
-                            },
-                        );
-                    } else {
-                        info.problems.push(format!(
-                            "slot {}: container pid {} has no host pid yet",
-                            p.slot, p.pid
-                        ));
-                    }
-                }
-            }
+            RegionRead::Vgpu(s) => self.vgpu(&at, s, &mut info),
+            RegionRead::Hami(h) => self.hami(&at, h, &mut info),
         }
-        pids.extend(owners.iter().copied());
-        region_infos.push((info, owner));
+        self.out.regions.push((info, owner));
     }
 
-    // Probe rows per process.
-    let mut probe_apis: BTreeMap<u32, BTreeMap<u16, agent_common::maps::ApiStats>> =
-        BTreeMap::new();
-    for (k, s) in &inp.reading.stats {
-        let row = probe_apis
-            .entry(k.tgid)
-            .or_default()
-            .entry(k.api)
-            .or_insert(agent_common::maps::ApiStats::ZERO);
-        row.calls += s.calls;
-        row.errors += s.errors;
-        row.bytes += s.bytes;
-        row.total_ns += s.total_ns;
-        for (a, b) in row.hist.iter_mut().zip(s.hist.iter()) {
-            *a += b;
+    /// A region of this project's format: its devices, what its read missed, and its slots.
+    fn vgpu(&mut self, at: &RegionAt<'_>, s: &RegionSnapshot, info: &mut RegionInfo) {
+        info.format = "vgpu".into();
+        info.read_retries = s.counters.seqlock_retries;
+        info.devices = vgpu_devices(s, self.gpu_count);
+        let shown_devices = info.devices.len();
+        if let Some(u) = &s.unread {
+            let reason = match u.limit {
+                region::reader::BudgetLimit::Time => "time",
+                region::reader::BudgetLimit::Retries => "retries",
+            };
+            info.problems.push(format!(
+                "read budget exhausted ({reason}): {} claimed slot(s) from slot {} not read this snapshot",
+                u.slots, u.first_slot
+            ));
+            self.out.regions_unread.push(RegionUnread {
+                path: at.shown.to_owned(),
+                reason: reason.into(),
+                slots: u.slots,
+                blocked_seconds: 0.0,
+            });
+        }
+        if s.counters.shards_skipped > 0 {
+            info.problems.push(format!(
+                "{} statistics shard(s) skipped (stuck or busy writer)",
+                s.counters.shards_skipped
+            ));
+        }
+        for slot in &s.slots {
+            self.vgpu_slot(at, slot, shown_devices, info);
         }
     }
-    // NCCL rows are API rows too; per communicator they also add up.
-    let mut communicators: BTreeMap<u32, BTreeMap<u64, Communicator>> = BTreeMap::new();
-    let new_comm = |comm: u64| Communicator {
-        comm: format!("{comm:#x}"),
-        comm_id: None,
-        rank: None,
-        nranks: None,
-        created_by: None,
-        destroyed: false,
-        calls: 0,
-        errors: 0,
-        bytes: 0,
-    };
-    for (k, s) in &inp.reading.nccl_stats {
-        let row = probe_apis
-            .entry(k.tgid)
-            .or_default()
-            .entry(k.api)
-            .or_insert(agent_common::maps::ApiStats::ZERO);
-        row.calls += s.calls;
-        row.errors += s.errors;
-        row.bytes += s.bytes;
-        row.total_ns += s.total_ns;
-        for (a, b) in row.hist.iter_mut().zip(s.hist.iter()) {
-            *a += b;
+
+    /// One slot of a region of this project's format, counted for its host process if it
+    /// belongs to it (`shown_devices`: the devices shown for the region).
+    fn vgpu_slot(
+        &mut self,
+        at: &RegionAt<'_>,
+        slot: &SlotSnapshot,
+        shown_devices: usize,
+        info: &mut RegionInfo,
+    ) {
+        let host_pid = if Some(slot.pid_ns) == self.my_ns {
+            // The agent's own pid namespace: the slot names a host pid, which counts only with
+            // its start time.
+            match self.seen.get(slot.pid).map(|(_, start)| *start) {
+                Some(start) if start == slot.start_time => Some(slot.pid),
+                Some(start) => {
+                    let why = format!(
+                        "slot {}: claims pid {} started at {}, but pid {} started at {start} (reused, or a forged slot)",
+                        slot.index, slot.pid, slot.start_time, slot.pid
+                    );
+                    self.out.claims.refuse_slot(at.shown, info, why);
+                    return;
+                }
+                None => None,
+            }
+        } else {
+            self.seen
+                .procs
+                .find_by_namespace(slot.pid_ns, slot.pid, slot.start_time)
+        };
+        let Some(pid) = host_pid else {
+            info.problems.push(format!(
+                "slot {}: pid {} (start {}) matches no process here{}",
+                slot.index,
+                slot.pid,
+                slot.start_time,
+                if slot.alive == Some(false) {
+                    " (its writer died)"
+                } else {
+                    ""
+                }
+            ));
+            return;
+        };
+        let belongs = slot_belongs(
+            slot.index,
+            pid,
+            at.mapped_by,
+            at.owner,
+            self.listed,
+            &mut self.seen,
+        );
+        if !self.admit(at, pid, belongs, info) {
+            return;
         }
-        if k.comm != 0 {
-            let c = communicators
-                .entry(k.tgid)
+        let problems = slot
+            .shard_problems
+            .iter()
+            .map(|p| {
+                format!(
+                    "shard {} {:?} (tid {}, seq {})",
+                    p.shard, p.kind, p.tid, p.seq
+                )
+                .to_lowercase()
+            })
+            .collect();
+        self.out.slots.insert(
+            pid,
+            SlotView {
+                region: at.shown.to_owned(),
+                slot: slot.index,
+                // The devices shown for the region (what a slot holds is reserved on its
+                // device, so nothing held is cut off).
+                held: slot.held.iter().take(shown_devices).copied().collect(),
+                context: slot
+                    .context_bytes
+                    .iter()
+                    .take(shown_devices)
+                    .copied()
+                    .collect(),
+                throttled_ns: slot.throttled_ns,
+                dropped_records: slot.dropped_records,
+                problems,
+                apis: limiter_api_rows(slot),
+            },
+        );
+    }
+
+    /// A region of HAMi-core's format: its devices and its slots.
+    fn hami(&mut self, at: &RegionAt<'_>, h: &HamiSnapshot, info: &mut RegionInfo) {
+        info.format = "hami".into();
+        info.devices = hami_devices(h);
+        for p in &h.processes {
+            if !p.consistent {
+                info.problems.push(format!(
+                    "slot {}: inconsistent read (a writer died mid-update?)",
+                    p.slot
+                ));
+            }
+            if p.hostpid <= 0 {
+                info.problems.push(format!(
+                    "slot {}: container pid {} has no host pid yet",
+                    p.slot, p.pid
+                ));
+                continue;
+            }
+            let pid = p.hostpid as u32;
+            // HAMi's slots carry no start time: the process must run, map the region and be of
+            // its container.
+            let belongs = if self.seen.get(pid).is_some() {
+                slot_belongs(
+                    p.slot as u32,
+                    pid,
+                    at.mapped_by,
+                    at.owner,
+                    self.listed,
+                    &mut self.seen,
+                )
+            } else {
+                Belongs::No(format!(
+                    "slot {}: claims host pid {pid}, which matches no process here",
+                    p.slot
+                ))
+            };
+            if !self.admit(at, pid, belongs, info) {
+                continue;
+            }
+            self.out.slots.insert(
+                pid,
+                SlotView {
+                    region: at.shown.to_owned(),
+                    slot: p.slot as u32,
+                    held: p.used_total.clone(),
+                    context: p.context_size.clone(),
+                    throttled_ns: 0,
+                    dropped_records: 0,
+                    problems: vec![],
+                    apis: vec![],
+                },
+            );
+        }
+    }
+
+    /// Whether a slot naming host process `pid` counts: it does when it belongs (and `pid` is
+    /// one of the region's owners); one of a process not listed yet asks the next scan to list
+    /// it; one that does not belong is refused.
+    fn admit(
+        &mut self,
+        at: &RegionAt<'_>,
+        pid: u32,
+        belongs: Belongs,
+        info: &mut RegionInfo,
+    ) -> bool {
+        match belongs {
+            Belongs::Yes => {
+                self.out.owners.push(pid);
+                true
+            }
+            Belongs::NotListedYet => {
+                claim_listing(self.to_list, pid);
+                false
+            }
+            Belongs::No(why) => {
+                self.out.claims.refuse_slot(at.shown, info, why);
+                false
+            }
+        }
+    }
+}
+
+/// The devices of a region of this project's format worth showing. The limiter's regions have
+/// room for 16 devices whatever the host has: those that exist (NVML's `gpu_count`), else the
+/// ones in use, at least one.
+fn vgpu_devices(s: &RegionSnapshot, gpu_count: usize) -> Vec<RegionDevice> {
+    let mut devices: Vec<RegionDevice> = s
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| RegionDevice {
+            index: i as u32,
+            memory_limit: d.memory_limit,
+            sm_limit_pct: d.sm_limit,
+            reserved: d.reserved,
+            denied: d.denied,
+            context_charge: super::context_charge::vgpu(s, i),
+        })
+        .collect();
+    let active = devices
+        .iter()
+        .rposition(|d| d.reserved > 0 || d.denied > 0)
+        .map_or(1, |i| i + 1);
+    let keep = if gpu_count == 0 {
+        active
+    } else {
+        gpu_count.max(active)
+    };
+    devices.truncate(keep);
+    devices
+}
+
+/// The devices of a HAMi-core region (what its processes hold on each, summed).
+fn hami_devices(h: &HamiSnapshot) -> Vec<RegionDevice> {
+    (0..h.device_count)
+        .map(|i| RegionDevice {
+            index: i as u32,
+            memory_limit: h.limit.get(i).copied().unwrap_or(0),
+            sm_limit_pct: h.sm_limit.get(i).copied().unwrap_or(0).min(100) as u8,
+            reserved: h
+                .processes
+                .iter()
+                .map(|p| p.used_total.get(i).copied().unwrap_or(0))
+                .sum(),
+            denied: 0,
+            context_charge: super::context_charge::hami(h, i),
+        })
+        .collect()
+}
+
+/// A limiter slot's API rows (those of APIs this agent knows).
+fn limiter_api_rows(slot: &SlotSnapshot) -> Vec<ApiUsage> {
+    slot.apis
+        .iter()
+        .filter_map(|a| {
+            let spec = a.api.spec()?;
+            Some(ApiUsage {
+                api: spec.name.into(),
+                kind: spec.kind.name().into(),
+                source: Source::Limiter,
+                calls: a.calls,
+                errors: a.errors,
+                bytes: a.bytes_allocated + a.bytes_freed + a.bytes_moved,
+                total_ns: a.latency_ns,
+                hook_ns: a.hook_ns,
+                denied: a.denied,
+                hist: a.histogram.to_vec(),
+                latency: None,
+                probed: None,
+            })
+        })
+        .collect()
+}
+
+/// What the probes' maps say, per process.
+struct ProbeRows {
+    /// API rows (NCCL's too), added up per API.
+    apis: BTreeMap<u32, BTreeMap<u16, ApiStats>>,
+    /// NCCL communicators by handle.
+    communicators: BTreeMap<u32, BTreeMap<u64, Communicator>>,
+    /// Live bytes and allocations.
+    live: HashMap<u32, (u64, u64)>,
+    losses: HashMap<u32, ProbeLosses>,
+}
+
+impl ProbeRows {
+    fn gather(reading: &RawReading) -> ProbeRows {
+        let mut apis: BTreeMap<u32, BTreeMap<u16, ApiStats>> = BTreeMap::new();
+        let stats = reading.stats.iter().map(|(k, s)| (k.tgid, k.api, s));
+        // NCCL rows are API rows too; per communicator they also add up.
+        let nccl = reading.nccl_stats.iter().map(|(k, s)| (k.tgid, k.api, s));
+        for (tgid, api, s) in stats.chain(nccl) {
+            let row = apis
+                .entry(tgid)
                 .or_default()
-                .entry(k.comm)
-                .or_insert_with(|| new_comm(k.comm));
+                .entry(api)
+                .or_insert(ApiStats::ZERO);
+            row.calls += s.calls;
+            row.errors += s.errors;
+            row.bytes += s.bytes;
+            row.total_ns += s.total_ns;
+            for (a, b) in row.hist.iter_mut().zip(s.hist.iter()) {
+                *a += b;
+            }
+        }
+        ProbeRows {
+            apis,
+            communicators: communicators(reading),
+            live: reading
+                .live
+                .iter()
+                .map(|(t, l)| (*t, (l.bytes, l.allocations)))
+                .collect(),
+            losses: probe_losses(reading),
+        }
+    }
+}
+
+/// The NCCL communicators the probes saw, per process: their calls added up, and what their
+/// creation said.
+fn communicators(reading: &RawReading) -> BTreeMap<u32, BTreeMap<u64, Communicator>> {
+    let mut communicators: BTreeMap<u32, BTreeMap<u64, Communicator>> = BTreeMap::new();
+    fn entry(
+        all: &mut BTreeMap<u32, BTreeMap<u64, Communicator>>,
+        tgid: u32,
+        comm: u64,
+    ) -> &mut Communicator {
+        all.entry(tgid)
+            .or_default()
+            .entry(comm)
+            .or_insert_with(|| Communicator {
+                comm: format!("{comm:#x}"),
+                comm_id: None,
+                rank: None,
+                nranks: None,
+                created_by: None,
+                destroyed: false,
+                calls: 0,
+                errors: 0,
+                bytes: 0,
+            })
+    }
+    for (k, s) in &reading.nccl_stats {
+        if k.comm != 0 {
+            let c = entry(&mut communicators, k.tgid, k.comm);
             c.calls += s.calls;
             c.errors += s.errors;
             c.bytes += s.bytes;
         }
     }
-    for (k, info) in &inp.reading.nccl_comms {
-        let c = communicators
-            .entry(k.tgid)
-            .or_default()
-            .entry(k.comm)
-            .or_insert_with(|| new_comm(k.comm));
+    for (k, info) in &reading.nccl_comms {
+        let c = entry(&mut communicators, k.tgid, k.comm);
         c.rank = Some(info.rank);
         c.nranks = Some(info.nranks);
         c.created_by = Some(ApiId(info.init_api).name().to_owned());
         c.comm_id = (info.comm_id != 0).then(|| format!("{:#x}", info.comm_id));
         c.destroyed = info.destroyed != 0;
     }
-    let live: HashMap<u32, (u64, u64)> = inp
-        .reading
-        .live
-        .iter()
-        .map(|(t, l)| (*t, (l.bytes, l.allocations)))
-        .collect();
+    communicators
+}
+
+/// What the probes lost, per process.
+fn probe_losses(reading: &RawReading) -> HashMap<u32, ProbeLosses> {
     let mut losses: HashMap<u32, ProbeLosses> = HashMap::new();
-    for (tgid, l) in &inp.reading.losses {
+    for (tgid, l) in &reading.losses {
         let e = losses.entry(*tgid).or_default();
         e.allocations_untracked += l.allocs_untracked;
         e.bytes_untracked += l.bytes_untracked;
         e.calls_unaggregated += l.calls_unaggregated;
     }
-    for (tgid, n) in &inp.reading.rows_reset {
+    for (tgid, n) in &reading.rows_reset {
         losses.entry(*tgid).or_default().rows_reset += n;
     }
-    let user_file: HashMap<u32, FileId> = inp.users.iter().copied().collect();
-    let tick_ns = 1_000_000_000 / ticks_per_second();
+    losses
+}
 
-    let mut processes = Vec::new();
-    let mut identities: HashMap<ProcessKey, ContainerIdentity> = HashMap::new();
-    let mut sorted: Vec<u32> = pids.into_iter().collect();
-    sorted.sort_unstable();
-    for pid in sorted {
-        let (facts, identity, alive) = match procs.get(pid) {
-            Some(info) => (info.facts.clone(), info.identity.clone(), true),
-            None => {
-                let remembered = inp
-                    .tracer
-                    .and_then(|t| t.seen_processes().get(&pid).cloned());
-                let mut facts = remembered.unwrap_or(ProcessFacts {
-                    pid,
-                    start_ticks: 0,
-                    comm: "?".into(),
-                    cmdline: String::new(),
-                    cgroup_path: None,
-                });
-                if facts.cgroup_path.is_none() {
-                    // Gone before its cgroup was read: the probes' rows name the cgroup id.
-                    let id = inp
-                        .reading
-                        .stats
-                        .iter()
-                        .find(|(k, _)| k.tgid == pid)
-                        .map(|(k, _)| k.cgroup_id);
-                    facts.cgroup_path = id.and_then(|id| cgroups.path_of(id));
-                }
-                let identity =
-                    ContainerIdentity::from_path(facts.cgroup_path.as_deref().unwrap_or("/"));
-                (facts, identity, false)
-            }
-        };
-        let key = ProcessKey {
-            pid,
-            start_ticks: facts.start_ticks,
-        };
-        let mut apis: Vec<ApiUsage> = probe_apis
-            .get(&pid)
-            .into_iter()
-            .flatten()
-            .filter_map(|(&api, s)| {
-                let spec = ApiId(api).spec()?;
-                Some(ApiUsage {
-                    api: spec.name.into(),
-                    kind: spec.kind.name().into(),
-                    source: Source::Probes,
-                    calls: s.calls,
-                    errors: s.errors,
-                    bytes: s.bytes,
-                    total_ns: s.total_ns,
-                    hook_ns: 0,
-                    denied: 0,
-                    hist: s.hist[..HIST_BUCKETS].to_vec(),
-                    latency: spec.kind.is_nccl().then(|| "host_enqueue".to_owned()),
-                    probed: None,
-                })
-            })
-            .collect();
-        let slot = slots.remove(&pid);
-        let nvml: Vec<NvmlProcess> = inp
-            .gpu
-            .devices
-            .iter()
-            .flat_map(|d| {
-                d.processes
-                    .iter()
-                    .filter(move |p| p.pid == pid)
-                    .map(move |p| super::gpu_use::nvml_process(d, p))
-            })
-            .collect();
-        let probe_losses = losses.get(&pid).copied().unwrap_or_default();
-        let probes_complete = match (inp.tracer, user_file.get(&pid)) {
-            (Some(t), Some(file)) => t
-                .attached_at_boot_ns(*file)
-                .is_some_and(|at| facts.start_ticks * tick_ns > at),
-            _ => false,
-        } && !probe_losses.memory_incomplete();
-        let memory = MemoryViews {
-            limiter: slot.as_ref().map(|s| s.held.iter().sum()),
-            limiter_allocations: slot.as_ref().map(|s| {
-                s.held
-                    .iter()
-                    .sum::<u64>()
-                    .saturating_sub(s.context.iter().sum())
-            }),
-            probes: if inp.tracer.is_some()
-                && (live.contains_key(&pid) || probe_apis.contains_key(&pid))
-            {
-                Some(live.get(&pid).map(|l| l.0).unwrap_or(0))
-            } else {
-                None
-            },
-            probes_allocations: live.get(&pid).map(|l| l.1),
-            probes_complete,
-            nvml: if nvml.iter().any(|n| n.used_memory.is_some()) {
-                Some(nvml.iter().filter_map(|n| n.used_memory).sum())
-            } else {
-                None
-            },
-            drift: None,
-        }
-        .reconcile();
+/// What one process's row is made of.
+struct ProcessRows<'i, 'a> {
+    inp: &'i Inputs<'a>,
+    probes: ProbeRows,
+    /// The region slots that count, by host pid (each taken by its process's row).
+    slots: HashMap<u32, SlotView>,
+    /// The probed library each process maps.
+    user_file: HashMap<u32, FileId>,
+    /// Nanoseconds per clock tick.
+    tick_ns: u64,
+}
+
+impl ProcessRows<'_, '_> {
+    /// Process `pid`'s row, with its container's identity.
+    fn row(
+        &mut self,
+        pid: u32,
+        procs: &mut ProcessTable,
+        cgroups: &mut CgroupIndex,
+    ) -> (Process, ContainerIdentity) {
+        let inp = self.inp;
+        let (facts, identity, alive) = process_facts(inp, pid, procs, cgroups);
+        let mut apis = probe_api_rows(self.probes.apis.get(&pid));
+        let slot = self.slots.remove(&pid);
+        let nvml = nvml_rows(inp.gpu, pid);
+        let probe_losses = self.probes.losses.get(&pid).copied().unwrap_or_default();
+        let probes_complete = self.probes_attached_before(pid, facts.start_ticks)
+            && !probe_losses.memory_incomplete();
+        let memory = self.memory(pid, slot.as_ref(), &nvml, probes_complete);
         let limiter = slot.map(|s| {
             apis.extend(s.apis);
             LimiterProcess {
@@ -711,151 +835,285 @@ pub fn build(
                 shard_problems: s.problems,
             }
         });
-        processes.push(Process {
-            key,
+        let process = Process {
+            key: ProcessKey {
+                pid,
+                start_ticks: facts.start_ticks,
+            },
             alive,
-            comm: facts.comm.clone(),
-            cmdline: facts.cmdline.clone(),
+            comm: facts.comm,
+            cmdline: facts.cmdline,
             container: container_key(&identity),
-            cgroup_path: facts.cgroup_path.clone(),
+            cgroup_path: facts.cgroup_path,
             memory,
             apis,
             limiter,
             nvml,
-            communicators: communicators
+            communicators: self
+                .probes
+                .communicators
                 .remove(&pid)
                 .map(|m| m.into_values().collect())
                 .unwrap_or_default(),
-            alloc_sizes: inp
-                .reading
-                .alloc_sizes
-                .iter()
-                .filter(|(k, _)| k.tgid == pid)
-                .filter_map(|(k, v)| {
-                    let name = ApiId(k.api).spec()?.name;
-                    Some(AllocSizes {
-                        api: name.to_owned(),
-                        pool: name.starts_with("cuMemAllocAsync")
-                            || name.starts_with("cuMemAllocFromPoolAsync"),
-                        log2: k.log2,
-                        count: v.count,
-                        bytes: v.bytes,
-                    })
-                })
-                .collect(),
+            alloc_sizes: alloc_sizes(inp.reading, pid),
             rates: None,
             probe_losses,
-        });
-        if let Some(claim) = &identity.nested_claim {
-            claims.refuse(format!(
-                "process {pid} ({}): its cgroup names `{claim}` below its container's own cgroup: counted as {}'s",
-                facts.comm,
-                container_key(&identity)
-            ));
-        }
-        identities.insert(key, identity);
+        };
+        (process, identity)
     }
 
-    // Containers, named where the runtime tells.
+    /// Whether the probes were attached to the library process `pid` maps before it started
+    /// (then they saw all of its calls).
+    fn probes_attached_before(&self, pid: u32, start_ticks: u64) -> bool {
+        match (self.inp.tracer, self.user_file.get(&pid)) {
+            (Some(t), Some(file)) => t
+                .attached_at_boot_ns(*file)
+                .is_some_and(|at| start_ticks * self.tick_ns > at),
+            _ => false,
+        }
+    }
+
+    /// Process `pid`'s memory as each source sees it, reconciled.
+    fn memory(
+        &self,
+        pid: u32,
+        slot: Option<&SlotView>,
+        nvml: &[NvmlProcess],
+        probes_complete: bool,
+    ) -> MemoryViews {
+        let live = self.probes.live.get(&pid);
+        MemoryViews {
+            limiter: slot.map(|s| s.held.iter().sum()),
+            limiter_allocations: slot.map(|s| {
+                s.held
+                    .iter()
+                    .sum::<u64>()
+                    .saturating_sub(s.context.iter().sum())
+            }),
+            probes: if self.inp.tracer.is_some()
+                && (live.is_some() || self.probes.apis.contains_key(&pid))
+            {
+                Some(live.map(|l| l.0).unwrap_or(0))
+            } else {
+                None
+            },
+            probes_allocations: live.map(|l| l.1),
+            probes_complete,
+            nvml: if nvml.iter().any(|n| n.used_memory.is_some()) {
+                Some(nvml.iter().filter_map(|n| n.used_memory).sum())
+            } else {
+                None
+            },
+            drift: None,
+        }
+        .reconcile()
+    }
+}
+
+/// What is known of process `pid` (with its container's identity, and whether it runs): read
+/// from `/proc` while it runs, else as the tracer remembers it (its cgroup from the probes' rows
+/// when it left before its cgroup was read).
+fn process_facts(
+    inp: &Inputs<'_>,
+    pid: u32,
+    procs: &mut ProcessTable,
+    cgroups: &mut CgroupIndex,
+) -> (ProcessFacts, ContainerIdentity, bool) {
+    if let Some(info) = procs.get(pid) {
+        return (info.facts.clone(), info.identity.clone(), true);
+    }
+    let remembered = inp
+        .tracer
+        .and_then(|t| t.seen_processes().get(&pid).cloned());
+    let mut facts = remembered.unwrap_or(ProcessFacts {
+        pid,
+        start_ticks: 0,
+        comm: "?".into(),
+        cmdline: String::new(),
+        cgroup_path: None,
+    });
+    if facts.cgroup_path.is_none() {
+        // Gone before its cgroup was read: the probes' rows name the cgroup id.
+        let id = inp
+            .reading
+            .stats
+            .iter()
+            .find(|(k, _)| k.tgid == pid)
+            .map(|(k, _)| k.cgroup_id);
+        facts.cgroup_path = id.and_then(|id| cgroups.path_of(id));
+    }
+    let identity = ContainerIdentity::from_path(facts.cgroup_path.as_deref().unwrap_or("/"));
+    (facts, identity, false)
+}
+
+/// A process's probe rows as API rows (those of APIs this agent knows).
+fn probe_api_rows(rows: Option<&BTreeMap<u16, ApiStats>>) -> Vec<ApiUsage> {
+    rows.into_iter()
+        .flatten()
+        .filter_map(|(&api, s)| {
+            let spec = ApiId(api).spec()?;
+            Some(ApiUsage {
+                api: spec.name.into(),
+                kind: spec.kind.name().into(),
+                source: Source::Probes,
+                calls: s.calls,
+                errors: s.errors,
+                bytes: s.bytes,
+                total_ns: s.total_ns,
+                hook_ns: 0,
+                denied: 0,
+                hist: s.hist[..HIST_BUCKETS].to_vec(),
+                latency: spec.kind.is_nccl().then(|| "host_enqueue".to_owned()),
+                probed: None,
+            })
+        })
+        .collect()
+}
+
+/// What NVML says of process `pid`, per device it uses.
+fn nvml_rows(gpu: &GpuSnapshot, pid: u32) -> Vec<NvmlProcess> {
+    gpu.devices
+        .iter()
+        .flat_map(|d| {
+            d.processes
+                .iter()
+                .filter(move |p| p.pid == pid)
+                .map(move |p| super::gpu_use::nvml_process(d, p))
+        })
+        .collect()
+}
+
+/// Process `pid`'s allocations by size class (probes).
+fn alloc_sizes(reading: &RawReading, pid: u32) -> Vec<AllocSizes> {
+    reading
+        .alloc_sizes
+        .iter()
+        .filter(|(k, _)| k.tgid == pid)
+        .filter_map(|(k, v)| {
+            let name = ApiId(k.api).spec()?.name;
+            Some(AllocSizes {
+                api: name.to_owned(),
+                pool: name.starts_with("cuMemAllocAsync")
+                    || name.starts_with("cuMemAllocFromPoolAsync"),
+                log2: k.log2,
+                count: v.count,
+                bytes: v.bytes,
+            })
+        })
+        .collect()
+}
+
+/// The containers of the processes, named where the runtime tells, and those of regions no
+/// process of theirs was seen in (named after the region's directory).
+fn containers(
+    processes: &[Process],
+    identities: &HashMap<ProcessKey, ContainerIdentity>,
+    regions: Vec<(RegionInfo, Option<String>)>,
+    names: &mut RuntimeNames,
+    now: Instant,
+) -> Vec<Container> {
     let mut containers: BTreeMap<String, Container> = BTreeMap::new();
-    for p in &processes {
+    for p in processes {
         let entry = containers.entry(p.container.clone()).or_insert_with(|| {
             let identity = identities
                 .get(&p.key)
                 .cloned()
                 .unwrap_or_else(|| ContainerIdentity::from_path("/"));
-            let found = names.lookup(&identity, now);
-            Container {
-                key: p.container.clone(),
-                name: identity.display_name(found.as_ref()),
-                containerised: identity.is_containerised(),
-                runtime: identity.runtime.map(|r| format!("{r:?}").to_lowercase()),
-                container_id: identity
-                    .container_id
-                    .as_ref()
-                    .map(|c| c.as_str().to_owned()),
-                pod_uid: identity.pod.as_ref().map(|p| p.uid.as_str().to_owned()),
-                pod_name: found
-                    .as_ref()
-                    .and_then(|n| n.pod.as_ref().map(|p| p.name.clone())),
-                namespace: found
-                    .as_ref()
-                    .and_then(|n| n.pod.as_ref().map(|p| p.namespace.clone())),
-                qos: identity
-                    .pod
-                    .as_ref()
-                    .map(|p| format!("{:?}", p.qos).to_lowercase()),
-                processes: vec![],
-                regions: vec![],
-                probe_losses: Default::default(),
-            }
+            named_container(p.container.clone(), &identity, names, now)
         });
         entry.processes.push(p.key);
         entry.probe_losses.add(&p.probe_losses);
     }
-    let regions_read = region_infos.len();
-    for (info, owner_container) in region_infos {
+    for (info, owner_container) in regions {
         let key = owner_container.unwrap_or_else(|| format!("region:{}", info.path));
-        let entry = containers.entry(key.clone()).or_insert_with(|| Container {
-            key: key.clone(),
-            // HAMi's host directories are named <podUID>_<container>.
-            name: std::path::Path::new(&info.path)
-                .parent()
-                .and_then(|p| p.file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| info.path.clone()),
-            containerised: true,
-            runtime: None,
-            container_id: None,
-            pod_uid: None,
-            pod_name: None,
-            namespace: None,
-            qos: None,
-            processes: vec![],
-            regions: vec![],
-            probe_losses: Default::default(),
-        });
+        let entry = containers
+            .entry(key.clone())
+            .or_insert_with(|| region_container(key, &info.path));
         entry.regions.push(info);
     }
+    containers.into_values().collect()
+}
 
-    let events_lost = Health::ALL
-        .iter()
-        .map(|h| (h.name().to_owned(), inp.reading.health[*h as usize]))
-        .collect();
-    Snapshot {
-        schema: String::new(),
-        hostname: String::new(),
-        taken_at_unix_ms: 0,
-        interval_seconds: 0.0,
-        driver_version: None,
-        cuda_driver_version: None,
-        agent: crate::model::AgentStatus {
-            events_lost,
-            regions_read,
-            region_errors,
-            regions_unread,
-            slots_refused: claims.slots,
-            claims_refused: claims.lines,
-            ..Default::default()
-        },
-        gpus: inp
-            .gpu
-            .devices
-            .iter()
-            .map(|d| GpuDevice {
-                index: d.index,
-                uuid: d.uuid.clone(),
-                name: d.name.clone(),
-                utilization_pct: d.utilization_gpu_pct,
-                memory_used: d.memory_used,
-                memory_total: d.memory_total,
-                power_mw: d.power_mw,
-                temperature_c: d.temperature_c,
-            })
-            .collect(),
-        containers: containers.into_values().collect(),
-        processes,
+/// An empty container of `identity`, named as the runtime tells.
+fn named_container(
+    key: String,
+    identity: &ContainerIdentity,
+    names: &mut RuntimeNames,
+    now: Instant,
+) -> Container {
+    let found = names.lookup(identity, now);
+    Container {
+        key,
+        name: identity.display_name(found.as_ref()),
+        containerised: identity.is_containerised(),
+        runtime: identity.runtime.map(|r| format!("{r:?}").to_lowercase()),
+        container_id: identity
+            .container_id
+            .as_ref()
+            .map(|c| c.as_str().to_owned()),
+        pod_uid: identity.pod.as_ref().map(|p| p.uid.as_str().to_owned()),
+        pod_name: found
+            .as_ref()
+            .and_then(|n| n.pod.as_ref().map(|p| p.name.clone())),
+        namespace: found
+            .as_ref()
+            .and_then(|n| n.pod.as_ref().map(|p| p.namespace.clone())),
+        qos: identity
+            .pod
+            .as_ref()
+            .map(|p| format!("{:?}", p.qos).to_lowercase()),
+        processes: vec![],
+        regions: vec![],
+        probe_losses: Default::default(),
     }
+}
+
+/// An empty container known only by a region at `path`.
+fn region_container(key: String, path: &str) -> Container {
+    Container {
+        key,
+        // HAMi's host directories are named <podUID>_<container>.
+        name: std::path::Path::new(path)
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.to_owned()),
+        containerised: true,
+        runtime: None,
+        container_id: None,
+        pod_uid: None,
+        pod_name: None,
+        namespace: None,
+        qos: None,
+        processes: vec![],
+        regions: vec![],
+        probe_losses: Default::default(),
+    }
+}
+
+/// The GPUs as NVML reports them.
+fn gpus(gpu: &GpuSnapshot) -> Vec<GpuDevice> {
+    gpu.devices
+        .iter()
+        .map(|d| GpuDevice {
+            index: d.index,
+            uuid: d.uuid.clone(),
+            name: d.name.clone(),
+            utilization_pct: d.utilization_gpu_pct,
+            memory_used: d.memory_used,
+            memory_total: d.memory_total,
+            power_mw: d.power_mw,
+            temperature_c: d.temperature_c,
+        })
+        .collect()
+}
+
+/// Events the probes lost, by cause (cumulative).
+fn events_lost(reading: &RawReading) -> BTreeMap<String, u64> {
+    Health::ALL
+        .iter()
+        .map(|h| (h.name().to_owned(), reading.health[*h as usize]))
+        .collect()
 }
 
 #[cfg(test)]

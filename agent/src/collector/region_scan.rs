@@ -165,90 +165,19 @@ impl RegionScan {
         // (one job per listing at a time).
         self.listings
             .retain(|l, s| s.busy_since.is_some() || wanted.contains(l));
-        for &listing in &wanted {
-            let state = self.listings.entry(listing).or_default();
-            if state.busy_since.is_some() {
-                continue;
-            }
-            state.busy_since = Some(Instant::now());
-            let tx = self.done_tx.clone();
-            match listing {
-                Listing::Dir(i) => {
-                    let dir = self.dirs[i].clone();
-                    self.pool.run(move || {
-                        let (found, cuts) = regions::dir_candidates(&dir);
-                        let _ = tx.send(Done::Listed(listing, found, cuts));
-                    });
-                }
-                Listing::Process(pid) => {
-                    let (proc, list) = (self.proc.clone(), Arc::clone(&self.list_process));
-                    self.pool.run(move || {
-                        let (found, cuts) = list(&proc, pid);
-                        let _ = tx.send(Done::Listed(listing, found, cuts));
-                    });
-                }
-            }
-        }
+        self.start_listings(&wanted);
         self.wait(listings_deadline, |s| {
             wanted
                 .iter()
                 .all(|l| s.listings.get(l).is_none_or(|st| st.busy_since.is_none()))
         });
 
-        let mut warnings = Vec::new();
-        for l in &wanted {
-            let Some(since) = self.listings.get(l).and_then(|s| s.busy_since) else {
-                continue;
-            };
-            if since < started {
-                let what = match l {
-                    Listing::Dir(i) => format!("region directory {}", self.dirs[*i].display()),
-                    Listing::Process(pid) => format!("the files process {pid} maps"),
-                };
-                warnings.push(format!(
-                    "finding regions in {what} has not returned for {:.1}s (a file there blocks): \
-                     showing the regions it found last",
-                    since.elapsed().as_secs_f64()
-                ));
-            }
-        }
+        let warnings = self.late_listings(&wanted, started);
 
         // The candidates, each file once (a process's uid joined to a directory's find), the
         // troubled ones last.
-        let mut candidates: Vec<(&Candidate, Option<u32>)> = Vec::new();
-        let mut index: HashMap<FileKey, usize> = HashMap::new();
-        for l in &wanted {
-            let Some(state) = self.listings.get(l) else {
-                continue;
-            };
-            for c in &state.found {
-                match index.get(&c.file.key()) {
-                    Some(&i) => {
-                        if candidates[i].1.is_none() {
-                            candidates[i].1 = c.user_uid;
-                        }
-                    }
-                    None => {
-                        index.insert(c.file.key(), candidates.len());
-                        candidates.push((c, c.user_uid));
-                    }
-                }
-            }
-        }
-        // Which GPU processes map each file (by identity), from their listings: a region's slot
-        // counts for a process only if the process is one of them.
-        let mut mapped_by: HashMap<FileKey, Vec<u32>> = HashMap::new();
-        for l in &wanted {
-            let (Listing::Process(pid), Some(state)) = (l, self.listings.get(l)) else {
-                continue;
-            };
-            for c in &state.found {
-                let pids = mapped_by.entry(c.file.key()).or_default();
-                if !pids.contains(pid) {
-                    pids.push(*pid);
-                }
-            }
-        }
+        let (mut candidates, index) = candidates(&self.listings, &wanted);
+        let mut mapped_by = mapped_by(&self.listings, &wanted);
         let files = &mut self.files;
         candidates.sort_by_key(|(c, _)| files.get(&c.file.key()).is_some_and(|f| f.troubled));
         files.retain(|key, f| index.contains_key(key) || f.busy_since.is_some());
@@ -289,6 +218,80 @@ impl RegionScan {
             .collect();
         self.wait_files(deadline, &asked);
 
+        let regions = self.readings(found, &mut mapped_by);
+        self.reads.clear();
+        let cuts = wanted
+            .iter()
+            .filter_map(|l| self.listings.get(l))
+            .flat_map(|s| s.cuts.iter().cloned())
+            .collect();
+        let listed = self.listed(&wanted);
+        ScanResult {
+            regions,
+            warnings,
+            cuts,
+            listed,
+        }
+    }
+
+    /// Starts a job for each listing in `wanted` that none runs.
+    fn start_listings(&mut self, wanted: &[Listing]) {
+        for &listing in wanted {
+            let state = self.listings.entry(listing).or_default();
+            if state.busy_since.is_some() {
+                continue;
+            }
+            state.busy_since = Some(Instant::now());
+            let tx = self.done_tx.clone();
+            match listing {
+                Listing::Dir(i) => {
+                    let dir = self.dirs[i].clone();
+                    self.pool.run(move || {
+                        let (found, cuts) = regions::dir_candidates(&dir);
+                        let _ = tx.send(Done::Listed(listing, found, cuts));
+                    });
+                }
+                Listing::Process(pid) => {
+                    let (proc, list) = (self.proc.clone(), Arc::clone(&self.list_process));
+                    self.pool.run(move || {
+                        let (found, cuts) = list(&proc, pid);
+                        let _ = tx.send(Done::Listed(listing, found, cuts));
+                    });
+                }
+            }
+        }
+    }
+
+    /// A warning for each listing of `wanted` whose job has run since before this scan
+    /// `started`.
+    fn late_listings(&self, wanted: &[Listing], started: Instant) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for l in wanted {
+            let Some(since) = self.listings.get(l).and_then(|s| s.busy_since) else {
+                continue;
+            };
+            if since < started {
+                let what = match l {
+                    Listing::Dir(i) => format!("region directory {}", self.dirs[*i].display()),
+                    Listing::Process(pid) => format!("the files process {pid} maps"),
+                };
+                warnings.push(format!(
+                    "finding regions in {what} has not returned for {:.1}s (a file there blocks): \
+                     showing the regions it found last",
+                    since.elapsed().as_secs_f64()
+                ));
+            }
+        }
+        warnings
+    }
+
+    /// What each file `found` (path, format, identity, who else may write it) read: its read
+    /// that came back, `blocked` while its job runs; a file with neither is left out.
+    fn readings(
+        &mut self,
+        found: Vec<(PathBuf, Format, FileKey, Option<String>)>,
+        mapped_by: &mut HashMap<FileKey, Vec<u32>>,
+    ) -> Vec<RegionReading> {
         let mut out = Vec::with_capacity(found.len());
         for (path, format, key, writable_by_others) in found {
             let state = self.files.entry(key).or_default();
@@ -315,13 +318,12 @@ impl RegionScan {
                 mapped_by,
             });
         }
-        self.reads.clear();
-        let cuts = wanted
-            .iter()
-            .filter_map(|l| self.listings.get(l))
-            .flat_map(|s| s.cuts.iter().cloned())
-            .collect();
-        let listed = wanted
+        out
+    }
+
+    /// The processes of `wanted` whose maps a listing has read.
+    fn listed(&self, wanted: &[Listing]) -> HashSet<u32> {
+        wanted
             .iter()
             .filter_map(|l| match l {
                 Listing::Process(pid) if self.listings.get(l).is_some_and(|s| s.listed) => {
@@ -329,13 +331,7 @@ impl RegionScan {
                 }
                 _ => None,
             })
-            .collect();
-        ScanResult {
-            regions: out,
-            warnings,
-            cuts,
-            listed,
-        }
+            .collect()
     }
 
     /// Takes the jobs' reports until `finished` holds or `deadline` passes.
@@ -389,6 +385,59 @@ impl RegionScan {
             }
         }
     }
+}
+
+/// A region file found, with the uid of a process that maps it (when one does).
+type UsedCandidate<'l> = (&'l Candidate, Option<u32>);
+
+/// The region files the listings of `wanted` found, each once (a process's uid joined to a
+/// directory's find), and where each is in that list.
+fn candidates<'l>(
+    listings: &'l HashMap<Listing, ListingState>,
+    wanted: &[Listing],
+) -> (Vec<UsedCandidate<'l>>, HashMap<FileKey, usize>) {
+    let mut candidates: Vec<UsedCandidate<'_>> = Vec::new();
+    let mut index: HashMap<FileKey, usize> = HashMap::new();
+    for l in wanted {
+        let Some(state) = listings.get(l) else {
+            continue;
+        };
+        for c in &state.found {
+            match index.get(&c.file.key()) {
+                Some(&i) => {
+                    if candidates[i].1.is_none() {
+                        candidates[i].1 = c.user_uid;
+                    }
+                }
+                None => {
+                    index.insert(c.file.key(), candidates.len());
+                    candidates.push((c, c.user_uid));
+                }
+            }
+        }
+    }
+    (candidates, index)
+}
+
+/// Which GPU processes map each file (by identity), from their listings: a region's slot counts
+/// for a process only if the process is one of them.
+fn mapped_by(
+    listings: &HashMap<Listing, ListingState>,
+    wanted: &[Listing],
+) -> HashMap<FileKey, Vec<u32>> {
+    let mut mapped_by: HashMap<FileKey, Vec<u32>> = HashMap::new();
+    for l in wanted {
+        let (Listing::Process(pid), Some(state)) = (l, listings.get(l)) else {
+            continue;
+        };
+        for c in &state.found {
+            let pids = mapped_by.entry(c.file.key()).or_default();
+            if !pids.contains(pid) {
+                pids.push(*pid);
+            }
+        }
+    }
+    mapped_by
 }
 
 /// A job: builds the region's reader from its checked file when it has none yet, then reads it

@@ -9,11 +9,10 @@ use agent_common::hist::HIST_BUCKETS;
 use super::{
     defs::{self, Def},
     metrics::{
-        ContainerLabels, Counters, Exposition, FamilyData, Labels, SpanCounters, Totals, Value,
-        source_name,
+        ContainerLabels, Counters, Exposition, FamilyData, Labels, SpanCounters, Value, source_name,
     },
 };
-use crate::model::Snapshot;
+use crate::model::{ApiCounts, Snapshot};
 
 pub(super) fn container_gauges(
     snap: &Snapshot,
@@ -152,7 +151,7 @@ pub(super) fn api_families(
     let mut denied = vec![];
     let mut sync = vec![];
     let mut throttled = vec![];
-    let mut node: BTreeMap<&'static str, Totals> = BTreeMap::new();
+    let mut node: BTreeMap<&'static str, ApiCounts> = BTreeMap::new();
     for (l, c) in published {
         let mut sync_ns = 0u64;
         for ((api, kind, source), t) in &c.apis {
@@ -179,7 +178,7 @@ pub(super) fn api_families(
             if *kind == "sync" {
                 sync_ns += t.total_ns;
             }
-            node.entry(kind).or_default().add_totals(t);
+            node.entry(kind).or_default().add(t);
             if per_api {
                 latency.push((labels, histogram(t)));
             }
@@ -233,7 +232,7 @@ fn ns_to_s(ns: u64) -> f64 {
 /// The log2 histogram as Prometheus buckets: `le = 2^k ns` for the exponents of
 /// [`defs::LATENCY_BUCKET_EXPONENTS`] (source bucket `i` holds `[2^i, 2^(i+1))` ns, so it
 /// counts under the first bound `le = 2^k` with `k >= i + 1`), the rest under +Inf.
-fn histogram(t: &Totals) -> Value {
+fn histogram(t: &ApiCounts) -> Value {
     let bounds = defs::LATENCY_BUCKET_EXPONENTS;
     let mut buckets = Vec::with_capacity(bounds.len() + 1);
     let mut i = 0;

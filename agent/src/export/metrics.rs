@@ -19,13 +19,11 @@ use std::{
     sync::Arc,
 };
 
-use agent_common::hist::HIST_BUCKETS;
-
 use super::{
     defs::{self, Def},
     families,
 };
-use crate::model::{ApiUsage, Container, Process, ProcessKey, Snapshot, Source};
+use crate::model::{ApiCounts, Container, Process, ProcessKey, Snapshot, Source};
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MetricsOptions {
@@ -58,74 +56,10 @@ impl Names {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub(super) struct Totals {
-    pub(super) calls: u64,
-    pub(super) errors: u64,
-    pub(super) bytes: u64,
-    pub(super) total_ns: u64,
-    pub(super) hook_ns: u64,
-    pub(super) denied: u64,
-    pub(super) hist: [u64; HIST_BUCKETS],
-}
-
-impl Default for Totals {
-    fn default() -> Totals {
-        Totals {
-            calls: 0,
-            errors: 0,
-            bytes: 0,
-            total_ns: 0,
-            hook_ns: 0,
-            denied: 0,
-            hist: [0; HIST_BUCKETS],
-        }
-    }
-}
-
-impl Totals {
-    fn add(&mut self, a: &ApiUsage) {
-        self.calls += a.calls;
-        self.errors += a.errors;
-        self.bytes += a.bytes;
-        self.total_ns += a.total_ns;
-        self.hook_ns += a.hook_ns;
-        self.denied += a.denied;
-        for (d, s) in self.hist.iter_mut().zip(&a.hist) {
-            *d += s;
-        }
-    }
-
-    pub(super) fn add_totals(&mut self, o: &Totals) {
-        self.calls += o.calls;
-        self.errors += o.errors;
-        self.bytes += o.bytes;
-        self.total_ns += o.total_ns;
-        self.hook_ns += o.hook_ns;
-        self.denied += o.denied;
-        for (d, s) in self.hist.iter_mut().zip(&o.hist) {
-            *d += s;
-        }
-    }
-
-    /// Element-wise maximum (the monotonic floor).
-    fn max_with(&mut self, o: &Totals) {
-        self.calls = self.calls.max(o.calls);
-        self.errors = self.errors.max(o.errors);
-        self.bytes = self.bytes.max(o.bytes);
-        self.total_ns = self.total_ns.max(o.total_ns);
-        self.hook_ns = self.hook_ns.max(o.hook_ns);
-        self.denied = self.denied.max(o.denied);
-        for (d, s) in self.hist.iter_mut().zip(&o.hist) {
-            *d = (*d).max(*s);
-        }
-    }
-}
-
 /// Cumulative figures of one container.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Counters {
-    pub(super) apis: BTreeMap<ApiKey, Totals>,
+    pub(super) apis: BTreeMap<ApiKey, ApiCounts>,
     pub(super) throttled_ns: u64,
     /// What the probes could not record (`Process::probe_losses`), by [`LOSS_REASONS`].
     pub(super) losses: [u64; 3],
@@ -139,7 +73,7 @@ impl Counters {
     fn add(&mut self, o: &Counters) {
         for (k, t) in &o.apis {
             match self.apis.get_mut(k) {
-                Some(mine) => mine.add_totals(t),
+                Some(mine) => mine.add(t),
                 None => {
                     self.apis.insert(k.clone(), t.clone());
                 }
@@ -177,19 +111,18 @@ pub(super) fn source_name(s: Source) -> &'static str {
 /// A process's own counters (one source per API: [`Process::effective_apis`]), per API or per
 /// kind.
 fn process_counters(p: &Process, names: &mut Names, per_api: bool) -> Counters {
-    let mut c = Counters::default();
     let no_api = names.get("");
-    for a in p.effective_apis() {
-        let api = if per_api {
-            names.get(&a.api)
-        } else {
-            Arc::clone(&no_api)
-        };
-        c.apis
-            .entry((api, defs::kind_label(&a.kind), source_name(a.source)))
-            .or_default()
-            .add(a);
-    }
+    let mut c = Counters {
+        apis: p.effective_counts_by(|a| {
+            let api = if per_api {
+                names.get(&a.api)
+            } else {
+                Arc::clone(&no_api)
+            };
+            (api, defs::kind_label(&a.kind), source_name(a.source))
+        }),
+        ..Counters::default()
+    };
     c.throttled_ns = p.limiter.as_ref().map_or(0, |l| l.throttled_ns);
     let l = &p.probe_losses;
     c.losses = [l.allocations_untracked, l.calls_unaggregated, l.rows_reset];

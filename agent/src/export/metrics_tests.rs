@@ -1,13 +1,15 @@
 use std::{collections::BTreeMap, sync::Arc};
 
+use agent_common::hist::HIST_BUCKETS;
+
 use super::*;
 use crate::export::{
     defs::{self, Def, Type, Unit},
     encode::{Body, Format},
 };
 use crate::model::{
-    AgentStatus, Container, LimiterProcess, MemoryViews, Process, ProcessKey, RegionDevice,
-    RegionInfo, Snapshot, Source,
+    AgentStatus, ApiUsage, Container, LimiterProcess, MemoryViews, Process, ProcessKey,
+    RegionDevice, RegionInfo, Snapshot, Source,
 };
 
 pub(crate) fn api(name: &str, kind: &str, source: Source, calls: u64, ns_each: u64) -> ApiUsage {

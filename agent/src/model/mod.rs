@@ -6,6 +6,7 @@
 //! started); views take differences between two snapshots. A process is identified by its pid
 //! *and* start time, so a reused pid is a different process.
 
+mod api_sums;
 pub mod by_device;
 mod drift;
 pub mod gpu_use;
@@ -18,6 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use api_sums::{ApiCounts, ApiSums};
 pub use drift::MemoryViews;
 pub use rates::Rates;
 

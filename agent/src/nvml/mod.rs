@@ -93,17 +93,8 @@ pub struct ProcessMemory {
     pub used: Option<u64>,
 }
 
-/// One process utilisation sample: the process's use of the device over one of the driver's
-/// sample periods, ending at `timestamp_us`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcessSample {
-    pub pid: u32,
-    /// CPU timestamp of the sample (`CLOCK_REALTIME`), in microseconds.
-    pub timestamp_us: u64,
-    pub sm_util_pct: u32,
-    /// Memory controller (bandwidth) utilisation.
-    pub mem_util_pct: u32,
-}
+/// One process utilisation sample, as the limiter's SM correction reads them too.
+pub use limiter_core::sm::samples::ProcessSample;
 
 /// The NVML calls the agent makes, by device index.
 pub trait NvmlBackend {

@@ -2,30 +2,24 @@
 //! (`nvmlDeviceGetProcessUtilization`): how long each process kept the SMs and the memory
 //! controller busy between two queries.
 //!
-//! NVML's quirks, and what is done about each:
-//! - **A sample covers one of the driver's sample periods** (1/6 s on an H200 with driver 580,
-//!   `docs/sm-limit.md`), and one comes per process *that was busy* in that period: an idle
-//!   process has none. So a process's busy time is the sum over its samples of `util x period`,
-//!   and a process without samples in a window was idle (0, not unknown). The period is not
-//!   reported: it is estimated as the median gap between consecutive samples of one process over
-//!   the last [`GAP_HISTORY`] gaps ([`PERIOD_RANGE_US`] bounds it); before any gap was seen, as
-//!   the window divided by the most samples any one process had in it. A driver that returns one
-//!   sample per process and query (as NVML's documentation reads) gives gaps of one query
-//!   interval, which the same sum turns into the same busy time.
-//! - **Timestamps are CPU time in microseconds (`CLOCK_REALTIME`), and samples become visible
-//!   late** (up to about 1 s), each process's on its own schedule: asking only for samples after
-//!   the newest one seen would hide a slower process's older ones. Each query asks for everything
-//!   after the previous query minus [`LOOKBACK_US`], and a sample counts once: when it is newer
-//!   than the newest already counted for its pid.
-//! - **Some drivers return only each process's newest sample**, whatever `lastSeenTimeStamp`
-//!   asks for (driver 580 on an H100: one sample per process per query, 200 ms apart, so a query
-//!   every second sees one in five; a duty-cycled process gets one every 0.6 s). The median gap
-//!   times the number of samples then overstates a busy process (a saturating process read 118%
-//!   against `nvidia-smi pmon`'s 97%), and the median period understates it five times. Until a
-//!   query returns two new samples of one process, the device is taken to answer that way, and
-//!   each sample stands for the time since the process's previous one (at most the window and
-//!   the look-back; the whole window for a process's first): replayed at one query a second,
-//!   the H100's recorded samples read within 2 points of pmon (`testdata/`).
+//! The samples are taken in as the limiter's SM correction takes them
+//! (`limiter_core::sm::samples`: each once, the driver's sample period, what each sample stands
+//! for), so the GPU use shown and the share the limiter holds agree. Here:
+//! - A process's busy time in a window is the sum over its new samples of `util x` the time the
+//!   sample stands for, and a process without samples in a window was idle (0, not unknown).
+//!   Before any gap was seen, a sample stands for the window divided by the most samples any one
+//!   process had in it. A driver that returns one sample per process and query (as NVML's
+//!   documentation reads) gives gaps of one query interval, which the same sum turns into the
+//!   same busy time.
+//! - **Timestamps are CPU time in microseconds (`CLOCK_REALTIME`)**. Each query asks for
+//!   everything after the previous query minus [`LOOKBACK_US`].
+//! - **Only each process's newest sample** (driver 580 on an H100: one sample per process per
+//!   query, 200 ms apart, so a query every second sees one in five): a sample standing for one
+//!   median period would understate a busy process five times, and one standing for the
+//!   window would overstate it (a saturating process read 118% against `nvidia-smi pmon`'s
+//!   97%); standing for the time since the process's previous sample (at most the window and
+//!   the look-back; the whole window for a process's first), the H100's recorded samples read
+//!   within 2 points of pmon at one query a second.
 //! - **`NVML_ERROR_NOT_FOUND` means no sample since the timestamp**: every process was idle.
 //! - **Samples out of range** (a utilisation over 100, seen with zombie contexts) are dropped and
 //!   counted.
@@ -34,20 +28,14 @@
 //!
 //! Pure: no NVML call and no clock read here, so the tests drive it with made-up samples.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 
+pub use limiter_core::sm::samples::LOOKBACK_US;
+use limiter_core::sm::samples::{NewSample, SampleIntake};
 use serde::{Deserialize, Serialize};
 
 use super::ProcessSample;
 use crate::model::gpu_use::UseWindow;
-
-/// How far before the previous query each query looks again, for samples that became visible
-/// late.
-pub const LOOKBACK_US: u64 = 2_000_000;
-/// The driver's sample period is taken to lie in this range.
-pub const PERIOD_RANGE_US: (u64, u64) = (10_000, 5_000_000);
-/// Gaps between one process's consecutive samples kept for the period estimate.
-pub const GAP_HISTORY: usize = 64;
 
 /// One process's use of one device within a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,11 +62,7 @@ pub struct UseReading {
 #[derive(Clone, Debug, Default)]
 pub struct DeviceSampler {
     last_query_us: Option<u64>,
-    /// The newest sample counted per pid (entries older than the next query's floor are dropped).
-    newest: HashMap<u32, u64>,
-    gaps: VecDeque<u64>,
-    /// A query returned two new samples of one process: the driver keeps every sample.
-    returns_every_sample: bool,
+    intake: SampleIntake,
 }
 
 impl DeviceSampler {
@@ -87,108 +71,71 @@ impl DeviceSampler {
         self.last_query_us.map(|q| q.saturating_sub(LOOKBACK_US))
     }
 
-    /// The sample period as estimated from the gaps seen so far.
-    fn period_us(&self) -> Option<u64> {
-        if self.gaps.is_empty() {
-            return None;
-        }
-        let mut g: Vec<u64> = self.gaps.iter().copied().collect();
-        g.sort_unstable();
-        Some(g[g.len() / 2].clamp(PERIOD_RANGE_US.0, PERIOD_RANGE_US.1))
-    }
-
     /// Folds in the samples of a query made at `now_us` (NVML's answer to [`Self::since`]; empty
     /// for `NVML_ERROR_NOT_FOUND`). The first query only sets the starting point: its reading
     /// has no window.
     pub fn fold(&mut self, now_us: u64, samples: &[ProcessSample]) -> UseReading {
         let floor = self.since().unwrap_or(0);
         let mut reading = UseReading::default();
-        let mut fresh: BTreeMap<u32, Vec<&ProcessSample>> = BTreeMap::new();
-        for s in samples {
-            if s.sm_util_pct > 100 || s.mem_util_pct > 100 {
-                reading.out_of_range += 1;
-                continue;
-            }
-            let seen = self.newest.get(&s.pid).copied().unwrap_or(0).max(floor);
-            if s.timestamp_us > seen {
-                fresh.entry(s.pid).or_default().push(s);
-            }
-        }
-        for (pid, list) in &mut fresh {
-            list.sort_by_key(|s| s.timestamp_us);
-            list.dedup_by_key(|s| s.timestamp_us);
-            self.returns_every_sample |= list.len() > 1;
-            let mut last = self.newest.get(pid).copied();
-            for s in list.iter() {
-                if let Some(l) = last {
-                    if self.gaps.len() == GAP_HISTORY {
-                        self.gaps.pop_front();
-                    }
-                    self.gaps.push_back(s.timestamp_us - l);
-                }
-                last = Some(s.timestamp_us);
-            }
+        let in_range: Vec<ProcessSample> = samples
+            .iter()
+            .filter(|s| s.sm_util_pct <= 100 && s.mem_util_pct <= 100)
+            .copied()
+            .collect();
+        reading.out_of_range = (samples.len() - in_range.len()) as u32;
+        let mut fresh: BTreeMap<u32, Vec<NewSample>> = BTreeMap::new();
+        for n in self.intake.take(&in_range, floor) {
+            fresh.entry(n.sample.pid).or_default().push(n);
         }
         let previous = self.last_query_us.replace(now_us);
         if let Some(from) = previous.filter(|from| *from < now_us) {
             let window_us = now_us - from;
             let most = fresh.values().map(Vec::len).max().unwrap_or(1).max(1) as u64;
-            let period = if self.returns_every_sample {
-                self.period_us().unwrap_or(window_us / most).max(1)
-            } else {
-                window_us.max(1)
-            };
             // Late samples may carry time from before the window, but never more than the
             // look-back.
             let cap = window_us + LOOKBACK_US;
             for (pid, list) in &fresh {
-                // The time each sample stands for: the driver's period, or (newest sample only)
-                // the time since the process's previous sample.
-                let weights: Vec<u64> = if self.returns_every_sample {
-                    vec![period; list.len()]
-                } else {
-                    let mut previous = self.newest.get(pid).copied();
-                    list.iter()
-                        .map(|s| {
-                            let w = previous
-                                .map_or(window_us, |p| s.timestamp_us.saturating_sub(p))
-                                .min(cap);
-                            previous = Some(s.timestamp_us);
-                            w
-                        })
-                        .collect()
-                };
-                let busy = |f: fn(&ProcessSample) -> u32| -> u64 {
-                    let sum: u64 = list
-                        .iter()
-                        .zip(&weights)
-                        .map(|(s, w)| u64::from(f(s)) * w)
-                        .sum();
-                    (sum / 100).min(cap)
-                };
-                reading.by_pid.insert(
-                    *pid,
-                    PidUse {
-                        sm_busy_us: busy(|s| s.sm_util_pct),
-                        mem_busy_us: busy(|s| s.mem_util_pct),
-                        samples: list.len() as u32,
-                    },
-                );
+                reading
+                    .by_pid
+                    .insert(*pid, self.pid_use(list, window_us / most, cap));
             }
             reading.window = Some(UseWindow {
                 from_unix_us: from,
                 to_unix_us: now_us,
-                sample_period_us: period,
+                sample_period_us: if self.intake.every_sample() {
+                    self.intake.period_us().unwrap_or(window_us / most).max(1)
+                } else {
+                    window_us.max(1)
+                },
             });
         }
-        for (pid, list) in fresh {
-            if let Some(s) = list.last() {
-                self.newest.insert(pid, s.timestamp_us);
-            }
-        }
-        let next_floor = now_us.saturating_sub(LOOKBACK_US);
-        self.newest.retain(|_, ts| *ts > next_floor);
+        self.intake
+            .forget_silent_since(now_us.saturating_sub(LOOKBACK_US));
         reading
+    }
+
+    /// One process's use from its new samples: each weighs what it stands for (`unknown_us`
+    /// where that is not known yet), at most `cap_us`, as does their sum.
+    fn pid_use(&self, list: &[NewSample], unknown_us: u64, cap_us: u64) -> PidUse {
+        let busy = |util: fn(&ProcessSample) -> u32| -> u64 {
+            let sum: u64 = list
+                .iter()
+                .map(|n| {
+                    let weight = self
+                        .intake
+                        .stands_for(n.gap_us, unknown_us)
+                        .max(1)
+                        .min(cap_us);
+                    u64::from(util(&n.sample)) * weight
+                })
+                .sum();
+            (sum / 100).min(cap_us)
+        };
+        PidUse {
+            sm_busy_us: busy(|s| s.sm_util_pct),
+            mem_busy_us: busy(|s| s.mem_util_pct),
+            samples: list.len() as u32,
+        }
     }
 
     /// A failed query: the next one starts afresh (no window spans the failure).
@@ -199,6 +146,8 @@ impl DeviceSampler {
 
 #[cfg(test)]
 mod tests {
+    use limiter_core::sm::samples::PERIOD_RANGE_US;
+
     use super::*;
 
     const SEC: u64 = 1_000_000;
@@ -331,10 +280,12 @@ mod tests {
             t_us: u64,
             samples: Vec<(u32, u64, u32, u32)>,
         }
-        let queries: Vec<Query> = include_str!("testdata/h100-580-newest-sample-both.jsonl")
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let queries: Vec<Query> = include_str!(
+            "../../../limiter-core/src/sm/feedback/testdata/h100-580-newest-sample-both.jsonl"
+        )
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
         for step in [2, 4] {
             let mut d = DeviceSampler::default();
             let mut busy: BTreeMap<u32, u64> = BTreeMap::new();
@@ -392,8 +343,7 @@ mod tests {
         assert_eq!(r.window.unwrap().sample_period_us, PERIOD_RANGE_US.0);
         d.reset();
         assert_eq!(d.fold(3 * SEC, &[]).window, None);
-        // A 10 s gap: the estimate is bounded above, and busy time never exceeds the window
-        // and the look-back.
+        // A 10 s gap: the estimate is bounded above.
         let mut d = DeviceSampler::default();
         d.fold(
             10 * SEC,
@@ -402,19 +352,15 @@ mod tests {
         d.fold(20 * SEC, &[s(9, 19 * SEC, 100, 0)]);
         let r = d.fold(21 * SEC, &[s(10, 20 * SEC, 100, 0)]);
         assert_eq!(r.window.unwrap().sample_period_us, PERIOD_RANGE_US.1);
-        assert_eq!(r.by_pid[&10].sm_busy_us, SEC + LOOKBACK_US);
-    }
-
-    #[test]
-    fn memory_stays_bounded() {
+        assert_eq!(
+            r.by_pid[&10].sm_busy_us, PERIOD_RANGE_US.1,
+            "its one sample stands for one period"
+        );
+        // Newest samples only, timestamped ahead of the query's clock: busy time never exceeds
+        // the window and the look-back.
         let mut d = DeviceSampler::default();
-        let mut t = SEC;
-        for round in 0..200u32 {
-            let samples: Vec<_> = (0..50).map(|i| s(round * 50 + i, t - 1, 10, 0)).collect();
-            d.fold(t, &samples);
-            t += SEC;
-        }
-        assert!(d.newest.len() <= 150, "{}", d.newest.len());
-        assert!(d.gaps.len() <= GAP_HISTORY);
+        d.fold(10 * SEC, &[s(4, 9 * SEC + SEC / 2, 100, 0)]);
+        let r = d.fold(11 * SEC, &[s(4, 14 * SEC, 100, 0)]);
+        assert_eq!(r.by_pid[&4].sm_busy_us, SEC + LOOKBACK_US);
     }
 }

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{
-    ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, NvmlCallCost, Process,
-    RegionInfo, RegionUnread, Snapshot, Source,
+    ApiSums, ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, NvmlCallCost,
+    Process, RegionInfo, RegionUnread, Snapshot, Source,
     by_device::DeviceMemory,
     gpu_use::{WindowUse, window_use},
     skips::{self, TenantSkips},
@@ -183,48 +183,11 @@ pub struct StatReport {
 }
 
 /// Per cgroup path: pids, live bytes, and calls merged per (API, source).
-type CgroupAccumulator = (Vec<u32>, u64, BTreeMap<(String, Source), ApiUsage>);
+type CgroupAccumulator = (Vec<u32>, u64, ApiSums);
 
 /// The process's calls during the window (APIs without calls in it are left out).
 fn window_apis(p: &Process, before: Option<&Process>) -> Vec<ApiUsage> {
-    p.apis
-        .iter()
-        .map(|a| {
-            a.since(before.and_then(|b| {
-                b.apis
-                    .iter()
-                    .find(|e| e.api == a.api && e.source == a.source)
-            }))
-        })
-        .filter(|a| a.calls > 0)
-        .collect()
-}
-
-fn merge_into(into: &mut BTreeMap<(String, Source), ApiUsage>, u: &ApiUsage) {
-    let e = into
-        .entry((u.api.clone(), u.source))
-        .or_insert_with(|| ApiUsage {
-            calls: 0,
-            errors: 0,
-            bytes: 0,
-            total_ns: 0,
-            hook_ns: 0,
-            denied: 0,
-            hist: vec![0; u.hist.len()],
-            ..u.clone()
-        });
-    e.calls += u.calls;
-    e.errors += u.errors;
-    e.bytes += u.bytes;
-    e.total_ns += u.total_ns;
-    e.hook_ns += u.hook_ns;
-    e.denied += u.denied;
-    if e.hist.len() < u.hist.len() {
-        e.hist.resize(u.hist.len(), 0);
-    }
-    for (a, b) in e.hist.iter_mut().zip(&u.hist) {
-        *a += b;
-    }
+    p.apis_since(before).filter(|a| a.calls > 0).collect()
 }
 
 /// The NVML queries made between `first` and `last`, by kind (a daemon restarted in between
@@ -291,7 +254,7 @@ pub fn build(
         group.0.push(p.key.pid);
         group.1 += live_bytes;
         for a in &apis {
-            merge_into(&mut group.2, a);
+            group.2.add(a);
         }
         processes.push(ProcessRow {
             pid: p.key.pid,
@@ -403,7 +366,7 @@ pub fn build(
                     cgroup_path: path,
                     pids,
                     live_bytes,
-                    apis: apis.values().map(ApiRow::from_usage).collect(),
+                    apis: apis.rows().map(ApiRow::from_usage).collect(),
                 }
             })
             .collect(),

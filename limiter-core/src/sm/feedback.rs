@@ -27,6 +27,8 @@
 
 use std::{collections::VecDeque, time::Duration};
 
+use super::samples::{ProcessSample, SampleIntake};
+
 /// How often the thread corrects the duty cycle.
 pub const TICK: Duration = Duration::from_millis(500);
 /// How often the thread reads NVML's samples: a driver that keeps only each process's newest
@@ -39,8 +41,8 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 pub(crate) const AVERAGE_US: u64 = 3_000_000;
 /// How far before the container's newest sample each query asks again: NVML publishes each
 /// process's samples on its own schedule, up to about 1 s late, so asking only for what is newer
-/// than another process's newest sample would lose them ([`Loop::tick`] counts a sample once).
-pub const LOOKBACK_US: u64 = 1_500_000;
+/// than another process's newest sample would lose them (the intake takes a sample once).
+pub use super::samples::LOOKBACK_US;
 /// `d_eff` values averaged for the plant gain: those of the last 3.5 s (the averaged samples
 /// plus NVML's lag).
 const EFFECTIVE_HISTORY_MS: u64 = 3_500;
@@ -54,10 +56,6 @@ pub(crate) const MAX_STEP: f64 = 5.0;
 /// A sample's weight before its process has a previous one (newest-sample-only drivers), and the
 /// period before any gap was seen: one tick.
 const FIRST_WEIGHT_US: u64 = TICK.as_micros() as u64;
-/// The driver's sample period (every-sample drivers) is taken to lie in this range.
-const PERIOD_RANGE_US: (u64, u64) = (10_000, 2_000_000);
-/// Gaps between one process's consecutive samples kept for the period estimate.
-const GAP_HISTORY: usize = 32;
 
 /// One sample of a process of the container.
 #[derive(Debug, Clone, Copy)]
@@ -72,20 +70,16 @@ struct Sample {
 
 /// One device's correction (pure: the tests drive it in virtual time).
 ///
-/// How a share is measured from NVML's samples depends on the driver (the agent's
-/// `nvml/process_use.rs` reads them the same way, so the share the loop holds and the GPU use
-/// `top` shows agree):
+/// How a share is measured from NVML's samples depends on the driver; [`super::samples`] tells
+/// which way it answers and what each sample stands for (the agent reads them through the same
+/// intake, so the share the loop holds and the GPU use `top` shows agree):
 /// - **Every sample** (an H200 with driver 580: one per process and sample period of 1/6 s, for
-///   the periods the process was busy in): each sample stands for one period, the median gap
-///   between a process's consecutive samples. A period without a sample was idle.
-/// - **Only each process's newest sample** (an H100 with driver 580: one per query, 200 ms apart
-///   for a busy process, 600 ms for a duty-cycled one): each sample stands for the time since
-///   the process's previous one. An average of the samples present would count only the
-///   periods a duty-cycled process was busy in, and on the H100 read a container at 38% (pmon)
-///   as anything from 36% to 93%.
-///
-/// Until one query returns two samples of one process, the driver is taken to answer the second
-/// way.
+///   the periods the process was busy in): each sample stands for one period. A period without
+///   a sample was idle.
+/// - **Only each process's newest sample** (an H100 with driver 580): each sample stands for the
+///   time since the process's previous one. An average of the samples present would count only
+///   the periods a duty-cycled process was busy in, and on the H100 read a container at 38%
+///   (pmon) as anything from 36% to 93%.
 #[derive(Debug, Clone)]
 pub struct Loop {
     target: f64,
@@ -93,12 +87,8 @@ pub struct Loop {
     eff: f64,
     /// The container's samples of the newest [`AVERAGE_US`], in arrival order.
     samples: VecDeque<Sample>,
-    /// The newest timestamp seen per process (kept while it is recent).
-    newest: Vec<(u32, u64)>,
-    /// Gaps between consecutive samples of one process, newest last.
-    gaps: VecDeque<u64>,
-    /// A query returned two samples of one process: the driver keeps every sample.
-    every_sample: bool,
+    /// What each sample stands for.
+    intake: SampleIntake,
     /// Where the first sample's time began (us): the measured span does not reach before it.
     first_begin: Option<u64>,
     /// `(now_ms, eff)` at each tick, newest last.
@@ -122,9 +112,7 @@ impl Loop {
             target: t,
             eff: eff.clamp(t / 2.0, 100.0),
             samples: VecDeque::new(),
-            newest: Vec::new(),
-            gaps: VecDeque::new(),
-            every_sample: false,
+            intake: SampleIntake::default(),
             first_begin: None,
             effs: VecDeque::new(),
             measured: None,
@@ -184,70 +172,38 @@ impl Loop {
         self.unused |= self.fold(fresh);
     }
 
-    /// Takes in the samples newer than each process's newest held; whether there were any. A
-    /// query that returns two samples of one process (new or already held: queries look back)
-    /// comes from a driver that keeps every sample.
+    /// Takes in the samples newer than each process's newest held; whether there were any.
     fn fold(&mut self, fresh: &[(u32, u64, u32)]) -> bool {
-        let mut all: Vec<(u32, u64)> = fresh.iter().map(|s| (s.0, s.1)).collect();
-        all.sort_unstable();
-        all.dedup();
-        self.every_sample |= all.windows(2).any(|pair| pair[0].0 == pair[1].0);
-        let mut new: Vec<(u32, u64, u32)> = fresh
+        let answer: Vec<ProcessSample> = fresh
             .iter()
-            .filter(|s| s.1 > self.newest_of(s.0).unwrap_or(0))
-            .copied()
+            .map(|&(pid, timestamp_us, sm_util_pct)| ProcessSample {
+                pid,
+                timestamp_us,
+                sm_util_pct,
+                mem_util_pct: 0,
+            })
             .collect();
+        let new = self.intake.take(&answer, 0);
         if new.is_empty() {
             return false;
         }
-        new.sort_unstable_by_key(|s| (s.0, s.1));
-        new.dedup_by_key(|s| (s.0, s.1));
-        for (pid, t, v) in new {
-            let previous = self.newest_of(pid);
-            let gap = previous.map(|p| t - p);
-            if let Some(g) = gap {
-                if self.gaps.len() == GAP_HISTORY {
-                    self.gaps.pop_front();
-                }
-                self.gaps.push_back(g);
-            }
-            match self.newest.iter_mut().find(|n| n.0 == pid) {
-                Some(n) => n.1 = t,
-                None => self.newest.push((pid, t)),
-            }
-            let first = t.saturating_sub(if self.every_sample {
-                self.period_us()
-            } else {
-                FIRST_WEIGHT_US
-            });
+        for n in new {
+            let t = n.sample.timestamp_us;
+            let first = t.saturating_sub(self.intake.stands_for(None, FIRST_WEIGHT_US));
             self.first_begin = Some(self.first_begin.map_or(first, |f| f.min(first)));
             self.samples.push_back(Sample {
-                pid,
+                pid: n.sample.pid,
                 t,
-                sm_util: f64::from(v.min(100)),
-                gap,
+                sm_util: f64::from(n.sample.sm_util_pct.min(100)),
+                gap: n.gap_us,
             });
         }
         let newest = self.samples.iter().map(|s| s.t).max().unwrap_or(0);
         self.samples.retain(|s| s.t + AVERAGE_US > newest);
-        // A process silent for twice the averaging span starts over (its next gap would span
-        // its idle time, or it exited and the pid may come back as another process).
-        self.newest.retain(|n| n.1 + 2 * AVERAGE_US > newest);
+        // A process silent for twice the averaging span starts over.
+        self.intake
+            .forget_silent_since(newest.saturating_sub(2 * AVERAGE_US));
         true
-    }
-
-    fn newest_of(&self, pid: u32) -> Option<u64> {
-        self.newest.iter().find(|n| n.0 == pid).map(|n| n.1)
-    }
-
-    /// The driver's sample period: the median gap seen.
-    fn period_us(&self) -> u64 {
-        if self.gaps.is_empty() {
-            return FIRST_WEIGHT_US;
-        }
-        let mut g: Vec<u64> = self.gaps.iter().copied().collect();
-        g.sort_unstable();
-        g[g.len() / 2].clamp(PERIOD_RANGE_US.0, PERIOD_RANGE_US.1)
     }
 
     /// The container's share of the newest [`AVERAGE_US`] (percent), or `None` when the samples
@@ -257,17 +213,15 @@ impl Loop {
     fn share(&self) -> Option<f64> {
         let newest = self.samples.iter().map(|s| s.t).max()?;
         let from = newest.saturating_sub(AVERAGE_US);
-        let period = self.period_us();
         // From the start of the span, or of the first sample: a period without a sample of the
         // container in between was idle.
         let start = self.first_begin.map_or(from, |f| f.max(from));
         let mut by_pid: Vec<(u32, f64, u64)> = Vec::new();
         for s in &self.samples {
-            let stands_for = if self.every_sample {
-                period
-            } else {
-                s.gap.unwrap_or(FIRST_WEIGHT_US).min(AVERAGE_US)
-            };
+            let stands_for = self
+                .intake
+                .stands_for(s.gap, FIRST_WEIGHT_US)
+                .min(AVERAGE_US);
             let begins = s.t.saturating_sub(stands_for).max(start);
             let busy = s.sm_util * s.t.saturating_sub(begins) as f64;
             match by_pid.iter_mut().find(|p| p.0 == s.pid) {

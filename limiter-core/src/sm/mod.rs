@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use agent_common::MAX_DEVICES;
 
 pub mod feedback;
+pub mod samples;
 mod window;
 
 pub use window::MAX_HOLD_NS;

@@ -3,8 +3,6 @@
 //! ranks of one communicator together), memory and SM use over time, per-API counts and latency
 //! histograms with the limiter's self-time per call, and the probe mode and what it costs.
 
-use std::collections::BTreeMap;
-
 use agent_common::hist::{bucket_lower_ns, bucket_upper_ns};
 use ratatui::{
     Frame,
@@ -16,8 +14,8 @@ use ratatui::{
 use super::{Theme, fit, short_bytes, spark};
 use crate::{
     model::{
-        ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source, by_device::DeviceMemory,
-        probing::LaunchProbes,
+        ApiSums, ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source,
+        by_device::DeviceMemory, probing::LaunchProbes,
     },
     tui::{
         app::Model,
@@ -26,41 +24,9 @@ use crate::{
     units::{bytes, nanos},
 };
 
-/// APIs of several processes added up per (API, source).
+/// APIs of several processes added up per (API, source), the busiest first.
 fn merge(procs: &[&Process]) -> Vec<ApiUsage> {
-    let mut by: BTreeMap<(String, Source), ApiUsage> = BTreeMap::new();
-    for p in procs {
-        for a in p.effective_apis() {
-            let e = by
-                .entry((a.api.clone(), a.source))
-                .or_insert_with(|| ApiUsage {
-                    calls: 0,
-                    errors: 0,
-                    bytes: 0,
-                    total_ns: 0,
-                    hook_ns: 0,
-                    denied: 0,
-                    hist: vec![0; agent_common::hist::HIST_BUCKETS],
-                    latency: None,
-                    probed: None,
-                    ..a.clone()
-                });
-            if a.is_estimated() {
-                // Marks the sum estimated (what the probes saw is not shown here).
-                e.probed.get_or_insert_with(Default::default);
-            }
-            e.calls += a.calls;
-            e.errors += a.errors;
-            e.bytes += a.bytes;
-            e.total_ns += a.total_ns;
-            e.hook_ns += a.hook_ns;
-            e.denied += a.denied;
-            for (d, s) in e.hist.iter_mut().zip(&a.hist) {
-                *d += s;
-            }
-        }
-    }
-    let mut v: Vec<ApiUsage> = by.into_values().collect();
+    let mut v = ApiSums::effective_of(procs).into_rows();
     v.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.api.cmp(&b.api)));
     v
 }
@@ -591,6 +557,7 @@ mod tests {
             .find(|a| a.api == "cuStreamSynchronize")
             .unwrap();
         assert!(sync.is_estimated());
+        assert_eq!(sync.probed.map(|p| p.calls), Some(25));
         assert_eq!(estimated(sync.calls, sync.is_estimated()), "~100");
         let alloc = merged.iter().find(|a| a.api == "cuMemAlloc_v2").unwrap();
         assert_eq!(estimated(alloc.calls, alloc.is_estimated()), "64");

@@ -292,8 +292,8 @@ fn samples_read_between_ticks_count_at_the_next_tick() {
 #[test]
 fn a_query_with_two_samples_of_one_process_means_the_driver_keeps_every_sample() {
     // Busy in 3 periods of 100 ms out of every 10; the driver publishes one new sample per query
-    // and keeps every sample, so a query looking back 1.5 s returns those already held beside
-    // the new one. Each then stands for one period (30% busy), not for the time since the
+    // and keeps every sample, so a query looking back `LOOKBACK_US` returns those already held
+    // beside the new one. Each then stands for one period (30% busy), not for the time since the
     // previous sample (which would read 100%).
     let busy: Vec<u64> = (0..40u64)
         .flat_map(|s| [s * 10, s * 10 + 1, s * 10 + 2])
@@ -309,7 +309,7 @@ fn a_query_with_two_samples_of_one_process_means_the_driver_keeps_every_sample()
         let newest = busy[..published].last().copied().unwrap_or(0);
         let returned: Vec<(u32, u64, u32)> = busy[..published]
             .iter()
-            .filter(|&&t| t + 1_500_000 > newest)
+            .filter(|&&t| t + LOOKBACK_US > newest)
             .map(|&t| (1, t, 100))
             .collect();
         lp.tick(tick * 500, &returned, false);

@@ -176,6 +176,8 @@ fn steady_state_share_holds_across_kernel_lengths_and_queue_depths() {
                 (20_000, 1),
                 (20_000, 1_000),
                 (500_000, 8),
+                // The workload of limiter/tests/sm.rs: 500 us launches, 16 a step.
+                (500_000, 16),
                 (2_000_000, 1),
                 (30_000_000, 1),
                 (30_000_000, 3),
@@ -355,14 +357,15 @@ impl Des {
     }
 }
 
-/// One process of the container in the simulation: its own controller (its marks) and its own
-/// queued work, the container's window.
+/// One process of the container in the simulation (or one thread of a process): its
+/// controller (its marks), the work its process queued, the container's window.
 struct Process<'a> {
     des: &'a Des,
     me: usize,
     words: &'a Words,
-    /// When the work this process launched finishes.
-    mine: Cell<u64>,
+    /// When the work this thread's process launched finishes (shared by the threads of one
+    /// process: a drain synchronises the whole context).
+    mine: &'a AtomicU64,
 }
 
 impl<'a> Env for &'a Process<'a> {
@@ -377,52 +380,107 @@ impl<'a> Env for &'a Process<'a> {
         self.des.now()
     }
     fn drain(&self) {
-        self.des.yield_until(self.me, Some(self.mine.get()));
+        self.des.yield_until(self.me, Some(self.mine.load(Relaxed)));
     }
     fn sleep_until(&self, t: u64) {
         self.des.yield_until(self.me, Some(t + 60_000));
     }
 }
 
-/// `processes` processes of one container limited to `pct`% run a saturating workload on one
-/// device for `seconds`; process `killed` (if any) stops for good after a second. Returns the
-/// device's busy share after the first second and the windows closed.
-fn container(
+/// A saturating workload on one device in virtual time: `launchers` threads, each launching
+/// `kernel_ns` kernels (2 us of CPU each) and synchronising every `sync_every` launches.
+#[derive(Clone, Copy, Debug)]
+struct Workload {
     pct: u8,
-    processes: usize,
+    launchers: usize,
+    /// The launchers are threads of one process (one controller, one context) rather than
+    /// processes of one container (a controller and a context each).
+    threads: bool,
     kernel_ns: u64,
     sync_every: u64,
-    seconds: u64,
+    /// The device's share is measured from `warm` to `end` (virtual ns).
+    warm: u64,
+    end: u64,
+    /// This launcher stops for good at `warm` (SIGKILL: mid-window, nothing closed).
     killed: Option<usize>,
-) -> (f64, u64) {
-    let (warm, end) = (1_000_000_000, seconds * 1_000_000_000);
-    let des = Des::new(processes, warm, end);
+    /// The limit is set at this time (a run-time change, seen at each launcher's next launch as
+    /// the control block is); before it, nothing is limited.
+    limit_at: u64,
+}
+
+impl Workload {
+    fn container(pct: u8, processes: usize, kernel_ns: u64, sync_every: u64, seconds: u64) -> Self {
+        Workload {
+            pct,
+            launchers: processes,
+            threads: false,
+            kernel_ns,
+            sync_every,
+            warm: 1_000_000_000,
+            end: seconds * 1_000_000_000,
+            killed: None,
+            limit_at: 0,
+        }
+    }
+}
+
+struct Outcome {
+    /// The device's busy share from `warm` to `end`, percent.
+    share: f64,
+    /// Windows closed.
+    closes: u64,
+    /// Per launcher, when a launch of it was first held back.
+    first_held: Vec<Option<u64>>,
+}
+
+/// Runs `w` in virtual time.
+fn simulate(w: Workload) -> Outcome {
+    let des = Des::new(w.launchers, w.warm, w.end);
     let words = Words::default();
+    let process_controller = Controller::new();
+    let process_work = AtomicU64::new(0);
+    let first_held: Vec<AtomicU64> = (0..w.launchers).map(|_| AtomicU64::new(0)).collect();
     std::thread::scope(|scope| {
-        for me in 0..processes {
-            let (des, words) = (&*des, &words);
+        for me in 0..w.launchers {
+            let (des, words, first_held) = (&*des, &words, &first_held);
+            let (process_controller, process_work) = (&process_controller, &process_work);
             scope.spawn(move || {
                 des.yield_until(me, Some(1));
-                let c = limited(pct);
+                let own_controller = Controller::new();
+                let own_work = AtomicU64::new(0);
+                let (c, mine) = if w.threads {
+                    (process_controller, process_work)
+                } else {
+                    (&own_controller, &own_work)
+                };
                 let p = Process {
                     des,
                     me,
                     words,
-                    mine: Cell::new(0),
+                    mine,
                 };
+                let mut limits = [None; MAX_DEVICES];
+                limits[0] = Some(w.pct);
+                let mut applied = false;
                 let mut n = 0u64;
-                while des.now() < end {
-                    if killed == Some(me) && des.now() >= warm {
-                        // SIGKILL: mid-window, its work abandoned, nothing closed.
+                while des.now() < w.end {
+                    if w.killed == Some(me) && des.now() >= w.warm {
                         break;
                     }
-                    c.admit(|| &p);
-                    p.mine.set(des.launch(kernel_ns));
+                    if !applied && des.now() >= w.limit_at {
+                        c.set_limits(&limits, 100);
+                        applied = true;
+                    }
+                    let at = des.now();
+                    if c.admit(|| &p) != 0 && first_held[me].load(Relaxed) == 0 {
+                        first_held[me].store(at, Relaxed);
+                    }
+                    mine.fetch_max(des.launch(w.kernel_ns), Relaxed);
                     n += 1;
                     let t = des.now() + 2_000;
                     des.yield_until(me, Some(t));
-                    if n.is_multiple_of(sync_every) {
-                        des.yield_until(me, Some(p.mine.get()));
+                    if n.is_multiple_of(w.sync_every) {
+                        des.yield_until(me, Some(mine.load(Relaxed)));
                     }
                 }
                 des.yield_until(me, None);
@@ -433,8 +491,14 @@ fn container(
     let [Some(at_warm), Some(at_end)] = s.marks else {
         panic!("the clock never passed the bounds");
     };
-    let share = (at_end - at_warm) as f64 / (end - warm) as f64 * 100.0;
-    (share, words.closes.load(Relaxed))
+    Outcome {
+        share: (at_end - at_warm) as f64 / (w.end - w.warm) as f64 * 100.0,
+        closes: words.closes.load(Relaxed),
+        first_held: first_held
+            .iter()
+            .map(|t| Some(t.load(Relaxed)).filter(|&t| t != 0))
+            .collect(),
+    }
 }
 
 #[test]
@@ -455,7 +519,10 @@ fn processes_of_a_container_share_one_budget() {
         )
     };
     for &(pct, processes, kernel_ns, sync_every) in cases {
-        let (share, closes) = container(pct, processes, kernel_ns, sync_every, seconds, None);
+        let o = simulate(Workload::container(
+            pct, processes, kernel_ns, sync_every, seconds,
+        ));
+        let (share, closes) = (o.share, o.closes);
         eprintln!(
             "{processes} processes at {pct}%, kernel {kernel_ns} ns, sync every {sync_every}: \
              {share:.2}%, {closes} windows"
@@ -476,7 +543,73 @@ fn a_killed_process_leaves_the_others_their_share() {
     }
     // One of three processes is killed mid-window after a second: the other two go on drawing
     // from the same window, held to the container's share (nobody waits for the dead one).
-    let (share, _) = container(40, 3, 500_000, 16, 12, Some(1));
+    let share = simulate(Workload {
+        killed: Some(1),
+        ..Workload::container(40, 3, 500_000, 16, 12)
+    })
+    .share;
     eprintln!("3 processes at 40%, one killed: {share:.2}%");
     assert!((share - 40.0).abs() < 2.0, "container share {share:.2}%");
+}
+
+#[test]
+fn threads_of_a_process_share_one_duty_cycle() {
+    // One controller and one context for all threads: a thread that finds the budget spent
+    // drains every thread's work, and none adds idle time of its own (which would push the
+    // share far below the limit).
+    let (cases, seconds): (&[(u8, usize)], u64) = if cfg!(miri) {
+        (&[(50, 2)], 3)
+    } else {
+        (&[(50, 4), (25, 2), (75, 3)], 12)
+    };
+    for &(pct, threads) in cases {
+        let o = simulate(Workload {
+            threads: true,
+            ..Workload::container(pct, threads, 500_000, 16, seconds)
+        });
+        eprintln!("{threads} threads at {pct}%: {:.2}%", o.share);
+        assert!(
+            (o.share - f64::from(pct)).abs() < 2.0,
+            "{threads} threads of one process at {pct}%: share {:.2}%",
+            o.share
+        );
+        assert!(o.closes > 10, "{} windows closed", o.closes);
+    }
+}
+
+#[test]
+fn a_share_set_at_run_time_holds_launches_from_the_next_window() {
+    if cfg!(miri) {
+        return;
+    }
+    // Two processes of a container launch unlimited for a second; then the share is set (each
+    // sees it at its next launch, as the control block is polled at every launch). Each is held
+    // back within one window of the change (its budget, 40 ms, plus the work then queued), far
+    // inside the second `vgpu-agent limit` promises, and together they hold the share.
+    let change = 1_000_000_000;
+    for (processes, threads) in [(1, false), (2, false), (2, true)] {
+        let o = simulate(Workload {
+            threads,
+            limit_at: change,
+            warm: 2_000_000_000,
+            ..Workload::container(40, processes, 500_000, 16, 8)
+        });
+        for (i, held) in o.first_held.iter().enumerate() {
+            let held = held.unwrap_or_else(|| panic!("launcher {i} was never held back"));
+            assert!(
+                held >= change,
+                "launcher {i} held before the change, at {held}"
+            );
+            let after = held - change;
+            assert!(
+                after < 100_000_000,
+                "launcher {i} first held {after} ns after the change"
+            );
+        }
+        assert!(
+            (o.share - 40.0).abs() < 2.0,
+            "{processes} launchers (threads: {threads}) at 40% from 1 s: share {:.2}%",
+            o.share
+        );
+    }
 }

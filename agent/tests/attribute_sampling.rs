@@ -5,7 +5,7 @@
 //! how close the estimates come to the truth is `cargo xtask bench attribute`
 //! (`attribute_accuracy.rs`), and on the real driver `scripts/gpu/validate-attribute.sh`. The
 //! estimators themselves are tested in virtual time with exact expectations
-//! (`agent/src/probes/sampling/tests.rs`, `agent/src/probes/calibrate/tests.rs`).
+//! (the unit tests of `agent/src/probes/sampling.rs` and `agent/src/probes/calibrate.rs`).
 
 mod support;
 

@@ -1,6 +1,12 @@
-//! `vgpu-agent limit`: a run-time SM share reaches a running process under the limiter within
-//! 1 s and holds the container's processes to it together, a lower memory limit denies the next
-//! allocation over it, and malformed values are refused with a message that names them.
+//! `vgpu-agent limit`: a run-time SM share reaches every running process of the container under
+//! the limiter (each is held back after the change, by the container's one window), a lower
+//! memory limit denies the next allocation over it, and malformed values are refused with a
+//! message that names them.
+//!
+//! How soon a change takes effect and the share the processes then get together are checked in
+//! virtual time (limiter-core's `sm::tests::a_share_set_at_run_time_holds_launches_from_the_next_window`:
+//! held within one window of the change, the share within 2 points) and measured by
+//! `cargo xtask bench sm-shares`; these tests check what happened, not how long it took.
 
 mod support;
 
@@ -46,15 +52,22 @@ fn limit(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn a_run_time_sm_share_takes_effect_within_a_second() {
+fn a_run_time_sm_share_reaches_a_running_process() {
     let dir = tempdir();
     let region = dir.path().join("c.region");
     let child = workload(dir.path(), &region, &["paced", "--seconds", "4"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(region.exists(), "the limiter created no region");
+    // It has started (a bound on a slow start, not a timing).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while live_processes(&region) < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the limiter created no region"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let set_at = monotonic_ns();
     let out = limit(&["set", "--region", region.to_str().unwrap(), "--sm", "40"]);
     assert!(out.status.success(), "{out:?}");
@@ -67,9 +80,6 @@ fn a_run_time_sm_share_takes_effect_within_a_second() {
         .as_u64()
         .unwrap_or_else(|| panic!("no launch was held back: {v}"));
     assert!(held > set_at, "held before the change: {v}");
-    // The first held launch is the one that closes the first window (40 ms budget) and waits.
-    let after = Duration::from_nanos(held - set_at);
-    assert!(after < Duration::from_secs(1), "took {after:?}");
     // `show` reads it back.
     let out = limit(&["show", "--region", region.to_str().unwrap()]);
     assert!(
@@ -78,85 +88,55 @@ fn a_run_time_sm_share_takes_effect_within_a_second() {
     );
 }
 
-/// The device time the shared simulated device (`SIMCUDA_SHARED_DEVICE`) has executed by now:
-/// `(now, executed)`, CLOCK_MONOTONIC ns (testing/sim-cuda's shared.rs: word 0 is when the queued
-/// work ends, word 1 the device time launched).
-fn executed_ns(device: &Path) -> (u64, u64) {
-    use std::os::unix::fs::FileExt;
-    let mut b = [0u8; 16];
-    let file = std::fs::File::open(device).unwrap();
-    let at = monotonic_ns();
-    file.read_exact_at(&mut b, 0).unwrap();
-    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-    (at, word(1).saturating_sub(word(0).saturating_sub(at)))
-}
-
-/// The device's busy share over `over`, percent.
-fn device_share(device: &Path, over: Duration) -> f64 {
-    let (t0, e0) = executed_ns(device);
-    std::thread::sleep(over);
-    let (t1, e1) = executed_ns(device);
-    (e1 - e0) as f64 / (t1 - t0) as f64 * 100.0
-}
-
 #[test]
-fn a_run_time_sm_share_holds_all_processes_of_the_container_together() {
+fn a_run_time_sm_share_holds_all_processes_of_the_container() {
     let dir = tempdir();
     let region = dir.path().join("c2.region");
-    let device = dir.path().join("gpu.device");
     let children: Vec<_> = (0..2)
         .map(|_| {
-            workload(dir.path(), &region, &["paced", "--seconds", "9"])
-                .env("SIMCUDA_SHARED_DEVICE", &device)
+            workload(dir.path(), &region, &["paced", "--seconds", "4"])
                 .env("VGPU_SM_FEEDBACK", "0")
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    // Both launch (a bound on a slow start, not a timing).
-    let deadline = std::time::Instant::now() + Duration::from_secs(4);
-    while !device.exists() || executed_ns(&device).1 == 0 {
+    // Both have started (a bound on a slow start, not a timing): the region lists two live
+    // processes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while live_processes(&region) < 2 {
         assert!(
             std::time::Instant::now() < deadline,
-            "no launch reached the device"
+            "the two processes did not both start"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(300));
-    let before = device_share(&device, Duration::from_millis(1200));
-    assert!(
-        before > 85.0,
-        "unlimited, the two saturate the device: {before:.1}%"
-    );
     let set_at = monotonic_ns();
     let out = limit(&["set", "--region", region.to_str().unwrap(), "--sm", "40"]);
     assert!(out.status.success(), "{out:?}");
-    std::thread::sleep(Duration::from_millis(800));
-    // Two processes each held to 40% on their own would take 80%: together they get 40. The VM
-    // is shared with other builds: up to three windows, the first within 5 points passes.
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        let share = device_share(&device, Duration::from_millis(2000));
-        eprintln!("unlimited {before:.1}%, after limit set --sm 40: {share:.1}%");
-        if (share - 40.0).abs() < 5.0 {
-            seen.clear();
-            break;
-        }
-        seen.push(format!("{share:.1}%"));
-    }
-    assert!(seen.is_empty(), "limit set --sm 40: device shares {seen:?}");
     for child in children {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{out:?}");
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["errors"], 0, "{v}");
-        // Each process was held back after the change.
+        // Each process was held back after the change, and not before it (nothing was limited).
         let held = v["first_held_mono_ns"]
             .as_u64()
             .unwrap_or_else(|| panic!("no launch was held back: {v}"));
         assert!(held > set_at, "held before the change: {v}");
     }
+}
+
+/// Live processes in the region at `path` (0 while it does not exist).
+fn live_processes(path: &Path) -> usize {
+    region::reader::RegionReader::open(path)
+        .and_then(|r| r.snapshot())
+        .map_or(0, |s| {
+            s.slots
+                .iter()
+                .filter(|s| s.phase == region::reader::SlotPhase::Live)
+                .count()
+        })
 }
 
 #[test]

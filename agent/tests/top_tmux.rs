@@ -2,6 +2,11 @@
 //! beside simulated-driver workloads in two cgroups shaped like a docker container and a
 //! Kubernetes pod, driven with keys; the captured screen is checked after each. The demo's own
 //! workloads (`cargo xtask demo`, shared through `demo_workloads`) are checked the same way.
+//!
+//! `top` shows every GPU process of the host, so each test's containers have ids of their own run
+//! (its pid in the first 8 hex digits), and the tests look only at their own rows: a second set
+//! of the demo's workloads, with the demo's ids, runs beside each test, as a `cargo xtask demo`
+//! started on the same machine would.
 
 mod support;
 // The demo's workloads and top command line, so that this test checks what the demo shows.
@@ -132,10 +137,18 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
     let regions = dir.path().join("regions");
     std::fs::create_dir_all(&regions).unwrap();
 
-    let docker_id = "7951fb549ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8";
-    let k8s_id = "605439acbd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22";
-    let pod_uid = "ac04f3f2-1f2c-11e9-b015-1ebee232acfa";
     let tag = std::process::id();
+    // This run's containers: their ids start with the run's tag (both found by a filter on it,
+    // nobody else's), and differ in their 12-character short forms.
+    let run_tag = format!("{tag:08x}");
+    let docker_id = format!("{run_tag}9ab99e0722a949b6c121634e1f3a36b5bacbe5392991e3b12251e6b8");
+    let k8s_id = format!("{run_tag}bd4fb18c145069289094b17f17e0cfa938f78012d4960bc797305f22");
+    let pod_uid = format!("ac04f3f2-1f2c-11e9-b015-{tag:012x}");
+    let _other_demo = DemoRun::start(
+        dir.path(),
+        "vgpu-top-other-demo",
+        demo_workloads::Ids::demo(),
+    );
     let cg_docker = TestCgroup::new(&format!("vgpu-top-{tag}/docker/{docker_id}"));
     let cg_k8s = TestCgroup::new(&format!(
         "vgpu-top-{tag}/kubepods/besteffort/pod{pod_uid}/{k8s_id}"
@@ -170,8 +183,13 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
         w.go();
     }
     // The probes see the allocations: 96M in the pod, 64M in the docker container; largest first.
+    let row_has = |s: &str, short: &str, what: &str| {
+        s.lines()
+            .find(|l| l.contains(short))
+            .is_some_and(|l| l.contains(what))
+    };
     let s = tmux.wait("the held memory", |s| {
-        s.contains("96M") && s.contains("64M")
+        row_has(s, k8s_short, "96M") && row_has(s, docker_short, "64M")
     });
     assert!(s.contains("vgpu-agent top"), "{s}");
     assert!(s.contains("NVML disabled"), "no NVML, said so: {s}");
@@ -192,15 +210,39 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
     tmux.keys(&["r", "s", "s", "s", "s", "s", "s", "s", "s", "s"]);
     tmux.wait("back to memory", |s| s.contains("GPU MEM / LIMIT▼"));
 
-    // Enter expands the selected (first) container: the pod's process appears under it.
+    // Other processes of the host (the other demo's) are listed too: a filter on the run's tag
+    // leaves this run's two containers (expanded while it applies), the pod first.
     let k8s_pid = holders[1].pid().to_string();
-    tmux.keys(&["g", "Enter"]);
-    let s = tmux.wait("the pod expanded", |s| s.contains(&format!("└ {k8s_pid} ")));
+    let k8s_process_row = format!("└ {k8s_pid} ");
+    let other_demo = demo_workloads::Ids::demo();
+    tmux.wait("the other demo's containers", |s| {
+        s.contains(other_demo.short(demo_workloads::Group::Limited))
+    });
+    tmux.keys(&["/"]);
+    tmux.literal(&run_tag);
+    tmux.keys(&["Enter"]);
+    tmux.wait("only this run's containers", |s| {
+        s.contains(docker_short)
+            && s.contains(k8s_short)
+            && s.contains(&k8s_process_row)
+            && !s.contains(other_demo.short(demo_workloads::Group::Limited))
+            && !s.contains(other_demo.short(demo_workloads::Group::Plain))
+    });
+    // g selects the pod; Escape clears the filter and the selection stays on the pod, collapsed.
+    tmux.keys(&["g"]);
+    tmux.keys(&["Escape"]);
+    tmux.wait("the filter cleared, the pod collapsed", |s| {
+        s.contains(other_demo.short(demo_workloads::Group::Limited))
+            && !s.contains(&k8s_process_row)
+    });
+    // Enter expands the selected container: the pod's process appears under it.
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait("the pod expanded", |s| s.contains(&k8s_process_row));
     assert!(s.contains("▾"), "{s}");
 
     // / filters: only the docker container is left.
     tmux.keys(&["/"]);
-    tmux.literal(&docker_id[..8]);
+    tmux.literal(docker_short);
     tmux.keys(&["Enter"]);
     tmux.wait("the filter applied", |s| {
         s.contains(docker_short) && !s.contains(k8s_short) && s.contains("filter")
@@ -210,7 +252,15 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
         s.contains(docker_short) && s.contains(k8s_short)
     });
 
-    // Enter on the process opens its detail: the API table with a latency histogram.
+    // Enter on the process opens its detail: the API table with a latency histogram. The run's
+    // rows alone (filtered on its tag): the pod, its process, the docker container, its process.
+    tmux.keys(&["/"]);
+    tmux.literal(&run_tag);
+    tmux.keys(&["Enter"]);
+    tmux.wait("only this run's containers", |s| {
+        s.contains(&k8s_process_row)
+            && !s.contains(other_demo.short(demo_workloads::Group::Limited))
+    });
     tmux.keys(&["g", "j", "Enter"]);
     let s = tmux.wait("the process detail", |s| {
         s.contains(&format!("process {k8s_pid}")) && s.contains("HISTOGRAM")
@@ -240,21 +290,56 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
 /// The demo's cgroups and workloads, ended and removed when dropped.
 struct DemoRun {
     top: std::path::PathBuf,
+    ids: demo_workloads::Ids,
     children: Vec<std::process::Child>,
+}
+
+impl DemoRun {
+    /// Starts the demo's workloads as `ids` in cgroups below `<cgroup root>/<name>-<pid>`, their
+    /// files in `dir/<name>`; returns them and where their files are.
+    fn start(
+        dir: &std::path::Path,
+        name: &str,
+        ids: demo_workloads::Ids,
+    ) -> (DemoRun, demo_workloads::Paths) {
+        use demo_workloads as demo;
+        let files = dir.join(name);
+        let paths = demo::Paths {
+            exercise: exercise_bin(),
+            lib: sim_lib(&files.join("lib")),
+            limiter: limiter_lib(),
+            regions: files.join("regions"),
+            ids,
+        };
+        demo::prepare(&paths).unwrap();
+        let mut run = DemoRun {
+            top: cgroup2_root().join(format!("{name}-{}", std::process::id())),
+            ids: paths.ids.clone(),
+            children: Vec::new(),
+        };
+        for g in [demo::Group::Plain, demo::Group::Limited] {
+            std::fs::create_dir_all(demo::cgroup(&run.top, &run.ids, g)).unwrap();
+        }
+        for w in demo::workloads(&paths) {
+            run.children
+                .push(demo::start(&paths, &run.top, &w).expect("a demo workload starts"));
+        }
+        (run, paths)
+    }
 }
 
 impl Drop for DemoRun {
     fn drop(&mut self) {
         use demo_workloads::{Group, cgroup};
         for g in [Group::Plain, Group::Limited] {
-            let _ = std::fs::write(cgroup(&self.top, g).join("cgroup.kill"), "1");
+            let _ = std::fs::write(cgroup(&self.top, &self.ids, g).join("cgroup.kill"), "1");
         }
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }
         for g in [Group::Plain, Group::Limited] {
-            let mut p = cgroup(&self.top, g);
+            let mut p = cgroup(&self.top, &self.ids, g);
             for _ in 0..50 {
                 if std::fs::remove_dir(&p).is_ok() || !p.exists() {
                     break;
@@ -279,11 +364,10 @@ fn parse_short(s: &str) -> Option<u64> {
     Some((num.parse::<f64>().ok()? * (1u64 << shift) as f64) as u64)
 }
 
-/// The pod's row: (memory used, limit, DENIED), from `... ██░░ 1.3G/2.0G  SM% ... DENIED`.
-fn pod_row(screen: &str) -> Option<(u64, u64, u64)> {
-    let line = screen
-        .lines()
-        .find(|l| l.contains(&demo_workloads::LIMITED_ID[..12]))?;
+/// The pod's row (the pod with the short id `pod`): (memory used, limit, DENIED), from
+/// `... ██░░ 1.3G/2.0G  SM% ... DENIED`.
+fn pod_row(screen: &str, pod: &str) -> Option<(u64, u64, u64)> {
+    let line = screen.lines().find(|l| l.contains(pod))?;
     let tokens: Vec<&str> = line.split_whitespace().collect();
     let at = tokens
         .iter()
@@ -305,24 +389,15 @@ fn top_in_tmux_shows_the_demo_truthfully() {
         return;
     }
     let dir = tempdir();
-    let paths = demo::Paths {
-        exercise: exercise_bin(),
-        lib: sim_lib(&dir.path().join("lib")),
-        limiter: limiter_lib(),
-        regions: dir.path().join("regions"),
-    };
-    demo::prepare(&paths).unwrap();
-    let mut run = DemoRun {
-        top: cgroup2_root().join(format!("vgpu-top-demo-{}", std::process::id())),
-        children: Vec::new(),
-    };
-    for g in [demo::Group::Plain, demo::Group::Limited] {
-        std::fs::create_dir_all(demo::cgroup(&run.top, g)).unwrap();
-    }
-    for w in demo::workloads(&paths) {
-        run.children
-            .push(demo::start(&paths, &run.top, &w).expect("a demo workload starts"));
-    }
+    // This run's demo, and beside it the demo's own ids, as `cargo xtask demo` would run them on
+    // the same machine: only this run's rows are looked at.
+    let ids = demo::Ids::tagged(std::process::id());
+    let (pod, plain) = (
+        ids.short(demo::Group::Limited).to_string(),
+        ids.short(demo::Group::Plain).to_string(),
+    );
+    let (run, paths) = DemoRun::start(dir.path(), "vgpu-top-demo", ids);
+    let (other, _) = DemoRun::start(dir.path(), "vgpu-top-other-demo", demo::Ids::demo());
     let mut args = demo::top_args(&paths);
     args.extend(["--no-calibrate".into(), "--interval".into(), "300ms".into()]);
     let command = format!(
@@ -336,25 +411,22 @@ fn top_in_tmux_shows_the_demo_truthfully() {
     // The pod holds memory under its limit, with the bar drawn, and its allocations are denied
     // as it crosses the limit.
     let s = tmux.wait("the pod near its limit, with denials", |s| {
-        pod_row(s).is_some_and(|(used, _, denied)| used > 0 && denied > 0)
+        pod_row(s, &pod).is_some_and(|(used, _, denied)| used > 0 && denied > 0)
     });
-    let (used, limit, _) = pod_row(&s).unwrap();
+    let (used, limit, _) = pod_row(&s, &pod).unwrap();
     assert_eq!(limit, demo::LIMIT_BYTES, "{s}");
     assert!(
         used > demo::CONTEXT_CHARGE_BYTES && used < limit,
         "the context and some allocations, under the limit: {used}\n{s}"
     );
-    let line = s
-        .lines()
-        .find(|l| l.contains(&demo::LIMITED_ID[..12]))
-        .unwrap();
+    let line = s.lines().find(|l| l.contains(&pod)).unwrap();
     assert!(line.contains('█'), "the bar: {line}");
-    assert!(!s.contains('⚠'), "no limit below a context charge: {s}");
+    assert!(!line.contains('⚠'), "no limit below a context charge: {s}");
     assert!(s.contains("SM%"), "{s}");
     // The docker container's memory is seen too (the probes see its allocations).
     tmux.wait("the docker container's memory", |s| {
         s.lines()
-            .find(|l| l.contains(&demo::PLAIN_ID[..12]))
+            .find(|l| l.contains(&plain))
             .and_then(|l| l.split_whitespace().find_map(parse_short))
             .is_some_and(|b| b > 0)
     });
@@ -388,6 +460,7 @@ fn top_in_tmux_shows_the_demo_truthfully() {
     let s = tmux.wait("top to exit", |s| s.contains("TOP-EXITED"));
     assert!(s.contains("TOP-EXITED 0"), "{s}");
     drop(tmux);
+    drop(other);
     drop(run);
 }
 
@@ -408,16 +481,17 @@ fn top_without_root_or_daemon_names_sudo() {
 }
 
 /// The starter of [`demo_workloads_end_with_the_process_that_started_them`]: starts the demo's
-/// workloads in `$DEMO_STARTER_TOP`'s cgroups, writes their pids to `$DEMO_STARTER_PIDS`, and
-/// waits to be killed.
+/// workloads (ids tagged `$DEMO_STARTER_TAG`) in `$DEMO_STARTER_TOP`'s cgroups, writes their pids
+/// to `$DEMO_STARTER_PIDS`, and waits to be killed.
 #[test]
 #[ignore = "the starter of demo_workloads_end_with_the_process_that_started_them"]
 fn demo_workload_starter() {
     use demo_workloads as demo;
-    let (Some(top), Some(pids), Some(dir)) = (
+    let (Some(top), Some(pids), Some(dir), Some(tag)) = (
         std::env::var_os("DEMO_STARTER_TOP"),
         std::env::var_os("DEMO_STARTER_PIDS"),
         std::env::var_os("DEMO_STARTER_DIR"),
+        std::env::var("DEMO_STARTER_TAG").ok(),
     ) else {
         return;
     };
@@ -427,6 +501,7 @@ fn demo_workload_starter() {
         lib: sim_lib(&dir.join("lib")),
         limiter: limiter_lib(),
         regions: dir.join("regions"),
+        ids: demo::Ids::tagged(tag.parse().unwrap()),
     };
     demo::prepare(&paths).unwrap();
     let started: Vec<std::process::Child> = demo::workloads(&paths)
@@ -455,10 +530,11 @@ fn demo_workloads_end_with_the_process_that_started_them() {
     let dir = tempdir();
     let run = DemoRun {
         top: cgroup2_root().join(format!("vgpu-demo-starter-{}", std::process::id())),
+        ids: demo::Ids::tagged(std::process::id()),
         children: Vec::new(),
     };
     for g in [demo::Group::Plain, demo::Group::Limited] {
-        std::fs::create_dir_all(demo::cgroup(&run.top, g)).unwrap();
+        std::fs::create_dir_all(demo::cgroup(&run.top, &run.ids, g)).unwrap();
     }
     let pids_file = dir.path().join("pids");
     let mut starter = std::process::Command::new(std::env::current_exe().unwrap())
@@ -471,6 +547,7 @@ fn demo_workloads_end_with_the_process_that_started_them() {
         .env("DEMO_STARTER_TOP", &run.top)
         .env("DEMO_STARTER_PIDS", &pids_file)
         .env("DEMO_STARTER_DIR", dir.path())
+        .env("DEMO_STARTER_TAG", std::process::id().to_string())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();

@@ -1,13 +1,15 @@
-//! The SM controller against the simulated driver, whose launches each make the device busy for
-//! `SIMCUDA_LAUNCH_US` after earlier work: a saturating launch loop (synchronising every few
-//! launches, as a training step does) is held to its share on every launch path, the time held
-//! back is recorded in the region as `throttled_ns`, threads share one duty cycle, and an
-//! unlimited process is not slowed and gets no thread.
+//! The SM controller under the limiter, against the simulated driver, whose launches each make
+//! the device busy for `SIMCUDA_LAUNCH_US` after earlier work: a saturating launch loop
+//! (synchronising every few launches, as a training step does) goes through the container's
+//! window (the region's duty-cycle words) on every launch path, the time held back is recorded
+//! in the region as `throttled_ns` and is time the launches took, an unlimited process is not
+//! held and gets no thread, and the NVML correction moves the window's duty cycle the way NVML's
+//! figures ask (or leaves it open-loop, saying why).
 //!
-//! The share is computed from the truth the sim gives: launches made in the measured interval
-//! times the launch time, over the interval's wall time. The VM is shared with other builds, so a
-//! share that misses is retried (a bounded number of times): the controller's error is systematic
-//! and would miss every attempt.
+//! These tests check what happened, not how long it took: the shares the windows hold are checked
+//! in virtual time (limiter-core's `sm::tests`, deterministic), and measured on this machine's
+//! clock by `cargo xtask bench sm-shares` (the ignored `share_*` tests below print each figure
+//! and its verdict).
 
 mod support;
 
@@ -17,13 +19,12 @@ use std::{
 };
 
 use region::reader::{RegionReader, SlotPhase};
-use support::{fake_nvml, fresh_region, preloaded, sm_caller};
+use support::{SmWords, fake_nvml, fresh_region, preloaded, sm_caller, sm_words};
 
 /// Simulated device time of one launch.
 const LAUNCH_US: u64 = 500;
 /// Launches between two synchronisations (8 ms of device work per step).
 const SYNC_EVERY: u64 = 16;
-const ATTEMPTS: usize = 3;
 
 /// A number from the caller's one-line JSON.
 fn field(json: &str, key: &str) -> f64 {
@@ -44,6 +45,8 @@ struct Run {
     tasks: usize,
     /// Names of those other than the main thread.
     extra_threads: Vec<String>,
+    /// Device 0's duty-cycle words in the region, read before the process exited.
+    window: SmWords,
 }
 
 /// The tests time a saturating workload: one at a time on the shared CPUs.
@@ -115,6 +118,7 @@ fn run_env(
         std::thread::sleep(std::time::Duration::from_millis(20));
         (tasks, extra_threads) = read_threads();
     }
+    let window = sm_words(&region, 0);
     let snap = RegionReader::open(&region).unwrap().snapshot().unwrap();
     let throttled_ns = snap
         .slots
@@ -137,78 +141,63 @@ fn run_env(
         throttled_ns,
         tasks,
         extra_threads,
+        window,
     }
 }
 
-/// Runs until the share is within `tolerance` points of `target` (bounded attempts).
-fn run_near(mode: &str, threads: u32, limit: u8, measure_ms: u64, tolerance: f64) -> Run {
-    let mut seen = Vec::new();
-    for _ in 0..ATTEMPTS {
-        let r = run(mode, threads, Some(&limit.to_string()), measure_ms);
-        if (r.share - f64::from(limit)).abs() < tolerance {
-            eprintln!(
-                "{mode} x{threads} at {limit}%: share {:.1}% {}",
-                r.share, r.json
-            );
-            return r;
-        }
-        seen.push(format!("{:.1}% ({})", r.share, r.json.trim()));
-    }
-    panic!("{mode} x{threads} limited to {limit}%: shares {seen:?}");
-}
+/// The period of the deterministic tests' windows: a launch is held once a window has lasted
+/// its budget (half of it at 50%), unless the workload stopped launching for a whole period (a
+/// gap that long starts a new window). With a second, no stall of a loaded host comes near it.
+const LONG_PERIOD: (&str, &str) = ("VGPU_SM_PERIOD_MS", "1000");
 
 #[test]
-fn shares_of_25_50_75_percent_hold_and_throttled_time_is_recorded() {
-    for limit in [25, 50, 75] {
-        let r = run_near("kernel", 1, limit, 2500, 5.0);
-        let blocked = field(&r.json, "blocked_ns");
-        let throttled = r.throttled_ns as f64;
+fn every_launch_path_is_held_by_the_containers_window_and_the_hold_recorded() {
+    for mode in ["kernel", "kernel_ptsz", "ex", "coop", "graph"] {
+        let r = run_env(mode, 1, Some("50"), 0, 1300, &[LONG_PERIOD]);
+        let w = r.window;
+        // The launches opened the region's window, and one closed it after its budget.
+        assert_ne!(w.window_start, 0, "{mode}: no window opened: {w:?}");
+        assert!(w.closes >= 1, "{mode}: no window closed: {w:?} {}", r.json);
+        // The hold is recorded, and is time the application spent in its launch calls.
+        assert!(r.throttled_ns > 0, "{mode}: nothing recorded as throttled");
+        let in_launches = field(&r.json, "in_launch_ns");
         assert!(
-            (throttled - blocked).abs() < blocked * 0.10,
-            "limit {limit}%: region throttled_ns {throttled} vs {blocked} ns blocked in launches"
+            r.throttled_ns as f64 <= in_launches,
+            "{mode}: throttled {} ns, but only {in_launches} ns spent in launches",
+            r.throttled_ns
         );
         // The only thread a limit may start is the feedback loop's (which exits without NVML).
         assert!(
             r.extra_threads.iter().all(|t| t == "vgpu-sm"),
-            "{:?}",
+            "{mode}: {:?}",
             r.extra_threads
         );
     }
 }
 
 #[test]
-fn every_launch_path_is_held_to_its_share() {
-    for mode in ["kernel_ptsz", "ex", "coop", "graph"] {
-        let r = run_near(mode, 1, 40, 1500, 5.0);
-        assert!(r.throttled_ns > 0, "{mode}: nothing throttled");
-    }
-}
-
-#[test]
-fn threads_share_one_duty_cycle() {
-    // Each thread adding its own idle time would push the share far below the limit.
-    run_near("kernel", 4, 50, 2000, 5.0);
-}
-
-#[test]
 fn unlimited_launches_are_not_held_and_get_no_thread() {
     for limit in [None, Some("100"), Some("0")] {
-        let r = run("kernel", 1, limit, 1000);
-        eprintln!("unlimited {limit:?}: share {:.1}% {}", r.share, r.json);
-        // The workload saturates the device (CPU gaps between steps aside).
-        assert!(
-            r.share > 90.0,
-            "{limit:?}: share {:.1}% {}",
-            r.share,
-            r.json
-        );
+        let r = run("kernel", 1, limit, 500);
         assert_eq!(r.throttled_ns, 0, "{limit:?}");
         assert_eq!(r.tasks, 1, "{limit:?}: the limiter started a thread");
+        assert_eq!(
+            r.window,
+            SmWords::default(),
+            "{limit:?}: a window was opened"
+        );
+        assert!(field(&r.json, "launches") > 0.0, "{}", r.json);
     }
 }
 
 /// What the stand-in NVML reports for the process: `scale` x its true share (`fake_nvml.c`).
-fn feedback_run(limit: u8, scale: &str, extra: &[(&str, &str)], warm_ms: u64) -> (Run, f64) {
+fn feedback_run(
+    limit: u8,
+    scale: &str,
+    extra: &[(&str, &str)],
+    warm_ms: u64,
+    measure_ms: u64,
+) -> Run {
     let nvml = fake_nvml().to_str().unwrap();
     let mut env = vec![
         ("VGPU_REAL_LIBNVML", nvml),
@@ -216,44 +205,43 @@ fn feedback_run(limit: u8, scale: &str, extra: &[(&str, &str)], warm_ms: u64) ->
         ("LIBCUDA_LOG_LEVEL", "3"),
     ];
     env.extend_from_slice(extra);
-    let r = run_env("kernel", 1, Some(&limit.to_string()), warm_ms, 3000, &env);
-    let reported = r.share * scale.parse::<f64>().unwrap();
+    let r = run_env(
+        "kernel",
+        1,
+        Some(&limit.to_string()),
+        warm_ms,
+        measure_ms,
+        &env,
+    );
     eprintln!(
-        "limit {limit}%, NVML scale {scale} {extra:?}: true share {:.1}%, NVML share {reported:.1}%\n{}",
-        r.share,
+        "limit {limit}%, NVML scale {scale} {extra:?}: window {:?}\n{}",
+        r.window,
         r.stderr
             .lines()
             .filter(|l| l.contains("SM feedback") || l.contains("open-loop"))
             .collect::<Vec<_>>()
             .join("\n")
     );
-    (r, reported)
-}
-
-/// Runs until NVML's share is within 5 points of the limit (bounded attempts).
-fn feedback_near(limit: u8, scale: &str) -> Run {
-    let mut seen = Vec::new();
-    for _ in 0..ATTEMPTS {
-        // 9 s of warm-up: the loop converges in about 5 s (sm_feedback_tests.rs).
-        let (r, reported) = feedback_run(limit, scale, &[], 9000);
-        if (reported - f64::from(limit)).abs() < 5.0 {
-            return r;
-        }
-        seen.push(format!("{reported:.1}% ({})", r.json.trim()));
-    }
-    panic!("limit {limit}%, NVML scale {scale}: NVML shares {seen:?}");
+    r
 }
 
 #[test]
 fn feedback_raises_the_duty_cycle_when_nvml_sees_half_of_it() {
-    // Open loop (VGPU_SM_FEEDBACK=0), NVML sees half the share: about 20 for a limit of 40.
-    let (open, reported) = feedback_run(40, "0.5", &[("VGPU_SM_FEEDBACK", "0")], 2000);
-    assert!(reported < 25.0, "open loop: {reported:.1}% {}", open.json);
+    // Open loop (VGPU_SM_FEEDBACK=0): no thread, and the window runs at the target.
+    let open = feedback_run(40, "0.5", &[("VGPU_SM_FEEDBACK", "0")], 1000, 500);
     assert!(open.extra_threads.is_empty(), "{:?}", open.extra_threads);
-    // Closed loop: the duty cycle rises until NVML sees 40.
-    let r = feedback_near(40, "0.5");
-    assert!(r.share > 70.0, "true share {:.1}%", r.share);
+    assert_eq!(open.window.duty, None, "open loop: {:?}", open.window);
+    // Closed loop: NVML reports half of any share the window gives, below the target whatever
+    // the host's load, so the correction only raises the duty cycle (each tick that the limit
+    // binds). The convergence itself is limiter-core's `sm::feedback` tests (virtual time).
+    let r = feedback_run(40, "0.5", &[], 4500, 500);
     assert_eq!(r.extra_threads, ["vgpu-sm"]);
+    assert!(
+        r.window.duty.is_some_and(|(t, pm)| t == 40 && pm > 400),
+        "the duty cycle was not raised: {:?}\n{}",
+        r.window,
+        r.stderr
+    );
     assert!(
         r.stderr.contains("SM feedback device 0: target 40%"),
         "{}",
@@ -263,39 +251,112 @@ fn feedback_raises_the_duty_cycle_when_nvml_sees_half_of_it() {
 
 #[test]
 fn feedback_lowers_the_duty_cycle_when_nvml_sees_more() {
-    let r = feedback_near(60, "1.5");
-    assert!(r.share < 50.0, "true share {:.1}%", r.share);
+    // NVML reports three times the true share: above the target of 60 as soon as the window
+    // gives more than 20%, so the correction lowers the duty cycle (never below half the target).
+    let r = feedback_run(60, "3", &[], 4500, 500);
+    assert!(
+        r.window
+            .duty
+            .is_some_and(|(t, pm)| t == 60 && (300..600).contains(&pm)),
+        "the duty cycle was not lowered: {:?}\n{}",
+        r.window,
+        r.stderr
+    );
 }
 
 #[test]
 fn without_nvml_or_without_our_pid_the_share_stays_open_loop() {
-    let mut seen = Vec::new();
-    for _ in 0..ATTEMPTS {
-        let (missing, _) = feedback_run(
-            40,
-            "0.5",
-            &[("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1")],
-            1000,
-        );
-        let (foreign, _) = feedback_run(40, "0.5", &[("FAKE_NVML_FOREIGN_PID", "1")], 6000);
-        assert!(
-            missing
-                .stderr
-                .contains("could not be loaded; SM shares stay open-loop"),
-            "{}",
-            missing.stderr
-        );
-        assert!(
-            foreign
-                .stderr
-                .contains("(another pid namespace?); the SM share of device 0 stays open-loop"),
-            "{}",
-            foreign.stderr
-        );
-        if (missing.share - 40.0).abs() < 5.0 && (foreign.share - 40.0).abs() < 5.0 {
-            return;
-        }
-        seen.push(format!("{:.1}% / {:.1}%", missing.share, foreign.share));
+    let missing = feedback_run(
+        40,
+        "0.5",
+        &[("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1")],
+        1000,
+        500,
+    );
+    assert!(
+        missing
+            .stderr
+            .contains("could not be loaded; SM shares stay open-loop"),
+        "{}",
+        missing.stderr
+    );
+    assert_eq!(missing.window.duty, None, "{:?}", missing.window);
+    // NVML never reports our pid: said after 10 ticks (5 s) in which the limit bound; the duty
+    // cycle stays the target's (the loop holds without samples of ours).
+    let foreign = feedback_run(40, "0.5", &[("FAKE_NVML_FOREIGN_PID", "1")], 8500, 500);
+    assert!(
+        foreign
+            .stderr
+            .contains("(another pid namespace?); the SM share of device 0 stays open-loop"),
+        "{}",
+        foreign.stderr
+    );
+    assert!(
+        foreign.window.duty.is_none_or(|d| d == (40, 400)),
+        "{:?}",
+        foreign.window
+    );
+}
+
+/// One figure of `cargo xtask bench sm-shares`: prints it with its verdict; whether it is within
+/// `tolerance` points of `target`.
+fn verdict(what: &str, share: f64, target: f64, tolerance: f64) -> bool {
+    let within = (share - target).abs() < tolerance;
+    println!(
+        "sm-shares: {what}: {share:.1}% (target {target}% +/- {tolerance}): {}",
+        if within { "within" } else { "OUTSIDE" }
+    );
+    within
+}
+
+#[test]
+#[ignore = "a figure on this machine's clock: cargo xtask bench sm-shares"]
+fn share_of_one_process_per_limit_and_launch_path() {
+    let mut all = true;
+    for limit in [25u8, 50, 75] {
+        let r = run("kernel", 1, Some(&limit.to_string()), 2500);
+        all &= verdict(&format!("kernel at {limit}%"), r.share, limit.into(), 5.0);
     }
-    panic!("open-loop shares (NVML missing / our pid never reported): {seen:?}");
+    for mode in ["kernel_ptsz", "ex", "coop", "graph"] {
+        let r = run(mode, 1, Some("40"), 1500);
+        all &= verdict(&format!("{mode} at 40%"), r.share, 40.0, 5.0);
+    }
+    let r = run("kernel", 4, Some("50"), 2000);
+    all &= verdict("4 threads at 50%", r.share, 50.0, 5.0);
+    let r = run("kernel", 1, None, 1000);
+    println!(
+        "sm-shares: unlimited: {:.1}% (the device saturated, CPU gaps aside): {}",
+        r.share,
+        if r.share > 90.0 { "within" } else { "OUTSIDE" }
+    );
+    all &= r.share > 90.0;
+    assert!(all, "a share outside its tolerance (above)");
+}
+
+#[test]
+#[ignore = "a figure on this machine's clock: cargo xtask bench sm-shares"]
+fn share_seen_by_nvml_with_the_correction() {
+    let mut all = true;
+    for (limit, scale) in [(40u8, "0.5"), (60, "1.5")] {
+        // 9 s of warm-up: the loop converges in about 5 s (limiter-core's sm::feedback tests).
+        let r = feedback_run(limit, scale, &[], 9000, 3000);
+        let reported = r.share * scale.parse::<f64>().unwrap();
+        all &= verdict(
+            &format!("NVML's share at {limit}% (NVML sees {scale} x the true share)"),
+            reported,
+            limit.into(),
+            5.0,
+        );
+    }
+    for (what, env) in [
+        (
+            "NVML missing",
+            ("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1"),
+        ),
+        ("our pid never reported", ("FAKE_NVML_FOREIGN_PID", "1")),
+    ] {
+        let r = feedback_run(40, "0.5", &[env], 6000, 3000);
+        all &= verdict(&format!("open loop at 40%, {what}"), r.share, 40.0, 5.0);
+    }
+    assert!(all, "a share outside its tolerance (above)");
 }

@@ -63,25 +63,34 @@ fn attribute() -> Result<()> {
     ))
 }
 
-/// How close per-container SM shares come to their limits on the simulated driver, with the
-/// NVML correction between containers: the ignored tests of `limiter/tests/sm_container.rs`.
+/// How close SM shares come to their limits on this machine's clock, on the simulated driver: one
+/// process per limit and launch path, threads, the NVML correction, processes of one container
+/// and containers side by side. The ignored `share_*` tests of `limiter/tests/sm.rs` and
+/// `sm_container.rs`, each run once: every figure is printed with its verdict (`within` or
+/// `OUTSIDE` its tolerance), and the benchmark fails if any is outside.
 fn sm_shares() -> Result<()> {
-    crate::util::step("sm-shares: containers on one simulated device, NVML correction on");
-    crate::util::run(&mut crate::util::cmd(
-        "cargo",
-        [
-            "test",
-            "-p",
-            "limiter",
-            "--test",
-            "sm_container",
-            "--",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ],
-    ))
+    for test in ["sm", "sm_container"] {
+        crate::util::step(&format!(
+            "sm-shares: limiter/tests/{test}.rs, the shares on this machine's clock"
+        ));
+        crate::util::run(&mut crate::util::cmd(
+            "cargo",
+            [
+                "test",
+                "-p",
+                "limiter",
+                "--test",
+                test,
+                "--",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+                "share_",
+            ],
+        ))?;
+    }
+    Ok(())
 }
 
 /// The release builds of the simulated driver, `cuda-exercise` and the limiter, and a copy of the

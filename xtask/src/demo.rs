@@ -102,11 +102,12 @@ pub fn run() -> Result<()> {
     let root = cgroup2_root()?;
     let top_cgroup = root.join(format!("vgpu-demo-{}", std::process::id()));
     let dir = std::env::temp_dir().join(format!("vgpu-demo-{}", std::process::id()));
+    let ids = w::Ids::demo();
     let mut demo = Demo {
         dir: dir.clone(),
         cgroups: vec![
-            w::cgroup(&top_cgroup, Group::Plain),
-            w::cgroup(&top_cgroup, Group::Limited),
+            w::cgroup(&top_cgroup, &ids, Group::Plain),
+            w::cgroup(&top_cgroup, &ids, Group::Limited),
         ],
         top_cgroup: top_cgroup.clone(),
         children: Vec::new(),
@@ -121,6 +122,7 @@ pub fn run() -> Result<()> {
         lib: lib_dir.join("libcuda.so.1"),
         limiter: bin.join("libvgpu_limiter.so"),
         regions: dir.join("regions"),
+        ids,
     };
     std::fs::copy(bin.join("libsimcuda.so"), &paths.lib).context("copying the simulated driver")?;
     w::prepare(&paths)?;
@@ -141,9 +143,9 @@ pub fn run() -> Result<()> {
          The limiter's region is {region}. Press ? for help, e for what the header's lost and \
          errors count, q to quit.",
         cap = w::CAPACITY,
-        plain = &w::PLAIN_ID[..12],
-        pod = w::POD_UID,
-        limited = &w::LIMITED_ID[..12],
+        plain = paths.ids.short(Group::Plain),
+        pod = paths.ids.pod_uid,
+        limited = paths.ids.short(Group::Limited),
         limit = w::LIMIT,
         ctx = w::CONTEXT_CHARGE,
         chunk = w::LIMITED_CHUNK,

@@ -19,6 +19,49 @@ use std::{
 pub const PLAIN_ID: &str = "de30a1b2c3d4e5f60718293a4b5c6d7e8f901234567890123456789012345678";
 pub const LIMITED_ID: &str = "de30f1e2d3c4b5a69788796a5b4c3d2e1f0fedcba9876543210fedcba9876543";
 pub const POD_UID: &str = "5eed0000-de30-4000-8000-00000000de30";
+
+/// Who one set of workloads are: the docker container's id, and the pod's uid and container id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ids {
+    pub plain: String,
+    pub limited: String,
+    pub pod_uid: String,
+}
+
+impl Ids {
+    /// The demo's own ([`PLAIN_ID`], [`LIMITED_ID`], [`POD_UID`]).
+    pub fn demo() -> Ids {
+        Ids {
+            plain: PLAIN_ID.to_string(),
+            limited: LIMITED_ID.to_string(),
+            pod_uid: POD_UID.to_string(),
+        }
+    }
+
+    /// Ids of one run tagged `tag` (a test's pid): the container ids start with the tag's 8 hex
+    /// digits (a filter on [`Ids::run_tag`] shows this run's two containers and nobody else's,
+    /// the demo's included), and their 12-character short forms, as `top` shows them, differ.
+    pub fn tagged(tag: u32) -> Ids {
+        Ids {
+            plain: format!("{tag:08x}{}", &PLAIN_ID[8..]),
+            limited: format!("{tag:08x}{}", &LIMITED_ID[8..]),
+            pod_uid: format!("{}{tag:012x}", &POD_UID[..24]),
+        }
+    }
+
+    /// What this set's container ids begin with.
+    pub fn run_tag(&self) -> &str {
+        &self.plain[..8]
+    }
+
+    /// The short id `top` shows for a group's container.
+    pub fn short(&self, group: Group) -> &str {
+        match group {
+            Group::Plain => &self.plain[..12],
+            Group::Limited => &self.limited[..12],
+        }
+    }
+}
 /// The pod's memory limit: room for two contexts and some allocations.
 pub const LIMIT: &str = "2g";
 pub const LIMIT_BYTES: u64 = 2 << 30;
@@ -41,13 +84,15 @@ pub struct Paths {
     pub limiter: PathBuf,
     /// The directory `top --region-dir` reads; the pod's region goes in a directory below it.
     pub regions: PathBuf,
+    /// Who the workloads are.
+    pub ids: Ids,
 }
 
 impl Paths {
     /// The pod's region file.
     pub fn region_file(&self) -> PathBuf {
         self.regions
-            .join(format!("pod{POD_UID}"))
+            .join(format!("pod{}", self.ids.pod_uid))
             .join("vgpu.cache")
     }
 }
@@ -66,14 +111,15 @@ pub enum Group {
     Limited,
 }
 
-/// The two cgroups below `top`, shaped like docker's and a Kubernetes pod's.
-pub fn cgroup(top: &Path, group: Group) -> PathBuf {
+/// The two cgroups below `top`, shaped like docker's and a Kubernetes pod's, of the workloads
+/// `ids`.
+pub fn cgroup(top: &Path, ids: &Ids, group: Group) -> PathBuf {
     match group {
-        Group::Plain => top.join("docker").join(PLAIN_ID),
+        Group::Plain => top.join("docker").join(&ids.plain),
         Group::Limited => top
             .join("kubepods/burstable")
-            .join(format!("pod{POD_UID}"))
-            .join(LIMITED_ID),
+            .join(format!("pod{}", ids.pod_uid))
+            .join(&ids.limited),
     }
 }
 
@@ -161,7 +207,7 @@ pub fn workloads(p: &Paths) -> Vec<Workload> {
 pub fn start(p: &Paths, top: &Path, w: &Workload) -> std::io::Result<Child> {
     let script = format!(
         "echo $$ > '{}/cgroup.procs' || exit 1\nexec \"$@\"",
-        cgroup(top, w.group).display()
+        cgroup(top, &p.ids, w.group).display()
     );
     let mut c = Command::new("sh");
     c.args(["-c", &script, "sh"])
@@ -207,4 +253,44 @@ pub fn top_args(p: &Paths) -> Vec<String> {
     ]);
     v.push(p.regions.display().to_string());
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_ids_are_nobody_elses_and_a_filter_on_the_tag_finds_both_containers() {
+        let (a, b, demo) = (Ids::tagged(4242), Ids::tagged(4243), Ids::demo());
+        for ids in [&a, &b, &demo] {
+            assert_eq!(ids.plain.len(), 64, "{ids:?}");
+            assert_eq!(ids.limited.len(), 64, "{ids:?}");
+            assert!(
+                ids.plain
+                    .bytes()
+                    .chain(ids.limited.bytes())
+                    .all(|c| c.is_ascii_hexdigit())
+            );
+            assert_eq!(ids.pod_uid.len(), 36, "{ids:?}");
+            assert_ne!(ids.short(Group::Plain), ids.short(Group::Limited));
+        }
+        // `top`'s filter keeps a container whose id contains the text: the run's tag keeps both of
+        // its containers and neither of another run's nor the demo's.
+        let tag = a.run_tag();
+        assert!(a.plain.contains(tag) && a.limited.contains(tag));
+        for other in [&b, &demo] {
+            assert!(
+                !other.plain.contains(tag) && !other.limited.contains(tag),
+                "{other:?}"
+            );
+            assert_ne!(other.pod_uid, a.pod_uid);
+            for g in [Group::Plain, Group::Limited] {
+                assert_ne!(other.short(g), a.short(g));
+                assert_ne!(
+                    cgroup(Path::new("/sys/fs/cgroup/t"), other, g),
+                    cgroup(Path::new("/sys/fs/cgroup/t"), &a, g)
+                );
+            }
+        }
+    }
 }

@@ -234,4 +234,317 @@ pub fn render(opts: &SpecOptions) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+
+    fn opts(devices: &[&str], preload: Preload) -> SpecOptions {
+        let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
+        options(
+            DEFAULT_KIND,
+            &devices,
+            PathBuf::from(DEFAULT_LIB_DIR),
+            preload,
+            "64m",
+        )
+        .unwrap()
+    }
+
+    fn device_err(s: &str) -> String {
+        s.parse::<Profile>().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn profiles_parse_limits_the_limiter_reads() {
+        let p: Profile = "small:mem=4g,sm=25".parse().unwrap();
+        assert_eq!(
+            p,
+            Profile {
+                name: "small".into(),
+                memory: Some(4 << 30),
+                sm: Some(25)
+            }
+        );
+        let p: Profile = "a100-half.v2:memory=1536m".parse().unwrap();
+        assert_eq!((p.memory, p.sm), (Some(1536 << 20), None));
+        let p: Profile = "0:sm=40%".parse().unwrap();
+        assert_eq!((p.name.as_str(), p.memory, p.sm), ("0", None, Some(40)));
+        assert_eq!(format_bytes(4 << 30), "4g");
+        assert_eq!(format_bytes(1536 << 20), "1536m");
+        assert_eq!(format_bytes(4097), "4097");
+        assert_eq!(format_bytes(3 << 40), "3t");
+    }
+
+    #[test]
+    fn bad_profiles_say_what_is_wrong() {
+        for (input, says) in [
+            ("small", "expected NAME:mem=SIZE[,sm=PERCENT]"),
+            (":mem=4g", "the device name is empty"),
+            ("-x:mem=4g", "must start with a letter or digit"),
+            ("x-:mem=4g", "must end with a letter or digit"),
+            ("a b:mem=4g", "may not contain ' '"),
+            (
+                "x:mem=4x",
+                "mem=\"4x\": expected a size such as 4g or 1536m",
+            ),
+            ("x:mem=0", "mem=0 is no limit"),
+            ("x:mem=1000000t", "above the largest limit a region holds"),
+            ("x:sm=0", "sm=0 is no limit"),
+            ("x:sm=100", "sm=100 is no limit"),
+            ("x:sm=150", "expected a percentage from 1 to 99"),
+            ("x:sm=half", "expected a percentage from 1 to 99"),
+            (
+                "x:gpu=1",
+                "unknown setting \"gpu\": the settings are mem and sm",
+            ),
+            ("x:mem=1g,mem=2g", "mem is given twice"),
+            ("x:sm=1,sm=2", "sm is given twice"),
+            ("x:mem", "expected key=value"),
+        ] {
+            let err = device_err(input);
+            assert!(err.contains(says), "{input}: {err}");
+            assert!(err.starts_with(&format!("--device {input:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn kinds_follow_the_cdi_rules_podman_reads() {
+        let k: Kind = "vgpu-agent.dev/limit".parse().unwrap();
+        assert_eq!(k.to_string(), "vgpu-agent.dev/limit");
+        assert!("example.com/gpu_share-2".parse::<Kind>().is_ok());
+        for (input, says) in [
+            ("limit", "expected vendor/class"),
+            ("/limit", "the vendor is empty"),
+            ("vgpu-agent.dev/", "the class is empty"),
+            ("1vendor/limit", "must start with a letter"),
+            ("vendor/li.mit", "may not contain '.'"),
+            ("vendor/limit/x", "may not contain '/'"),
+            ("vendor./limit", "must end with a letter or digit"),
+        ] {
+            let err = input.parse::<Kind>().unwrap_err().to_string();
+            assert!(err.contains(says), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn options_refuse_duplicates_no_devices_and_a_region_tmpfs_too_small() {
+        let lib = PathBuf::from(DEFAULT_LIB_DIR);
+        let dup = options(
+            DEFAULT_KIND,
+            &["a:mem=1g".into(), "a:sm=5".into()],
+            lib.clone(),
+            Preload::LdSoPreload,
+            "64m",
+        );
+        assert_eq!(
+            dup.unwrap_err().to_string(),
+            "--device \"a\" is given twice"
+        );
+        let none = options(DEFAULT_KIND, &[], lib.clone(), Preload::Env, "64m");
+        assert!(matches!(none, Err(CdiError::NoDevices)));
+        let small = options(
+            DEFAULT_KIND,
+            &["a:mem=1g".into()],
+            lib.clone(),
+            Preload::Env,
+            "16m",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(small.contains("SIGBUS"), "{small}");
+        assert!(
+            small.contains(&format_bytes(spec::min_region_size())),
+            "{small}"
+        );
+        let syntax = options(
+            DEFAULT_KIND,
+            &["a:mem=1g".into()],
+            lib,
+            Preload::Env,
+            "lots",
+        );
+        assert!(matches!(syntax, Err(CdiError::RegionSizeSyntax(_))));
+        // The minimum holds the default region and its control block.
+        assert!(
+            spec::min_region_size()
+                >= region::layout::region_size(region::DEFAULT_SLOTS)
+                    + region::control::CONTROL_SIZE as u64
+        );
+        assert!(spec::min_region_size() <= 64 << 20, "the default must fit");
+    }
+
+    /// The whole spec, as written: reviewed like code.
+    #[test]
+    fn the_spec_mounts_the_limiter_preload_and_a_region_tmpfs_and_sets_each_devices_limits() {
+        let text = render(&opts(
+            &["small:mem=4g,sm=25", "large:mem=16g"],
+            Preload::LdSoPreload,
+        ));
+        let want = r#"{
+  "cdiVersion": "0.5.0",
+  "kind": "vgpu-agent.dev/limit",
+  "devices": [
+    {
+      "name": "small",
+      "containerEdits": {
+        "env": [
+          "CUDA_DEVICE_MEMORY_LIMIT=4g",
+          "CUDA_DEVICE_SM_LIMIT=25"
+        ]
+      }
+    },
+    {
+      "name": "large",
+      "containerEdits": {
+        "env": [
+          "CUDA_DEVICE_MEMORY_LIMIT=16g"
+        ]
+      }
+    }
+  ],
+  "containerEdits": {
+    "env": [
+      "CUDA_DEVICE_MEMORY_SHARED_CACHE=/var/lib/vgpu-agent/region/vgpu.cache"
+    ],
+    "mounts": [
+      {
+        "hostPath": "/usr/local/lib/vgpu-agent/libvgpu_limiter.so",
+        "containerPath": "/usr/local/lib/vgpu-agent/libvgpu_limiter.so",
+        "options": [
+          "ro",
+          "nosuid",
+          "nodev",
+          "bind"
+        ]
+      },
+      {
+        "hostPath": "/usr/local/lib/vgpu-agent/ld.so.preload",
+        "containerPath": "/etc/ld.so.preload",
+        "options": [
+          "ro",
+          "nosuid",
+          "nodev",
+          "bind"
+        ]
+      },
+      {
+        "hostPath": "tmpfs",
+        "containerPath": "/var/lib/vgpu-agent/region",
+        "type": "tmpfs",
+        "options": [
+          "nosuid",
+          "nodev",
+          "noexec",
+          "size=64m",
+          "mode=1777"
+        ]
+      }
+    ]
+  }
+}
+"#;
+        assert_eq!(text, want);
+        // It reads back as a spec with no unknown field.
+        let back: spec::Spec = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.devices.len(), 2);
+    }
+
+    #[test]
+    fn the_env_route_sets_ld_preload_and_leaves_etc_ld_so_preload_alone() {
+        let s = spec::build(&opts(&["a:sm=30"], Preload::Env));
+        let edits = &s.container_edits;
+        assert!(
+            edits
+                .env
+                .contains(&format!("LD_PRELOAD={}", spec::LIMITER_IN_CONTAINER))
+        );
+        assert!(
+            edits
+                .mounts
+                .iter()
+                .all(|m| m.container_path != "/etc/ld.so.preload")
+        );
+        assert_eq!(
+            s.devices[0].container_edits.env,
+            ["CUDA_DEVICE_SM_LIMIT=30"]
+        );
+        // The region is per container and the limiter read-only, whichever route.
+        assert!(
+            edits
+                .mounts
+                .iter()
+                .any(|m| m.mount_type.as_deref() == Some("tmpfs")
+                    && m.container_path == spec::REGION_DIR_IN_CONTAINER)
+        );
+        assert!(
+            edits
+                .mounts
+                .iter()
+                .any(|m| m.container_path == spec::LIMITER_IN_CONTAINER
+                    && m.options.contains(&"ro".to_owned()))
+        );
+    }
+
+    #[test]
+    fn generate_needs_the_limiter_installed_and_a_json_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let generate = |output: &str, lib_dir: &Path| CdiCommand::Generate {
+            devices: vec!["a:mem=1g".into()],
+            output: tmp.path().join(output),
+            kind: DEFAULT_KIND.into(),
+            lib_dir: lib_dir.to_owned(),
+            preload: Preload::LdSoPreload,
+            region_size: "64m".into(),
+            host_root: "/".into(),
+        };
+        let lib_dir = tmp.path().join("lib");
+        let err = run(generate("vgpu.json", &lib_dir))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("vgpu-agent cdi install --lib-dir"), "{err}");
+        // Something that is not the limiter is refused by name.
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        std::fs::write(lib_dir.join(LIMITER_FILE), b"not ELF").unwrap();
+        std::fs::write(lib_dir.join(PRELOAD_FILE), b"x\n").unwrap();
+        let err = run(generate("vgpu.json", &lib_dir))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is not the vgpu-agent limiter: not ELF"),
+            "{err}"
+        );
+        let err = install::check_limiter(Path::new("/lib/x86_64-linux-gnu/libc.so.6"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not export cuMemAlloc_v2"), "{err}");
+        assert!(!err.contains("dlsym"), "{err}");
+        // YAML is not written (said before anything is checked on the node).
+        let err = run(generate("vgpu.yaml", &lib_dir)).unwrap_err();
+        assert!(matches!(err, CdiError::NotJson { .. }), "{err}");
+        assert!(!tmp.path().join("vgpu.yaml").exists());
+        let err = install::install(Path::new("/nonexistent/libvgpu_limiter.so"), &lib_dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/nonexistent/libvgpu_limiter.so is not the vgpu-agent limiter"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn files_are_replaced_whole_with_the_mode_asked_for() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("cdi/vgpu-agent.json");
+        install::write_atomically(&path, b"one", 0o644).unwrap();
+        install::write_atomically(&path, b"two", 0o644).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["vgpu-agent.json"]);
+    }
+}

@@ -1,6 +1,6 @@
 //! The agent's raw calls into libc, each behind a typed safe function with its `// SAFETY:`
 //! argument here. Nothing else in the agent calls libc functions directly (the layer test in
-//! `layers_test.rs` lists this module at the bottom of the layers).
+//! `layers_test` (src/main.rs) lists this module at the bottom of the layers).
 
 pub mod clock;
 pub mod errno;

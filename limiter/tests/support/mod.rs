@@ -192,3 +192,34 @@ pub fn sm_caller() -> &'static Path {
         )
     })
 }
+
+/// One device's SM duty-cycle words in a region (`region::SmShare`), read from the file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SmWords {
+    pub window_start: u64,
+    pub last_launch: u64,
+    pub resume_at: u64,
+    pub closes: u64,
+    /// The NVML correction, `(target percent, per mille)`; `None` while uncorrected.
+    pub duty: Option<(u8, u16)>,
+}
+
+/// Reads device `device`'s [`SmWords`] from the region file at `region`.
+pub fn sm_words(region: &Path, device: usize) -> SmWords {
+    use std::os::unix::fs::FileExt;
+    let at = std::mem::offset_of!(region::layout::RegionHeader, sm)
+        + device * std::mem::size_of::<region::SmShare>();
+    let mut b = [0u8; 64];
+    std::fs::File::open(region)
+        .unwrap()
+        .read_exact_at(&mut b, at as u64)
+        .unwrap();
+    let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+    SmWords {
+        window_start: word(0),
+        last_launch: word(1),
+        resume_at: word(2),
+        closes: word(4),
+        duty: region::sm_share::decode_duty(word(5)),
+    }
+}

@@ -5,8 +5,6 @@ mod detail;
 mod header;
 mod popup;
 mod table;
-#[cfg(test)]
-mod tests;
 
 use ratatui::{
     Frame,
@@ -183,4 +181,410 @@ pub fn bar(used: u64, limit: u64, width: usize) -> String {
         ((used as f64 / limit as f64).min(1.0) * width as f64).round() as usize
     };
     format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every screen recorded at 80x24 and 160x48 from the synthetic model (`tui::fixture`). The
+    //! `.snap` files under `snapshots/` are what users see: review them when they change
+    //! (`cargo insta review`, or `INSTA_UPDATE=always` and `git diff`). The model is synthetic, so no
+    //! pid, time or id needs filtering.
+
+    use ratatui::{Terminal, backend::TestBackend, style::Color};
+
+    use crate::tui::{
+        app::{Action, Model, ViewState},
+        fixture,
+        rows::RowId,
+    };
+
+    /// The fixture applied a few times with changing GPU load, so the sparklines have a history.
+    fn model() -> Model {
+        let mut m = Model::default();
+        m.source.name = "daemon /run/vgpu-agent/agent.sock".into();
+        for i in 0..12u32 {
+            let mut s = fixture::snapshot();
+            for g in &mut s.gpus {
+                g.utilization_pct = Some((g.index * 30 + i * 9) % 100);
+                g.memory_used = Some((10 + i as u64) << 30);
+            }
+            m.apply(s);
+        }
+        m.apply(fixture::snapshot());
+        m
+    }
+
+    fn draw(model: &Model, state: &ViewState, w: u16, h: u16) -> Terminal<TestBackend> {
+        let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+        t.draw(|f| super::render(f, model, state)).unwrap();
+        t
+    }
+
+    fn both(name: &str, model: &Model, state: &ViewState) {
+        for (w, h) in [(80, 24), (160, 48)] {
+            let t = draw(model, state, w, h);
+            insta::assert_snapshot!(format!("{name}_{w}x{h}"), t.backend());
+        }
+    }
+
+    fn with(model: &Model, actions: &[Action]) -> ViewState {
+        let mut s = ViewState::default();
+        for a in actions {
+            s.update(a.clone(), model);
+        }
+        s
+    }
+
+    #[test]
+    fn main_table() {
+        let m = model();
+        both("table", &m, &ViewState::default());
+    }
+
+    #[test]
+    fn tree_expanded() {
+        let m = model();
+        both(
+            "tree",
+            &m,
+            &with(&m, &[Action::ToggleTree, Action::Down, Action::Down]),
+        );
+    }
+
+    #[test]
+    fn sorted_by_name_ascending() {
+        let m = model();
+        let mut s = ViewState::default();
+        while s.sort != crate::tui::rows::SortKey::Name {
+            s.update(Action::NextSort, &m);
+        }
+        s.update(Action::ReverseSort, &m);
+        let t = draw(&m, &s, 160, 48);
+        insta::assert_snapshot!("sorted_by_name_160x48", t.backend());
+    }
+
+    #[test]
+    fn detail_of_a_container() {
+        let m = model();
+        let s = with(&m, &[Action::Enter, Action::Enter]);
+        assert_eq!(
+            s.screen,
+            crate::tui::app::Screen::Detail(RowId::Container(fixture::TRAIN_ID.into()))
+        );
+        both("detail_container", &m, &s);
+    }
+
+    /// A region another uid could have written says so in its container's detail.
+    #[test]
+    fn detail_of_a_container_flags_a_region_other_uids_can_write() {
+        let mut m = Model::default();
+        let mut snap = fixture::snapshot();
+        let c = snap
+            .containers
+            .iter_mut()
+            .find(|c| c.key == fixture::TRAIN_ID)
+            .unwrap();
+        c.regions[0].writable_by_others = Some("mode 0666: any local user can write it".into());
+        m.apply(snap);
+        let s = with(&m, &[Action::Enter, Action::Enter]);
+        let t = draw(&m, &s, 160, 48);
+        let text: String = t
+            .backend()
+            .buffer()
+            .content()
+            .iter()
+            .map(|c| c.symbol())
+            .collect();
+        assert!(
+            text.contains("writable by other uids: mode 0666: any local user can write it"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn detail_of_a_process() {
+        let m = model();
+        let s = with(&m, &[Action::Enter, Action::Down, Action::Enter]);
+        assert!(matches!(
+            s.screen,
+            crate::tui::app::Screen::Detail(RowId::Process(_))
+        ));
+        both("detail_process", &m, &s);
+    }
+
+    #[test]
+    fn help() {
+        let m = model();
+        both("help", &m, &with(&m, &[Action::ToggleHelp]));
+    }
+
+    #[test]
+    fn filter_prompt() {
+        let m = model();
+        let mut actions = vec![Action::OpenFilter];
+        actions.extend("serve".chars().map(Action::FilterInput));
+        both("filter", &m, &with(&m, &actions));
+    }
+
+    #[test]
+    fn kill_confirmation() {
+        let m = model();
+        both(
+            "kill_confirm",
+            &m,
+            &with(&m, &[Action::Enter, Action::Down, Action::AskSignal]),
+        );
+    }
+
+    #[test]
+    fn paused_with_a_status_line() {
+        let m = model();
+        let mut s = with(&m, &[Action::TogglePause]);
+        s.status = Some("sent SIGTERM to 5200".into());
+        let t = draw(&m, &s, 80, 24);
+        insta::assert_snapshot!("paused_status_80x24", t.backend());
+    }
+
+    #[test]
+    fn a_limit_below_the_context_charge_is_a_warning() {
+        let mut m = Model::default();
+        m.source.name = "in-process".into();
+        m.apply(fixture::limit_below_context());
+        both("limit_below_context", &m, &ViewState::default());
+        let mut s = ViewState::default();
+        while !matches!(&s.selected, Some(RowId::Container(k)) if k == fixture::SQUEEZED_ID) {
+            s.update(Action::Down, &m);
+        }
+        s.update(Action::Enter, &m);
+        s.update(Action::Down, &m);
+        s.update(Action::Up, &m);
+        s.update(Action::Enter, &m);
+        assert_eq!(
+            s.screen,
+            crate::tui::app::Screen::Detail(RowId::Container(fixture::SQUEEZED_ID.into()))
+        );
+        let t = draw(&m, &s, 160, 48);
+        insta::assert_snapshot!("limit_below_context_detail_160x48", t.backend());
+    }
+
+    #[test]
+    fn the_header_counters_explained() {
+        let mut m = Model::default();
+        m.source.name = "in-process".into();
+        m.apply(fixture::with_errors());
+        both("counters", &m, &with(&m, &[Action::ToggleCounters]));
+    }
+
+    /// A tenant that made the agent skip libraries, warnings and maps reads: the header counts the
+    /// tenants (`skipped 2`) and the `e` dialog lists what each made it skip.
+    #[test]
+    fn what_tenants_made_the_agent_skip_is_shown() {
+        let mut m = Model::default();
+        m.source.name = "in-process".into();
+        m.apply(fixture::with_skips());
+        let t = draw(&m, &ViewState::default(), 160, 48);
+        let text = format!("{}", t.backend());
+        assert!(text.contains("errors 0  skipped 2"), "{text}");
+        both("skipped", &m, &with(&m, &[Action::ToggleCounters]));
+        let t = draw(&m, &with(&m, &[Action::ToggleCounters]), 160, 48);
+        let text = format!("{}", t.backend());
+        for shown in [
+            "skipped 2",
+            "7951fb549ab9c2d4e6f8a0b1c3d5e7f9a1b3c5d7e9f1a3b5c7d9e1f3a5b7c9d1: libraries skipped 4992",
+            "warnings suppressed 12, maps deferred 9, maps read blocked: pid 51234 for 12.3s",
+            "/system.slice/cron.service: maps deferred 1",
+            "maps scan: 412 processes, last cycle 0.25s, 10 deferred, 1 blocked, 2 polls late",
+        ] {
+            assert!(text.contains(shown), "{shown:?} not in {text}");
+        }
+    }
+
+    #[test]
+    fn no_gpu_no_driver() {
+        let mut m = Model::default();
+        m.source.name = "in-process".into();
+        m.apply(fixture::no_driver());
+        both("no_driver", &m, &ViewState::default());
+    }
+
+    #[test]
+    fn nothing_seen_yet() {
+        let mut m = Model::default();
+        m.source.name = "in-process".into();
+        m.apply(fixture::empty());
+        both("empty", &m, &ViewState::default());
+        let waiting = Model {
+            source: crate::tui::app::SourceStatus {
+                name: "in-process".into(),
+                error: None,
+            },
+            ..Model::default()
+        };
+        let t = draw(&waiting, &ViewState::default(), 80, 24);
+        insta::assert_snapshot!("waiting_80x24", t.backend());
+    }
+
+    #[test]
+    fn a_source_error_is_shown() {
+        let mut m = model();
+        m.source.error =
+            Some("no agent answers on /run/vgpu-agent/agent.sock: Connection refused".into());
+        let t = draw(&m, &ViewState::default(), 80, 24);
+        insta::assert_snapshot!("source_error_80x24", t.backend());
+    }
+
+    /// A daemon whose collector is late and a region over its read budget: the header says STALE
+    /// with the snapshot's age, and how many regions were not read whole.
+    #[test]
+    fn a_stale_snapshot_and_an_unread_region_are_marked() {
+        let mut m = model();
+        let mut s = fixture::snapshot();
+        s.agent.stale = true;
+        s.agent.regions_unread = vec![crate::model::RegionUnread {
+            path: "/var/lib/vgpu-agent/regions/hostile.cache".into(),
+            reason: "retries".into(),
+            slots: 1023,
+            blocked_seconds: 0.0,
+        }];
+        m.apply(s);
+        let taken = m.snapshot.as_ref().unwrap().taken_at_unix_ms;
+        let interval = std::time::Duration::from_secs(1);
+        assert!(m.check_stale(taken + 12_400, interval));
+        assert_eq!(m.stale_seconds, Some(12));
+        assert!(!m.check_stale(taken + 12_900, interval), "same second");
+        let t = draw(&m, &ViewState::default(), 160, 48);
+        let text = format!("{}", t.backend());
+        assert!(text.contains("STALE 12s"), "{text}");
+        assert!(text.contains("unread 1"), "{text}");
+        insta::assert_snapshot!("stale_160x48", t.backend());
+        // A fresh snapshot, read within two intervals, is not stale.
+        m.apply(fixture::snapshot());
+        assert!(m.check_stale(taken + 1_500, interval));
+        assert_eq!(m.stale_seconds, None);
+        assert!(m.check_stale(taken + 2_500, interval), "past two intervals");
+        assert_eq!(m.stale_seconds, Some(2));
+    }
+
+    #[test]
+    fn no_color_uses_no_colours_anywhere() {
+        let m = model();
+        let screens = [
+            vec![],
+            vec![Action::ToggleTree],
+            vec![Action::Enter, Action::Enter],
+            vec![Action::ToggleHelp],
+            vec![Action::Enter, Action::Down, Action::AskSignal],
+        ];
+        for actions in screens {
+            let mut s = with(&m, &actions);
+            s.no_color = true;
+            let t = draw(&m, &s, 160, 48);
+            for cell in t.backend().buffer().content() {
+                assert_eq!(
+                    (cell.fg, cell.bg),
+                    (Color::Reset, Color::Reset),
+                    "{actions:?}: {cell:?}"
+                );
+            }
+            let mut colored = s.clone();
+            colored.no_color = false;
+            let c = draw(&m, &colored, 160, 48);
+            assert_eq!(
+                format!("{}", t.backend()),
+                format!("{}", c.backend()),
+                "the same text with and without colour"
+            );
+        }
+        let t = draw(
+            &m,
+            &ViewState {
+                no_color: true,
+                ..ViewState::default()
+            },
+            80,
+            24,
+        );
+        insta::assert_snapshot!("no_color_80x24", t.backend());
+    }
+
+    #[test]
+    fn tiny_and_zero_sized_terminals_do_not_panic() {
+        let m = model();
+        for (w, h) in [(1, 1), (10, 3), (0, 0), (40, 10)] {
+            for actions in [
+                vec![],
+                vec![Action::Enter, Action::Enter],
+                vec![Action::ToggleHelp],
+            ] {
+                let s = with(&m, &actions);
+                let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+                t.draw(|f| super::render(f, &m, &s)).unwrap();
+            }
+        }
+    }
+
+    /// Two GPUs: the header's line per GPU, a DDP pod whose ranks each use one GPU (its limit is the
+    /// sum of the two devices' limits, its communicator shown once with both ranks), and a process
+    /// holding memory on both GPUs, shown per GPU.
+    #[test]
+    fn two_gpus() {
+        use fixture::two_gpus::{DDP_ID, PIPELINE_ID};
+        let mut m = Model::default();
+        m.source.name = "in-process".into();
+        m.apply(fixture::two_gpus::snapshot());
+        both("two_gpus", &m, &ViewState::default());
+        let open = |key: &str| {
+            let mut s = ViewState::default();
+            s.update(Action::Home, &m);
+            for _ in 0..4 {
+                if matches!(&s.selected, Some(RowId::Container(k)) if k == key) {
+                    break;
+                }
+                s.update(Action::Down, &m);
+            }
+            assert!(matches!(&s.selected, Some(RowId::Container(k)) if k == key));
+            // The first Enter expands the container, the second opens its detail.
+            s.update(Action::Enter, &m);
+            s
+        };
+        let mut ddp = open(DDP_ID);
+        ddp.update(Action::Enter, &m);
+        assert_eq!(
+            ddp.screen,
+            crate::tui::app::Screen::Detail(RowId::Container(DDP_ID.into()))
+        );
+        both("two_gpus_ddp_detail", &m, &ddp);
+        let text = format!("{}", draw(&m, &ddp, 160, 48).backend());
+        assert!(
+            text.contains(
+                "nccl  commId 0x5d2c81e0a4f3b7c9: 2 ranks of 2 here, 2400 calls, 600.00 GiB"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  rank 0/2 pid 7100 comm 0x7f3a5c001200: 1200 calls, 300.00 GiB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  rank 1/2 pid 7101 comm 0x7f9e14003400: 1200 calls, 300.00 GiB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("GPU0 6.00 GiB of 8.00 GiB")
+                && text.contains("GPU1 9.00 GiB of 12.00 GiB"),
+            "{text}"
+        );
+        let mut pipe = open(PIPELINE_ID);
+        pipe.update(Action::Down, &m);
+        assert!(matches!(&pipe.selected, Some(RowId::Process(k)) if k.pid == 7200));
+        pipe.update(Action::Enter, &m);
+        both("two_gpus_process_detail", &m, &pipe);
+        let text = format!("{}", draw(&m, &pipe, 160, 48).backend());
+        assert!(
+            text.contains(
+                "memory by GPU  GPU0 3.00 GiB (nvml 3.02 GiB); GPU1 5.50 GiB (nvml 5.52 GiB)"
+            ),
+            "{text}"
+        );
+    }
 }

@@ -82,7 +82,8 @@ fn real_libnccl_every_call_is_counted_with_its_bytes() {
     );
     assert_eq!(report["health"]["return_without_entry"], 0);
 
-    // The library was attached with the NCCL kind only, every traced symbol found.
+    // The library was attached with its two NCCL link sets only (communicators' creation and
+    // end as `lifecycle`, the calls a budget samples as `nccl`), every traced symbol found.
     let libs = report["probes"]["libraries"].as_array().unwrap();
     let nccl = libs
         .iter()
@@ -90,7 +91,7 @@ fn real_libnccl_every_call_is_counted_with_its_bytes() {
         .expect("libnccl.so.2 attached");
     assert_eq!(
         nccl["kinds_attached"],
-        serde_json::json!(["nccl"]),
+        serde_json::json!(["lifecycle", "nccl"]),
         "{nccl}"
     );
     assert_eq!(nccl["symbols_attached"], 18, "{nccl}");

@@ -372,6 +372,8 @@ fn launch_probes_are_off_by_default_and_count_exactly_when_on() {
     }
 }
 
+/// Without a probe budget, `--probe-launches sampled` attaches the launch probes in fixed
+/// windows (with one, the budget's schedule decides).
 #[test]
 fn sampled_launch_probes_attach_in_windows() {
     let _serial = serial();
@@ -382,6 +384,8 @@ fn sampled_launch_probes_attach_in_windows() {
     let lib = sim_lib(&dir.path().join("lib"));
     let mut stat = Stat::start(&[
         "--no-calibrate",
+        "--probe-budget",
+        "off",
         "--libcuda",
         lib.to_str().unwrap(),
         "--probe-launches",

@@ -51,6 +51,12 @@ impl ApiKind {
     /// records them itself (so processes under it are not probed for them).
     pub const HIGH_RATE: [ApiKind; 3] = [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy];
 
+    /// The kinds a probe budget samples: the high-rate ones and NCCL's (its collective,
+    /// point-to-point and group calls; a communicator's creation and end are always probed:
+    /// [`ApiSpec::is_nccl_call`]).
+    pub const BUDGETED: [ApiKind; 4] =
+        [ApiKind::Launch, ApiKind::Sync, ApiKind::Copy, ApiKind::Nccl];
+
     /// Kinds probed on NCCL libraries.
     pub const NCCL_PROBED: [ApiKind; 1] = [ApiKind::Nccl];
 
@@ -128,6 +134,12 @@ pub struct ApiSpec {
 }
 
 impl ApiSpec {
+    /// Whether this is an NCCL collective, point-to-point or group call (not a communicator's
+    /// creation or end): the NCCL calls a probe budget samples.
+    pub const fn is_nccl_call(&self) -> bool {
+        matches!(self.kind, ApiKind::Nccl) && matches!(self.nccl.op, NcclOp::Call)
+    }
+
     /// The same entry point, with its stream argument at `loc`.
     const fn on_stream(self, loc: ArgLoc) -> ApiSpec {
         ApiSpec {

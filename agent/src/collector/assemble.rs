@@ -758,6 +758,7 @@ fn communicators(reading: &RawReading) -> BTreeMap<u32, BTreeMap<u64, Communicat
                 calls: 0,
                 errors: 0,
                 bytes: 0,
+                probed_calls: None,
             })
     }
     for (k, s) in &reading.nccl_stats {

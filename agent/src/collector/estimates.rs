@@ -6,7 +6,9 @@
 //! go back (a reading includes the gap in progress, estimated provisionally: the next may lower
 //! it), so they can be exported as counters.
 
-use crate::model::{ApiUsage, Probed, Snapshot, Source};
+use agent_common::ApiId;
+
+use crate::model::{ApiUsage, Communicator, Probed, Snapshot, Source};
 
 /// Scales the probes' rows of sampled kinds in `snap`, never below what `previous` showed.
 pub(super) fn apply(snap: &mut Snapshot, previous: Option<&Snapshot>) {
@@ -14,18 +16,57 @@ pub(super) fn apply(snap: &mut Snapshot, previous: Option<&Snapshot>) {
     for p in &mut snap.processes {
         let by_kind = exposure.and_then(|e| e.get(&p.key.pid));
         let before = previous.and_then(|s| s.process(p.key));
-        for a in p.apis.iter_mut().filter(|a| a.source == Source::Probes) {
+        let scale_of = |kind: &str| {
+            by_kind.and_then(|k| k.get(kind)).and_then(|e| {
+                (e.probed_calls > 0).then(|| (e.estimated_calls / e.probed_calls as f64).max(1.0))
+            })
+        };
+        for a in p
+            .apis
+            .iter_mut()
+            .filter(|a| a.source == Source::Probes && sampled_api(&a.api))
+        {
             let earlier = before.and_then(|b| {
                 b.apis
                     .iter()
                     .find(|e| e.api == a.api && e.source == Source::Probes)
             });
-            let scale = by_kind.and_then(|k| k.get(&a.kind)).and_then(|e| {
-                (e.probed_calls > 0).then(|| (e.estimated_calls / e.probed_calls as f64).max(1.0))
-            });
-            scale_row(a, scale, earlier);
+            scale_row(a, scale_of(&a.kind), earlier);
+        }
+        let nccl = scale_of(agent_common::ApiKind::Nccl.name());
+        for c in &mut p.communicators {
+            let earlier = before.and_then(|b| b.communicators.iter().find(|e| e.comm == c.comm));
+            scale_communicator(c, nccl, earlier);
         }
     }
+}
+
+/// Whether a budget samples this API's calls (not those that track state: allocations, frees,
+/// lifecycle, an NCCL communicator's creation and end).
+fn sampled_api(name: &str) -> bool {
+    ApiId::from_name(name)
+        .and_then(|a| a.spec())
+        .is_some_and(|s| {
+            agent_common::ApiKind::BUDGETED.contains(&s.kind)
+                && (s.kind != agent_common::ApiKind::Nccl || s.is_nccl_call())
+        })
+}
+
+/// [`scale_row`] for a communicator's calls, errors and bytes (NCCL's scale).
+fn scale_communicator(c: &mut Communicator, scale: Option<f64>, earlier: Option<&Communicator>) {
+    let earlier_estimate = earlier.filter(|e| e.probed_calls.is_some());
+    let scale = match (scale, earlier_estimate) {
+        (Some(s), _) if s > 1.0 => s,
+        (_, Some(e)) => e.calls as f64 / e.probed_calls.unwrap_or(1).max(1) as f64,
+        _ => return,
+    };
+    let up =
+        |v: u64, floor: Option<u64>| ((v as f64 * scale).round() as u64).max(floor.unwrap_or(0));
+    let probed = c.calls;
+    c.calls = up(c.calls, earlier_estimate.map(|e| e.calls));
+    c.errors = up(c.errors, earlier_estimate.map(|e| e.errors));
+    c.bytes = up(c.bytes, earlier_estimate.map(|e| e.bytes));
+    c.probed_calls = Some(probed);
 }
 
 /// Scales one row by `scale` (the sampled kind's estimated calls per probed call), never below

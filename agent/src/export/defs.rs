@@ -647,7 +647,7 @@ pub const CONTAINER_API_ESTIMATED: Def = def(
     None,
     true,
     &["kind"],
-    "1 when a probe budget (--probe-budget) sampled this kind of call in an alive process of the container: its vgpu_container_api_* figures of the kind are then estimates of the whole from the calls probed, else 0. For the kinds a budget samples (launch, sync, copy) that the container's processes made calls of; processes under the limiter are never sampled (it records their calls exactly).",
+    "1 when a probe budget (--probe-budget) sampled this kind of call in an alive process of the container: its vgpu_container_api_* figures of the kind are then estimates of the whole from the calls probed, else 0. For the kinds a budget samples (launch, sync, copy, nccl) that the container's processes made calls of; processes under the limiter are never sampled (it records their calls exactly).",
     "processes[].apis[].probed (present on estimated rows)",
 );
 pub const CONTAINER_SPANS_DROPPED: Def = def(

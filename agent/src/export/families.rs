@@ -493,7 +493,7 @@ pub(super) fn api_estimated(
 ) {
     let mut kinds: BTreeMap<Vec<String>, u64> = BTreeMap::new();
     for p in snap.processes.iter().filter(|p| p.alive) {
-        let sampled = agent_common::ApiKind::HIGH_RATE.map(|k| k.name());
+        let sampled = agent_common::ApiKind::BUDGETED.map(|k| k.name());
         for a in p
             .effective_apis()
             .into_iter()

@@ -223,6 +223,11 @@ pub struct Communicator {
     pub errors: u64,
     /// Sum of `count x datatype size` of those calls.
     pub bytes: u64,
+    /// Where a probe budget sampled NCCL's calls in the process: the calls the probes saw
+    /// (`calls`, `errors` and `bytes` are then estimates of the whole, scaled as the process's
+    /// NCCL API rows are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probed_calls: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

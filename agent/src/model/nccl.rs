@@ -92,6 +92,7 @@ mod tests {
             calls,
             errors: 0,
             bytes: calls * 4096,
+            probed_calls: None,
         }
     }
 

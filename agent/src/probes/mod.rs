@@ -366,11 +366,16 @@ impl Probes {
         kind: ApiKind,
         scope: UProbeScope,
     ) -> Result<Option<Links>, ProbeError> {
+        let nccl = lib.file.kind == LibraryKind::Nccl;
         let points: Vec<UProbeAttachPoint<'static>> = lib
             .symbols
             .found
             .iter()
-            .filter(|s| s.api.spec().is_some_and(|spec| spec.kind == kind))
+            .filter(|s| {
+                s.api
+                    .spec()
+                    .is_some_and(|spec| in_link_set(spec, nccl, kind))
+            })
             .filter_map(|s| {
                 Some(UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(s.file_offset),
@@ -381,9 +386,11 @@ impl Probes {
         if points.is_empty() {
             return Ok(None);
         }
+        // An NCCL library's two link sets both run the NCCL programs.
+        let programs = if nccl { ApiKind::Nccl } else { kind };
         let mut links = Vec::with_capacity(2);
         for entry in [true, false] {
-            let name = program_name(kind, entry, self.mode);
+            let name = program_name(programs, entry, self.mode);
             let prog = program(&mut self.ebpf, &name)?;
             match prog.attach(points.iter(), &lib.file.attach_path, scope) {
                 Ok(id) => links.push((name, id)),
@@ -808,12 +815,28 @@ impl Drop for Probes {
     }
 }
 
-/// The API kinds probed on a kind of library.
+/// The link sets of a kind of library, by the kind that names each: a CUDA driver library's
+/// probed kinds; an NCCL library's communicator lifecycle (created, destroyed: never sampled,
+/// named [`ApiKind::Lifecycle`]) and its collective, point-to-point and group calls (the
+/// high-rate ones a budget samples, named [`ApiKind::Nccl`]).
 fn probed_kinds(kind: LibraryKind) -> &'static [ApiKind] {
     match kind {
         LibraryKind::Cuda => &ApiKind::PROBED,
-        LibraryKind::Nccl => &ApiKind::NCCL_PROBED,
+        LibraryKind::Nccl => &[ApiKind::Lifecycle, ApiKind::Nccl],
     }
+}
+
+/// Whether `spec` is in the link set named `kind` (see [`probed_kinds`]) of a library.
+fn in_link_set(spec: &agent_common::ApiSpec, nccl_library: bool, kind: ApiKind) -> bool {
+    if !nccl_library {
+        return spec.kind == kind;
+    }
+    spec.kind == ApiKind::Nccl
+        && match kind {
+            ApiKind::Lifecycle => !spec.is_nccl_call(),
+            ApiKind::Nccl => spec.is_nccl_call(),
+            _ => false,
+        }
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, ProbeError> {
@@ -855,6 +878,37 @@ mod tests {
         let cuda = probed_kinds(LibraryKind::Cuda);
         assert!(!cuda.iter().any(|k| k.is_nccl()));
         assert!(cuda.contains(&ApiKind::Alloc));
-        assert_eq!(probed_kinds(LibraryKind::Nccl), &[ApiKind::Nccl]);
+        assert_eq!(
+            probed_kinds(LibraryKind::Nccl),
+            &[ApiKind::Lifecycle, ApiKind::Nccl]
+        );
+    }
+
+    /// An NCCL library's communicator lifecycle and its calls are two link sets (the second is
+    /// the one a budget samples), together every NCCL entry point once; a CUDA library's sets are
+    /// its kinds.
+    #[test]
+    fn an_nccl_librarys_link_sets_split_its_calls_from_its_communicators() {
+        let nccl: Vec<&agent_common::ApiSpec> = agent_common::api::APIS
+            .iter()
+            .filter(|s| s.kind == ApiKind::Nccl)
+            .collect();
+        for s in &nccl {
+            let sets: Vec<ApiKind> = probed_kinds(LibraryKind::Nccl)
+                .iter()
+                .copied()
+                .filter(|k| in_link_set(s, true, *k))
+                .collect();
+            assert_eq!(sets.len(), 1, "{}: {sets:?}", s.name);
+            let lifecycle = s.name.starts_with("ncclCommInit")
+                || s.name == "ncclCommDestroy"
+                || s.name == "ncclCommAbort";
+            assert_eq!(sets[0] == ApiKind::Lifecycle, lifecycle, "{}", s.name);
+        }
+        let alloc = agent_common::ApiId::from_name("cuMemAlloc_v2")
+            .and_then(|a| a.spec())
+            .unwrap();
+        assert!(in_link_set(alloc, false, ApiKind::Alloc));
+        assert!(!in_link_set(alloc, false, ApiKind::Lifecycle));
     }
 }

@@ -1,7 +1,9 @@
-//! Budgeted sampling of the high-rate probe kinds (launches, synchronisations, copies).
+//! Budgeted sampling of the high-rate probe kinds (launches, synchronisations, copies, NCCL
+//! collectives).
 //!
 //! A probe hit costs a microsecond or more, and a launch-heavy job makes tens of thousands of
-//! launches, synchronisations and copies a second: probing them all would cost it several per
+//! launches, synchronisations and copies a second, a multi-GPU job thousands of collectives
+//! (a two-GPU all_reduce loop: 4,000 a second per rank): probing them all would cost it several per
 //! cent (3.1% in the seed slowdown test on the GPU machine, all of it from synchronisations and
 //! copies). Under a budget, each of these kinds is attached in short windows whose duty cycle is
 //! picked from the rate measured in its last window, so that the estimated cost
@@ -9,7 +11,7 @@
 //! the busiest process. The budget is shared out by water-filling: a kind whose full cost fits in
 //! its share stays attached (exact counts), the others share the rest equally, so every sampled
 //! kind is seen in about the same number of calls. Kinds that track state (allocations, frees,
-//! lifecycle, NCCL communicators) are never sampled.
+//! lifecycle, NCCL communicators' creation and end) are never sampled.
 //!
 //! This module is the schedule only (time is passed in); `super::session` attaches and detaches.
 
@@ -31,8 +33,9 @@ use exposure::Weight;
 use gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates, reference_kinds};
 use windows::commit;
 
-/// The kinds a budget controls.
-pub const SAMPLED_KINDS: [ApiKind; 3] = ApiKind::HIGH_RATE;
+/// The kinds a budget controls: the CUDA driver's high-rate kinds and NCCL's collective,
+/// point-to-point and group calls (a communicator's creation and end are always probed).
+pub const SAMPLED_KINDS: [ApiKind; 4] = ApiKind::BUDGETED;
 
 /// How much probe cost the sampled kinds may add.
 #[derive(Clone, Copy, Debug, PartialEq)]

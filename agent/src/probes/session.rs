@@ -451,8 +451,8 @@ impl Tracer {
         if self.schedule.is_some() {
             self.switch_due()?;
             if let Some(s) = &mut self.schedule {
-                let stats = self.probes.read_stats();
-                s.poll(Instant::now(), |kind| calls_of_kind(&stats, kind));
+                let calls = sampled_calls(&self.probes);
+                s.poll(Instant::now(), |kind| calls_of_kind(&calls, kind));
             }
         } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
             let period_ns = period.as_nanos().max(1);
@@ -542,8 +542,8 @@ impl Tracer {
             .map(|c| c.last_per_hit_ns)
             .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS)
         };
-        let stats = self.probes.read_stats();
-        let calls = |kind| calls_of_kind(&stats, kind);
+        let read = sampled_calls(&self.probes);
+        let calls = |kind| calls_of_kind(&read, kind);
         let switches = schedule.due(Instant::now(), per_hit, calls);
         let mut result = Ok(());
         for (kind, on) in switches {
@@ -551,8 +551,8 @@ impl Tracer {
             if on {
                 // Counted from now, once the attach returned.
                 let at = Instant::now();
-                let stats = self.probes.read_stats();
-                schedule.opened(kind, at, |kind| calls_of_kind(&stats, kind));
+                let read = sampled_calls(&self.probes);
+                schedule.opened(kind, at, |kind| calls_of_kind(&read, kind));
             }
         }
         self.schedule = Some(schedule);
@@ -815,17 +815,29 @@ fn prologue_name(p: Prologue) -> String {
 }
 
 /// Each process's probed calls of `kind` so far, from a reading of the stats map.
+/// Calls per (process, API) in the probes' aggregation maps, the CUDA driver's and NCCL's (a map
+/// that cannot be read counts nothing: the schedule sees no calls).
+fn sampled_calls(probes: &Probes) -> Vec<(u32, u16, u64)> {
+    let cuda = probes.read_stats().unwrap_or_default();
+    let nccl = probes.read_nccl_stats().unwrap_or_default();
+    cuda.iter()
+        .map(|(k, s)| (k.tgid, k.api, s.calls))
+        .chain(nccl.iter().map(|(k, s)| (k.tgid, k.api, s.calls)))
+        .collect()
+}
+
+/// Each process's calls of a sampled kind (of NCCL, the calls a budget samples: not a
+/// communicator's creation or end).
 fn calls_of_kind(
-    stats: &Result<Vec<(StatsKey, ApiStats)>, ProbeError>,
+    calls: &[(u32, u16, u64)],
     kind: agent_common::ApiKind,
 ) -> std::collections::BTreeMap<u32, u64> {
     let mut m = std::collections::BTreeMap::new();
-    for (k, s) in stats.iter().flatten() {
-        if agent_common::ApiId(k.api)
-            .spec()
-            .is_some_and(|spec| spec.kind == kind)
-        {
-            *m.entry(k.tgid).or_default() += s.calls;
+    for &(tgid, api, n) in calls {
+        if agent_common::ApiId(api).spec().is_some_and(|spec| {
+            spec.kind == kind && (kind != agent_common::ApiKind::Nccl || spec.is_nccl_call())
+        }) {
+            *m.entry(tgid).or_default() += n;
         }
     }
     m

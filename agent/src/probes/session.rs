@@ -489,26 +489,20 @@ impl Tracer {
             .collect();
         for (id, path) in ids {
             let of = users.remove(&id).unwrap_or_default();
-            let rest: BTreeSet<u32> = of.difference(&self.limited).copied().collect();
-            let scope = if rest.len() == of.len() {
-                ProcessScope::All
-            } else if rest.len() > PER_PROCESS_MAX {
+            let scope = scope_for(&of, &self.limited);
+            if scope == ProcessScope::All && of.iter().any(|p| self.limited.contains(p)) {
                 let key = WarningKey {
                     tenant: None,
                     kind: "per_process_max",
                     subject: id.to_string(),
                 };
                 let msg = format!(
-                    "{}: {} processes not under the limiter use it: probed for every process \
-                     (the limiter's processes take probe traps too) above {PER_PROCESS_MAX}",
+                    "{}: more than {PER_PROCESS_MAX} processes not under the limiter use it: \
+                     probed for every process (the limiter's processes take probe traps too)",
                     path.display(),
-                    rest.len()
                 );
                 self.warnings.warn(key, None, msg, Instant::now());
-                ProcessScope::All
-            } else {
-                ProcessScope::Only(rest)
-            };
+            }
             let r = self.probes.set_scope(id, scope);
             if let Err(e) = self.settle(r) {
                 self.warn(format!("scoping the probes of {}: {e}", path.display()));
@@ -815,6 +809,18 @@ fn prologue_name(p: Prologue) -> String {
 }
 
 /// Each process's probed calls of `kind` so far, from a reading of the stats map.
+/// Which processes a CUDA library's per-process kinds are attached for, given its `users` and
+/// the processes under the limiter: every process while none of its users is under the limiter
+/// (or more than [`PER_PROCESS_MAX`] are not), else its users that are not.
+fn scope_for(users: &BTreeSet<u32>, limited: &BTreeSet<u32>) -> ProcessScope {
+    let rest: BTreeSet<u32> = users.difference(limited).copied().collect();
+    if rest.len() == users.len() || rest.len() > PER_PROCESS_MAX {
+        ProcessScope::All
+    } else {
+        ProcessScope::Only(rest)
+    }
+}
+
 /// Calls per (process, API) in the probes' aggregation maps, the CUDA driver's and NCCL's (a map
 /// that cannot be read counts nothing: the schedule sees no calls).
 fn sampled_calls(probes: &Probes) -> Vec<(u32, u16, u64)> {
@@ -841,4 +847,37 @@ fn calls_of_kind(
         }
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A library's high-rate probes go to every process until one of its users is under the
+    /// limiter, then to its other users only; a tenant starting more than `PER_PROCESS_MAX`
+    /// processes without the limiter makes it every process again, never a link per process
+    /// without bound.
+    #[test]
+    fn the_scope_follows_the_users_under_the_limiter_and_is_bounded() {
+        let set = |r: std::ops::Range<u32>| r.collect::<BTreeSet<u32>>();
+        let none = BTreeSet::new();
+        assert_eq!(scope_for(&set(1..4), &none), ProcessScope::All);
+        assert_eq!(
+            scope_for(&set(1..4), &set(1..2)),
+            ProcessScope::Only(set(2..4))
+        );
+        // All its users under the limiter: attached for none of them.
+        assert_eq!(
+            scope_for(&set(1..4), &set(1..4)),
+            ProcessScope::Only(BTreeSet::new())
+        );
+        // Limited processes elsewhere do not matter.
+        assert_eq!(scope_for(&set(1..4), &set(10..12)), ProcessScope::All);
+        let many = PER_PROCESS_MAX as u32 + 2;
+        assert_eq!(
+            scope_for(&set(1..many), &set(1..2)),
+            ProcessScope::Only(set(2..many))
+        );
+        assert_eq!(scope_for(&set(1..many + 1), &set(1..2)), ProcessScope::All);
+    }
 }

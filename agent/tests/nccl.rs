@@ -95,6 +95,16 @@ fn real_libnccl_every_call_is_counted_with_its_bytes() {
         "{nccl}"
     );
     assert_eq!(nccl["symbols_attached"], 18, "{nccl}");
+    assert_eq!(nccl["symbols_missing"], serde_json::json!([]), "{nccl}");
+    assert!(
+        !report["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("does not export")),
+        "{}",
+        report["warnings"]
+    );
     assert_eq!(nccl["found_by"]["by"], "process", "{nccl}");
 }
 

@@ -600,7 +600,13 @@ fn processes_under_the_limiter_take_no_probe_trap_for_what_their_limiter_records
     }
     let dir = tempdir();
     let lib = sim_lib(&dir.path().join("lib"));
-    let regions = dir.path().join("regions");
+    // The region in /dev/shm, where the GPU scripts and many deployments keep it (a tmpfs under
+    // /dev: a shared mapping there is a region, not a device).
+    let shm = tempfile::Builder::new()
+        .prefix("vgpu-agent-test-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let regions = shm.path().join("regions");
     std::fs::create_dir_all(&regions).unwrap();
     let start = |name: &str, limited: bool| {
         let wdir = dir.path().join(name);

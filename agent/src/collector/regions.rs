@@ -357,6 +357,18 @@ pub fn process_candidates(proc: &Path, pid: u32) -> (Vec<Candidate>, Vec<Listing
     (found, cuts)
 }
 
+/// Whether a shared mapping of this path may be a region: not a device (`/dev/nvidia*` and the
+/// like) nor a memfd; files in `/dev/shm` are (a common place for regions: a tmpfs every
+/// container has).
+fn may_be_region(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    // A memfd's name is `/memfd:NAME`: a prefix of the first component, not a component.
+    if path.as_os_str().as_bytes().starts_with(b"/memfd:") {
+        return false;
+    }
+    !path.starts_with("/dev/") || path.starts_with("/dev/shm/")
+}
+
 /// Shared file mappings of process `pid` other than devices and memfds (region candidates).
 pub fn mapped_files(proc: &Path, pid: u32) -> Vec<MappedRegion> {
     let Ok((maps, _)) = tenant_fs::maps::read(proc, pid) else {
@@ -364,8 +376,7 @@ pub fn mapped_files(proc: &Path, pid: u32) -> Vec<MappedRegion> {
     };
     let mut out: Vec<MappedRegion> = maps
         .into_iter()
-        .filter(|m| m.shared && !m.deleted)
-        .filter(|m| !m.path.starts_with("/dev/") && !m.path.starts_with("/memfd:"))
+        .filter(|m| m.shared && !m.deleted && may_be_region(&m.path))
         .map(|map| MappedRegion {
             proc: proc.to_owned(),
             pid,
@@ -380,6 +391,16 @@ pub fn mapped_files(proc: &Path, pid: u32) -> Vec<MappedRegion> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A region in /dev/shm is one a process maps (a device or a memfd is not).
+    #[test]
+    fn regions_in_dev_shm_are_candidates_devices_are_not() {
+        assert!(may_be_region(Path::new("/dev/shm/vgpu/ctr.cache")));
+        assert!(may_be_region(Path::new("/tmp/vgpu/ctr.cache")));
+        assert!(!may_be_region(Path::new("/dev/nvidiactl")));
+        assert!(!may_be_region(Path::new("/dev/nvidia-uvm")));
+        assert!(!may_be_region(Path::new("/memfd:cuda")));
+    }
 
     #[test]
     fn sniffs_both_formats_and_nothing_else() {

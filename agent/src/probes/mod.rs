@@ -291,7 +291,11 @@ impl Probes {
     /// to libcuda, the NCCL kind to libnccl.
     pub fn attach_library(&mut self, file: LibraryFile) -> Result<&AttachedLibrary, ProbeError> {
         let kinds = probed_kinds(file.kind);
-        let apis = ApiId::all().filter(|a| a.spec().is_some_and(|s| kinds.contains(&s.kind)));
+        let nccl = file.kind == LibraryKind::Nccl;
+        let apis = ApiId::all().filter(|a| {
+            a.spec()
+                .is_some_and(|s| kinds.iter().any(|k| in_link_set(s, nccl, *k)))
+        });
         let symbols = symbols::resolve_driver(&file, apis)?;
         let mut lib = AttachedLibrary {
             file,

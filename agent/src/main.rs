@@ -12,9 +12,9 @@
 //! 2. model: `model`, `sanitize`. Plain data every other layer reports in (processes, devices,
 //!    probe states and costs, GPU use), and the scrubbing of tenant-written strings in it. It
 //!    reads no file and calls nothing.
-//! 3. host: `host`, `identity`, `client`. Facts about the host that commands may read too: its
-//!    paths, process and container identity (/proc, cgroups, runtimes), and the client side of
-//!    the daemon's snapshot socket.
+//! 3. host: `host`, `identity`, `client`, `probe_options`. Facts about the host that commands may
+//!    read too: its paths, process and container identity (/proc, cgroups, runtimes), the client
+//!    side of the daemon's snapshot socket; and the probes' options, which commands fill in.
 //! 4. probing: `discovery`, `nvml`, `probes`. The GPU-facing sources only the collector drives:
 //!    the library scan, NVML, and the eBPF probes with their session.
 //! 5. collector: `collector`. Joins the sources into one model snapshot per tick.
@@ -39,6 +39,7 @@ mod limit;
 mod model;
 mod nvml;
 mod pool;
+mod probe_options;
 mod probes;
 mod runtime;
 mod sanitize;
@@ -183,7 +184,7 @@ impl CollectArgs {
     fn trace_options(
         &self,
         defaults: &ProbeDefaults,
-    ) -> anyhow::Result<probes::session::TraceOptions> {
+    ) -> anyhow::Result<probe_options::TraceOptions> {
         let (default_launches, default_window) = (defaults.launches, defaults.launch_window);
         let window = self.launch_window.unwrap_or(default_window);
         let launches = match self.probe_launches.unwrap_or(default_launches) {
@@ -201,7 +202,7 @@ impl CollectArgs {
                 }
             }
         };
-        Ok(probes::session::TraceOptions {
+        Ok(probe_options::TraceOptions {
             extra_libcuda: self.libcuda.clone(),
             launches,
             calibrate: !self.no_calibrate,
@@ -211,11 +212,11 @@ impl CollectArgs {
                 .probe_budget
                 .unwrap_or(Budget(Some(defaults.budget)))
                 .0
-                .map(|share| probes::sampling::Budget {
+                .map(|share| probe_options::Budget {
                     share,
                     window: self.sample_window.unwrap_or(defaults.sample_window),
                 }),
-            quotas: probes::MapQuotas {
+            quotas: probe_options::MapQuotas {
                 allocs_per_process: self.probe_alloc_quota,
                 rows_per_cgroup: self.probe_row_quota,
             },
@@ -584,7 +585,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let mut trace = collect.trace_options(&WATCH)?;
             if otlp_endpoint.is_some() {
-                trace.spans = Some(probes::SpanSampling {
+                trace.spans = Some(probe_options::SpanSampling {
                     slow_ns: trace_slow.as_nanos() as u64,
                     sample_every: trace_sample_rate,
                 });

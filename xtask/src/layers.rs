@@ -351,9 +351,10 @@ impl Crate {
         out.into_iter().collect()
     }
 
-    /// The import cycles: each strongly connected component of more than one module, as report
-    /// lines (the modules, then every edge inside with where it is written).
-    pub fn cycles(&self) -> Vec<String> {
+    /// The import cycles: each strongly connected component of more than one module, with its
+    /// modules' names (sorted) and a report (the modules, then every edge inside with where it is
+    /// written).
+    pub fn cycles(&self) -> Vec<(Vec<String>, String)> {
         let edges = self.edges();
         let mut next: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); self.modules.len()];
         for e in &edges {
@@ -387,7 +388,7 @@ impl Crate {
             for ((from, to), places) in pairs {
                 let _ = write!(report, "\n    {from} -> {to} ({})", places.join(", "));
             }
-            out.push(report);
+            out.push((names, report));
         }
         out
     }
@@ -469,7 +470,8 @@ impl Crate {
         })
     }
 
-    /// The top-level modules whose code calls these C library functions (`libc::name(..)`).
+    #[cfg(test)]
+    /// The files whose code calls these C library functions (`libc::name(..)`).
     fn libc_callers(&self) -> BTreeMap<String, BTreeSet<String>> {
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for m in &self.modules {
@@ -998,12 +1000,88 @@ pub fn workspace_crates() -> Result<Vec<Crate>> {
     Ok(out)
 }
 
-/// Problems of the whole workspace: cycles, layer violations.
+/// Import cycles not broken yet, each as its crate and its modules (sorted, `crate` for the
+/// root): the check fails on any other cycle, and on one of these that is gone (so the list only
+/// shrinks). Each is a parent module and its children importing each other, or siblings sharing
+/// items that belong in a module below both.
+const KNOWN_CYCLES: &[(&str, &str)] = &[
+    (
+        "agent",
+        "model, model::api_sums, model::gpu_use, model::rates",
+    ),
+    ("agent", "attribute::gpu_use, attribute::report"),
+    (
+        "agent",
+        "identity::container, identity::docker_api, identity::runtime_names, \
+         identity::runtime_names::storage",
+    ),
+    ("agent", "discovery, discovery::maps_scan"),
+    ("agent", "nvml, nvml::library"),
+    ("agent", "probes, probes::symbols"),
+    (
+        "agent",
+        "probes::sampling, probes::sampling::gaps, probes::sampling::windows",
+    ),
+    ("agent", "cdi, cdi::install, cdi::profile, cdi::spec"),
+    (
+        "agent",
+        "export::families, export::gpu_use, export::metrics",
+    ),
+    (
+        "agent",
+        "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \
+         tui::view::popup, tui::view::table",
+    ),
+    ("agent-common", "api, api::cookie, api::nccl"),
+    ("region", "layout, layout_v2"),
+    ("region", "reserve, reserve::reclaim"),
+    (
+        "region",
+        "reader, reader::budget, reader::shards, reader::snapshot, reader::validate",
+    ),
+    ("region", "init, region, slots"),
+    (
+        "limiter",
+        "platform::thread_words, platform::thread_words::imp",
+    ),
+    ("limiter", "platform::nvml, platform::nvml::sampler"),
+    ("limiter-core", "sm, sm::window"),
+    ("tenant-fs", "crate, proc"),
+    ("testing/sim-cuda", "runtime, shared"),
+    (
+        "testing/cuda-exercise",
+        "bench, calls, crate, devices, lookup, memory, nccl_rank, timing",
+    ),
+    ("xtask", "bench, bench_cold, bench_limiter, bench_startup"),
+];
+
+/// Problems of the whole workspace: cycles (but the known ones), layer violations.
 pub fn problems(crates: &[Crate]) -> Vec<String> {
-    crates
-        .iter()
-        .flat_map(|c| c.cycles().into_iter().chain(c.layer_violations()))
-        .collect()
+    problems_with(crates, KNOWN_CYCLES)
+}
+
+fn problems_with(crates: &[Crate], known: &[(&str, &str)]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    for c in crates {
+        for (names, report) in c.cycles() {
+            let key = (c.name.as_str(), names.join(", "));
+            if known.iter().any(|(k, m)| *k == key.0 && *m == key.1) {
+                seen.insert(key);
+            } else {
+                out.push(report);
+            }
+        }
+        out.extend(c.layer_violations());
+    }
+    for (k, m) in known {
+        if !seen.contains(&(*k, m.to_string())) {
+            out.push(format!(
+                "{k}: the known cycle {m} is gone: take it out of KNOWN_CYCLES in xtask/src/layers.rs"
+            ));
+        }
+    }
+    out
 }
 
 /// `cargo xtask layers [--bless | --edges CRATE]`: prints every crate's layer table and every
@@ -1048,6 +1126,7 @@ pub fn run(args: &[String]) -> Result<()> {
         );
         fs::write(&path, fresh)?;
     }
+    println!("{} known import cycles not broken yet", KNOWN_CYCLES.len());
     let mut problems = problems(&crates);
     let doc = fs::read_to_string(architecture_doc())?;
     problems.extend(
@@ -1192,7 +1271,12 @@ mod tests {
         assert!(has_edge(&c, "a", "a::b"));
         assert!(has_edge(&c, "a::b", "a"));
         assert_eq!(c.cycles().len(), 1, "{:?}", c.cycles());
-        assert!(c.cycles()[0].contains("src/a.rs:1"), "{}", c.cycles()[0]);
+        assert_eq!(c.cycles()[0].0, ["a", "a::b"]);
+        assert!(
+            c.cycles()[0].1.contains("src/a.rs:1"),
+            "{}",
+            c.cycles()[0].1
+        );
     }
 
     #[test]
@@ -1213,6 +1297,10 @@ mod tests {
         assert!(has_edge(&c, "platform::nvml", "platform::nvml::sampler"));
         assert!(has_edge(&c, "platform::nvml::sampler", "platform::nvml"));
         assert_eq!(c.cycles().len(), 1);
+        // Known, it passes; gone, it is a problem of its own.
+        let known = [("synthetic", "platform::nvml, platform::nvml::sampler")];
+        assert!(problems_with(std::slice::from_ref(&c), &known).is_empty());
+        assert_eq!(problems_with(std::slice::from_ref(&c), &[]).len(), 1);
         let c = synthetic(&[
             ("src/lib.rs", "mod a; pub struct Root;"),
             ("src/a.rs", "mod b; use b::X;"),

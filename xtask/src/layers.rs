@@ -1140,7 +1140,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if !problems.is_empty() {
         bail!("{} import cycles or layer violations", problems.len());
     }
-    println!("no import cycle, no layer violation");
+    println!("no import cycle but the known ones, no layer violation, docs/architecture.md true");
     Ok(())
 }
 

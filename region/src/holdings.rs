@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use crate::procfs::{self, Liveness};
 use crate::region::Region;
 use crate::reserve;
-use crate::slots::{PHASE_LIVE, slot_phase, slot_pid};
+use crate::words::{PHASE_LIVE, slot_phase, slot_pid};
 
 /// A live slot's owner and what it holds on one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

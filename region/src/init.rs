@@ -30,32 +30,15 @@ use crate::layout::{
 use crate::mapping::Mapping;
 use crate::procfs::{self, Liveness};
 use crate::region::{ConfigMismatch, InitOutcome, Region, RegionConfig};
+use crate::words::{
+    INIT_MS_MASK, PHASE_INITIALISING, PHASE_READY, PHASE_UNINIT, init_ms, init_phase, init_pid,
+    init_word,
+};
 
 /// An initialiser that has not published `READY` after this long is taken over.
 pub const INIT_STALL_MS: u64 = 1000;
 /// A process gives up waiting for initialisation after this long.
 pub const INIT_WAIT_LIMIT: Duration = Duration::from_secs(10);
-
-const PHASE_SHIFT: u32 = 62;
-const PID_SHIFT: u32 = 40;
-const PID_MASK: u64 = (1 << 22) - 1;
-const MS_MASK: u64 = (1 << 40) - 1;
-pub(crate) const PHASE_UNINIT: u64 = 0;
-pub(crate) const PHASE_INITIALISING: u64 = 1;
-pub(crate) const PHASE_READY: u64 = 2;
-
-pub(crate) fn init_word(phase: u64, pid: u32, ms: u64) -> u64 {
-    phase << PHASE_SHIFT | (pid as u64 & PID_MASK) << PID_SHIFT | (ms & MS_MASK)
-}
-pub(crate) fn init_phase(word: u64) -> u64 {
-    word >> PHASE_SHIFT
-}
-pub(crate) fn init_pid(word: u64) -> u32 {
-    ((word >> PID_SHIFT) & PID_MASK) as u32
-}
-fn init_ms(word: u64) -> u64 {
-    word & MS_MASK
-}
 
 fn io<'p>(call: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> RegionError + 'p {
     move |source| RegionError::Io {
@@ -279,7 +262,7 @@ fn initialise(
 /// or when it has held the state for longer than [`INIT_STALL_MS`] (or the clock says it started
 /// in the future: a file left over from a previous boot).
 fn initialiser_is_stale(header: &RegionHeader, word: u64, my_ns: u64) -> bool {
-    let now = procfs::boottime_ms() & MS_MASK;
+    let now = procfs::boottime_ms() & INIT_MS_MASK;
     let since = init_ms(word);
     if now < since || now - since > INIT_STALL_MS {
         return true;
@@ -390,18 +373,4 @@ pub(crate) fn effective_config(header: &RegionHeader) -> RegionConfig {
         config.sm_limit[i] = dev.sm_limit.load(r).min(100) as u8;
     }
     config
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_words_round_trip() {
-        let w = init_word(PHASE_INITIALISING, 4_194_303, 123_456);
-        assert_eq!(init_phase(w), PHASE_INITIALISING);
-        assert_eq!(init_pid(w), 4_194_303);
-        assert_eq!(init_ms(w), 123_456);
-        assert_eq!(init_phase(0), PHASE_UNINIT);
-    }
 }

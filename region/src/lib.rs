@@ -33,6 +33,7 @@ mod slots;
 pub mod sm_share;
 mod stats;
 mod sync;
+mod words;
 
 pub use control::{ControlError, ControlSettings, ControlSnapshot, control_path};
 pub use control_file::{ControlReader, ControlWriter, read_control};

@@ -27,29 +27,13 @@ use crate::procfs::{self, Liveness, ProcessIdentity};
 use crate::region::Region;
 use crate::reserve::{self, Stop};
 use crate::seqlock;
+use crate::words::{
+    PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_generation, slot_phase,
+    slot_pid, slot_word,
+};
 
-pub(crate) const PHASE_FREE: u64 = 0;
-pub(crate) const PHASE_CLAIMING: u64 = 1;
-pub(crate) const PHASE_LIVE: u64 = 2;
-pub(crate) const PHASE_RECLAIMING: u64 = 3;
-const GEN_SHIFT: u32 = 40;
-const PHASE_SHIFT: u32 = 32;
-const GEN_MASK: u64 = (1 << 24) - 1;
 /// A reclaim that has not finished within this long may be taken over.
 pub const RECLAIM_STALL_MS: u64 = 1000;
-
-pub(crate) fn slot_word(generation: u64, phase: u64, pid: u32) -> u64 {
-    (generation & GEN_MASK) << GEN_SHIFT | (phase & 0xff) << PHASE_SHIFT | u64::from(pid)
-}
-pub(crate) fn slot_phase(word: u64) -> u64 {
-    (word >> PHASE_SHIFT) & 0xff
-}
-pub(crate) fn slot_generation(word: u64) -> u64 {
-    (word >> GEN_SHIFT) & GEN_MASK
-}
-pub(crate) fn slot_pid(word: u64) -> u32 {
-    word as u32
-}
 
 /// A claimed slot. Owned by the process that claimed it: after `fork()` the child must claim its
 /// own slot and must not use (or retire) the parent's handle; [`Slot::owner_pid`] tells them
@@ -353,23 +337,5 @@ fn reset_shard(shard: &Shard) {
             w.store(0, r);
         }
         seqlock::end(&record.seq, odd);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slot_words_round_trip() {
-        let w = slot_word(GEN_MASK, PHASE_RECLAIMING, u32::MAX);
-        assert_eq!(slot_generation(w), GEN_MASK);
-        assert_eq!(slot_phase(w), PHASE_RECLAIMING);
-        assert_eq!(slot_pid(w), u32::MAX);
-        assert_eq!(
-            slot_generation(slot_word(GEN_MASK + 1, PHASE_FREE, 0)),
-            0,
-            "wraps"
-        );
     }
 }

@@ -13,6 +13,7 @@ mod bench_startup;
 mod demo;
 mod demo_workloads;
 mod image;
+mod layers;
 mod setup;
 mod util;
 
@@ -36,7 +37,10 @@ commands:
   image            build the agent's OCI image into target/image/ (podman load -i ...)
   bench <name>     run a benchmark: region, agent, limiter, pairs-cold, startup, export,
                    attribute, sm-shares
-                   (see docs/benchmarks.md)";
+                   (see docs/benchmarks.md)
+  layers [--bless | --edges CRATE]  print each crate's layer table and any import cycle,
+                   layer violation or stale name in docs/architecture.md (--bless writes the
+                   tables there; --edges prints CRATE's import edges)";
 
 fn main() {
     // The error's chain without a backtrace (CI sets RUST_BACKTRACE, and a backtrace of xtask
@@ -70,6 +74,7 @@ fn xtask_main() -> Result<()> {
         },
         "image" => image::run(rest),
         "bench" => bench::run(rest),
+        "layers" => layers::run(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())

@@ -18,9 +18,12 @@ use std::{
 
 use thiserror::Error;
 
-use crate::collector::{
-    CollectorOptions, TraceOptions,
-    window::{self, WindowError},
+use crate::{
+    collector::{
+        CollectorOptions,
+        window::{self, WindowError},
+    },
+    probe_options::TraceOptions,
 };
 pub use report::AttributionReport;
 

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// The probe session's options, part of [`CollectorOptions`].
-pub use crate::probes::session::TraceOptions;
+use crate::probe_options::TraceOptions;
 
 /// How long an exited process stays in the model (and its rows in the kernel maps), by default.
 pub const EXITED_RETENTION: Duration = Duration::from_secs(60);

@@ -40,6 +40,7 @@ use thiserror::Error;
 use crate::{
     discovery::{FileId, LibraryFile, LibraryKind},
     model::probing::AttachMode,
+    probe_options::{MapQuotas, SpanSampling},
 };
 pub use symbols::SymbolTable;
 
@@ -152,33 +153,6 @@ impl AttachedLibrary {
         self.file.kind == LibraryKind::Cuda
             && PER_PROCESS_KINDS.contains(&kind)
             && matches!(self.scope, ProcessScope::Only(_))
-    }
-}
-
-/// Which calls the probes write span events for (`SPANS` ring buffer).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SpanSampling {
-    /// Calls at least this slow, ns (0: none by latency). NCCL calls are always written.
-    pub slow_ns: u64,
-    /// One in this many of the other calls, per CPU (0: none).
-    pub sample_every: u64,
-}
-
-/// The shares of the kernel maps that all processes share (set at load time).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapQuotas {
-    /// Live allocations tracked per process (`ALLOC_QUOTA`).
-    pub allocs_per_process: u64,
-    /// Rows per cgroup in `STATS`, `NCCL_STATS` and `ALLOC_SIZES` together (`ROW_QUOTA`).
-    pub rows_per_cgroup: u64,
-}
-
-impl Default for MapQuotas {
-    fn default() -> MapQuotas {
-        MapQuotas {
-            allocs_per_process: agent_common::maps::ALLOC_QUOTA_DEFAULT,
-            rows_per_cgroup: agent_common::maps::ROW_QUOTA_DEFAULT,
-        }
     }
 }
 

@@ -29,6 +29,7 @@ mod windows;
 #[cfg(test)]
 use crate::model::probing::exposure::Spread;
 use crate::model::probing::{Exposure, KindSampling, SamplingStatus};
+use crate::probe_options::Budget;
 use exposure::Weight;
 use gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates, reference_kinds};
 use windows::commit;
@@ -36,15 +37,6 @@ use windows::commit;
 /// The kinds a budget controls: the CUDA driver's high-rate kinds and NCCL's collective,
 /// point-to-point and group calls (a communicator's creation and end are always probed).
 pub const SAMPLED_KINDS: [ApiKind; 4] = ApiKind::BUDGETED;
-
-/// How much probe cost the sampled kinds may add.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Budget {
-    /// Share of a process's wall time (0.01 = 1%).
-    pub share: f64,
-    /// How long each window lasts.
-    pub window: Duration,
-}
 
 /// Duty cycles that keep `cost` (each kind's probe cost when always attached, a share of wall
 /// time) under `budget` (a share of wall time), by water-filling. A kind that would get at least

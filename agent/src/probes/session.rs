@@ -14,16 +14,16 @@ use agent_common::maps::{
 
 use crate::{
     discovery::{self, Discovery, FileId, LibraryFile, LibraryKind},
-    host::HostPaths,
     identity::ProcessFacts,
     model::{
         FoundBy,
         probing::{LaunchProbes, ProbeCost, Prologue, SamplingStatus},
     },
+    probe_options::TraceOptions,
     probes::{
         ProbeError, Probes, ProcessScope,
         calibrate::Calibrator,
-        sampling::{Budget, SAMPLED_KINDS, Schedule},
+        sampling::{SAMPLED_KINDS, Schedule},
     },
     sys::clock::boot_time_ns,
 };
@@ -50,22 +50,6 @@ pub const PER_PROCESS_MAX: usize = 32;
 const MAPS_WAIT: Duration = Duration::from_millis(250);
 /// How long the first poll waits for the first maps scan.
 const FIRST_MAPS_WAIT: Duration = Duration::from_secs(2);
-
-#[derive(Clone, Debug)]
-pub struct TraceOptions {
-    /// Libraries to attach besides the discovered ones.
-    pub extra_libcuda: Vec<PathBuf>,
-    pub launches: LaunchProbes,
-    pub calibrate: bool,
-    pub host: HostPaths,
-    /// Span events for sampled calls (`None`: the probes write none).
-    pub spans: Option<crate::probes::SpanSampling>,
-    /// Sample launches (unless they are `Off` or `On`), synchronisations and copies in windows
-    /// under this cost budget (`crate::probes::sampling`).
-    pub budget: Option<Budget>,
-    /// The shares of the kernel maps one process or cgroup may hold.
-    pub quotas: crate::probes::MapQuotas,
-}
 
 /// One reading of the kernel maps.
 #[derive(Clone, Debug, Default)]

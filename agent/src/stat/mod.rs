@@ -8,9 +8,10 @@ pub mod report;
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
-    collector::{CollectorOptions, TraceOptions, window},
+    collector::{CollectorOptions, window},
     identity::CgroupIndex,
     model::Snapshot,
+    probe_options::TraceOptions,
 };
 pub use report::StatReport;
 

@@ -1,6 +1,6 @@
 //! The agent's raw calls into libc, each behind a typed safe function with its `// SAFETY:`
-//! argument here. Nothing else in the agent calls libc functions directly (the layer test in
-//! `layers_test` (src/main.rs) lists this module at the bottom of the layers).
+//! argument here. Nothing else in the agent calls libc functions directly (`cargo xtask layers`
+//! checks that; the layer table in src/main.rs puts this module at the bottom).
 
 pub mod clock;
 pub mod errno;

@@ -86,6 +86,30 @@ pub(crate) type PfnProcesses =
     unsafe extern "C" fn(NvmlDevice, *mut c_uint, *mut NvmlProcessInfo) -> NvmlReturn;
 type PfnUuid = unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> NvmlReturn;
 type PfnIndex = unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> NvmlReturn;
+// For the SM feedback loop's sampler.
+pub(crate) type PfnInit = unsafe extern "C" fn() -> NvmlReturn;
+pub(crate) type PfnHandleByUuid =
+    unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn;
+pub(crate) type PfnHandleByIndex = unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> NvmlReturn;
+pub(crate) type PfnProcessUtilization =
+    unsafe extern "C" fn(NvmlDevice, *mut ProcessSample, *mut c_uint, u64) -> NvmlReturn;
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ProcessSample {
+    pub(crate) pid: c_uint,
+    /// CPU timestamp in microseconds.
+    pub(crate) time_stamp: u64,
+    pub(crate) sm_util: c_uint,
+    pub(crate) mem_util: c_uint,
+    pub(crate) enc_util: c_uint,
+    pub(crate) dec_util: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<ProcessSample>() == 32);
+const _: () = assert!(std::mem::offset_of!(ProcessSample, time_stamp) == 8);
+const _: () = assert!(std::mem::offset_of!(ProcessSample, sm_util) == 16);
 
 /// The real NVML functions the limiter uses (`None`: the library lacks it).
 #[derive(Debug)]
@@ -98,10 +122,10 @@ pub(crate) struct Nvml {
     uuid: Option<PfnUuid>,
     index: Option<PfnIndex>,
     /// For the SM feedback loop ([`sampler`]).
-    init: Option<sampler::PfnInit>,
-    by_uuid: Option<sampler::PfnHandleByUuid>,
-    by_index: Option<sampler::PfnHandleByIndex>,
-    process_utilization: Option<sampler::PfnProcessUtilization>,
+    init: Option<PfnInit>,
+    by_uuid: Option<PfnHandleByUuid>,
+    by_index: Option<PfnHandleByIndex>,
+    process_utilization: Option<PfnProcessUtilization>,
 }
 
 impl Nvml {
@@ -139,14 +163,13 @@ impl Nvml {
                 uuid: get(c"nvmlDeviceGetUUID").map(|p| std::mem::transmute::<usize, PfnUuid>(p)),
                 index: get(c"nvmlDeviceGetIndex")
                     .map(|p| std::mem::transmute::<usize, PfnIndex>(p)),
-                init: get(c"nvmlInit_v2")
-                    .map(|p| std::mem::transmute::<usize, sampler::PfnInit>(p)),
+                init: get(c"nvmlInit_v2").map(|p| std::mem::transmute::<usize, PfnInit>(p)),
                 by_uuid: get(c"nvmlDeviceGetHandleByUUID")
-                    .map(|p| std::mem::transmute::<usize, sampler::PfnHandleByUuid>(p)),
+                    .map(|p| std::mem::transmute::<usize, PfnHandleByUuid>(p)),
                 by_index: get(c"nvmlDeviceGetHandleByIndex_v2")
-                    .map(|p| std::mem::transmute::<usize, sampler::PfnHandleByIndex>(p)),
+                    .map(|p| std::mem::transmute::<usize, PfnHandleByIndex>(p)),
                 process_utilization: get(c"nvmlDeviceGetProcessUtilization")
-                    .map(|p| std::mem::transmute::<usize, sampler::PfnProcessUtilization>(p)),
+                    .map(|p| std::mem::transmute::<usize, PfnProcessUtilization>(p)),
             })
         }
     }

@@ -22,7 +22,6 @@ use std::mem::offset_of;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{Ordering, fence};
 
-use crate::init::init_pid;
 use crate::layout::{
     CONTEXT_REFUSED, HEADER_SIZE, RegionHeader, SHARDS_PER_SLOT, SlotHeader, SlotRecord,
     shard_stride_for, slot_stride_for,
@@ -30,7 +29,8 @@ use crate::layout::{
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
 use crate::pread::{self, PreadError};
 use crate::procfs::{self, Liveness};
-use crate::slots::{
+use crate::words::init_pid;
+use crate::words::{
     PHASE_CLAIMING, PHASE_FREE, PHASE_LIVE, PHASE_RECLAIMING, slot_phase, slot_pid,
 };
 use tenant_fs::{Access, TenantFile};

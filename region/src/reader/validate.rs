@@ -7,11 +7,11 @@ use agent_common::api::API_SLOTS;
 use agent_common::hist::HIST_BUCKETS;
 
 use super::{Geometry, ReadError};
-use crate::init::{PHASE_READY, init_phase};
 use crate::layout::{
     HEADER_SIZE, LAYOUT_MAJOR, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC, RegionHeader,
     SHARDS_PER_SLOT, region_size_for, shard_stride_for, slot_stride_for,
 };
+use crate::words::{PHASE_READY, init_phase};
 
 fn expect_field(field: &'static str, offset: u64, found: u64, want: u64) -> Result<(), ReadError> {
     if found == want {

@@ -11,7 +11,8 @@ use std::{
 
 use agent_common::ApiKind;
 
-use super::{Budget, Exposure, Schedule};
+use super::{Exposure, Schedule};
+use crate::probe_options::Budget;
 
 pub(super) const PID: u32 = 7;
 

@@ -1,40 +1,16 @@
 //! Per-process SM utilisation from the real NVML (`nvmlDeviceGetProcessUtilization`), for the SM
 //! feedback loop (`runtime::sm_feedback`). Only the loop's thread calls this; the hooks never do.
 
-use std::ffi::{CString, c_char, c_uint};
+use std::ffi::{CString, c_uint};
 
 use super::{
     NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND, NVML_SUCCESS, Nvml, NvmlDevice, NvmlReturn,
-    uuid_string,
+    PfnProcessUtilization, ProcessSample, uuid_string,
 };
 use crate::platform::driver::Driver;
 
-pub(crate) type PfnInit = unsafe extern "C" fn() -> NvmlReturn;
-pub(crate) type PfnHandleByUuid =
-    unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn;
-pub(crate) type PfnHandleByIndex = unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> NvmlReturn;
-pub(crate) type PfnProcessUtilization =
-    unsafe extern "C" fn(NvmlDevice, *mut ProcessSample, *mut c_uint, u64) -> NvmlReturn;
-
 /// At most this many samples are read per call (NVML keeps a short per-device buffer).
 const MAX_SAMPLES: usize = 1024;
-
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ProcessSample {
-    pub(crate) pid: c_uint,
-    /// CPU timestamp in microseconds.
-    pub(crate) time_stamp: u64,
-    pub(crate) sm_util: c_uint,
-    pub(crate) mem_util: c_uint,
-    pub(crate) enc_util: c_uint,
-    pub(crate) dec_util: c_uint,
-}
-
-const _: () = assert!(std::mem::size_of::<ProcessSample>() == 32);
-const _: () = assert!(std::mem::offset_of!(ProcessSample, time_stamp) == 8);
-const _: () = assert!(std::mem::offset_of!(ProcessSample, sm_util) == 16);
 
 /// Why per-process utilisation cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -78,6 +78,29 @@ pub fn kernel_name_hash(name: &[u8]) -> u64 {
     }
 }
 
+/// A kernel's name as an entry keeps it: the hash of the whole name, its length and its first
+/// [`KERNEL_NAME_BYTES`] bytes (taken when the launch is sampled: no allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelName {
+    hash: u64,
+    len: u64,
+    prefix: [u8; KERNEL_NAME_BYTES],
+}
+
+impl KernelName {
+    /// The entry name of `name` (the driver's bytes, without the NUL).
+    pub fn new(name: &[u8]) -> KernelName {
+        let mut prefix = [0u8; KERNEL_NAME_BYTES];
+        let kept = name.len().min(KERNEL_NAME_BYTES);
+        prefix[..kept].copy_from_slice(&name[..kept]);
+        KernelName {
+            hash: kernel_name_hash(name),
+            len: name.len() as u64,
+            prefix,
+        }
+    }
+}
+
 /// The calling thread's handle for recording statistics into its process's slot.
 ///
 /// Not `Send`: it belongs to the thread that made it. Keep one per thread (a thread-local);
@@ -319,11 +342,10 @@ impl ShardWriter<'_> {
         });
     }
 
-    /// Adds a sample of the kernel (or graph) named `name` (the driver's bytes, without the
-    /// NUL): to its entry, taking a free one the first time, else to the last entry, which sums
-    /// the kernels that found none.
-    pub fn record_kernel_sample(&self, name: &[u8], sample: GpuSample) {
-        let hash = kernel_name_hash(name);
+    /// Adds a sample of the kernel (or graph) named `name`: to its entry, taking a free one the
+    /// first time, else to the last entry, which sums the kernels that found none.
+    pub fn record_kernel_sample(&self, name: &KernelName, sample: GpuSample) {
+        let hash = name.hash;
         let add = |e: &KernelEntry| {
             bump(&e.estimated_ns, sample.estimated_ns());
             bump(&e.sampled_ns, sample.elapsed_ns);
@@ -363,16 +385,12 @@ impl ShardWriter<'_> {
 }
 
 /// Writes a free entry's name and hash (inside its section).
-fn write_name(e: &KernelEntry, hash: u64, name: &[u8]) {
+fn write_name(e: &KernelEntry, hash: u64, name: &KernelName) {
     // Relaxed: inside the entry's write section.
     e.name_hash.store(hash, Ordering::Relaxed);
-    e.name_len.store(name.len() as u64, Ordering::Relaxed);
-    let kept = &name[..name.len().min(KERNEL_NAME_BYTES)];
-    for (i, w) in e.name.iter().enumerate() {
-        let mut bytes = [0u8; 8];
-        if let Some(chunk) = kept.chunks(8).nth(i) {
-            bytes[..chunk.len()].copy_from_slice(chunk);
-        }
+    e.name_len.store(name.len, Ordering::Relaxed);
+    for (w, chunk) in e.name.iter().zip(name.prefix.chunks_exact(8)) {
+        let bytes: [u8; 8] = chunk.try_into().expect("chunks of 8");
         w.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
     }
 }

@@ -509,7 +509,7 @@ fn a_writer_stuck_in_its_first_section_is_reported() {
 #[test]
 fn gpu_time_round_trips_through_the_reader() {
     use region::layout::KERNEL_ENTRIES;
-    use region::{GpuSample, SampleProblem};
+    use region::{GpuSample, KernelName, SampleProblem};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r");
     let (region, _) = Region::open_or_create(&path, &config(0, 2)).unwrap();
@@ -524,8 +524,8 @@ fn gpu_time_round_trips_through_the_reader() {
         w.record_gpu_sample(0, sample(1_000, 10));
         w.record_gpu_sample(1, sample(3_000, 1));
         w.record_gpu_sample(99, sample(3_000, 1));
-        w.record_kernel_sample(b"gemm", sample(1_000, 10));
-        w.record_kernel_sample(&long_name, sample(500, 2));
+        w.record_kernel_sample(&KernelName::new(b"gemm"), sample(1_000, 10));
+        w.record_kernel_sample(&KernelName::new(&long_name), sample(500, 2));
         w.count_sample_problem(SampleProblem::EventError);
         w.count_sample_problem(SampleProblem::Skipped);
         w.count_sample_problem(SampleProblem::Skipped);
@@ -533,10 +533,10 @@ fn gpu_time_round_trips_through_the_reader() {
             s.spawn(|| {
                 let w = region.shard_writer(&slot);
                 w.record_gpu_sample(0, sample(2_000, 5));
-                w.record_kernel_sample(b"gemm", sample(2_000, 5));
+                w.record_kernel_sample(&KernelName::new(b"gemm"), sample(2_000, 5));
                 // More names than entries: the last entry sums the rest.
                 for i in 0..KERNEL_ENTRIES + 3 {
-                    w.record_kernel_sample(format!("k{i}").as_bytes(), sample(1, 1));
+                    w.record_kernel_sample(&KernelName::new(format!("k{i}").as_bytes()), sample(1, 1));
                 }
             });
         });
@@ -585,7 +585,7 @@ fn gpu_time_round_trips_through_the_reader() {
 /// doubling any: each lands or is counted as dropped, and no entry holds two names.
 #[test]
 fn overflow_writers_share_kernel_entries_without_mixing_names() {
-    use region::GpuSample;
+    use region::{GpuSample, KernelName};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r");
     let (region, _) = Region::open_or_create(&path, &config(0, 1)).unwrap();
@@ -606,7 +606,7 @@ fn overflow_writers_share_kernel_entries_without_mixing_names() {
                         elapsed_ns: 10,
                         launches: 1,
                     };
-                    w.record_kernel_sample(name.as_bytes(), one);
+                    w.record_kernel_sample(&KernelName::new(name.as_bytes()), one);
                     w.record_gpu_sample(0, one);
                 }
             });

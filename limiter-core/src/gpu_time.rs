@@ -67,20 +67,21 @@ impl Pacer {
     }
 
     /// The launches until (and including) the next sampled launch, after a sample point that
-    /// came `launches` launches and `elapsed_ns` after the previous one.
+    /// came `launches` launches and `elapsed_ns` after the previous one (0: the first, whose
+    /// rate is unknown: the mean interval stays).
     pub fn next(&mut self, launches: u32, elapsed_ns: u64) -> u32 {
         match self.rate {
             SampleRate::Off => u32::MAX,
             SampleRate::Every(n) => n.max(1),
             SampleRate::Adaptive { per_second } => {
-                // The interval that would have given `per_second` samples over this stretch.
-                let wanted = if elapsed_ns == 0 {
-                    f64::from(MAX_INTERVAL)
-                } else {
-                    f64::from(launches) * 1e9 / (f64::from(per_second.max(1)) * elapsed_ns as f64)
-                };
-                let mean = (f64::from(self.mean) + wanted) / 2.0;
-                self.mean = mean.clamp(1.0, f64::from(MAX_INTERVAL)) as u32;
+                if elapsed_ns != 0 {
+                    // The interval that would have given `per_second` samples over this
+                    // stretch; halfway there each time.
+                    let wanted = f64::from(launches) * 1e9
+                        / (f64::from(per_second.max(1)) * elapsed_ns as f64);
+                    let mean = (f64::from(self.mean) + wanted) / 2.0;
+                    self.mean = mean.clamp(1.0, f64::from(MAX_INTERVAL)) as u32;
+                }
                 if self.mean <= 1 {
                     return 1;
                 }
@@ -580,6 +581,10 @@ mod tests {
         }
         assert_eq!(p.mean(), 1);
         assert_eq!(Pacer::new(SampleRate::Off, 1).next(1, 1), u32::MAX);
+        // The first sample point says nothing of the rate.
+        let mut first = Pacer::new(SampleRate::Adaptive { per_second: 200 }, 1);
+        assert_eq!(first.next(1, 0), 1);
+        assert_eq!(first.mean(), 1);
         assert_eq!(Pacer::new(SampleRate::Every(0), 1).next(1, 1), 1);
     }
 

@@ -658,6 +658,7 @@ pub(super) mod tests {
             throttled_ns: 1_500_000_000,
             dropped_records: 0,
             shard_problems: vec![],
+            ..Default::default()
         });
         let mut c = container("c", Some("p"), &[&p]);
         c.regions.push(RegionInfo {

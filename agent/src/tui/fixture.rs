@@ -111,6 +111,7 @@ fn limiter(held: u64, throttled_ns: u64) -> LimiterProcess {
         throttled_ns,
         dropped_records: 0,
         shard_problems: vec![],
+        ..Default::default()
     }
 }
 

@@ -693,6 +693,7 @@ fn limiter_gpu_time(slot: &SlotSnapshot) -> Vec<LimiterGpuTime> {
             sampled_ns: t.sampled_ns,
             samples: t.samples,
             launches: t.launches,
+            busy_ratio: None,
         })
         .collect()
 }

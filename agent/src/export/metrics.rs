@@ -778,6 +778,7 @@ pub(super) mod tests {
                 throttled_ns: 2_000_000_000,
                 dropped_records: 0,
                 shard_problems: vec![],
+                ..Default::default()
             });
             p.memory.limiter = Some(9 << 30);
             p.memory.limiter_allocations = Some((9 << 30) - (512 << 20));

@@ -86,7 +86,7 @@ impl GpuSource {
 
 /// GPU time one process's launches took on one device, as the limiter measured it
 /// (cumulative).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimiterGpuTime {
     pub device: u32,
     /// All launches' GPU time, estimated from the samples, ns.
@@ -96,6 +96,10 @@ pub struct LimiterGpuTime {
     pub samples: u64,
     /// Launches the samples stand for.
     pub launches: u64,
+    /// Share of the latest interval between snapshots the process kept the device busy
+    /// (`None`: the first snapshot it is in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_ratio: Option<f64>,
 }
 
 impl LimiterGpuTime {
@@ -108,6 +112,7 @@ impl LimiterGpuTime {
             sampled_ns: self.sampled_ns.saturating_sub(e.sampled_ns),
             samples: self.samples.saturating_sub(e.samples),
             launches: self.launches.saturating_sub(e.launches),
+            busy_ratio: self.busy_ratio,
         }
     }
 }

@@ -54,7 +54,10 @@ fn stat_shows_the_limiters_gpu_time_and_top_kernels_of_known_durations() {
         let mut cmd = exercise(&lib);
         cmd.env("LD_PRELOAD", limiter_lib())
             .env("VGPU_REAL_LIBCUDA", &lib)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", regions.join(format!("{name}.cache")))
+            .env(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                regions.join(format!("{name}.cache")),
+            )
             .env("SIMCUDA_KERNEL_US", kernels_us);
         if let Some(s) = sample {
             cmd.env("VGPU_GPU_TIME_SAMPLE", s);
@@ -79,11 +82,7 @@ fn stat_shows_the_limiters_gpu_time_and_top_kernels_of_known_durations() {
     let every = start("every", Some("1"), "big=3000,small=1000", "big,small,small");
     // The default, adaptive sampling: estimates.
     let sampled = start("sampled", None, "k=500", "k");
-    let mut stat = Stat::start(&[
-        "--no-calibrate",
-        "--region-dir",
-        regions.to_str().unwrap(),
-    ]);
+    let mut stat = Stat::start(&["--no-calibrate", "--region-dir", regions.to_str().unwrap()]);
     stat.wait_for(&attached(&lib), ATTACH_TIMEOUT);
     stat.wait_for("tracing for", ATTACH_TIMEOUT);
     let (epid, spid) = (every.pid(), sampled.pid());
@@ -116,8 +115,14 @@ fn stat_shows_the_limiters_gpu_time_and_top_kernels_of_known_durations() {
     }
     close(big["share"].as_f64().unwrap(), 0.6, 0.03, "big's share");
     let busy = limiter_busy(row);
-    let kernel_seconds = big["gpu_seconds"].as_f64().unwrap() + small["gpu_seconds"].as_f64().unwrap();
-    close(busy["busy_seconds"].as_f64().unwrap(), kernel_seconds, 0.001, "busy = kernels");
+    let kernel_seconds =
+        big["gpu_seconds"].as_f64().unwrap() + small["gpu_seconds"].as_f64().unwrap();
+    close(
+        busy["busy_seconds"].as_f64().unwrap(),
+        kernel_seconds,
+        0.001,
+        "busy = kernels",
+    );
     // Launching with a synchronisation after each: the GPU is busy most of the time, never more.
     let ratio = busy["busy_ratio"].as_f64().unwrap();
     assert!(ratio > 0.2 && ratio <= 1.0, "busy ratio {ratio}");
@@ -128,9 +133,22 @@ fn stat_shows_the_limiters_gpu_time_and_top_kernels_of_known_durations() {
     let made = smade["launches"].as_u64().unwrap() as f64;
     let samples = k["samples"].as_u64().unwrap();
     assert!((100..2000).contains(&samples), "{samples} samples in 2 s");
-    assert!((samples as f64) < made / 4.0, "{samples} samples of {made} launches");
-    close(k["launches"].as_f64().unwrap(), made, 0.1, "launches stood for");
-    close(k["gpu_seconds"].as_f64().unwrap(), made * 500e-6, 0.1, "estimated GPU time");
+    assert!(
+        (samples as f64) < made / 4.0,
+        "{samples} samples of {made} launches"
+    );
+    close(
+        k["launches"].as_f64().unwrap(),
+        made,
+        0.1,
+        "launches stood for",
+    );
+    close(
+        k["gpu_seconds"].as_f64().unwrap(),
+        made * 500e-6,
+        0.1,
+        "estimated GPU time",
+    );
     assert_eq!(k["share"], 1.0);
     let busy = limiter_busy(row);
     assert_eq!(busy["samples"].as_u64().unwrap(), samples);

@@ -495,7 +495,11 @@ mod tests {
         let (gpu, sink) = (FakeGpu::default(), Sink::default());
         let mut d = Driven::new(SampleRate::Every(1));
         for i in 0..100 {
-            let (name, ns) = if i % 4 == 0 { ("big", 300) } else { ("small", 100) };
+            let (name, ns) = if i % 4 == 0 {
+                ("big", 300)
+            } else {
+                ("small", 100)
+            };
             d.launch(&gpu, &sink, name, ns);
             gpu.advance(1_000);
         }
@@ -563,7 +567,11 @@ mod tests {
             let err = (estimate(name) - truth).abs() / truth;
             assert!(err < 0.1, "{name}: {} vs {truth}", estimate(name));
         }
-        assert!(d.sampler.pacer.mean() > 6 && d.sampler.pacer.mean() < 24, "{}", d.sampler.pacer.mean());
+        assert!(
+            d.sampler.pacer.mean() > 6 && d.sampler.pacer.mean() < 24,
+            "{}",
+            d.sampler.pacer.mean()
+        );
     }
 
     #[test]

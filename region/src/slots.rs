@@ -359,9 +359,12 @@ fn reset_shard(shard: &Shard) {
             [&record.event_errors, &record.skipped, &record.zero]
                 .into_iter()
                 .chain(&record.spare_head)
-                .chain(record.devices.iter().flat_map(|d| {
-                    [&d.estimated_ns, &d.sampled_ns, &d.samples, &d.launches]
-                }))
+                .chain(
+                    record
+                        .devices
+                        .iter()
+                        .flat_map(|d| [&d.estimated_ns, &d.sampled_ns, &d.samples, &d.launches]),
+                )
                 .chain(&record.spare)
                 .for_each(|w| w.store(0, r));
         });

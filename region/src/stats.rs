@@ -389,9 +389,9 @@ fn write_name(e: &KernelEntry, hash: u64, name: &KernelName) {
     // Relaxed: inside the entry's write section.
     e.name_hash.store(hash, Ordering::Relaxed);
     e.name_len.store(name.len, Ordering::Relaxed);
-    for (w, chunk) in e.name.iter().zip(name.prefix.chunks_exact(8)) {
-        let bytes: [u8; 8] = chunk.try_into().expect("chunks of 8");
-        w.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+    let (chunks, _) = name.prefix.as_chunks::<8>();
+    for (w, chunk) in e.name.iter().zip(chunks) {
+        w.store(u64::from_le_bytes(*chunk), Ordering::Relaxed);
     }
 }
 

@@ -536,7 +536,10 @@ fn gpu_time_round_trips_through_the_reader() {
                 w.record_kernel_sample(&KernelName::new(b"gemm"), sample(2_000, 5));
                 // More names than entries: the last entry sums the rest.
                 for i in 0..KERNEL_ENTRIES + 3 {
-                    w.record_kernel_sample(&KernelName::new(format!("k{i}").as_bytes()), sample(1, 1));
+                    w.record_kernel_sample(
+                        &KernelName::new(format!("k{i}").as_bytes()),
+                        sample(1, 1),
+                    );
                 }
             });
         });
@@ -544,7 +547,10 @@ fn gpu_time_round_trips_through_the_reader() {
     let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
     let s = &snap.slots[0];
     assert!(s.shard_problems.is_empty());
-    assert_eq!(s.throttled_ns, 0, "the GPU records add nothing to throttled time");
+    assert_eq!(
+        s.throttled_ns, 0,
+        "the GPU records add nothing to throttled time"
+    );
     assert_eq!(s.gpu_time.len(), 2);
     let d0 = s.gpu_time[0];
     assert_eq!(
@@ -557,7 +563,11 @@ fn gpu_time_round_trips_through_the_reader() {
     assert_eq!(gemm.name, b"gemm");
     assert_eq!(gemm.name_hash, region::kernel_name_hash(b"gemm"));
     assert_eq!(
-        (gemm.time.estimated_ns, gemm.time.samples, gemm.time.launches),
+        (
+            gemm.time.estimated_ns,
+            gemm.time.samples,
+            gemm.time.launches
+        ),
         (20_000, 2, 15),
         "merged over both shards"
     );
@@ -568,12 +578,16 @@ fn gpu_time_round_trips_through_the_reader() {
     let other = s.kernels.iter().find(|k| k.other).unwrap();
     assert!(other.name.is_empty());
     assert_eq!(other.time.samples, (KERNEL_ENTRIES + 3 - 14) as u64);
-    let named = s.kernels.iter().filter(|k| k.name.starts_with(b"k") && k.name_len < 10);
+    let named = s
+        .kernels
+        .iter()
+        .filter(|k| k.name.starts_with(b"k") && k.name_len < 10);
     assert_eq!(named.count(), 14);
     // A reused slot starts from zero.
+    let index = slot.index();
     region.retire_slot(slot);
     let again = region.claim_slot().unwrap();
-    drop(again);
+    assert_eq!(again.index(), index, "the slot is reused");
     let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
     for s in &snap.slots {
         assert!(s.kernels.is_empty(), "{:?}", s.kernels);

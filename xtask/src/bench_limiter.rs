@@ -213,7 +213,9 @@ pub fn run(args: &[String]) -> Result<()> {
         tmp: tmp.clone(),
     };
     println!("(medians of {RUNS} interleaved runs; spread = min..max; start-up spread in ms)");
-    let launch = compare(&env, "launch, ns", "ns", |l, r| launch_run(&env, l, r, None))?;
+    let launch = compare(&env, "launch, ns", "ns", |l, r| {
+        launch_run(&env, l, r, None)
+    })?;
     let launch_unsampled = compare(&env, "launch, sampling off, ns", "ns", |l, r| {
         launch_run(&env, l, r, Some("off"))
     })?;

@@ -724,7 +724,7 @@ fn limiter_kernels(slot: &SlotSnapshot) -> Vec<KernelTime> {
         row.samples += k.time.samples;
         row.launches += k.time.launches;
     }
-    out.sort_by(|a, b| b.estimated_ns.cmp(&a.estimated_ns));
+    out.sort_by_key(|a| std::cmp::Reverse(a.estimated_ns));
     out
 }
 

@@ -206,7 +206,11 @@ mod limiter_tests {
             .map(|(l, v)| (l[4].clone(), format!("{v:?}")))
             .collect();
         assert_eq!(busy.len(), 2, "{busy:?}");
-        assert!(busy.iter().any(|(s, v)| s == "limiter" && v.contains("0.34")), "{busy:?}");
+        assert!(
+            busy.iter()
+                .any(|(s, v)| s == "limiter" && v.contains("0.34")),
+            "{busy:?}"
+        );
         assert!(busy.iter().any(|(s, _)| s == "nvml"), "{busy:?}");
         let kernels: Vec<String> = e
             .family(&defs::CONTAINER_KERNEL_TIME)

@@ -161,7 +161,11 @@ pub struct KernelShare {
 }
 
 /// The limiter's GPU time of the processes `keys` over `first..last`, per device.
-pub fn limiter_window(first: &Snapshot, last: &Snapshot, keys: &[ProcessKey]) -> Vec<LimiterGpuTime> {
+pub fn limiter_window(
+    first: &Snapshot,
+    last: &Snapshot,
+    keys: &[ProcessKey],
+) -> Vec<LimiterGpuTime> {
     let mut by: BTreeMap<u32, LimiterGpuTime> = BTreeMap::new();
     for p in keys.iter().filter_map(|k| last.process(*k)) {
         let Some(l) = &p.limiter else { continue };
@@ -225,7 +229,9 @@ pub fn top_kernels(first: &Snapshot, last: &Snapshot, keys: &[ProcessKey]) -> Ve
         for k in &l.kernels {
             let e = before.and_then(|b| b.kernels.iter().find(|e| e.name == k.name));
             let slot = by.entry(k.name.clone()).or_default();
-            slot.0 += k.estimated_ns.saturating_sub(e.map_or(0, |e| e.estimated_ns));
+            slot.0 += k
+                .estimated_ns
+                .saturating_sub(e.map_or(0, |e| e.estimated_ns));
             slot.1 += k.samples.saturating_sub(e.map_or(0, |e| e.samples));
             slot.2 += k.launches.saturating_sub(e.map_or(0, |e| e.launches));
         }
@@ -251,7 +257,11 @@ pub fn top_kernels(first: &Snapshot, last: &Snapshot, keys: &[ProcessKey]) -> Ve
             name,
             source: GpuSource::Limiter,
             gpu_seconds: ns as f64 / 1e9,
-            share: if total == 0 { 0.0 } else { ns as f64 / total as f64 },
+            share: if total == 0 {
+                0.0
+            } else {
+                ns as f64 / total as f64
+            },
             samples,
             launches,
         })

@@ -75,7 +75,10 @@ fn gpu_use_line(out: &mut String, uses: &[WindowUse]) {
 /// `  GPU busy: GPU0 limiter 16.0% (412 samples) nvml 10.1%`: the share of the window each
 /// source saw the GPU kept busy; the limiter's figure is the one to trust on a shared GPU.
 fn gpu_busy_line(out: &mut String, busy: &[GpuBusy]) {
-    if !busy.iter().any(|b| b.source == crate::model::gpu_use::GpuSource::Limiter) {
+    if !busy
+        .iter()
+        .any(|b| b.source == crate::model::gpu_use::GpuSource::Limiter)
+    {
         return;
     }
     let mut devices: Vec<u32> = busy.iter().map(|b| b.device).collect();

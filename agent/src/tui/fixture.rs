@@ -189,7 +189,10 @@ pub fn snapshot() -> Snapshot {
             busy_ratio: Some(0.34),
         }],
         kernels: [
-            ("ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_tn", 24_600_000_000),
+            (
+                "ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_tn",
+                24_600_000_000,
+            ),
             ("flash_fwd_kernel", 9_800_000_000),
             ("graph", 4_100_000_000),
             ("other", 2_500_000_000),

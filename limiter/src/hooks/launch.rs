@@ -157,24 +157,27 @@ macro_rules! launch_kernel {
             kernel_params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
-            launch::<$sym>(|| kernel(f, stream, $per_thread), |real: PfnLaunchKernel| {
-                // SAFETY: forwards the caller's arguments unchanged to the same variant.
-                unsafe {
-                    real(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        stream,
-                        kernel_params,
-                        extra,
-                    )
-                }
-            })
+            launch::<$sym>(
+                || kernel(f, stream, $per_thread),
+                |real: PfnLaunchKernel| {
+                    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                    unsafe {
+                        real(
+                            f,
+                            grid_x,
+                            grid_y,
+                            grid_z,
+                            block_x,
+                            block_y,
+                            block_z,
+                            shared_mem_bytes,
+                            stream,
+                            kernel_params,
+                            extra,
+                        )
+                    }
+                },
+            )
         }
     };
 }
@@ -193,9 +196,9 @@ macro_rules! launch_kernel_ex {
             kernel_params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
-            // SAFETY: forwards the caller's arguments unchanged to the same variant.
             launch::<$sym>(
                 || kernel(f, config_stream(config), $per_thread),
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
                 |real: PfnLaunchKernelEx| unsafe { real(config, f, kernel_params, extra) },
             )
         }
@@ -222,23 +225,26 @@ macro_rules! launch_cooperative {
             stream: CUstream,
             kernel_params: *mut *mut c_void,
         ) -> CUresult {
-            launch::<$sym>(|| kernel(f, stream, $per_thread), |real: PfnLaunchCooperativeKernel| {
-                // SAFETY: forwards the caller's arguments unchanged to the same variant.
-                unsafe {
-                    real(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        stream,
-                        kernel_params,
-                    )
-                }
-            })
+            launch::<$sym>(
+                || kernel(f, stream, $per_thread),
+                |real: PfnLaunchCooperativeKernel| {
+                    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                    unsafe {
+                        real(
+                            f,
+                            grid_x,
+                            grid_y,
+                            grid_z,
+                            block_x,
+                            block_y,
+                            block_z,
+                            shared_mem_bytes,
+                            stream,
+                            kernel_params,
+                        )
+                    }
+                },
+            )
         }
     };
 }
@@ -260,7 +266,6 @@ macro_rules! graph_launch {
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
         pub(crate) unsafe extern "C" fn $name(graph: CUgraphExec, stream: CUstream) -> CUresult {
-            // SAFETY: forwards the caller's arguments unchanged to the same variant.
             launch::<$sym>(
                 || Target {
                     launched: Launched::Graph,
@@ -269,6 +274,7 @@ macro_rules! graph_launch {
                         per_thread: $per_thread,
                     },
                 },
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
                 |real: PfnGraphLaunch| unsafe { real(graph, stream) },
             )
         }

@@ -136,9 +136,9 @@ pub(crate) fn begin(
                     .begin(&events, context, target.stream, &sink)?;
                 let label = match target.launched {
                     Launched::Graph => KernelName::new(GRAPH),
-                    Launched::Kernel(f) => KernelName::new(
-                        events.function_name(f).map_or(UNNAMED, |n| n.to_bytes()),
-                    ),
+                    Launched::Kernel(f) => {
+                        KernelName::new(events.function_name(f).map_or(UNNAMED, |n| n.to_bytes()))
+                    }
                 };
                 Some(InProgress {
                     begun,

@@ -42,8 +42,8 @@ mod validate;
 pub use budget::ReadBudget;
 use budget::Spend;
 pub use snapshot::{
-    ApiStats, BudgetLimit, GpuTimeStats, KernelStats, DeviceSnapshot, ReadCounters, RegionSnapshot, ShardProblem,
-    ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
+    ApiStats, BudgetLimit, DeviceSnapshot, GpuTimeStats, KernelStats, ReadCounters, RegionSnapshot,
+    ShardProblem, ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
 };
 pub(crate) use validate::validate_header;
 
@@ -438,7 +438,7 @@ impl RegionReader {
                 samples_skipped: totals.samples_skipped,
                 kernels: {
                     let mut k = totals.kernels;
-                    k.sort_by(|a, b| b.time.estimated_ns.cmp(&a.time.estimated_ns));
+                    k.sort_by_key(|a| std::cmp::Reverse(a.time.estimated_ns));
                     k
                 },
             };

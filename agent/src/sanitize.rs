@@ -161,6 +161,10 @@ pub fn snapshot(snap: &mut Snapshot) {
         if let Some(l) = &mut p.limiter {
             fix(&mut l.region);
             fix_all(&mut l.shard_problems);
+            // Kernel names are the tenant's bytes (at most 64, read from its region).
+            for k in &mut l.kernels {
+                fix(&mut k.name);
+            }
         }
         for c in &mut p.communicators {
             fix(&mut c.comm);

@@ -10,6 +10,8 @@ use std::{ffi::OsString, path::PathBuf};
 
 use agent_common::MAX_DEVICES;
 
+use crate::gpu_time::SampleRate;
+
 pub(crate) const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub(crate) const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 pub(crate) const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
@@ -21,6 +23,7 @@ pub(crate) const DEBUG_PANIC_IN: &str = "VGPU_DEBUG_PANIC_IN";
 pub(crate) const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
 pub(crate) const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
 pub(crate) const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
+pub(crate) const GPU_TIME_SAMPLE: &str = "VGPU_GPU_TIME_SAMPLE";
 
 /// The SM controller's period when `VGPU_SM_PERIOD_MS` is unset (see [`crate::sm`]).
 pub(crate) const DEFAULT_SM_PERIOD_MS: u64 = 100;
@@ -153,6 +156,10 @@ pub struct Config {
     /// Test knob (`VGPU_DEBUG_HOOK_DELAY_NS`): every launch hook busy-waits this long and records
     /// it as hook self-time, so that attribution can be checked against a known limiter cost.
     pub debug_hook_delay_ns: u64,
+    /// How often launches are timed on the GPU (`VGPU_GPU_TIME_SAMPLE`: `auto`, the default,
+    /// about 200 samples per second per launching thread; `N`: every Nth launch; `0` or `off`:
+    /// never).
+    pub gpu_time_sample: SampleRate,
 }
 
 impl Config {
@@ -182,6 +189,7 @@ impl Default for Config {
             context_bytes: DEFAULT_CONTEXT_BYTES,
             debug_panic_in: None,
             debug_hook_delay_ns: 0,
+            gpu_time_sample: SampleRate::default(),
         }
     }
 }
@@ -220,6 +228,7 @@ enum Var {
     DebugHookDelayNs,
     SmPeriodMs,
     SmFeedback,
+    GpuTimeSample,
 }
 
 fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
@@ -263,6 +272,7 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         DEBUG_HOOK_DELAY_NS => return Ok(Some(Var::DebugHookDelayNs)),
         SM_PERIOD_MS => return Ok(Some(Var::SmPeriodMs)),
         SM_FEEDBACK => return Ok(Some(Var::SmFeedback)),
+        GPU_TIME_SAMPLE => return Ok(Some(Var::GpuTimeSample)),
         _ => {}
     }
     if let Some(i) = indexed(name, MEMORY_LIMIT)? {
@@ -379,6 +389,22 @@ impl Config {
                                 SM_PERIOD_RANGE_MS.end()
                             ),
                         })?;
+                }
+                Var::GpuTimeSample => {
+                    cfg.gpu_time_sample = match value.as_str() {
+                        "auto" => SampleRate::default(),
+                        "0" | "off" => SampleRate::Off,
+                        n => n
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|_| !n.starts_with('+'))
+                            .map(SampleRate::Every)
+                            .ok_or_else(|| ConfigError::Invalid {
+                                var: name.to_owned(),
+                                value: value.clone(),
+                                reason: "expected auto, off, or N (time every Nth launch)".into(),
+                            })?,
+                    };
                 }
                 Var::SmFeedback => {
                     cfg.sm_feedback = match value.as_str() {
@@ -558,6 +584,20 @@ mod tests {
         }
         assert!(c.sm_feedback);
         assert!(!vars(&[("VGPU_SM_FEEDBACK", "0")]).unwrap().sm_feedback);
+        assert_eq!(c.gpu_time_sample, SampleRate::default());
+        for (v, rate) in [
+            ("auto", SampleRate::default()),
+            ("off", SampleRate::Off),
+            ("0", SampleRate::Off),
+            ("1", SampleRate::Every(1)),
+            ("64", SampleRate::Every(64)),
+        ] {
+            let c = vars(&[("VGPU_GPU_TIME_SAMPLE", v)]).unwrap();
+            assert_eq!(c.gpu_time_sample, rate, "{v}");
+        }
+        for bad in ["", "-1", "+3", "often"] {
+            assert!(vars(&[("VGPU_GPU_TIME_SAMPLE", bad)]).is_err(), "{bad:?}");
+        }
         assert!(vars(&[("VGPU_SM_FEEDBACK", "1")]).unwrap().sm_feedback);
         for bad in ["", "yes", "2", "off"] {
             let e = vars(&[("VGPU_SM_FEEDBACK", bad)]).unwrap_err();

@@ -13,6 +13,7 @@
 //! - [`pools`]: what each stream-ordered pool is charged, settled against the driver's reserved
 //!   size.
 //! - [`info`]: memory information as the limit shows it (`cuMemGetInfo`, NVML).
+//! - [`gpu_time`]: which launches are timed on the GPU with event pairs, read back without waiting.
 //! - [`sm`]: the SM share's duty cycle per device and its correction law from NVML's
 //!   measurements ([`sm::feedback`]).
 
@@ -22,6 +23,7 @@ pub mod accounting;
 pub mod alloc_table;
 pub mod charge;
 pub mod config;
+pub mod gpu_time;
 pub mod info;
 pub mod pools;
 pub mod sm;

@@ -36,8 +36,10 @@ pub const LAYOUT_MAJOR: u32 = 3;
 pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// Layout minor version: additions inside reserved fields; readers accept any minor. 1: the
 /// container's SM share per device ([`SmShare`], in what was the header's tail). 2: the bytes
-/// an API copied ([`ApiRecord::bytes_moved`], in what was the record's first spare word).
-pub const LAYOUT_MINOR: u32 = 2;
+/// an API copied ([`ApiRecord::bytes_moved`], in what was the record's first spare word). 3: the
+/// GPU time the limiter measured ([`GpuTimeRecord`], [`KernelEntry`], in the records of the
+/// last [`GPU_TIME_RECORDS`] API ids of each shard, which no API had).
+pub const LAYOUT_MINOR: u32 = 3;
 /// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
 pub const MAX_SLOTS: u32 = 1024;
 /// Slots of a region when the configuration does not say.
@@ -217,11 +219,98 @@ pub struct ApiRecord {
 pub const API_RECORD_SIZE: usize = 512;
 const API_RECORD_SPARE_WORDS: usize = API_RECORD_SIZE / 8 - 11 - HIST_BUCKETS;
 
-/// A single-writer statistics shard: one record per API id.
+/// Records at the end of a shard that hold GPU time instead of an API's statistics (layout 3.3):
+/// [`GPU_DEVICE_RECORDS`] of [`GpuTimeRecord`] and [`KERNEL_RECORDS`] of [`KernelEntry`]s.
+pub const GPU_TIME_RECORDS: usize = GPU_DEVICE_RECORDS + KERNEL_RECORDS;
+/// API records per shard: ids `0..API_RECORDS` (the rest of [`API_SLOTS`] hold GPU time).
+pub const API_RECORDS: usize = API_SLOTS - GPU_TIME_RECORDS;
+/// Devices of one [`GpuTimeRecord`].
+pub const GPU_DEVICES_PER_RECORD: usize = 8;
+/// [`GpuTimeRecord`]s per shard (all [`MAX_DEVICES`]).
+pub const GPU_DEVICE_RECORDS: usize = MAX_DEVICES / GPU_DEVICES_PER_RECORD;
+/// Records holding [`KernelEntry`]s, [`KERNELS_PER_RECORD`] each.
+pub const KERNEL_RECORDS: usize = 4;
+/// [`KernelEntry`]s per 512-byte record.
+pub const KERNELS_PER_RECORD: usize = API_RECORD_SIZE / size_of::<KernelEntry>();
+/// Kernel entries per shard; the last one sums the kernels that found no entry of their own.
+pub const KERNEL_ENTRIES: usize = KERNEL_RECORDS * KERNELS_PER_RECORD;
+/// Bytes of a kernel's name kept in its entry (the rest is cut; the hash covers the whole name).
+pub const KERNEL_NAME_BYTES: usize = 64;
+/// The `name_hash` of the entry that sums the kernels that found no entry of their own.
+pub const OTHER_KERNELS_HASH: u64 = u64::MAX;
+
+/// Sampled GPU time of one device, as one thread's samples add up (all words only grow).
+#[repr(C)]
+pub struct GpuTimeCounters {
+    /// GPU time of all launches, estimated: each sample's time times the launches it stands
+    /// for, ns.
+    pub estimated_ns: AtomicU64,
+    /// GPU time of the sampled launches themselves (event pairs), ns.
+    pub sampled_ns: AtomicU64,
+    /// Samples taken (completed event pairs).
+    pub samples: AtomicU64,
+    /// Launches the samples stand for (each sample, the launches since the previous one).
+    pub launches: AtomicU64,
+}
+
+/// The GPU time one thread measured, per device, under one seqlock (layout 3.3). Shaped like an
+/// [`ApiRecord`] where older readers look: the sequence first and word 7 zero (they add that
+/// word of every record to the throttled time).
+#[repr(C)]
+pub struct GpuTimeRecord {
+    /// Seqlock sequence, as [`ApiRecord::seq`].
+    pub seq: AtomicU64,
+    /// Event calls that failed (the sample is dropped; in a shard's first record only).
+    pub event_errors: AtomicU64,
+    /// Samples not taken: too many pairs still pending, or the stream was being captured (in a
+    /// shard's first record only).
+    pub skipped: AtomicU64,
+    /// Zero; for minor versions.
+    pub spare_head: [AtomicU64; 4],
+    /// Always zero (see the struct).
+    pub zero: AtomicU64,
+    /// Devices `8 * r .. 8 * r + 8` of record `r`.
+    pub devices: [GpuTimeCounters; GPU_DEVICES_PER_RECORD],
+    /// Room for growth (minor versions).
+    pub spare: [AtomicU64; 24],
+}
+
+/// One kernel's sampled GPU time in one thread's shard, under its own seqlock (layout 3.3). An
+/// entry is taken by the first kernel of its name (`name_hash` 0: free) and keeps it for the
+/// life of the slot.
+#[repr(C)]
+pub struct KernelEntry {
+    /// Seqlock sequence of the entry.
+    pub seq: AtomicU64,
+    /// FNV-1a hash of the whole name, never 0 or [`OTHER_KERNELS_HASH`]; 0 = free;
+    /// [`OTHER_KERNELS_HASH`]: the kernels that found no entry.
+    pub name_hash: AtomicU64,
+    /// As [`GpuTimeCounters::estimated_ns`].
+    pub estimated_ns: AtomicU64,
+    /// As [`GpuTimeCounters::sampled_ns`].
+    pub sampled_ns: AtomicU64,
+    /// As [`GpuTimeCounters::samples`].
+    pub samples: AtomicU64,
+    /// As [`GpuTimeCounters::launches`].
+    pub launches: AtomicU64,
+    /// Bytes of the whole name (more than [`KERNEL_NAME_BYTES`]: cut).
+    pub name_len: AtomicU64,
+    /// Always zero (see [`GpuTimeRecord`]).
+    pub zero: AtomicU64,
+    /// The name's first [`KERNEL_NAME_BYTES`] bytes as the driver gave them, NUL padded (the
+    /// tenant's bytes: readers sanitise them).
+    pub name: [AtomicU64; KERNEL_NAME_BYTES / 8],
+}
+
+/// A single-writer statistics shard: one record per API id, then the GPU time.
 #[repr(C)]
 pub struct Shard {
     /// Records per API id.
-    pub apis: [ApiRecord; API_SLOTS],
+    pub apis: [ApiRecord; API_RECORDS],
+    /// GPU time per device (layout 3.3).
+    pub gpu_time: [GpuTimeRecord; GPU_DEVICE_RECORDS],
+    /// GPU time per kernel name (layout 3.3).
+    pub kernels: [KernelEntry; KERNEL_ENTRIES],
 }
 
 /// The bit of a slot's `context_bytes` that marks the charge as refused, not held.
@@ -312,6 +401,14 @@ const _: () = assert!(size_of::<DeviceState>() == 64);
 const _: () = assert!(size_of::<RegionHeader>() == HEADER_SIZE);
 const _: () = assert!(size_of::<ApiRecord>() == API_RECORD_SIZE);
 const _: () = assert!(size_of::<Shard>() == 49_152);
+const _: () = assert!(size_of::<GpuTimeRecord>() == API_RECORD_SIZE);
+const _: () = assert!(size_of::<KernelEntry>() == 128);
+const _: () = assert!(MAX_DEVICES.is_multiple_of(GPU_DEVICES_PER_RECORD));
+const _: () = assert!(agent_common::api::API_COUNT <= API_RECORDS);
+// What older readers take for a record's sequence and its throttled time.
+const _: () = assert!(offset_of!(GpuTimeRecord, zero) == offset_of!(ApiRecord, throttled_ns));
+const _: () = assert!(offset_of!(KernelEntry, zero) == offset_of!(ApiRecord, throttled_ns));
+const _: () = assert!(offset_of!(Shard, gpu_time) == API_RECORDS * API_RECORD_SIZE);
 const _: () = assert!(size_of::<SlotHeader>() == 512);
 const _: () = assert!(size_of::<SlotRecord>() == 442_880);
 const _: () = assert!(offset_of!(RegionHeader, init_state) == 0);
@@ -424,6 +521,28 @@ field_offsets!(
     SlotHeader.shard_owner,
     SlotHeader.spare,
     Shard.apis,
+    Shard.gpu_time,
+    Shard.kernels,
+    GpuTimeRecord.seq,
+    GpuTimeRecord.event_errors,
+    GpuTimeRecord.skipped,
+    GpuTimeRecord.spare_head,
+    GpuTimeRecord.zero,
+    GpuTimeRecord.devices,
+    GpuTimeRecord.spare,
+    GpuTimeCounters.estimated_ns,
+    GpuTimeCounters.sampled_ns,
+    GpuTimeCounters.samples,
+    GpuTimeCounters.launches,
+    KernelEntry.seq,
+    KernelEntry.name_hash,
+    KernelEntry.estimated_ns,
+    KernelEntry.sampled_ns,
+    KernelEntry.samples,
+    KernelEntry.launches,
+    KernelEntry.name_len,
+    KernelEntry.zero,
+    KernelEntry.name,
     ApiRecord.seq,
     ApiRecord.calls,
     ApiRecord.errors,

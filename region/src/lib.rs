@@ -44,7 +44,7 @@ pub use layout::{DEFAULT_SLOTS, MAX_SLOTS, SmShare};
 pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, Reserver, SWEEP_INTERVAL_MS};
 pub use reserve::{Denied, MAX_RESERVABLE};
 pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};
-pub use stats::{Call, ShardWriter};
+pub use stats::{Call, GpuSample, KernelName, SampleProblem, ShardWriter, kernel_name_hash};
 
 #[cfg(all(test, loom))]
 mod loom_tests {

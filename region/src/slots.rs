@@ -17,7 +17,7 @@
 //! Death = the pid is gone or a zombie, or its start time differs (pid reused). Liveness is only
 //! judged for owners in the caller's pid namespace (the slot records the owner's namespace inode).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::RegionError;
 use agent_common::MAX_DEVICES;
@@ -338,4 +338,46 @@ fn reset_shard(shard: &Shard) {
         }
         seqlock::end(&record.seq, odd);
     }
+    for record in &shard.gpu_time {
+        reset_words(&record.seq, || {
+            [&record.event_errors, &record.skipped, &record.zero]
+                .into_iter()
+                .chain(&record.spare_head)
+                .chain(
+                    record
+                        .devices
+                        .iter()
+                        .flat_map(|d| [&d.estimated_ns, &d.sampled_ns, &d.samples, &d.launches]),
+                )
+                .chain(&record.spare)
+                .for_each(|w| w.store(0, r));
+        });
+    }
+    for entry in &shard.kernels {
+        reset_words(&entry.seq, || {
+            [
+                &entry.name_hash,
+                &entry.estimated_ns,
+                &entry.sampled_ns,
+                &entry.samples,
+                &entry.launches,
+                &entry.name_len,
+                &entry.zero,
+            ]
+            .into_iter()
+            .chain(&entry.name)
+            .for_each(|w| w.store(0, r));
+        });
+    }
+}
+
+/// Runs `zero` (which stores zeroes) in a section of `seq`, unless the record was never written.
+fn reset_words(seq: &AtomicU64, zero: impl FnOnce()) {
+    // Relaxed: the claimer is the only writer (see `reset_shard`).
+    if seq.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let odd = seqlock::begin_exclusive(seq);
+    zero();
+    seqlock::end(seq, odd);
 }

@@ -15,7 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use agent_common::api::ApiId;
 use agent_common::hist::bucket_of;
 
-use crate::layout::{ApiRecord, OVERFLOW_SHARD, Shard, SlotHeader, THREAD_SHARDS};
+use crate::layout::{
+    ApiRecord, GPU_DEVICES_PER_RECORD, KERNEL_ENTRIES, KERNEL_NAME_BYTES, KernelEntry,
+    OTHER_KERNELS_HASH, OVERFLOW_SHARD, Shard, SlotHeader, THREAD_SHARDS,
+};
 use crate::region::Region;
 use crate::seqlock;
 use crate::slots::Slot;
@@ -33,6 +36,69 @@ pub struct Call {
     pub bytes_freed: u64,
     /// Bytes the call copied.
     pub bytes_moved: u64,
+}
+
+/// One sampled launch's GPU time, as the limiter read it back from its event pair.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuSample {
+    /// GPU time between the events before and after the launch, ns.
+    pub elapsed_ns: u64,
+    /// Launches the sample stands for (the launches since the previous sample, itself included).
+    pub launches: u64,
+}
+
+impl GpuSample {
+    /// The GPU time of the launches the sample stands for, estimated.
+    pub fn estimated_ns(self) -> u64 {
+        self.elapsed_ns.saturating_mul(self.launches)
+    }
+}
+
+/// What went wrong with a sample (counted in the shard's first [`crate::layout::GpuTimeRecord`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleProblem {
+    /// An event call failed; the sample is dropped.
+    EventError,
+    /// A sample was not taken (too many pending, or the stream was being captured).
+    Skipped,
+}
+
+/// The name hash a kernel entry is found by: FNV-1a of the whole name, never 0 (a free entry)
+/// or [`OTHER_KERNELS_HASH`].
+pub fn kernel_name_hash(name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    match h {
+        0 => 1,
+        OTHER_KERNELS_HASH => OTHER_KERNELS_HASH - 1,
+        h => h,
+    }
+}
+
+/// A kernel's name as an entry keeps it: the hash of the whole name, its length and its first
+/// [`KERNEL_NAME_BYTES`] bytes (taken when the launch is sampled: no allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelName {
+    hash: u64,
+    len: u64,
+    prefix: [u8; KERNEL_NAME_BYTES],
+}
+
+impl KernelName {
+    /// The entry name of `name` (the driver's bytes, without the NUL).
+    pub fn new(name: &[u8]) -> KernelName {
+        let mut prefix = [0u8; KERNEL_NAME_BYTES];
+        let kept = name.len().min(KERNEL_NAME_BYTES);
+        prefix[..kept].copy_from_slice(&name[..kept]);
+        KernelName {
+            hash: kernel_name_hash(name),
+            len: name.len() as u64,
+            prefix,
+        }
+    }
 }
 
 /// The calling thread's handle for recording statistics into its process's slot.
@@ -146,24 +212,32 @@ impl<'r> ShardWriter<'r> {
         let Some(record) = self.shard.apis.get(api.0 as usize) else {
             return;
         };
+        self.section_of(&record.seq, || write(record));
+    }
+
+    /// Runs `write` inside a section of the record whose sequence is `seq`; returns whether it
+    /// ran (not when the overflow shard's record was busy: counted as dropped).
+    #[inline(always)]
+    fn section_of(&self, seq: &AtomicU64, write: impl FnOnce()) -> bool {
         let odd = if self.exclusive {
-            seqlock::begin_exclusive(&record.seq)
+            seqlock::begin_exclusive(seq)
         } else {
-            match self.begin_shared(record) {
+            match self.begin_shared(seq) {
                 Some(odd) => odd,
-                None => return,
+                None => return false,
             }
         };
-        write(record);
-        seqlock::end(&record.seq, odd);
+        write();
+        seqlock::end(seq, odd);
+        true
     }
 
     /// Opens a section on a record of the overflow shard (threads past [`THREAD_SHARDS`]), or
     /// counts a dropped record. Out of line: most threads own a shard.
     #[cold]
     #[inline(never)]
-    fn begin_shared(&self, record: &ApiRecord) -> Option<u64> {
-        let odd = seqlock::try_begin_shared(&record.seq);
+    fn begin_shared(&self, seq: &AtomicU64) -> Option<u64> {
+        let odd = seqlock::try_begin_shared(seq);
         if odd.is_none() {
             // Relaxed: a statistic.
             self.slot.dropped_records.fetch_add(1, Ordering::Relaxed);
@@ -239,6 +313,85 @@ impl<'r> ShardWriter<'r> {
     #[inline]
     pub fn add_throttled_ns(&self, api: ApiId, ns: u64) {
         self.section(api, |r| bump(&r.throttled_ns, ns));
+    }
+}
+
+/// GPU time (layout 3.3): written by the thread that read a sampled event pair back, at the
+/// sample rate (a few hundred per second), never on a launch's own path.
+impl ShardWriter<'_> {
+    /// Adds a sample of `device` (nothing for a device past [`agent_common::MAX_DEVICES`]).
+    pub fn record_gpu_sample(&self, device: usize, sample: GpuSample) {
+        let Some(record) = self.shard.gpu_time.get(device / GPU_DEVICES_PER_RECORD) else {
+            return;
+        };
+        let c = &record.devices[device % GPU_DEVICES_PER_RECORD];
+        self.section_of(&record.seq, || {
+            bump(&c.estimated_ns, sample.estimated_ns());
+            bump(&c.sampled_ns, sample.elapsed_ns);
+            bump(&c.samples, 1);
+            bump(&c.launches, sample.launches);
+        });
+    }
+
+    /// Counts a sample that went wrong.
+    pub fn count_sample_problem(&self, problem: SampleProblem) {
+        let record = &self.shard.gpu_time[0];
+        self.section_of(&record.seq, || match problem {
+            SampleProblem::EventError => bump(&record.event_errors, 1),
+            SampleProblem::Skipped => bump(&record.skipped, 1),
+        });
+    }
+
+    /// Adds a sample of the kernel (or graph) named `name`: to its entry, taking a free one the
+    /// first time, else to the last entry, which sums the kernels that found none.
+    pub fn record_kernel_sample(&self, name: &KernelName, sample: GpuSample) {
+        let hash = name.hash;
+        let add = |e: &KernelEntry| {
+            bump(&e.estimated_ns, sample.estimated_ns());
+            bump(&e.sampled_ns, sample.elapsed_ns);
+            bump(&e.samples, 1);
+            bump(&e.launches, sample.launches);
+        };
+        let (named, other) = self.shard.kernels.split_at(KERNEL_ENTRIES - 1);
+        for e in named {
+            // Relaxed: a hint; the entry's hash is checked again inside its section.
+            let seen = e.name_hash.load(Ordering::Relaxed);
+            if seen != hash && seen != 0 {
+                continue;
+            }
+            let mut mine = false;
+            let ran = self.section_of(&e.seq, || {
+                let current = e.name_hash.load(Ordering::Relaxed);
+                if current == 0 {
+                    write_name(e, hash, name);
+                    mine = true;
+                } else {
+                    mine = current == hash;
+                }
+                if mine {
+                    add(e);
+                }
+            });
+            if !ran || mine {
+                return;
+            }
+        }
+        let e = &other[0];
+        self.section_of(&e.seq, || {
+            e.name_hash.store(OTHER_KERNELS_HASH, Ordering::Relaxed);
+            add(e);
+        });
+    }
+}
+
+/// Writes a free entry's name and hash (inside its section).
+fn write_name(e: &KernelEntry, hash: u64, name: &KernelName) {
+    // Relaxed: inside the entry's write section.
+    e.name_hash.store(hash, Ordering::Relaxed);
+    e.name_len.store(name.len, Ordering::Relaxed);
+    let (chunks, _) = name.prefix.as_chunks::<8>();
+    for (w, chunk) in e.name.iter().zip(chunks) {
+        w.store(u64::from_le_bytes(*chunk), Ordering::Relaxed);
     }
 }
 

@@ -502,3 +502,152 @@ fn a_writer_stuck_in_its_first_section_is_reported() {
     assert_eq!(s.shard_problems[0].seq, 1);
     assert_eq!(s.apis.len(), 1, "the launch record still counts");
 }
+
+/// GPU time (layout 3.3): per device and per kernel name, merged over a process's shards; names
+/// past 64 bytes are cut with their whole length kept; kernels past the table's entries are
+/// summed in the other entry; a reused slot starts from zero.
+#[test]
+fn gpu_time_round_trips_through_the_reader() {
+    use region::layout::KERNEL_ENTRIES;
+    use region::{GpuSample, KernelName, SampleProblem};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let (region, _) = Region::open_or_create(&path, &config(0, 2)).unwrap();
+    let slot = region.claim_slot().unwrap();
+    let sample = |elapsed_ns, launches| GpuSample {
+        elapsed_ns,
+        launches,
+    };
+    let long_name = [b'k'; 100];
+    {
+        let w = region.shard_writer(&slot);
+        w.record_gpu_sample(0, sample(1_000, 10));
+        w.record_gpu_sample(1, sample(3_000, 1));
+        w.record_gpu_sample(99, sample(3_000, 1));
+        w.record_kernel_sample(&KernelName::new(b"gemm"), sample(1_000, 10));
+        w.record_kernel_sample(&KernelName::new(&long_name), sample(500, 2));
+        w.count_sample_problem(SampleProblem::EventError);
+        w.count_sample_problem(SampleProblem::Skipped);
+        w.count_sample_problem(SampleProblem::Skipped);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let w = region.shard_writer(&slot);
+                w.record_gpu_sample(0, sample(2_000, 5));
+                w.record_kernel_sample(&KernelName::new(b"gemm"), sample(2_000, 5));
+                // More names than entries: the last entry sums the rest.
+                for i in 0..KERNEL_ENTRIES + 3 {
+                    w.record_kernel_sample(
+                        &KernelName::new(format!("k{i}").as_bytes()),
+                        sample(1, 1),
+                    );
+                }
+            });
+        });
+    }
+    let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+    let s = &snap.slots[0];
+    assert!(s.shard_problems.is_empty());
+    assert_eq!(
+        s.throttled_ns, 0,
+        "the GPU records add nothing to throttled time"
+    );
+    assert_eq!(s.gpu_time.len(), 2);
+    let d0 = s.gpu_time[0];
+    assert_eq!(
+        (d0.estimated_ns, d0.sampled_ns, d0.samples, d0.launches),
+        (20_000, 3_000, 2, 15)
+    );
+    assert_eq!(s.gpu_time[1].estimated_ns, 3_000);
+    assert_eq!((s.sample_errors, s.samples_skipped), (1, 2));
+    let gemm = &s.kernels[0];
+    assert_eq!(gemm.name, b"gemm");
+    assert_eq!(gemm.name_hash, region::kernel_name_hash(b"gemm"));
+    assert_eq!(
+        (
+            gemm.time.estimated_ns,
+            gemm.time.samples,
+            gemm.time.launches
+        ),
+        (20_000, 2, 15),
+        "merged over both shards"
+    );
+    let long = s.kernels.iter().find(|k| k.name_len == 100).unwrap();
+    assert_eq!(long.name, &long_name[..64]);
+    assert_eq!(long.time.estimated_ns, 1_000);
+    // The second thread's shard: gemm and 14 names of their own, then the other entry.
+    let other = s.kernels.iter().find(|k| k.other).unwrap();
+    assert!(other.name.is_empty());
+    assert_eq!(other.time.samples, (KERNEL_ENTRIES + 3 - 14) as u64);
+    let named = s
+        .kernels
+        .iter()
+        .filter(|k| k.name.starts_with(b"k") && k.name_len < 10);
+    assert_eq!(named.count(), 14);
+    // A reused slot starts from zero.
+    let index = slot.index();
+    region.retire_slot(slot);
+    let again = region.claim_slot().unwrap();
+    assert_eq!(again.index(), index, "the slot is reused");
+    let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+    for s in &snap.slots {
+        assert!(s.kernels.is_empty(), "{:?}", s.kernels);
+        assert!(s.gpu_time.iter().all(|t| t.samples == 0));
+    }
+}
+
+/// Threads sharing the overflow shard take kernel entries and add samples without losing or
+/// doubling any: each lands or is counted as dropped, and no entry holds two names.
+#[test]
+fn overflow_writers_share_kernel_entries_without_mixing_names() {
+    use region::{GpuSample, KernelName};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let (region, _) = Region::open_or_create(&path, &config(0, 1)).unwrap();
+    let slot = region.claim_slot().unwrap();
+    let threads = 12;
+    let per_thread = 5_000u64;
+    let barrier = std::sync::Barrier::new(threads);
+    let reading = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (barrier, region, slot) = (&barrier, &region, &slot);
+            s.spawn(move || {
+                let w = region.shard_writer(slot);
+                barrier.wait();
+                for i in 0..per_thread {
+                    let name = format!("kernel{}", (i + t as u64) % 6);
+                    let one = GpuSample {
+                        elapsed_ns: 10,
+                        launches: 1,
+                    };
+                    w.record_kernel_sample(&KernelName::new(name.as_bytes()), one);
+                    w.record_gpu_sample(0, one);
+                }
+            });
+        }
+        // A concurrent reader never sees a torn entry: every name it shows has its hash.
+        s.spawn(|| {
+            let reader = RegionReader::open(&path).unwrap();
+            for _ in 0..50 {
+                if let Ok(snap) = reader.snapshot() {
+                    for k in snap.slots.iter().flat_map(|s| &s.kernels) {
+                        assert_eq!(k.name_hash, region::kernel_name_hash(&k.name));
+                    }
+                }
+            }
+            reading.store(false, std::sync::atomic::Ordering::Relaxed);
+        });
+    });
+    let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+    let s = &snap.slots[0];
+    let samples: u64 = s.kernels.iter().map(|k| k.time.samples).sum();
+    let device = s.gpu_time[0].samples;
+    let total = threads as u64 * per_thread;
+    assert_eq!(samples + device + s.dropped_records, 2 * total);
+    for k in &s.kernels {
+        assert!(!k.other, "six names fit");
+        assert_eq!(k.name_hash, region::kernel_name_hash(&k.name));
+        assert_eq!(k.time.estimated_ns, 10 * k.time.samples);
+    }
+    assert!(!reading.load(std::sync::atomic::Ordering::Relaxed));
+}

@@ -6,6 +6,7 @@
 # name, exit status, seconds). Checks:
 #   attribute        scripts/gpu/validate-attribute.sh (3 rounds, ~2 min)
 #   gpu-use          scripts/gpu/validate-gpu-use.sh (~2 min)
+#   gpu-time         scripts/gpu/validate-gpu-time.sh (~2 min)
 #   metrics-nvml     scripts/gpu/validate-metrics-nvml.sh (~1 min)
 #   sm-container     scripts/gpu/validate-sm-container.sh
 #   memory-figures   scripts/gpu/validate-memory-figures.sh
@@ -27,6 +28,7 @@ for check in "$@"; do
   case $check in
     attribute) cmd=(bash scripts/gpu/validate-attribute.sh) ;;
     gpu-use) cmd=(bash scripts/gpu/validate-gpu-use.sh) ;;
+    gpu-time) cmd=(bash scripts/gpu/validate-gpu-time.sh) ;;
     metrics-nvml) cmd=(bash scripts/gpu/validate-metrics-nvml.sh) ;;
     sm-container) cmd=(bash scripts/gpu/validate-sm-container.sh) ;;
     memory-figures) cmd=(bash scripts/gpu/validate-memory-figures.sh) ;;

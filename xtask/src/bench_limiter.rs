@@ -3,7 +3,9 @@
 //! reported as medians with their spread (min..max over runs) and as limited/native ratios:
 //!
 //! - launches: `cuda-exercise launch-loop` (cuLaunchKernel through a pointer resolved once, the
-//!   median of 1,000,000 individually timed launches per run);
+//!   median of 1,000,000 individually timed launches per run), with the limiter's GPU-time
+//!   sampling at its default (`auto`) and again with it off (`VGPU_GPU_TIME_SAMPLE=off`): the
+//!   difference is what sampling adds to a launch;
 //! - 1 MiB cuMemAlloc_v2 + cuMemFree_v2 pairs: `cuda-exercise pairs`, median pair time, with 1 and
 //!   with 8 processes timing at once after a barrier (the slowest process's median);
 //! - start-up of 8, 32 and 64 processes started together (cuInit + context + one allocation):
@@ -74,9 +76,12 @@ fn json_of(out: &std::process::Output) -> Result<Value> {
     Ok(serde_json::from_str(line)?)
 }
 
-fn launch_run(env: &Env, limited: Config, run: usize) -> Result<f64> {
-    let out = env
-        .command(limited, &format!("launch-{run}"))
+fn launch_run(env: &Env, limited: Config, run: usize, sampling: Option<&str>) -> Result<f64> {
+    let mut cmd = env.command(limited, &format!("launch-{run}"));
+    if let Some(s) = sampling {
+        cmd.env("VGPU_GPU_TIME_SAMPLE", s);
+    }
+    let out = cmd
         .args(["launch-loop", "--count", &LAUNCHES.to_string()])
         .output()?;
     Ok(json_of(&out)?["launch_ns"].as_f64().unwrap_or(0.0))
@@ -208,7 +213,12 @@ pub fn run(args: &[String]) -> Result<()> {
         tmp: tmp.clone(),
     };
     println!("(medians of {RUNS} interleaved runs; spread = min..max; start-up spread in ms)");
-    let launch = compare(&env, "launch, ns", "ns", |l, r| launch_run(&env, l, r))?;
+    let launch = compare(&env, "launch, ns", "ns", |l, r| {
+        launch_run(&env, l, r, None)
+    })?;
+    let launch_unsampled = compare(&env, "launch, sampling off, ns", "ns", |l, r| {
+        launch_run(&env, l, r, Some("off"))
+    })?;
     let pairs1 = compare(&env, "alloc+free 1 MiB, 1 proc", "ns", |l, r| {
         pairs_run(&env, l, 1, r)
     })?;
@@ -224,7 +234,8 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     println!(
         "bench-limiter: {}",
-        json!({"device": "sim-cuda (release)", "launch": launch, "pairs_1": pairs1,
+        json!({"device": "sim-cuda (release)", "launch": launch,
+               "launch_sampling_off": launch_unsampled, "pairs_1": pairs1,
                "pairs_8": pairs8, "startup": startup, "runs": RUNS})
     );
     let _ = fs::remove_dir_all(&tmp);

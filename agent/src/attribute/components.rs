@@ -392,6 +392,7 @@ mod tests {
                 throttled_ns,
                 dropped_records: 0,
                 shard_problems: vec![],
+                ..Default::default()
             }),
             ..Process::with_apis(apis)
         }

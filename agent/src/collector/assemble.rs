@@ -29,6 +29,7 @@ use crate::{
     model::{
         AllocSizes, ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews,
         NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionUnread, Snapshot, Source,
+        gpu_use::{KernelTime, LimiterGpuTime, OTHER_KERNELS},
         probing::ProbeLosses,
     },
     nvml::GpuSnapshot,
@@ -69,6 +70,10 @@ struct SlotView {
     dropped_records: u64,
     problems: Vec<String>,
     apis: Vec<ApiUsage>,
+    gpu_time: Vec<LimiterGpuTime>,
+    kernels: Vec<KernelTime>,
+    sample_errors: u64,
+    samples_skipped: u64,
 }
 
 /// Claims shown at most in [`crate::model::AgentStatus::claims_refused`] (each refused slot is
@@ -534,6 +539,10 @@ impl SlotMatcher<'_, '_> {
                 dropped_records: slot.dropped_records,
                 problems,
                 apis: limiter_api_rows(slot),
+                gpu_time: limiter_gpu_time(slot),
+                kernels: limiter_kernels(slot),
+                sample_errors: slot.sample_errors,
+                samples_skipped: slot.samples_skipped,
             },
         );
     }
@@ -588,6 +597,10 @@ impl SlotMatcher<'_, '_> {
                     dropped_records: 0,
                     problems: vec![],
                     apis: vec![],
+                    gpu_time: vec![],
+                    kernels: vec![],
+                    sample_errors: 0,
+                    samples_skipped: 0,
                 },
             );
         }
@@ -666,6 +679,53 @@ fn hami_devices(h: &HamiSnapshot) -> Vec<RegionDevice> {
             context_charge: super::context_charge::hami(h, i),
         })
         .collect()
+}
+
+/// A limiter slot's GPU time per device (devices with samples only).
+fn limiter_gpu_time(slot: &SlotSnapshot) -> Vec<LimiterGpuTime> {
+    slot.gpu_time
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.samples > 0)
+        .map(|(device, t)| LimiterGpuTime {
+            device: device as u32,
+            estimated_ns: t.estimated_ns,
+            sampled_ns: t.sampled_ns,
+            samples: t.samples,
+            launches: t.launches,
+            busy_ratio: None,
+        })
+        .collect()
+}
+
+/// A limiter slot's kernels: names are the tenant's bytes, decoded lossily here and made inert
+/// with the rest of the model (`sanitize`); the same name in several entries is merged.
+fn limiter_kernels(slot: &SlotSnapshot) -> Vec<KernelTime> {
+    let mut out: Vec<KernelTime> = Vec::new();
+    for k in slot.kernels.iter().filter(|k| k.time.samples > 0) {
+        let name = if k.other {
+            OTHER_KERNELS.to_string()
+        } else {
+            String::from_utf8_lossy(&k.name).into_owned()
+        };
+        let truncated = k.name_len > k.name.len() as u64;
+        let row = match out.iter_mut().find(|r| r.name == name) {
+            Some(r) => r,
+            None => {
+                out.push(KernelTime {
+                    name,
+                    truncated,
+                    ..KernelTime::default()
+                });
+                out.last_mut().expect("just pushed")
+            }
+        };
+        row.estimated_ns += k.time.estimated_ns;
+        row.samples += k.time.samples;
+        row.launches += k.time.launches;
+    }
+    out.sort_by_key(|a| std::cmp::Reverse(a.estimated_ns));
+    out
 }
 
 /// A limiter slot's API rows (those of APIs this agent knows).
@@ -834,6 +894,10 @@ impl ProcessRows<'_, '_> {
                 throttled_ns: s.throttled_ns,
                 dropped_records: s.dropped_records,
                 shard_problems: s.problems,
+                gpu_time: s.gpu_time,
+                kernels: s.kernels,
+                sample_errors: s.sample_errors,
+                samples_skipped: s.samples_skipped,
             }
         });
         let process = Process {

@@ -33,6 +33,29 @@ pub fn nvml_process(d: &DeviceReading, p: &GpuProcess) -> NvmlProcess {
     }
 }
 
+/// Each process's limiter-timed GPU busy share since `previous` (its estimated GPU time over the
+/// interval), per device: what the gauges show beside NVML's. A process new since `previous`
+/// has no share yet.
+pub fn limiter_busy(previous: Option<&Snapshot>, snap: &mut Snapshot) {
+    let (Some(prev), interval) = (previous, snap.interval_seconds) else {
+        return;
+    };
+    if interval <= 0.0 {
+        return;
+    }
+    for p in &mut snap.processes {
+        let Some(before) = prev.process(p.key).and_then(|b| b.limiter.as_ref()) else {
+            continue;
+        };
+        let Some(l) = &mut p.limiter else { continue };
+        for t in &mut l.gpu_time {
+            let earlier = before.gpu_time.iter().find(|e| e.device == t.device);
+            let ns = t.since(earlier).estimated_ns;
+            t.busy_ratio = Some(ns as f64 / 1e9 / interval);
+        }
+    }
+}
+
 /// Adds each process's busy time in `previous` to this snapshot's. A process that was on a
 /// device before and is not listed there now (it released its context, or NVML left it out)
 /// keeps its entry with its busy time, and is observed for the device's window: its counters

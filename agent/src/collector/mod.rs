@@ -292,6 +292,7 @@ impl Collector {
         estimates::apply(&mut snap, self.previous.as_ref().map(|(_, s)| s));
         self.carry_limiter_figures(&mut snap);
         gpu_use::accumulate(self.previous.as_ref().map(|(_, s)| s), &mut snap);
+        gpu_use::limiter_busy(self.previous.as_ref().map(|(_, s)| s), &mut snap);
         snap.agent.warnings.extend(gpu_use::pid_namespace_warning(
             tenant_fs::own_pid_namespace(),
             &snap,

@@ -200,6 +200,24 @@ pub const CONTAINER_SM_UTILIZATION: Def = def(
     "Share of the device's time the container's processes kept its SMs busy in the latest NVML sample window (1 = the whole device), with or without a limit; absent where the device gives no per-process utilisation (MIG, vGPU).",
     "sum of processes[].nvml[].sm_util_pct / 100 per device (agent/src/model/gpu_use.rs)",
 );
+pub const CONTAINER_GPU_BUSY: Def = def(
+    "vgpu_container_gpu_busy",
+    Gauge,
+    Some(Ratio),
+    true,
+    &["device", "source"],
+    "Share of the device's time the container's processes kept it busy, by source: `limiter` (kernel time the limiter timed with sampled event pairs over the latest interval; trust this one on a shared GPU) or `nvml` (NVML's per-process samples, which go to whichever tenant was running when sampled: 16.0% and 34.2% true shares read as 10.1% and 43.3% on an H100).",
+    "processes[].limiter.gpu_time[].busy_ratio summed (limiter); as vgpu_container_sm_utilization (nvml)",
+);
+pub const CONTAINER_KERNEL_TIME: Def = def(
+    "vgpu_container_kernel",
+    Counter,
+    Some(Seconds),
+    true,
+    &["kernel"],
+    "GPU time of the container's kernels as the limiter timed them (sampled, estimated for all launches), its top 8 kernel names by time and the rest as `other` (graph launches as `graph`); names are the tenant's, at most 64 bytes.",
+    "processes[].limiter.kernels[].estimated_ns summed by name",
+);
 pub const CONTAINER_MEMORY_BANDWIDTH_UTILIZATION: Def = def(
     "vgpu_container_memory_bandwidth_utilization",
     Gauge,
@@ -712,6 +730,8 @@ pub const ALL: &[Def] = &[
     CONTAINER_MEMORY_RESERVED,
     CONTAINER_SM_LIMIT,
     CONTAINER_SM_UTILIZATION,
+    CONTAINER_GPU_BUSY,
+    CONTAINER_KERNEL_TIME,
     CONTAINER_MEMORY_BANDWIDTH_UTILIZATION,
     CONTAINER_DENIED,
     CONTAINER_ALLOCATIONS,

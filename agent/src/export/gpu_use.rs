@@ -44,13 +44,94 @@ pub(super) fn families(
             }
         }
     }
+    let (busy, kernels) = limiter_families(snap, labels_of, &sm);
     let mut fam = |def: &'static Def, samples: Vec<(Vec<String>, Value)>| {
         out.families.push(FamilyData::of(def, samples));
     };
     fam(&defs::CONTAINER_SM_UTILIZATION, sm);
+    fam(&defs::CONTAINER_GPU_BUSY, busy);
+    fam(&defs::CONTAINER_KERNEL_TIME, kernels);
     fam(&defs::CONTAINER_MEMORY_BANDWIDTH_UTILIZATION, mem);
     fam(&defs::HOST_PROCESS_SM_UTILIZATION, host_sm);
     fam(&defs::HOST_PROCESS_MEMORY_BANDWIDTH_UTILIZATION, host_mem);
+}
+
+type Samples = Vec<(Vec<String>, Value)>;
+
+/// The GPU busy share per container, device and source (the limiter's, and NVML's beside it
+/// from `nvml_sm`), and the limiter's kernel time per container: its top
+/// [`TOP_KERNELS`](crate::model::gpu_use::TOP_KERNELS) names, the rest as `other` (at most 9
+/// series a container).
+fn limiter_families(
+    snap: &Snapshot,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+    nvml_sm: &Samples,
+) -> (Samples, Samples) {
+    use crate::model::gpu_use::{GpuSource, OTHER_KERNELS, TOP_KERNELS};
+    let mut busy: Samples = vec![];
+    let mut kernels: Samples = vec![];
+    for c in &snap.containers {
+        let labels = labels_of(&c.key);
+        let mut by_device: std::collections::BTreeMap<u32, f64> = Default::default();
+        let mut by_kernel: std::collections::BTreeMap<String, u64> = Default::default();
+        for l in c
+            .processes
+            .iter()
+            .filter_map(|k| snap.process(*k))
+            .filter_map(|p| p.limiter.as_ref())
+        {
+            for t in &l.gpu_time {
+                if let Some(r) = t.busy_ratio {
+                    *by_device.entry(t.device).or_default() += r;
+                }
+            }
+            for k in &l.kernels {
+                *by_kernel.entry(k.name.clone()).or_default() += k.estimated_ns;
+            }
+        }
+        for (device, r) in by_device {
+            let l: Vec<String> = labels
+                .iter()
+                .cloned()
+                .chain([device.to_string(), GpuSource::Limiter.name().into()])
+                .collect();
+            busy.push((l, Value::Float(r)));
+        }
+        let mut ranked: Vec<(String, u64)> = by_kernel.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut other = 0u64;
+        let mut any_other = false;
+        for (i, (name, ns)) in ranked.into_iter().enumerate() {
+            if i < TOP_KERNELS && name != OTHER_KERNELS {
+                let l: Vec<String> = labels.iter().cloned().chain([name]).collect();
+                kernels.push((l, Value::Float(ns as f64 / 1e9)));
+            } else {
+                other += ns;
+                any_other = true;
+            }
+        }
+        if any_other {
+            let l: Vec<String> = labels
+                .iter()
+                .cloned()
+                .chain([OTHER_KERNELS.to_string()])
+                .collect();
+            kernels.push((l, Value::Float(other as f64 / 1e9)));
+        }
+    }
+    // NVML's share beside the limiter's (the same figure as vgpu_container_sm_utilization).
+    for (l, v) in nvml_sm {
+        let l: Vec<String> = l
+            .iter()
+            .cloned()
+            .chain([GpuSource::Nvml.name().into()])
+            .collect();
+        busy.push((l, v.clone()));
+    }
+    for v in [&mut busy, &mut kernels] {
+        sum_same_labels(v);
+    }
+    (busy, kernels)
 }
 
 fn sum_same_labels(v: &mut Vec<(Vec<String>, Value)>) {
@@ -97,6 +178,56 @@ mod tests {
         let text = Body::encode(&e).text(Format::OpenMetrics);
         assert!(
             text.contains("vgpu_container_memory_bandwidth_utilization_ratio{container=\"pytorch\",pod=\"trainer-0\",namespace=\"ml-team\",device=\"0\"} 0.75"),
+            "{text}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod limiter_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::export::{
+        encode::{Body, Format},
+        metrics::{MetricsOptions, MetricsView},
+    };
+
+    /// The limiter's busy share sits beside NVML's, each labelled with its source; kernels are
+    /// the container's top names by GPU time.
+    #[test]
+    fn gpu_busy_by_source_and_kernel_time_per_container() {
+        let snap = crate::tui::fixture::snapshot();
+        let e = MetricsView::new(MetricsOptions::default(), Arc::default()).update(&snap);
+        let busy: Vec<(String, String)> = e
+            .family(&defs::CONTAINER_GPU_BUSY)
+            .iter()
+            .filter(|(l, _)| l[0] == "pytorch")
+            .map(|(l, v)| (l[4].clone(), format!("{v:?}")))
+            .collect();
+        assert_eq!(busy.len(), 2, "{busy:?}");
+        assert!(
+            busy.iter()
+                .any(|(s, v)| s == "limiter" && v.contains("0.34")),
+            "{busy:?}"
+        );
+        assert!(busy.iter().any(|(s, _)| s == "nvml"), "{busy:?}");
+        let kernels: Vec<String> = e
+            .family(&defs::CONTAINER_KERNEL_TIME)
+            .iter()
+            .filter(|(l, _)| l[0] == "pytorch")
+            .map(|(l, _)| l[3].clone())
+            .collect();
+        assert_eq!(kernels.len(), 4, "{kernels:?}");
+        assert!(kernels.contains(&"graph".to_string()));
+        assert!(kernels.contains(&"other".to_string()));
+        let text = Body::encode(&e).text(Format::OpenMetrics);
+        assert!(
+            text.contains("vgpu_container_kernel_seconds_total{container=\"pytorch\",pod=\"trainer-0\",namespace=\"ml-team\",kernel=\"flash_fwd_kernel\"} 9.8"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vgpu_container_gpu_busy_ratio{container=\"pytorch\",pod=\"trainer-0\",namespace=\"ml-team\",device=\"0\",source=\"limiter\"} 0.34"),
             "{text}"
         );
     }

@@ -658,6 +658,7 @@ pub(super) mod tests {
             throttled_ns: 1_500_000_000,
             dropped_records: 0,
             shard_problems: vec![],
+            ..Default::default()
         });
         let mut c = container("c", Some("p"), &[&p]);
         c.regions.push(RegionInfo {
@@ -777,6 +778,7 @@ pub(super) mod tests {
                 throttled_ns: 2_000_000_000,
                 dropped_records: 0,
                 shard_problems: vec![],
+                ..Default::default()
             });
             p.memory.limiter = Some(9 << 30);
             p.memory.limiter_allocations = Some((9 << 30) - (512 << 20));

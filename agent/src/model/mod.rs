@@ -150,7 +150,7 @@ impl ApiUsage {
 }
 
 /// What the limiter's region says about one process.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LimiterProcess {
     pub region: String,
     pub slot: u32,
@@ -161,6 +161,18 @@ pub struct LimiterProcess {
     pub dropped_records: u64,
     /// Statistics shards that could not be read consistently (stuck or dead writer).
     pub shard_problems: Vec<String>,
+    /// GPU time the limiter measured per device with sampled event pairs (cumulative; devices
+    /// with samples only). The figure to trust on a shared GPU (see `gpu_use` for NVML's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_time: Vec<gpu_use::LimiterGpuTime>,
+    /// GPU time per kernel name (cumulative), largest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<gpu_use::KernelTime>,
+    /// Samples whose event calls failed, and samples not taken (cumulative).
+    #[serde(default)]
+    pub sample_errors: u64,
+    #[serde(default)]
+    pub samples_skipped: u64,
 }
 
 /// Successful allocations of one API in one size class (cumulative, from the probes).

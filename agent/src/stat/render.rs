@@ -4,7 +4,12 @@ use std::fmt::Write;
 
 use super::report::{ApiRow, StatReport};
 use crate::{
-    model::{Source, by_device::DeviceMemory, gpu_use::WindowUse, probing::LaunchProbes},
+    model::{
+        Source,
+        by_device::DeviceMemory,
+        gpu_use::{GpuBusy, KernelShare, WindowUse},
+        probing::LaunchProbes,
+    },
     units::{bytes, nanos},
 };
 
@@ -65,6 +70,51 @@ fn gpu_use_line(out: &mut String, uses: &[WindowUse]) {
         })
         .collect();
     let _ = writeln!(out, "  GPU use: {}", parts.join(", "));
+}
+
+/// `  GPU busy: GPU0 limiter 16.0% (412 samples) nvml 10.1%`: the share of the window each
+/// source saw the GPU kept busy; the limiter's figure is the one to trust on a shared GPU.
+fn gpu_busy_line(out: &mut String, busy: &[GpuBusy]) {
+    if !busy
+        .iter()
+        .any(|b| b.source == crate::model::gpu_use::GpuSource::Limiter)
+    {
+        return;
+    }
+    let mut devices: Vec<u32> = busy.iter().map(|b| b.device).collect();
+    devices.dedup();
+    let parts: Vec<String> = devices
+        .iter()
+        .map(|&d| {
+            let of: Vec<String> = busy
+                .iter()
+                .filter(|b| b.device == d)
+                .map(|b| {
+                    let pct = b
+                        .busy_ratio
+                        .map_or_else(|| "?".to_string(), |r| format!("{:.1}%", r * 100.0));
+                    match b.samples {
+                        Some(n) => format!("{} {pct} ({n} samples)", b.source.name()),
+                        None => format!("{} {pct}", b.source.name()),
+                    }
+                })
+                .collect();
+            format!("GPU{d} {}", of.join(" "))
+        })
+        .collect();
+    let _ = writeln!(out, "  GPU busy: {}", parts.join(", "));
+}
+
+/// `  kernels (limiter): gemm 61% 1.23s, softmax 20% 0.40s, other 19% 0.38s`.
+fn kernels_line(out: &mut String, kernels: &[KernelShare]) {
+    if kernels.is_empty() {
+        return;
+    }
+    let parts: Vec<String> = kernels
+        .iter()
+        .map(|k| format!("{} {:.0}% {:.3}s", k.name, k.share * 100.0, k.gpu_seconds))
+        .collect();
+    let _ = writeln!(out, "  kernels (limiter): {}", parts.join(", "));
 }
 
 /// `  memory by GPU: GPU0 limiter 1.50 GiB nvml 1.52 GiB, GPU1 ...`, shown when there is more
@@ -224,6 +274,8 @@ pub fn table(r: &StatReport) -> String {
         );
         memory_by_device_line(&mut out, &proc.memory_by_device);
         gpu_use_line(&mut out, &proc.gpu_use);
+        gpu_busy_line(&mut out, &proc.gpu_busy);
+        kernels_line(&mut out, &proc.kernels);
         api_table(&mut out, &proc.apis);
         if proc.apis.iter().any(|a| a.latency.is_some()) {
             let _ = writeln!(
@@ -300,6 +352,8 @@ pub fn table(r: &StatReport) -> String {
         );
         memory_by_device_line(&mut out, &c.memory_by_device);
         gpu_use_line(&mut out, &c.gpu_use);
+        gpu_busy_line(&mut out, &c.gpu_busy);
+        kernels_line(&mut out, &c.kernels);
         for reg in &c.regions {
             for problem in &reg.problems {
                 let _ = writeln!(out, "  region {}: {problem}", reg.path);

@@ -10,7 +10,7 @@ use crate::model::{
     ApiSums, ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, NvmlCallCost,
     Process, RegionInfo, RegionUnread, Snapshot, Source,
     by_device::DeviceMemory,
-    gpu_use::{WindowUse, window_use},
+    gpu_use::{GpuBusy, KernelShare, WindowUse, busy_over, top_kernels, window_use},
     skips::{self, TenantSkips},
 };
 
@@ -87,6 +87,13 @@ pub struct ProcessRow {
     pub communicators: Vec<Communicator>,
     /// Per device, the process's SM and memory-bandwidth use over the window (NVML).
     pub gpu_use: Vec<WindowUse>,
+    /// Per device and source, the share of the window the process kept the GPU busy: the
+    /// limiter's own timing (`limiter`, trusted on a shared GPU) beside NVML's samples (`nvml`).
+    pub gpu_busy: Vec<GpuBusy>,
+    /// The kernels the limiter timed in the window, largest first (top ones, the rest as
+    /// `other`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<KernelShare>,
     /// What the probes could not record for it, as last seen (cumulative): while not empty its
     /// probe figures are incomplete, not exact.
     #[serde(skip_serializing_if = "crate::model::probing::ProbeLosses::is_empty")]
@@ -117,6 +124,11 @@ pub struct ContainerRow {
     /// Per device, the container's processes' SM and memory-bandwidth use over the window,
     /// summed (NVML).
     pub gpu_use: Vec<WindowUse>,
+    /// Per device and source, the container's GPU busy share (as the processes').
+    pub gpu_busy: Vec<GpuBusy>,
+    /// The container's top kernels in the window (its processes' merged by name).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<KernelShare>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -221,6 +233,11 @@ pub fn build(
     duration_seconds: f64,
     mut cgroup_id: impl FnMut(&str) -> Option<u64>,
 ) -> StatReport {
+    // The window the GPU busy shares are of: between the two snapshots.
+    let seconds = match last.taken_at_unix_ms.saturating_sub(first.taken_at_unix_ms) {
+        0 => duration_seconds,
+        ms => ms as f64 / 1000.0,
+    };
     let mut processes = Vec::new();
     let mut cgroups: BTreeMap<String, CgroupAccumulator> = BTreeMap::new();
     for p in &last.processes {
@@ -256,6 +273,7 @@ pub fn build(
         for a in &apis {
             group.2.add(a);
         }
+        let nvml_use = window_use(first, last, &[p.key]);
         processes.push(ProcessRow {
             pid: p.key.pid,
             alive: p.alive,
@@ -271,7 +289,9 @@ pub fn build(
             memory_by_device: p.memory_by_device(),
             apis: apis.iter().map(ApiRow::from_usage).collect(),
             communicators,
-            gpu_use: window_use(first, last, &[p.key]),
+            gpu_busy: busy_over(first, last, &[p.key], seconds, &nvml_use),
+            gpu_use: nvml_use,
+            kernels: top_kernels(first, last, &[p.key]),
             probe_losses: p.probe_losses,
         });
     }
@@ -292,6 +312,14 @@ pub fn build(
             probe_losses: c.probe_losses,
             memory_by_device: last.memory_by_device(&c.processes),
             gpu_use: window_use(first, last, &c.processes),
+            gpu_busy: busy_over(
+                first,
+                last,
+                &c.processes,
+                seconds,
+                &window_use(first, last, &c.processes),
+            ),
+            kernels: top_kernels(first, last, &c.processes),
         })
         .filter(|c| !c.pids.is_empty() || !c.regions.is_empty())
         .collect();

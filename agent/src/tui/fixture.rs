@@ -13,7 +13,7 @@ use crate::model::{
     AgentStatus, ApiUsage, Container, FoundBy, GpuDevice, LibraryStatus, LimiterProcess,
     MemoryViews, NvmlProcess, Process, ProcessKey, Rates, RegionDevice, RegionInfo, Snapshot,
     Source,
-    gpu_use::{Busy, UseWindow},
+    gpu_use::{Busy, KernelTime, LimiterGpuTime, UseWindow},
     probing::{AttachMode, LaunchProbes, ProbeCost, Prologue},
 };
 
@@ -111,6 +111,7 @@ fn limiter(held: u64, throttled_ns: u64) -> LimiterProcess {
         throttled_ns,
         dropped_records: 0,
         shard_problems: vec![],
+        ..Default::default()
     }
 }
 
@@ -178,7 +179,35 @@ pub fn snapshot() -> Snapshot {
             &[(2_000_000, 500), (9_000_000, 20)],
         ),
     ];
-    rank0.limiter = Some(limiter(4 * GIB, 0));
+    rank0.limiter = Some(LimiterProcess {
+        gpu_time: vec![LimiterGpuTime {
+            device: 0,
+            estimated_ns: 41_000_000_000,
+            sampled_ns: 180_000_000,
+            samples: 12_000,
+            launches: 2_400_000,
+            busy_ratio: Some(0.34),
+        }],
+        kernels: [
+            (
+                "ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_tn",
+                24_600_000_000,
+            ),
+            ("flash_fwd_kernel", 9_800_000_000),
+            ("graph", 4_100_000_000),
+            ("other", 2_500_000_000),
+        ]
+        .into_iter()
+        .map(|(name, ns)| KernelTime {
+            name: name.into(),
+            truncated: false,
+            estimated_ns: ns,
+            samples: ns / 3_400_000,
+            launches: ns / 17_000,
+        })
+        .collect(),
+        ..limiter(4 * GIB, 0)
+    });
     rank0.nvml = nvml(5 * GIB, Some((62.0, 31.0)));
     rank0.memory = MemoryViews {
         limiter: Some(4 * GIB),

@@ -7,8 +7,14 @@
 //! take a third clock read); `cargo xtask bench limiter` measures it instead. Under an SM limit
 //! the controller (`limiter_core::sm`) may hold the launch back before it reaches the driver; that time is
 //! recorded as throttled, not as launch latency.
+//!
+//! Sampled GPU time (`runtime::gpu_time`) adds one decrement and one branch of the thread's
+//! countdown per launch; at a sample point (about 200 a second per launching thread by default)
+//! an out-of-line call records an event before and one after the launch on its stream.
 
 use std::ffi::{c_uint, c_void};
+
+use limiter_core::gpu_time::StreamRef;
 
 use limiter_core::accounting::Accounting as _;
 
@@ -22,7 +28,10 @@ use crate::{
             PfnLaunchKernelEx, Symbol, sym,
         },
     },
-    runtime,
+    runtime::{
+        self,
+        gpu_time::{Launched, Target},
+    },
 };
 
 /// A launch hook. Once the state exists, launches skip the re-entrancy guard (two thread-local
@@ -31,7 +40,10 @@ use crate::{
 /// counted as well. Before initialisation, after a configuration error, and in a forked child
 /// before its first other CUDA call, the guarded path runs.
 #[inline(always)]
-fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
+fn launch<S: Symbol>(
+    target: impl FnOnce() -> Target,
+    call: impl FnOnce(S::Fn) -> CUresult,
+) -> CUresult {
     let rt = runtime::get();
     let (Some(state), Some(process)) = (rt.state(), rt.process()) else {
         return passthrough::<S>(call);
@@ -58,6 +70,12 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
                 .record_throttled(state.api(S::SYM), throttled)
         });
     }
+    let words = rt.words();
+    let sampled = if words.sample_due() {
+        shield(|| runtime::gpu_time::begin(state, process, words, target)).flatten()
+    } else {
+        None
+    };
     let t0 = clock.now();
     let r = call(real);
     let t1 = clock.now();
@@ -69,7 +87,41 @@ fn launch<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
             r == CUDA_SUCCESS,
         )
     });
+    if let Some(s) = sampled {
+        shield(|| runtime::gpu_time::end(process, s, r == CUDA_SUCCESS));
+    }
     r
+}
+
+/// The target of a kernel launch on `stream`.
+#[inline(always)]
+fn kernel(f: CUfunction, stream: CUstream, per_thread: bool) -> Target {
+    Target {
+        launched: Launched::Kernel(f),
+        stream: StreamRef {
+            handle: stream as u64,
+            per_thread,
+        },
+    }
+}
+
+/// `CUlaunchConfig::hStream`'s offset: after seven `unsigned int`s, aligned to a pointer.
+const LAUNCH_CONFIG_STREAM: usize = 32;
+
+/// The stream of a `cuLaunchKernelEx` configuration (read at sample points only).
+fn config_stream(config: *const CUlaunchConfig) -> CUstream {
+    if config.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a non-null configuration the application passed, a `CUlaunchConfig` whose
+    // `hStream` is at this offset (cuda.h); read unaligned in case it is packed.
+    unsafe {
+        config
+            .cast::<u8>()
+            .add(LAUNCH_CONFIG_STREAM)
+            .cast::<CUstream>()
+            .read_unaligned()
+    }
 }
 
 /// `VGPU_DEBUG_HOOK_DELAY_NS`: busy-waits `ns` and returns the time actually spent, which is
@@ -88,7 +140,7 @@ fn debug_hook_delay(clock: Clock, ns: u64) -> u64 {
 }
 
 macro_rules! launch_kernel {
-    ($name:ident, $sym:ty) => {
+    ($name:ident, $sym:ty, $per_thread:literal) => {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
@@ -105,33 +157,36 @@ macro_rules! launch_kernel {
             kernel_params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
-            launch::<$sym>(|real: PfnLaunchKernel| {
-                // SAFETY: forwards the caller's arguments unchanged to the same variant.
-                unsafe {
-                    real(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        stream,
-                        kernel_params,
-                        extra,
-                    )
-                }
-            })
+            launch::<$sym>(
+                || kernel(f, stream, $per_thread),
+                |real: PfnLaunchKernel| {
+                    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                    unsafe {
+                        real(
+                            f,
+                            grid_x,
+                            grid_y,
+                            grid_z,
+                            block_x,
+                            block_y,
+                            block_z,
+                            shared_mem_bytes,
+                            stream,
+                            kernel_params,
+                            extra,
+                        )
+                    }
+                },
+            )
         }
     };
 }
 
-launch_kernel!(cuLaunchKernel, sym::LaunchKernel);
-launch_kernel!(cuLaunchKernel_ptsz, sym::LaunchKernelPtsz);
+launch_kernel!(cuLaunchKernel, sym::LaunchKernel, false);
+launch_kernel!(cuLaunchKernel_ptsz, sym::LaunchKernelPtsz, true);
 
 macro_rules! launch_kernel_ex {
-    ($name:ident, $sym:ty) => {
+    ($name:ident, $sym:ty, $per_thread:literal) => {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
@@ -141,19 +196,20 @@ macro_rules! launch_kernel_ex {
             kernel_params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
-            // SAFETY: forwards the caller's arguments unchanged to the same variant.
-            launch::<$sym>(|real: PfnLaunchKernelEx| unsafe {
-                real(config, f, kernel_params, extra)
-            })
+            launch::<$sym>(
+                || kernel(f, config_stream(config), $per_thread),
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                |real: PfnLaunchKernelEx| unsafe { real(config, f, kernel_params, extra) },
+            )
         }
     };
 }
 
-launch_kernel_ex!(cuLaunchKernelEx, sym::LaunchKernelEx);
-launch_kernel_ex!(cuLaunchKernelEx_ptsz, sym::LaunchKernelExPtsz);
+launch_kernel_ex!(cuLaunchKernelEx, sym::LaunchKernelEx, false);
+launch_kernel_ex!(cuLaunchKernelEx_ptsz, sym::LaunchKernelExPtsz, true);
 
 macro_rules! launch_cooperative {
-    ($name:ident, $sym:ty) => {
+    ($name:ident, $sym:ty, $per_thread:literal) => {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
@@ -169,44 +225,61 @@ macro_rules! launch_cooperative {
             stream: CUstream,
             kernel_params: *mut *mut c_void,
         ) -> CUresult {
-            launch::<$sym>(|real: PfnLaunchCooperativeKernel| {
-                // SAFETY: forwards the caller's arguments unchanged to the same variant.
-                unsafe {
-                    real(
-                        f,
-                        grid_x,
-                        grid_y,
-                        grid_z,
-                        block_x,
-                        block_y,
-                        block_z,
-                        shared_mem_bytes,
-                        stream,
-                        kernel_params,
-                    )
-                }
-            })
+            launch::<$sym>(
+                || kernel(f, stream, $per_thread),
+                |real: PfnLaunchCooperativeKernel| {
+                    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                    unsafe {
+                        real(
+                            f,
+                            grid_x,
+                            grid_y,
+                            grid_z,
+                            block_x,
+                            block_y,
+                            block_z,
+                            shared_mem_bytes,
+                            stream,
+                            kernel_params,
+                        )
+                    }
+                },
+            )
         }
     };
 }
 
-launch_cooperative!(cuLaunchCooperativeKernel, sym::LaunchCooperativeKernel);
+launch_cooperative!(
+    cuLaunchCooperativeKernel,
+    sym::LaunchCooperativeKernel,
+    false
+);
 launch_cooperative!(
     cuLaunchCooperativeKernel_ptsz,
-    sym::LaunchCooperativeKernelPtsz
+    sym::LaunchCooperativeKernelPtsz,
+    true
 );
 
 macro_rules! graph_launch {
-    ($name:ident, $sym:ty) => {
+    ($name:ident, $sym:ty, $per_thread:literal) => {
         /// # Safety
         /// The caller follows the contract of the driver function of the same name.
         #[unsafe(no_mangle)]
         pub(crate) unsafe extern "C" fn $name(graph: CUgraphExec, stream: CUstream) -> CUresult {
-            // SAFETY: forwards the caller's arguments unchanged to the same variant.
-            launch::<$sym>(|real: PfnGraphLaunch| unsafe { real(graph, stream) })
+            launch::<$sym>(
+                || Target {
+                    launched: Launched::Graph,
+                    stream: StreamRef {
+                        handle: stream as u64,
+                        per_thread: $per_thread,
+                    },
+                },
+                // SAFETY: forwards the caller's arguments unchanged to the same variant.
+                |real: PfnGraphLaunch| unsafe { real(graph, stream) },
+            )
         }
     };
 }
 
-graph_launch!(cuGraphLaunch, sym::GraphLaunch);
-graph_launch!(cuGraphLaunch_ptsz, sym::GraphLaunchPtsz);
+graph_launch!(cuGraphLaunch, sym::GraphLaunch, false);
+graph_launch!(cuGraphLaunch_ptsz, sym::GraphLaunchPtsz, true);

@@ -102,7 +102,17 @@ pub(crate) fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         | Sym::MemPoolGetAttribute
         | Sym::DeviceGetMemPool
         | Sym::DeviceGetUuidV2
-        | Sym::DeviceGetCount => return None,
+        | Sym::DeviceGetCount
+        | Sym::EventCreate
+        | Sym::EventRecord
+        | Sym::EventQuery
+        | Sym::EventElapsedTime
+        | Sym::EventDestroyV2
+        | Sym::FuncGetName
+        | Sym::KernelGetName
+        | Sym::StreamIsCapturing
+        | Sym::ThreadExchangeStreamCaptureMode
+        | Sym::CtxGetCurrent => return None,
     };
     Some(address(f))
 }

@@ -22,7 +22,12 @@ use std::{
 };
 
 use agent_common::api::ApiId;
-use limiter_core::{config::REAL_LIBCUDA, pools::PoolSizes, sm};
+use limiter_core::{
+    config::REAL_LIBCUDA,
+    gpu_time::{self, Query, StreamRef},
+    pools::PoolSizes,
+    sm,
+};
 use region::SmShare;
 
 use super::{clock::Clock, cuda::*};
@@ -164,6 +169,17 @@ pub(crate) type PfnMemcpyBatchAsyncV2 = unsafe extern "C" fn(
     CUstream,
 ) -> CUresult;
 
+pub(crate) type PfnEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+pub(crate) type PfnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+pub(crate) type PfnEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
+pub(crate) type PfnEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+pub(crate) type PfnEventDestroy = unsafe extern "C" fn(CUevent) -> CUresult;
+/// `cuFuncGetName` and `cuKernelGetName`: (name out, function or kernel).
+pub(crate) type PfnGetName = unsafe extern "C" fn(*mut *const c_char, *mut c_void) -> CUresult;
+pub(crate) type PfnStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
+pub(crate) type PfnThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+pub(crate) type PfnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+
 /// A driver symbol with its function-pointer type, so that the slot and the signature of a symbol
 /// are named together once, in [`driver_symbols!`].
 pub(crate) trait Symbol {
@@ -291,6 +307,19 @@ driver_symbols! {
     DeviceGetUuidV2 = c"cuDeviceGetUuid_v2": PfnDeviceGetUuid, hooked: false;
     /// Used to map NVML devices to CUDA ordinals by UUID; not hooked.
     DeviceGetCount = c"cuDeviceGetCount": PfnDeviceGetCount, hooked: false;
+    // Sampled GPU time (`runtime::gpu_time`): event pairs around one launch in N, the kernel's
+    // name, and what keeps the events out of the application's stream captures. Not hooked: the
+    // limiter calls the real functions from this table.
+    EventCreate = c"cuEventCreate": PfnEventCreate, hooked: false;
+    EventRecord = c"cuEventRecord": PfnEventRecord, hooked: false;
+    EventQuery = c"cuEventQuery": PfnEventQuery, hooked: false;
+    EventElapsedTime = c"cuEventElapsedTime": PfnEventElapsedTime, hooked: false;
+    EventDestroyV2 = c"cuEventDestroy_v2": PfnEventDestroy, hooked: false;
+    FuncGetName = c"cuFuncGetName": PfnGetName, hooked: false;
+    KernelGetName = c"cuKernelGetName": PfnGetName, hooked: false;
+    StreamIsCapturing = c"cuStreamIsCapturing": PfnStreamIsCapturing, hooked: false;
+    ThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode": PfnThreadExchangeStreamCaptureMode, hooked: false;
+    CtxGetCurrent = c"cuCtxGetCurrent": PfnCtxGetCurrent, hooked: false;
 }
 
 /// An id that no API has: records against it are dropped by the backend's bounds check.
@@ -572,6 +601,146 @@ impl Driver {
             // SAFETY: the caller passes an address the driver just allocated.
             unsafe { free(addr) };
         }
+    }
+}
+
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream, what stream 0 of a `_ptsz`
+/// launch means.
+const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED` of `CUstreamCaptureMode`.
+const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+/// `CU_STREAM_CAPTURE_STATUS_NONE` of `CUstreamCaptureStatus`.
+const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `CUDA_ERROR_NOT_READY`: `cuEventQuery`'s "not yet".
+const CUDA_ERROR_NOT_READY: CUresult = 600;
+
+/// The real driver's events, for the GPU-time sampler (`limiter_core::gpu_time::Events`): every
+/// function it needs, found once. None of these calls waits for the GPU.
+#[derive(Clone, Copy)]
+pub(crate) struct DriverEvents {
+    create: PfnEventCreate,
+    record: PfnEventRecord,
+    query: PfnEventQuery,
+    elapsed: PfnEventElapsedTime,
+    destroy: PfnEventDestroy,
+    is_capturing: PfnStreamIsCapturing,
+    exchange_mode: PfnThreadExchangeStreamCaptureMode,
+    current: PfnCtxGetCurrent,
+    func_name: Option<PfnGetName>,
+    kernel_name: Option<PfnGetName>,
+}
+
+impl Driver {
+    /// The event functions, if the driver has every one the sampler needs.
+    pub(crate) fn events(&self) -> Option<DriverEvents> {
+        Some(DriverEvents {
+            create: self.get::<sym::EventCreate>()?,
+            record: self.get::<sym::EventRecord>()?,
+            query: self.get::<sym::EventQuery>()?,
+            elapsed: self.get::<sym::EventElapsedTime>()?,
+            destroy: self.get::<sym::EventDestroyV2>()?,
+            is_capturing: self.get::<sym::StreamIsCapturing>()?,
+            exchange_mode: self.get::<sym::ThreadExchangeStreamCaptureMode>()?,
+            current: self.get::<sym::CtxGetCurrent>()?,
+            func_name: self.get::<sym::FuncGetName>(),
+            kernel_name: self.get::<sym::KernelGetName>(),
+        })
+    }
+}
+
+/// The stream handle an event is recorded on for `stream` (a `_ptsz` launch's stream 0 is the
+/// thread's default stream).
+fn stream_handle(stream: StreamRef) -> CUstream {
+    if stream.handle == 0 && stream.per_thread {
+        CU_STREAM_PER_THREAD as CUstream
+    } else {
+        stream.handle as usize as CUstream
+    }
+}
+
+impl DriverEvents {
+    /// The calling thread's current context (0: none).
+    pub(crate) fn current_context(&self) -> u64 {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        if unsafe { (self.current)(&mut ctx) } == CUDA_SUCCESS {
+            ctx as u64
+        } else {
+            0
+        }
+    }
+
+    /// Runs `f` with this thread's stream-capture mode relaxed: an event query made while
+    /// another thread captures in global mode would otherwise invalidate its capture. The mode
+    /// the application set is put back.
+    pub(crate) fn relaxed<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer to a `CUstreamCaptureMode`.
+        let swapped = unsafe { (self.exchange_mode)(&mut mode) } == CUDA_SUCCESS;
+        let out = f();
+        if swapped {
+            // SAFETY: as above; puts the thread's previous mode back.
+            unsafe { (self.exchange_mode)(&mut mode) };
+        }
+        out
+    }
+
+    /// The name of the function (or library kernel) `f`, as the driver keeps it.
+    pub(crate) fn function_name(&self, f: CUfunction) -> Option<&'static CStr> {
+        for get in [self.func_name, self.kernel_name].into_iter().flatten() {
+            let mut name: *const c_char = std::ptr::null();
+            // SAFETY: a valid out-pointer; a handle the application launched with (the driver
+            // checks it and answers an error for one of the other kind).
+            if unsafe { get(&mut name, f) } == CUDA_SUCCESS && !name.is_null() {
+                // SAFETY: the driver answers a NUL-terminated name it keeps while the module is
+                // loaded (the caller copies it at once).
+                return Some(unsafe { CStr::from_ptr(name) });
+            }
+        }
+        None
+    }
+}
+
+impl gpu_time::Events for DriverEvents {
+    type Event = usize;
+
+    fn create(&self) -> Option<usize> {
+        let mut e: CUevent = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; flags 0 (CU_EVENT_DEFAULT): timing enabled.
+        (unsafe { (self.create)(&mut e, 0) } == CUDA_SUCCESS && !e.is_null()).then_some(e as usize)
+    }
+
+    fn record(&self, event: usize, stream: StreamRef) -> bool {
+        // SAFETY: an event this sampler created, and the stream the application launched on.
+        unsafe { (self.record)(event as CUevent, stream_handle(stream)) == CUDA_SUCCESS }
+    }
+
+    fn query(&self, event: usize) -> Query {
+        // SAFETY: an event this sampler created and recorded.
+        match unsafe { (self.query)(event as CUevent) } {
+            CUDA_SUCCESS => Query::Done,
+            CUDA_ERROR_NOT_READY => Query::NotReady,
+            _ => Query::Failed,
+        }
+    }
+
+    fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64> {
+        let mut ms: f32 = 0.0;
+        // SAFETY: a valid out-pointer and two recorded events the GPU has passed.
+        let r = unsafe { (self.elapsed)(&mut ms, start as CUevent, end as CUevent) };
+        (r == CUDA_SUCCESS && ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+    }
+
+    fn destroy(&self, event: usize) {
+        // SAFETY: an event this sampler created and no longer uses.
+        let _ = unsafe { (self.destroy)(event as CUevent) };
+    }
+
+    fn capturing(&self, stream: StreamRef) -> Option<bool> {
+        let mut status: c_int = 0;
+        // SAFETY: a valid out-pointer and the stream the application launched on.
+        let r = unsafe { (self.is_capturing)(stream_handle(stream), &mut status) };
+        (r == CUDA_SUCCESS).then_some(status != CU_STREAM_CAPTURE_STATUS_NONE)
     }
 }
 

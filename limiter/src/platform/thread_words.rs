@@ -1,4 +1,5 @@
-//! The per-thread words every hook reads: the re-entrancy flag and this thread's statistics writer.
+//! The per-thread words every hook reads: the re-entrancy flag, this thread's statistics writer
+//! and its countdown to the next launch timed on the GPU.
 //!
 //! Why not `thread_local!`: in a shared library it compiles to the general-dynamic TLS model, a
 //! call to `__tls_get_addr` per access. On a call that finds its caches cold (an allocation after
@@ -36,6 +37,9 @@ pub(crate) struct ThreadWords {
     /// the copy is never dropped. A writer is plain data used through `&self` only, so the copy
     /// is an alias that does nothing the original would not.
     pub(crate) writer: UnsafeCell<MaybeUninit<ShardWriter<'static>>>,
+    /// Launches until (and including) this thread's next launch timed on the GPU; 0 before its
+    /// first launch (which is a sample point: see `runtime::gpu_time`).
+    pub(crate) sample_countdown: Cell<u32>,
 }
 
 impl std::fmt::Debug for ThreadWords {
@@ -77,6 +81,19 @@ impl ThreadWords {
         // dropped, see the field's documentation.
         unsafe { (*self.writer.get()).write(ptr::read(writer)) };
         self.ledger.set(ledger);
+    }
+
+    /// Counts a launch down to the next sample point: whether this launch is one. The only cost
+    /// sampling adds to a launch that is not sampled.
+    #[inline(always)]
+    pub(crate) fn sample_due(&self) -> bool {
+        let left = self.sample_countdown.get();
+        if left > 1 {
+            self.sample_countdown.set(left - 1);
+            false
+        } else {
+            true
+        }
     }
 
     /// Forgets the thread's writer (its owner is being dropped).
@@ -197,6 +214,7 @@ mod imp {
                 inside: Cell::new(false),
                 ledger: Cell::new(ptr::null()),
                 writer: UnsafeCell::new(MaybeUninit::uninit()),
+                sample_countdown: Cell::new(0),
             }
         };
     }

@@ -118,6 +118,13 @@ impl RegionLedger {
     }
 
     /// This thread's writer for this ledger, claiming one the first time (`None` while the
+    /// thread is being torn down): for what the runtime records besides calls (GPU time).
+    #[inline]
+    pub(crate) fn thread_writer(&self) -> Option<&'static ShardWriter<'static>> {
+        self.writer()
+    }
+
+    /// This thread's writer for this ledger, claiming one the first time (`None` while the
     /// thread is being torn down). Nothing is passed to the out-of-line claim, so a record's
     /// values stay in registers on the common path.
     #[inline(always)]

@@ -42,8 +42,8 @@ mod validate;
 pub use budget::ReadBudget;
 use budget::Spend;
 pub use snapshot::{
-    ApiStats, BudgetLimit, DeviceSnapshot, ReadCounters, RegionSnapshot, ShardProblem,
-    ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
+    ApiStats, BudgetLimit, DeviceSnapshot, GpuTimeStats, KernelStats, ReadCounters, RegionSnapshot,
+    ShardProblem, ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
 };
 pub(crate) use validate::validate_header;
 
@@ -433,6 +433,14 @@ impl RegionReader {
                 throttled_ns: totals.throttled_ns,
                 apis: totals.merged.into_iter().flatten().collect(),
                 shard_problems: totals.problems,
+                gpu_time: totals.gpu_time[..devices].to_vec(),
+                sample_errors: totals.sample_errors,
+                samples_skipped: totals.samples_skipped,
+                kernels: {
+                    let mut k = totals.kernels;
+                    k.sort_by_key(|a| std::cmp::Reverse(a.time.estimated_ns));
+                    k
+                },
             };
             return Ok(SlotRead::whole(Some(slot)));
         }

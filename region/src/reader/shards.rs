@@ -17,16 +17,24 @@
 //!   copies in all; the loom model `loom_record_copies_that_agree_are_consistent` checks the
 //!   argument. Each copy after the first takes one retry from the snapshot's budget
 //!   ([`super::Spend`]); when it runs out the records still pending are left out and reported.
+//!   The GPU time of layout 3.3 is read the same way: its records, and each 128-byte kernel
+//!   entry, are units under a seqlock of their own, sequence first, like an API record.
 use std::mem::offset_of;
 use std::sync::atomic::{Ordering, fence};
 
+use agent_common::MAX_DEVICES;
 use agent_common::api::{API_SLOTS, ApiId};
 use agent_common::hist::HIST_BUCKETS;
 
 use super::{
-    ApiStats, ReadCounters, ReadError, RegionReader, ShardProblem, ShardProblemKind, Spend,
+    ApiStats, GpuTimeStats, KernelStats, ReadCounters, ReadError, RegionReader, ShardProblem,
+    ShardProblemKind, Spend,
 };
-use crate::layout::{API_RECORD_SIZE, ApiRecord, SHARD_SIZE};
+use crate::layout::{
+    API_RECORD_SIZE, API_RECORDS, ApiRecord, GPU_DEVICE_RECORDS, GPU_DEVICES_PER_RECORD,
+    GpuTimeCounters, GpuTimeRecord, KERNEL_ENTRIES, KERNEL_NAME_BYTES, KernelEntry,
+    OTHER_KERNELS_HASH, SHARD_SIZE, Shard,
+};
 use crate::layout_v2::{ApiCountersV2, SHARD_SIZE_V2, ShardV2};
 use crate::seqlock::{self, SeqRead};
 
@@ -36,6 +44,12 @@ pub(super) struct Totals {
     pub(super) merged: Vec<Option<ApiStats>>,
     pub(super) throttled_ns: u64,
     pub(super) problems: Vec<ShardProblem>,
+    /// GPU time per device (layout 3.3).
+    pub(super) gpu_time: [GpuTimeStats; MAX_DEVICES],
+    pub(super) sample_errors: u64,
+    pub(super) samples_skipped: u64,
+    /// Kernel entries merged over the shards, by hash and name.
+    pub(super) kernels: Vec<KernelStats>,
 }
 
 impl Totals {
@@ -44,7 +58,60 @@ impl Totals {
             merged: vec![None; API_SLOTS],
             throttled_ns: 0,
             problems: Vec::new(),
+            gpu_time: [GpuTimeStats::default(); MAX_DEVICES],
+            sample_errors: 0,
+            samples_skipped: 0,
+            kernels: Vec::new(),
         }
+    }
+
+    /// Adds a consistent copy of `GpuTimeRecord` `g` of a shard.
+    fn add_gpu_time(&mut self, g: usize, words: &[u64]) {
+        self.sample_errors = self.sample_errors.wrapping_add(words[G_ERRORS]);
+        self.samples_skipped = self.samples_skipped.wrapping_add(words[G_SKIPPED]);
+        for d in 0..GPU_DEVICES_PER_RECORD {
+            let Some(t) = self.gpu_time.get_mut(g * GPU_DEVICES_PER_RECORD + d) else {
+                break;
+            };
+            let at = G_DEVICES + d * G_DEVICE_WORDS;
+            t.add(&words[at..at + G_DEVICE_WORDS]);
+        }
+    }
+
+    /// Adds a consistent copy of a `KernelEntry` (a free one adds nothing).
+    fn add_kernel(&mut self, words: &[u64]) {
+        let hash = words[K_HASH];
+        if hash == 0 {
+            return;
+        }
+        let other = hash == OTHER_KERNELS_HASH;
+        let mut name = Vec::with_capacity(KERNEL_NAME_BYTES);
+        if !other {
+            for w in &words[K_NAME..K_NAME + KERNEL_NAME_BYTES / 8] {
+                name.extend_from_slice(&w.to_le_bytes());
+            }
+            let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            name.truncate(len);
+        }
+        let name_len = if other { 0 } else { words[K_NAME_LEN] };
+        let found = self
+            .kernels
+            .iter_mut()
+            .find(|k| k.name_hash == hash && k.name == name);
+        let k = match found {
+            Some(k) => k,
+            None => {
+                self.kernels.push(KernelStats {
+                    name_hash: hash,
+                    name,
+                    name_len,
+                    other,
+                    time: GpuTimeStats::default(),
+                });
+                self.kernels.last_mut().expect("just pushed")
+            }
+        };
+        k.time.add(&words[K_COUNTERS..K_COUNTERS + 4]);
     }
 
     /// Adds one API's counters (in [`ApiCountersV2`] field order) and histogram.
@@ -85,16 +152,28 @@ impl Totals {
     }
 }
 
-/// Words of a layout 3 shard and of one of its records.
+/// Words of a layout 3 shard, of one of its records and of a kernel entry.
 pub(super) const SHARD_WORDS: usize = SHARD_SIZE / 8;
 const RECORD_WORDS: usize = API_RECORD_SIZE / 8;
-const R_SEQ: usize = offset_of!(ApiRecord, seq) / 8;
+const KERNEL_WORDS: usize = size_of::<KernelEntry>() / 8;
+const G_ERRORS: usize = offset_of!(GpuTimeRecord, event_errors) / 8;
+const G_SKIPPED: usize = offset_of!(GpuTimeRecord, skipped) / 8;
+const G_DEVICES: usize = offset_of!(GpuTimeRecord, devices) / 8;
+const G_DEVICE_WORDS: usize = size_of::<GpuTimeCounters>() / 8;
+const K_HASH: usize = offset_of!(KernelEntry, name_hash) / 8;
+const K_COUNTERS: usize = offset_of!(KernelEntry, estimated_ns) / 8;
+const K_NAME_LEN: usize = offset_of!(KernelEntry, name_len) / 8;
+const K_NAME: usize = offset_of!(KernelEntry, name) / 8;
+// estimated, sampled, samples, launches: contiguous, in `GpuTimeCounters` order, in both.
+const _: () = assert!(G_DEVICE_WORDS == 4);
+const _: () = assert!(offset_of!(KernelEntry, launches) / 8 == K_COUNTERS + 3);
 const R_CALLS: usize = offset_of!(ApiRecord, calls) / 8;
 const R_THROTTLED: usize = offset_of!(ApiRecord, throttled_ns) / 8;
 const R_DENIED: usize = offset_of!(ApiRecord, denied) / 8;
 const R_HIST: usize = offset_of!(ApiRecord, hist) / 8;
 const R_MOVED: usize = offset_of!(ApiRecord, bytes_moved) / 8;
 const _: () = assert!(SHARD_WORDS == API_SLOTS * RECORD_WORDS);
+const _: () = assert!(offset_of!(ApiRecord, seq) == 0);
 // calls, errors, latency, hook, allocated, freed: contiguous, in `ApiCountersV2` order.
 const _: () = assert!(offset_of!(ApiRecord, bytes_freed) / 8 == R_CALLS + 5);
 const _: () = assert!(offset_of!(ApiRecord, denied_bytes) / 8 == R_DENIED + 1);
@@ -174,22 +253,20 @@ impl RegionReader {
     ) -> Result<(), ReadError> {
         let (last, fresh) = (&mut last[..SHARD_WORDS], &mut fresh[..SHARD_WORDS]);
         self.read_words(at, last)?;
-        // (record, its sequence was odd in every copy so far). A record whose statistics are all
+        // (unit, its sequence was odd in every copy so far). A unit whose statistics are all
         // zero in this copy holds nothing (see the module docs) and is not copied again unless
         // its sequence is odd (a writer stuck in its first section is still reported): a thread
         // records a handful of APIs, so the second copies are a few 512-byte reads.
-        let mut pending: Vec<(usize, bool)> = (0..API_SLOTS)
-            .filter(|&k| {
-                let record = &last[k * RECORD_WORDS..(k + 1) * RECORD_WORDS];
-                record[R_SEQ] & 1 == 1
-                    || record
-                        .iter()
-                        .enumerate()
-                        .any(|(i, &w)| i != R_SEQ && w != 0)
+        let mut pending: Vec<(Unit, bool)> = UNITS
+            .iter()
+            .copied()
+            .filter(|u| {
+                let words = &last[u.words()];
+                words[0] & 1 == 1 || words[1..].iter().any(|&w| w != 0)
             })
-            .map(|k| (k, last[k * RECORD_WORDS + R_SEQ] & 1 == 1))
+            .map(|u| (u, last[u.start] & 1 == 1))
             .collect();
-        // Each attempt copies the pending records once more and compares each with its previous
+        // Each attempt copies the pending units once more and compares each with its previous
         // copy: at most READ_RETRIES copies in all, the whole-shard one included.
         let mut attempt = 1;
         while !pending.is_empty() && attempt < seqlock::READ_RETRIES {
@@ -201,23 +278,23 @@ impl RegionReader {
                 counters.seqlock_retries += pending.len() as u64;
             }
             let mut still = Vec::new();
-            for (k, odd_always) in pending {
-                let words = k * RECORD_WORDS..(k + 1) * RECORD_WORDS;
+            for (u, odd_always) in pending {
+                let words = u.words();
                 // Acquire: orders the previous copy's loads before this one's (module docs).
                 fence(Ordering::Acquire);
-                self.read_words(at + (k * API_RECORD_SIZE) as u64, &mut fresh[words.clone()])?;
+                self.read_words(at + (u.start * 8) as u64, &mut fresh[words.clone()])?;
                 let (a, b) = (&last[words.clone()], &fresh[words.clone()]);
-                if seqlock::copies_agree(a, b, R_SEQ) {
-                    add_record(totals, k, b);
+                if seqlock::copies_agree(a, b, 0) {
+                    add_unit(totals, u, b);
                 } else {
-                    still.push((k, odd_always && b[R_SEQ] & 1 == 1));
+                    still.push((u, odd_always && b[0] & 1 == 1));
                     last[words.clone()].copy_from_slice(&fresh[words]);
                 }
             }
             pending = still;
             attempt += 1;
         }
-        if let Some(&(k, _)) = pending.first() {
+        if let Some(&(u, _)) = pending.first() {
             counters.shards_skipped += 1;
             totals.problems.push(ShardProblem {
                 shard: index,
@@ -228,10 +305,82 @@ impl RegionReader {
                 },
                 pid,
                 tid,
-                seq: last[k * RECORD_WORDS + R_SEQ],
+                seq: last[u.start],
             });
         }
         Ok(())
+    }
+}
+
+/// What a unit of a layout 3 shard holds: a unit is the words under one seqlock, its sequence
+/// first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UnitKind {
+    /// The record of an API id.
+    Api(usize),
+    /// A [`GpuTimeRecord`] (its index in the shard).
+    GpuTime(usize),
+    /// A [`KernelEntry`].
+    Kernel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Unit {
+    kind: UnitKind,
+    /// First word in the shard.
+    start: usize,
+    len: usize,
+}
+
+impl Unit {
+    fn words(self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len
+    }
+}
+
+/// Every unit of a layout 3 shard, in order.
+const UNITS: [Unit; API_RECORDS + GPU_DEVICE_RECORDS + KERNEL_ENTRIES] = {
+    let mut units = [Unit {
+        kind: UnitKind::Kernel,
+        start: 0,
+        len: 0,
+    }; API_RECORDS + GPU_DEVICE_RECORDS + KERNEL_ENTRIES];
+    let mut i = 0;
+    while i < API_RECORDS {
+        units[i] = Unit {
+            kind: UnitKind::Api(i),
+            start: i * RECORD_WORDS,
+            len: RECORD_WORDS,
+        };
+        i += 1;
+    }
+    let mut g = 0;
+    while g < GPU_DEVICE_RECORDS {
+        units[API_RECORDS + g] = Unit {
+            kind: UnitKind::GpuTime(g),
+            start: offset_of!(Shard, gpu_time) / 8 + g * RECORD_WORDS,
+            len: RECORD_WORDS,
+        };
+        g += 1;
+    }
+    let mut k = 0;
+    while k < KERNEL_ENTRIES {
+        units[API_RECORDS + GPU_DEVICE_RECORDS + k] = Unit {
+            kind: UnitKind::Kernel,
+            start: offset_of!(Shard, kernels) / 8 + k * KERNEL_WORDS,
+            len: KERNEL_WORDS,
+        };
+        k += 1;
+    }
+    units
+};
+
+/// Adds a consistent copy of unit `u` (layout 3).
+fn add_unit(totals: &mut Totals, u: Unit, words: &[u64]) {
+    match u.kind {
+        UnitKind::Api(k) => add_record(totals, k, words),
+        UnitKind::GpuTime(g) => totals.add_gpu_time(g, words),
+        UnitKind::Kernel => totals.add_kernel(words),
     }
 }
 

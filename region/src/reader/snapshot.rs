@@ -50,6 +50,53 @@ pub struct ApiStats {
     pub histogram: [u64; HIST_BUCKETS],
 }
 
+/// GPU time the limiter measured with sampled event pairs (layout 3.3; zero before), summed over
+/// a process's shards: of one device, or of one kernel name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuTimeStats {
+    /// GPU time of all launches, estimated (each sample's time x the launches it stands for), ns.
+    pub estimated_ns: u64,
+    /// GPU time of the sampled launches, ns.
+    pub sampled_ns: u64,
+    /// Samples.
+    pub samples: u64,
+    /// Launches the samples stand for.
+    pub launches: u64,
+}
+
+impl GpuTimeStats {
+    /// Adds counters in `GpuTimeCounters` order.
+    pub(super) fn add(&mut self, words: &[u64]) {
+        for (t, &v) in [
+            &mut self.estimated_ns,
+            &mut self.sampled_ns,
+            &mut self.samples,
+            &mut self.launches,
+        ]
+        .into_iter()
+        .zip(words)
+        {
+            *t = t.wrapping_add(v);
+        }
+    }
+}
+
+/// One kernel name's GPU time in a process (its entries of every shard merged).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelStats {
+    /// The entry's name hash (`crate::kernel_name_hash` of the whole name).
+    pub name_hash: u64,
+    /// The name's first bytes as the tenant's driver gave them (at most 64, NUL cut): untrusted,
+    /// to be sanitised before display. Empty for the other kernels.
+    pub name: Vec<u8>,
+    /// Bytes of the whole name (more than `name` holds: cut).
+    pub name_len: u64,
+    /// The kernels that found no entry of their own, summed.
+    pub other: bool,
+    /// Their GPU time.
+    pub time: GpuTimeStats,
+}
+
 /// Why a shard could not be read consistently (it is left out of the merged statistics).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardProblemKind {
@@ -117,6 +164,15 @@ pub struct SlotSnapshot {
     pub apis: Vec<ApiStats>,
     /// Shards left out.
     pub shard_problems: Vec<ShardProblem>,
+    /// GPU time the limiter measured per device (`device_count` entries; layout 3.3, zero
+    /// before).
+    pub gpu_time: Vec<GpuTimeStats>,
+    /// Sampled event pairs whose event calls failed.
+    pub sample_errors: u64,
+    /// Samples not taken (too many pending, or a capturing stream).
+    pub samples_skipped: u64,
+    /// GPU time per kernel name (layout 3.3), largest estimated time first.
+    pub kernels: Vec<KernelStats>,
 }
 
 /// Counters of how hard the snapshot was to take.

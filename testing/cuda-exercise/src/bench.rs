@@ -292,6 +292,7 @@ pub fn paced(
     seconds: f64,
     sync_every: u64,
     held_ms: u64,
+    kernels: &str,
 ) -> Result<ExitCode, String> {
     if drv.init() != Some(0) {
         return Err("cuInit failed".into());
@@ -299,15 +300,26 @@ pub fn paced(
     let mut ignore = |_: &str, _: Option<CUresult>, _: u64| {};
     drv.primary_context(&mut ignore)
         .map_err(|e| format!("setting up a context: {e}"))?;
-    let (r, func) = drv.function_from_image(b"simcuda\0", "kernel");
-    if r != Some(0) {
-        return Err(format!("loading a function returned {r:?}"));
+    let names: Vec<&str> = kernels.split(',').filter(|n| !n.is_empty()).collect();
+    let mut funcs = Vec::new();
+    for name in &names {
+        let (r, func) = drv.function_from_image(b"simcuda\0", name);
+        if r != Some(0) {
+            return Err(format!("loading function {name} returned {r:?}"));
+        }
+        funcs.push(func);
     }
+    if funcs.is_empty() {
+        return Err("--kernels names no function".into());
+    }
+    let mut per_kernel = vec![0u64; funcs.len()];
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let (mut launches, mut errors, mut first_held) = (0u64, 0u64, None);
     while Instant::now() < end {
         let t = Instant::now();
-        let r = drv.launch_kernel(func);
+        let which = (launches % funcs.len() as u64) as usize;
+        per_kernel[which] += 1;
+        let r = drv.launch_kernel(funcs[which]);
         if first_held.is_none() && t.elapsed() > Duration::from_millis(held_ms) {
             first_held = Some(monotonic_ns());
         }
@@ -323,6 +335,13 @@ pub fn paced(
         "launches": launches,
         "errors": errors,
         "first_held_mono_ns": first_held,
+        "kernels": names.iter().zip(&per_kernel).fold(
+            std::collections::BTreeMap::<String, u64>::new(),
+            |mut m, (n, c)| {
+                *m.entry(n.to_string()).or_default() += c;
+                m
+            }
+        ),
     }));
     Ok(ExitCode::SUCCESS)
 }

@@ -135,6 +135,10 @@ pub enum Command {
         sync_every: u64,
         #[arg(long, default_value_t = 20)]
         held_ms: u64,
+        /// Functions to load by these names (comma-separated) and launch in turn (the sim's
+        /// `SIMCUDA_KERNEL_US` gives each its device time); the launches of each are printed.
+        #[arg(long, default_value = "kernel")]
+        kernels: String,
     },
     /// cuInit, context, module + function, then N cuLaunchKernel through a pointer resolved once
     /// (no lookup per call), each timed; prints the median and mean launch time (`launch_ns`;

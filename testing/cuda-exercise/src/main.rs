@@ -127,7 +127,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             seconds,
             sync_every,
             held_ms,
-        } => bench::paced(&drv, seconds, sync_every.max(1), held_ms),
+            kernels,
+        } => bench::paced(&drv, seconds, sync_every.max(1), held_ms, &kernels),
         Command::Pairs {
             count,
             size,

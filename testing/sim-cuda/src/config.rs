@@ -28,6 +28,8 @@ pub struct Config {
     pub delays: Vec<Rule<Duration>>,
     /// Simulated device time of one launch (`SIMCUDA_LAUNCH_US`).
     pub launch: Duration,
+    /// Device time of launches of named kernels instead (`SIMCUDA_KERNEL_US=name=us,...`).
+    pub kernels: Vec<Rule<Duration>>,
     /// Failure injection: `name:every_n` (`SIMCUDA_FAIL`).
     pub fail: Vec<Rule<u64>>,
     /// `SIMCUDA_LOG=1`: log configuration and calls to stderr.
@@ -51,6 +53,7 @@ impl Default for Config {
             delay_default: Duration::ZERO,
             delays: Vec::new(),
             launch: Duration::ZERO,
+            kernels: Vec::new(),
             fail: Vec::new(),
             log: false,
             driver_version: DEFAULT_DRIVER_VERSION,
@@ -176,6 +179,12 @@ impl Config {
             match v.trim().parse::<u64>() {
                 Ok(us) => c.launch = Duration::from_micros(us),
                 Err(_) => warnings.push(format!("SIMCUDA_LAUNCH_US={v:?} is not a number")),
+            }
+        }
+        if let Some(v) = get("SIMCUDA_KERNEL_US") {
+            match parse_delays(&v) {
+                Ok((d, r)) if d.is_zero() => c.kernels = r,
+                _ => warnings.push(format!("SIMCUDA_KERNEL_US={v:?}: want name=us,...")),
             }
         }
         if let Some(v) = get("SIMCUDA_FAIL") {

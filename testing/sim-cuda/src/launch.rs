@@ -1,10 +1,12 @@
 //! Entry points for streams, events, modules, kernels and graphs, for synchronisation and for
 //! launches (kernels, host functions, graphs).
 
-use crate::runtime::{self, Sym, busy_until, launch_work, sync_device, wait_until_ns};
+use crate::runtime::{
+    self, Sym, busy_until, kernel_ns, launch_work, launch_work_ns, sync_device, wait_until_ns,
+};
 use crate::state::{Obj, state};
 use crate::types::*;
-use crate::{create, destroy, get};
+use crate::{create, destroy, get, put};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 fn stream_sync(stream: CUstream) -> CUresult {
@@ -45,6 +47,7 @@ fn launch(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], stream: CUstream
     if !s.valid_stream(stream as u64) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
+    let ns = kernel_ns(s.names.get(&(f as u64)).map(|n| n.to_bytes()));
     drop(s);
     if grid.contains(&0)
         || block.contains(&0)
@@ -52,7 +55,54 @@ fn launch(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], stream: CUstream
     {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    launch_work();
+    launch_work_ns(ns);
+    CUDA_SUCCESS
+}
+
+/// `cuFuncGetName` and `cuKernelGetName`: the name the function or kernel was loaded by.
+fn get_name(out: *mut *const c_char, h: u64) -> CUresult {
+    let s = state();
+    let Some(name) = s.names.get(&h) else {
+        return CUDA_ERROR_INVALID_HANDLE;
+    };
+    // The name lives as long as the handle's entry (the driver's names live as long as the
+    // module).
+    out!(out, name.as_ptr());
+    CUDA_SUCCESS
+}
+
+/// Records an event: the device reaches it when all work launched before it has finished, or
+/// at once when the device is idle.
+fn event_record(event: CUevent, stream: CUstream) -> CUresult {
+    let mut s = state();
+    if !s.valid_stream(stream as u64) {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    let at = busy_until().max(runtime::now_ns()).max(1);
+    match s.objects.get_mut(&(event as u64)) {
+        Some(Obj::Event { at_ns }) => *at_ns = at,
+        _ => return CUDA_ERROR_INVALID_HANDLE,
+    }
+    CUDA_SUCCESS
+}
+
+thread_local! {
+    /// The thread's stream-capture mode (`cuThreadExchangeStreamCaptureMode`; 0: global).
+    static CAPTURE_MODE: std::cell::Cell<c_int> = const { std::cell::Cell::new(0) };
+}
+
+/// Creates a function or kernel named by the caller's NUL-terminated `name`.
+fn named<T>(p: *mut T, o: Obj, name: *const c_char, make: impl FnOnce(u64) -> T) -> CUresult {
+    if p.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller checked `name` for NULL; the API contract makes it NUL-terminated.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_owned();
+    let mut s = state();
+    let h = s.new_object(o);
+    s.names.insert(h, name);
+    drop(s);
+    out!(p, make(h));
     CUDA_SUCCESS
 }
 
@@ -96,14 +146,45 @@ exports! {
         create(ph, Obj::Event { at_ns: 0 }, |h| h as CUevent)
     }
     fn cuEventRecord(event: CUevent, stream: CUstream) {
-        let mut s = state();
-        if !s.valid_stream(stream as u64) {
+        event_record(event, stream)
+    }
+    fn cuEventRecord_ptsz(event: CUevent, stream: CUstream) {
+        event_record(event, stream)
+    }
+    fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) {
+        let s = state();
+        let at = |e: CUevent| match s.objects.get(&(e as u64)) {
+            Some(Obj::Event { at_ns }) if *at_ns != 0 => Ok(*at_ns),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        };
+        let (a, b) = match (at(start), at(end)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return e,
+        };
+        drop(s);
+        if a.max(b) > runtime::now_ns() {
+            return CUDA_ERROR_NOT_READY;
+        }
+        out!(ms, (b as f64 - a as f64) as f32 / 1e6);
+        CUDA_SUCCESS
+    }
+    fn cuFuncGetName(name: *mut *const c_char, func: CUfunction) {
+        get_name(name, func as u64)
+    }
+    fn cuKernelGetName(name: *mut *const c_char, kernel: CUkernel) {
+        get_name(name, kernel as u64)
+    }
+    fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) {
+        if !state().valid_stream(stream as u64) {
             return CUDA_ERROR_INVALID_HANDLE;
         }
-        match s.objects.get_mut(&(event as u64)) {
-            Some(Obj::Event { at_ns }) => *at_ns = busy_until(),
-            _ => return CUDA_ERROR_INVALID_HANDLE,
-        }
+        out!(status, 0);
+        CUDA_SUCCESS
+    }
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) {
+        let wanted = input!(mode.cast_const());
+        let previous = CAPTURE_MODE.with(|m| m.replace(wanted));
+        out!(mode, previous);
         CUDA_SUCCESS
     }
     fn cuEventQuery(event: CUevent) {
@@ -132,7 +213,7 @@ exports! {
         if !state().is(module as u64, |o| *o == Obj::Module) {
             return CUDA_ERROR_INVALID_HANDLE;
         }
-        create(func, Obj::Function, |h| h as CUfunction)
+        named(func, Obj::Function, name, |h| h as CUfunction)
     }
     fn cuLibraryLoadData(
         library: *mut CUlibrary,
@@ -159,13 +240,14 @@ exports! {
         if !state().is(library as u64, |o| *o == Obj::Library) {
             return CUDA_ERROR_INVALID_HANDLE;
         }
-        create(kernel, Obj::Kernel, |h| h as CUkernel)
+        named(kernel, Obj::Kernel, name, |h| h as CUkernel)
     }
     fn cuKernelGetFunction(func: *mut CUfunction, kernel: CUkernel) {
-        if !state().is(kernel as u64, |o| *o == Obj::Kernel) {
-            return CUDA_ERROR_INVALID_HANDLE;
-        }
-        create(func, Obj::Function, |h| h as CUfunction)
+        let name = match state().names.get(&(kernel as u64)) {
+            Some(n) => n.clone(),
+            None => return CUDA_ERROR_INVALID_HANDLE,
+        };
+        named(func, Obj::Function, name.as_ptr(), |h| h as CUfunction)
     }
     fn cuGraphCreate(graph: *mut CUgraph, flags: c_uint) {
         create(graph, Obj::Graph, |h| h as CUgraph)

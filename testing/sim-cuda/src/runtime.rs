@@ -83,7 +83,20 @@ pub fn wait_until_ns(until_ns: u64) {
 /// (of this process, or with `SIMCUDA_SHARED_DEVICE` of every process sharing the device; then
 /// this process's work ends when its own last launch does).
 pub fn launch_work() {
-    let launch = config().launch.as_nanos() as u64;
+    launch_work_ns(config().launch.as_nanos() as u64);
+}
+
+/// The device time of a launch of the kernel named `name`: its `SIMCUDA_KERNEL_US` rule, else
+/// `SIMCUDA_LAUNCH_US`.
+pub fn kernel_ns(name: Option<&[u8]>) -> u64 {
+    let c = config();
+    name.and_then(|n| c.kernels.iter().find(|r| r.name.as_bytes() == n))
+        .map_or(c.launch, |r| r.value)
+        .as_nanos() as u64
+}
+
+/// Records a launch that keeps the device busy for `launch` ns (see [`launch_work`]).
+pub fn launch_work_ns(launch: u64) {
     if launch == 0 {
         return;
     }

@@ -94,6 +94,9 @@ pub struct State {
     /// Primary context per device: handle and retain count.
     pub primary: Vec<(u64, u32)>,
     pub objects: HashMap<u64, Obj>,
+    /// Names of functions and kernels (what `cuFuncGetName`/`cuKernelGetName` answer), NUL
+    /// terminated.
+    pub names: HashMap<u64, std::ffi::CString>,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::new(config().devices)));
@@ -136,6 +139,7 @@ impl State {
             current_pools: Vec::new(),
             primary: Vec::new(),
             objects: HashMap::new(),
+            names: HashMap::new(),
         };
         for d in 0..devices.max(0) {
             let p = s.handle();

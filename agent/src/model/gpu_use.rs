@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ProcessKey, Snapshot};
+use super::{LimiterProcess, ProcessKey, Snapshot};
 
 /// The span of time one reading covers, CPU time (`CLOCK_REALTIME`) in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,10 +222,35 @@ pub fn busy_over(
 /// The top kernels of the processes `keys` over `first..last` (merged by name), the largest
 /// [`TOP_KERNELS`] and the rest summed as `other`.
 pub fn top_kernels(first: &Snapshot, last: &Snapshot, keys: &[ProcessKey]) -> Vec<KernelShare> {
+    merge_kernels(
+        keys.iter()
+            .filter_map(|k| last.process(*k))
+            .filter_map(|p| {
+                let before = first.process(p.key).and_then(|b| b.limiter.as_ref());
+                p.limiter.as_ref().map(|l| (l, before))
+            }),
+    )
+}
+
+impl Snapshot {
+    /// The top kernels of the processes `keys` since each started (the limiter's cumulative
+    /// figures, merged by name), as [`top_kernels`] ranks them: for a view of one snapshot.
+    pub fn kernels_since_start(&self, keys: &[ProcessKey]) -> Vec<KernelShare> {
+        merge_kernels(
+            keys.iter()
+                .filter_map(|k| self.process(*k))
+                .filter_map(|p| p.limiter.as_ref().map(|l| (l, None))),
+        )
+    }
+}
+
+/// Kernels of some processes' limiter records merged by name, each less its earlier record's
+/// (where there is one): the largest [`TOP_KERNELS`], then the rest summed as `other`.
+fn merge_kernels<'a>(
+    records: impl Iterator<Item = (&'a LimiterProcess, Option<&'a LimiterProcess>)>,
+) -> Vec<KernelShare> {
     let mut by: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
-    for p in keys.iter().filter_map(|k| last.process(*k)) {
-        let Some(l) = &p.limiter else { continue };
-        let before = first.process(p.key).and_then(|b| b.limiter.as_ref());
+    for (l, before) in records {
         for k in &l.kernels {
             let e = before.and_then(|b| b.kernels.iter().find(|e| e.name == k.name));
             let slot = by.entry(k.name.clone()).or_default();

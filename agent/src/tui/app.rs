@@ -94,6 +94,8 @@ pub enum Action {
     ToggleHelp,
     /// The dialog that explains the header's lost and errors counters and lists them.
     ToggleCounters,
+    /// Open the GPU-time view of the selected row (or of the detail shown), or close it.
+    GpuTime,
     Quit,
     /// A key with no meaning here.
     Nothing,
@@ -111,6 +113,8 @@ pub enum Effect {
 pub enum Screen {
     Table,
     Detail(RowId),
+    /// A row's GPU busy share per GPU by source and its top kernels.
+    GpuTime(RowId),
 }
 
 /// A signal waiting for confirmation.
@@ -314,6 +318,15 @@ impl ViewState {
             Action::TogglePause => self.paused = !self.paused,
             Action::ToggleHelp => self.help = !self.help,
             Action::ToggleCounters => self.counters = !self.counters,
+            Action::GpuTime => match &self.screen {
+                Screen::GpuTime(_) => self.screen = Screen::Table,
+                Screen::Detail(id) => self.screen = Screen::GpuTime(id.clone()),
+                Screen::Table => {
+                    if let Some(r) = current {
+                        self.screen = Screen::GpuTime(r.id.clone());
+                    }
+                }
+            },
         }
         Effect::None
     }
@@ -408,7 +421,7 @@ mod tests {
         v.update(Action::Back, &m);
         assert!(v.filter.is_empty(), "Escape clears the filter");
         v.update(Action::NextSort, &m);
-        assert_eq!(v.sort, SortKey::Sm);
+        assert_eq!(v.sort, SortKey::Gpu);
         v.update(Action::ReverseSort, &m);
         assert!(!v.descending);
         v.update(Action::TogglePause, &m);
@@ -422,6 +435,29 @@ mod tests {
         v.update(Action::Back, &m);
         assert!(!v.counters);
         assert_eq!(v.update(Action::Quit, &m), Effect::Quit);
+    }
+
+    #[test]
+    fn the_gpu_time_view_opens_on_the_selected_row_and_from_its_detail() {
+        let m = model();
+        let mut v = ViewState::default();
+        v.update(Action::GpuTime, &m);
+        assert_eq!(
+            v.screen,
+            Screen::GpuTime(RowId::Container(fixture::TRAIN_ID.into()))
+        );
+        v.update(Action::GpuTime, &m);
+        assert_eq!(v.screen, Screen::Table, "the same key closes it");
+        v.update(Action::Enter, &m);
+        v.update(Action::Down, &m);
+        v.update(Action::Enter, &m);
+        let Screen::Detail(RowId::Process(k)) = v.screen.clone() else {
+            panic!("{:?}", v.screen)
+        };
+        v.update(Action::GpuTime, &m);
+        assert_eq!(v.screen, Screen::GpuTime(RowId::Process(k)));
+        v.update(Action::Back, &m);
+        assert_eq!(v.screen, Screen::Table, "Esc goes back to the table");
     }
 
     #[test]

@@ -188,22 +188,24 @@ pub fn snapshot() -> Snapshot {
             launches: 2_400_000,
             busy_ratio: Some(0.34),
         }],
+        // (name, GPU time, mean time per launch).
         kernels: [
             (
                 "ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_tn",
                 24_600_000_000,
+                120_000,
             ),
-            ("flash_fwd_kernel", 9_800_000_000),
-            ("graph", 4_100_000_000),
-            ("other", 2_500_000_000),
+            ("flash_fwd_kernel", 9_800_000_000, 49_000),
+            ("graph", 4_100_000_000, 2_050_000),
+            ("other", 2_500_000_000, 8_000),
         ]
         .into_iter()
-        .map(|(name, ns)| KernelTime {
+        .map(|(name, ns, mean_ns)| KernelTime {
             name: name.into(),
             truncated: false,
             estimated_ns: ns,
             samples: ns / 3_400_000,
-            launches: ns / 17_000,
+            launches: ns / mean_ns,
         })
         .collect(),
         ..limiter(4 * GIB, 0)

@@ -66,6 +66,7 @@ pub fn action(key: KeyEvent, state: &ViewState) -> Action {
         KeyCode::Char('p') | KeyCode::Char(' ') => Action::TogglePause,
         KeyCode::Char('?') | KeyCode::F(1) => Action::ToggleHelp,
         KeyCode::Char('e') => Action::ToggleCounters,
+        KeyCode::Char('u') => Action::GpuTime,
         KeyCode::Esc | KeyCode::Backspace => Action::Back,
         _ => Action::Nothing,
     }
@@ -82,6 +83,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("K, F9", "signal the process: SIGTERM (or 9: SIGKILL)"),
     ("p, Space", "pause / resume refreshing"),
     ("Esc", "back: close a dialog or details, clear the filter"),
+    ("u", "GPU time: busy share per GPU by source, top kernels"),
     ("?, F1", "this help"),
     (
         "e",
@@ -111,6 +113,7 @@ mod tests {
         assert_eq!(action(key(KeyCode::Char('/')), &s), Action::OpenFilter);
         assert_eq!(action(key(KeyCode::Char('q')), &s), Action::Quit);
         assert_eq!(action(key(KeyCode::Char('e')), &s), Action::ToggleCounters);
+        assert_eq!(action(key(KeyCode::Char('u')), &s), Action::GpuTime);
         let counters = ViewState {
             counters: true,
             ..ViewState::default()

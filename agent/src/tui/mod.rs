@@ -6,6 +6,7 @@
 pub mod app;
 #[cfg(test)]
 pub mod fixture;
+pub mod gpu_time;
 pub mod history;
 pub mod input;
 pub mod rows;

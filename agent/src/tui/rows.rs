@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use super::gpu_time::limiter_busy;
 use crate::model::{ApiUsage, Container, Process, ProcessKey, Snapshot};
 
 /// A container's memory limit.
@@ -38,6 +39,71 @@ impl Util {
     }
 }
 
+/// Which source a row's GPU busy share comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BusySource {
+    /// The limiter's timing of the launches (every process of the row timed).
+    Limiter,
+    /// NVML's SM samples (no process of the row timed by the limiter).
+    #[default]
+    Nvml,
+    /// Some processes timed by the limiter, the others NVML's samples, summed.
+    Mixed,
+}
+
+/// A row's GPU busy share: the limiter's timing where it timed the processes (the figure that
+/// is each tenant's own on a shared GPU), else NVML's SM samples; the table marks the source.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BusyFigure {
+    pub share: Util,
+    pub source: BusySource,
+}
+
+impl BusyFigure {
+    fn of_process(p: &Process, sm: Util) -> BusyFigure {
+        match limiter_busy(p) {
+            Some(r) => BusyFigure {
+                share: Util::Pct(r * 100.0),
+                source: BusySource::Limiter,
+            },
+            None => BusyFigure {
+                share: sm,
+                source: BusySource::Nvml,
+            },
+        }
+    }
+
+    /// A container's: its live processes' summed; NVML's summed per device (`sm`) where the
+    /// limiter timed none of them.
+    fn of_container(processes: &[BusyFigure], sm: Util) -> BusyFigure {
+        let timed = processes
+            .iter()
+            .filter(|b| b.source == BusySource::Limiter)
+            .count();
+        if timed == 0 {
+            return BusyFigure {
+                share: sm,
+                source: BusySource::Nvml,
+            };
+        }
+        let sum = processes
+            .iter()
+            .filter_map(|b| match b.share {
+                Util::Pct(v) => Some(v),
+                Util::NotAvailable | Util::Unknown => None,
+            })
+            .sum();
+        BusyFigure {
+            share: Util::Pct(sum),
+            source: if timed == processes.len() {
+                BusySource::Limiter
+            } else {
+                BusySource::Mixed
+            },
+        }
+    }
+}
+
 /// SM and memory-bandwidth use of some processes in the latest window.
 fn utils(snap: &Snapshot, keys: &[ProcessKey]) -> (Util, Util) {
     let m = snap.gpu_use_of(keys);
@@ -64,6 +130,8 @@ pub struct Figures {
     pub sm: Util,
     /// Memory-bandwidth busy share in the latest NVML window.
     pub mem_bw: Util,
+    /// GPU busy share, the limiter's where it timed the processes (the GPU% column).
+    pub busy: BusyFigure,
     pub allocs_per_s: Option<f64>,
     pub launches_per_s: Option<f64>,
     /// p99 of all CUDA API calls seen so far, ns.
@@ -146,6 +214,7 @@ pub fn process_figures(p: &Process) -> Figures {
     Figures {
         processes: usize::from(p.alive),
         memory: process_memory(p),
+        busy: BusyFigure::of_process(p, sm),
         sm,
         mem_bw,
         allocs_per_s: r.map(|r| r.allocations_per_s),
@@ -180,8 +249,12 @@ pub fn container_row<'a>(snap: &Snapshot, c: &'a Container) -> ContainerRow<'a> 
         ..Figures::default()
     };
     let mut all_apis = Vec::new();
+    let mut busy = Vec::new();
     for p in &procs {
         let pf = process_figures(p);
+        if p.alive {
+            busy.push(pf.busy);
+        }
         f.memory = match (f.memory, pf.memory) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
@@ -199,6 +272,7 @@ pub fn container_row<'a>(snap: &Snapshot, c: &'a Container) -> ContainerRow<'a> 
     }
     f.p99_ns = p99_of(merged_hist(&all_apis));
     (f.sm, f.mem_bw) = utils(snap, &c.processes);
+    f.busy = BusyFigure::of_container(&busy, f.sm);
     let devices: Vec<_> = c.regions.iter().flat_map(|r| &r.devices).collect();
     // A region has a limit for every device of the node; the container's limit is the sum over
     // the devices it uses (holds memory on or was denied on), else its first device's: a 4 GiB
@@ -260,7 +334,7 @@ pub enum SortKey {
     Name,
     Processes,
     Memory,
-    Sm,
+    Gpu,
     Allocs,
     Launches,
     P99,
@@ -275,7 +349,7 @@ impl SortKey {
         SortKey::Name,
         SortKey::Processes,
         SortKey::Memory,
-        SortKey::Sm,
+        SortKey::Gpu,
         SortKey::Allocs,
         SortKey::Launches,
         SortKey::P99,
@@ -297,7 +371,7 @@ impl SortKey {
             SortKey::Name => 0.0,
             SortKey::Processes => f.processes as f64,
             SortKey::Memory => f.memory.map(|m| m as f64).unwrap_or(-1.0),
-            SortKey::Sm => f.sm.sort_value(),
+            SortKey::Gpu => f.busy.share.sort_value(),
             SortKey::Allocs => o(f.allocs_per_s),
             SortKey::Launches => o(f.launches_per_s),
             SortKey::P99 => f.p99_ns.map(|m| m as f64).unwrap_or(-1.0),
@@ -635,10 +709,36 @@ mod tests {
         assert_eq!(row(&snap, fixture::TRAIN_ID).mem_bw, Util::Pct(75.0));
         assert_eq!(row(&snap, fixture::UNLIMITED_ID).sm, Util::NotAvailable);
         assert_eq!(process_figures(&snap.processes[0]).sm, Util::Pct(62.0));
+        // GPU%: the limiter's timing where it timed the process, else NVML's; a container
+        // with both sums them and says so.
+        let busy = |u: f64, source| BusyFigure {
+            share: Util::Pct(u),
+            source,
+        };
+        assert_eq!(
+            process_figures(&snap.processes[0]).busy,
+            busy(34.0, BusySource::Limiter)
+        );
+        assert_eq!(
+            process_figures(&snap.processes[1]).busy,
+            busy(20.0, BusySource::Nvml)
+        );
+        assert_eq!(
+            row(&snap, fixture::TRAIN_ID).busy,
+            busy(54.0, BusySource::Mixed)
+        );
+        assert_eq!(
+            row(&snap, fixture::SQUEEZED_ID).busy,
+            busy(30.0, BusySource::Nvml)
+        );
+        assert_eq!(
+            row(&snap, fixture::UNLIMITED_ID).busy.share,
+            Util::NotAvailable
+        );
         // Largest first; not measured sorts last.
         let none = BTreeSet::new();
         let how = Arrangement {
-            sort: SortKey::Sm,
+            sort: SortKey::Gpu,
             ..arrangement(&none)
         };
         let order: Vec<String> = rows(&snap, &how)

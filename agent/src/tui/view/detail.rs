@@ -13,12 +13,14 @@ use ratatui::{
 
 use super::{Theme, fit, short_bytes, spark};
 use crate::{
+    model::gpu_use::KernelShare,
     model::{
         ApiSums, ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source,
         by_device::DeviceMemory, probing::LaunchProbes,
     },
     tui::{
         app::Model,
+        gpu_time::{GpuTime, Timing, gpu_time},
         rows::{Limit, RowId, container_label, container_row, short_key},
     },
     units::{bytes, nanos},
@@ -539,6 +541,262 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Them
         return;
     }
     frame.render_widget(api_table(&apis, area.width, t), table);
+}
+
+/// Processes listed one per line in a container's GPU-time view before the rest are counted.
+const GPU_TIME_PROCESSES: usize = 4;
+
+/// `34%`, or `-` where not measured.
+fn share(r: Option<f64>) -> String {
+    r.map(|r| format!("{:.0}%", r * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// Each GPU's busy share by source: the limiter's timing beside NVML's samples.
+fn busy_lines(g: &GpuTime, t: &Theme) -> Vec<Line<'static>> {
+    if g.devices.is_empty() {
+        return vec![Line::from(Span::styled(
+            "GPU0  no GPU figure: neither the limiter nor NVML measured these processes",
+            t.dim(),
+        ))];
+    }
+    g.devices
+        .iter()
+        .map(|d| {
+            let mut spans = vec![Span::styled(format!("GPU{}  ", d.device), t.key())];
+            if d.limiter.is_some() || d.samples > 0 {
+                spans.push(Span::styled(
+                    format!("limiter {}", share(d.limiter)),
+                    t.good(),
+                ));
+                spans.push(Span::raw(format!(" ({} samples)  ", d.samples)));
+            }
+            match (&d.nvml, &d.nvml_unavailable) {
+                (Some(n), _) => spans.push(Span::raw(format!("nvml {}", share(Some(*n))))),
+                (None, Some(why)) => spans.push(Span::styled(
+                    format!("nvml n/a (per-process utilisation {why})"),
+                    t.dim(),
+                )),
+                (None, None) => spans.push(Span::styled("nvml -", t.dim())),
+            }
+            if d.limiter.is_none() && d.samples == 0 && d.nvml.is_some() {
+                spans.push(Span::styled(" (NVML-sampled)", t.dim()));
+            }
+            Line::from(spans)
+        })
+        .collect()
+}
+
+/// How far the limiter's timing covers the processes, and each process's figures (a
+/// container's, the first few).
+fn coverage_lines(g: &GpuTime, container: bool, t: &Theme) -> Vec<Line<'static>> {
+    let mut out = Vec::new();
+    let n = g.processes.len();
+    let timed = g.timed();
+    let style = if g.timing() == Timing::Timed {
+        t.good()
+    } else {
+        t.warn()
+    };
+    let said: Vec<String> = match g.timing() {
+        Timing::Timed if timed == n => vec![
+            format!(
+                "timed by the limiter: {}",
+                if container {
+                    format!("all {n} processes")
+                } else {
+                    "this process".into()
+                }
+            ),
+            "limiter: launches timed inside the processes, each tenant's own".into(),
+            "nvml: SM samples, which on a shared GPU go to whichever process runs".into(),
+        ],
+        Timing::Timed => vec![
+            format!("timed by the limiter: {timed} of {n} processes (the others: NVML's alone)"),
+            "limiter: launches timed inside the processes, each tenant's own".into(),
+            "nvml: SM samples, which on a shared GPU go to whichever process runs".into(),
+        ],
+        Timing::NoRecords => vec![
+            "the limiter is loaded but timed no launch: the figure is NVML-sampled".into(),
+            "(none yet, VGPU_GPU_TIME_SAMPLE=0, or a region without them: HAMi-core's)".into(),
+            "on a shared GPU NVML's samples go to whichever process runs".into(),
+        ],
+        Timing::NoLimiter => vec![
+            "not under the limiter: the figure is NVML-sampled, and kernels need the limiter"
+                .into(),
+            "on a shared GPU NVML's samples go to whichever process runs".into(),
+        ],
+    };
+    for (i, line) in said.into_iter().enumerate() {
+        out.push(Line::from(Span::styled(
+            line,
+            if i == 0 { style } else { t.dim() },
+        )));
+    }
+    if g.sample_errors > 0 || g.samples_skipped > 0 {
+        out.push(Line::from(Span::styled(
+            format!(
+                "samples: {} failed, {} not taken",
+                g.sample_errors, g.samples_skipped
+            ),
+            t.warn(),
+        )));
+    }
+    if container && n > 1 {
+        for p in g.processes.iter().take(GPU_TIME_PROCESSES) {
+            let limiter = match p.timing {
+                Timing::Timed => format!("limiter {}", share(p.limiter)),
+                Timing::NoRecords => "limiter: no record".into(),
+                Timing::NoLimiter => "no limiter".into(),
+            };
+            out.push(Line::from(format!(
+                "  {} {}  {limiter}  nvml {}",
+                p.key.pid,
+                p.comm,
+                share(p.nvml)
+            )));
+        }
+        if n > GPU_TIME_PROCESSES {
+            out.push(Line::from(Span::styled(
+                format!("  and {} more", n - GPU_TIME_PROCESSES),
+                t.dim(),
+            )));
+        }
+    }
+    out
+}
+
+/// The top kernels: name, share of the timed GPU time, GPU time, launches and mean time per
+/// launch, at most `rows` of them.
+fn kernel_table<'a>(kernels: &[KernelShare], width: u16, rows: usize, t: &Theme) -> Table<'a> {
+    let cols: [(&str, u16); 5] = [
+        ("SHARE", 6),
+        ("GPU TIME", 9),
+        ("CALLS", 9),
+        ("MEAN", 9),
+        ("SAMPLES", 8),
+    ];
+    let fixed: u16 = cols.iter().map(|c| c.1 + 1).sum();
+    let name_w = width.saturating_sub(fixed).max(12);
+    let mut header = vec![Cell::from("KERNEL")];
+    header.extend(
+        cols.iter()
+            .map(|(c, w)| Cell::from(format!("{c:>w$}", w = *w as usize))),
+    );
+    // Cut to the rows there are, the last saying how many more a taller terminal shows.
+    let shown = if kernels.len() > rows {
+        rows.saturating_sub(1)
+    } else {
+        kernels.len()
+    };
+    let mut body: Vec<Row> = kernels
+        .iter()
+        .take(shown)
+        .map(|k| {
+            let ns = (k.gpu_seconds * 1e9) as u64;
+            let mean = if k.launches > 0 {
+                nanos(ns / k.launches)
+            } else {
+                "-".into()
+            };
+            Row::new(vec![
+                Cell::from(fit(&k.name, name_w as usize)),
+                Cell::from(format!("{:>6}", format!("{:.0}%", k.share * 100.0))),
+                Cell::from(format!("{:>9}", nanos(ns))),
+                Cell::from(format!("{:>9}", super::rate(k.launches as f64))),
+                Cell::from(format!("{mean:>9}")),
+                Cell::from(format!("{:>8}", k.samples)),
+            ])
+        })
+        .collect();
+    if shown < kernels.len() && rows > 0 {
+        body.push(Row::new(vec![Cell::from(Span::styled(
+            format!("{} more kernels (taller screen)", kernels.len() - shown),
+            t.dim(),
+        ))]));
+    }
+    let mut widths = vec![Constraint::Min(name_w)];
+    widths.extend(cols.iter().map(|c| Constraint::Length(c.1)));
+    Table::new(body, widths)
+        .header(Row::new(header).style(t.heading()))
+        .column_spacing(1)
+}
+
+/// The GPU-time view of a container or a process: each GPU's busy share by source (the
+/// limiter's timing, NVML's samples), how far the limiter's timing covers the processes, and
+/// the top kernels by GPU time since each process started.
+pub fn render_gpu_time(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Theme) {
+    let Some(s) = &model.snapshot else {
+        return;
+    };
+    let found = match id {
+        RowId::Container(k) => s.containers.iter().find(|c| &c.key == k).map(|c| {
+            (
+                format!("container {}", container_label(c)),
+                c.processes.clone(),
+                true,
+            )
+        }),
+        RowId::Process(k) => s.process(*k).map(|p| {
+            (
+                format!("process {} {}", p.key.pid, p.comm),
+                vec![p.key],
+                false,
+            )
+        }),
+    };
+    let Some((title, keys, container)) = found else {
+        frame.render_widget(
+            Paragraph::new("this row has left the model (Esc goes back)").style(t.dim()),
+            area,
+        );
+        return;
+    };
+    let g = gpu_time(s, &keys);
+    let mut lines = vec![
+        Line::from(vec![
+            Span::styled("GPU time  ", t.title()),
+            Span::raw(title),
+        ]),
+        Line::from(Span::styled(
+            "busy share of each GPU over the latest interval, by source:",
+            t.dim(),
+        )),
+    ];
+    lines.extend(busy_lines(&g, t));
+    lines.extend(coverage_lines(&g, container, t));
+    if !g.kernels.is_empty() {
+        lines.push(Line::from(vec![
+            Span::styled("kernels ", t.key()),
+            Span::raw("by GPU time since each process started (limiter, estimated)"),
+        ]));
+    }
+    // Every line fits in 80 columns; narrower terminals cut them.
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .map(|l| {
+            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
+            if text.chars().count() > area.width as usize {
+                Line::from(fit(&text, area.width as usize)).style(l.style)
+            } else {
+                l
+            }
+        })
+        .collect();
+    let [facts, table] = Layout::vertical([
+        Constraint::Length(lines.len() as u16 + 1),
+        Constraint::Min(0),
+    ])
+    .areas(area);
+    frame.render_widget(
+        Paragraph::new(lines)
+            .block(Block::new().title_bottom(Line::from(Span::styled("Esc back", t.dim())))),
+        facts,
+    );
+    if !g.kernels.is_empty() {
+        let rows = (table.height as usize).saturating_sub(1);
+        frame.render_widget(kernel_table(&g.kernels, area.width, rows, t), table);
+    }
 }
 
 #[cfg(test)]

@@ -88,6 +88,7 @@ pub fn render(frame: &mut Frame, model: &Model, state: &ViewState) {
     match &state.screen {
         Screen::Table => table::render(frame, body, model, state, &theme),
         Screen::Detail(id) => detail::render(frame, body, model, id, &theme),
+        Screen::GpuTime(id) => detail::render_gpu_time(frame, body, model, id, &theme),
     }
     popup::footer(frame, footer, state, &theme);
     if state.help {
@@ -233,6 +234,151 @@ mod tests {
             s.update(a.clone(), model);
         }
         s
+    }
+
+    fn text_of(t: &Terminal<TestBackend>) -> String {
+        format!("{}", t.backend())
+    }
+
+    /// The table's GPU% says whose figure it shows: the pod's rank 0 is timed by the limiter
+    /// and rank 1 is not (`+`, both summed), the others NVML's samples (`N`), MIG `n/a`.
+    #[test]
+    fn the_gpu_column_marks_its_source() {
+        let m = model();
+        let text = text_of(&draw(&m, &ViewState::default(), 160, 48));
+        let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap().to_string();
+        assert!(row("ml-team/trainer-0/pytorch").contains(" 54%+"), "{text}");
+        assert!(row("llm-serve").contains(" 30%N"), "{text}");
+        assert!(row("notebook").contains(" n/a "), "{text}");
+        assert!(text.contains("GPU%"), "{text}");
+        let tree = text_of(&draw(&m, &with(&m, &[Action::ToggleTree]), 160, 48));
+        let rank0 = tree.lines().find(|l| l.contains("4101")).unwrap();
+        assert!(rank0.contains(" 34%L"), "limiter-timed: {tree}");
+        let rank1 = tree.lines().find(|l| l.contains("4102")).unwrap();
+        assert!(rank1.contains(" 20%N"), "NVML-sampled: {tree}");
+    }
+
+    /// `u` on the pod: GPU0's busy share by source side by side, how far the limiter's timing
+    /// covers the pod, each process, and the top kernels with share, time, calls and mean.
+    #[test]
+    fn gpu_time_of_a_container() {
+        let m = model();
+        let s = with(&m, &[Action::GpuTime]);
+        both("gpu_time_container", &m, &s);
+        let text = text_of(&draw(&m, &s, 160, 48));
+        for shown in [
+            "GPU time  container ml-team/trainer-0/pytorch",
+            "GPU0  limiter 34% (12000 samples)  nvml 82%",
+            "timed by the limiter: 1 of 2 processes (the others: NVML's alone)",
+            "4101 python3  limiter 34%  nvml 62%",
+            "4102 python3  limiter: no record  nvml 20%",
+            "KERNEL",
+        ] {
+            assert!(text.contains(shown), "{shown:?} not in {text}");
+        }
+        // 24.6 s of 41 s, 205,000 launches of 120 us each.
+        let gemm = text
+            .lines()
+            .find(|l| l.contains("ampere_bf16_s16816gemm"))
+            .unwrap();
+        let cells: Vec<&str> = gemm.trim_matches('"').split_whitespace().collect();
+        assert_eq!(
+            cells[1..],
+            ["60%", "24.60s", "205.0k", "120.0us", "7235"],
+            "{gemm}"
+        );
+        assert!(text.contains("other"), "{text}");
+    }
+
+    /// Kernels that do not fit are counted, not dropped silently.
+    #[test]
+    fn gpu_time_kernels_past_the_screen_are_counted() {
+        let mut snap = fixture::snapshot();
+        let l = snap.processes[0].limiter.as_mut().unwrap();
+        for i in 0..6u64 {
+            let mut k = l.kernels[1].clone();
+            k.name = format!("elementwise_kernel_{i}");
+            k.estimated_ns = 1_000_000_000 - i;
+            l.kernels.push(k);
+        }
+        let mut m = Model::default();
+        m.apply(snap);
+        let s = with(&m, &[Action::GpuTime]);
+        // Eight rows (the model's top kernels, `other` among them) fit at 80x24, not at 80x20.
+        let short = text_of(&draw(&m, &s, 80, 20));
+        assert!(short.contains("5 more kernels (taller screen)"), "{short}");
+        for (w, h) in [(80, 24), (160, 48)] {
+            let tall = text_of(&draw(&m, &s, w, h));
+            assert!(!tall.contains("more kernels (taller"), "{tall}");
+            assert_eq!(
+                tall.lines()
+                    .filter(|l| l.contains("elementwise_kernel_"))
+                    .count(),
+                4,
+                "the top kernels and the rest as other: {tall}"
+            );
+            assert!(tall.contains("other "), "{tall}");
+        }
+    }
+
+    /// A process's GPU time, opened from its detail view.
+    #[test]
+    fn gpu_time_of_a_process() {
+        let m = model();
+        let s = with(
+            &m,
+            &[Action::Enter, Action::Down, Action::Enter, Action::GpuTime],
+        );
+        assert!(matches!(
+            s.screen,
+            crate::tui::app::Screen::GpuTime(RowId::Process(k)) if k.pid == 4101
+        ));
+        both("gpu_time_process", &m, &s);
+        let text = text_of(&draw(&m, &s, 160, 48));
+        assert!(
+            text.contains("GPU0  limiter 34% (12000 samples)  nvml 62%"),
+            "{text}"
+        );
+        assert!(
+            text.contains("timed by the limiter: this process"),
+            "{text}"
+        );
+    }
+
+    /// Without the limiter the figure is NVML's, said so, and kernels need the limiter; under the
+    /// limiter without records it says that instead; on MIG NVML's figure is n/a and why.
+    #[test]
+    fn gpu_time_without_the_limiter_says_where_its_figure_comes_from() {
+        let m = model();
+        let open = |key: &str| {
+            let mut s = ViewState::default();
+            while !matches!(&s.selected, Some(RowId::Container(k)) if k == key) {
+                s.update(Action::Down, &m);
+            }
+            s.update(Action::GpuTime, &m);
+            s
+        };
+        let host = open("host");
+        both("gpu_time_no_limiter", &m, &host);
+        let text = text_of(&draw(&m, &host, 160, 48));
+        assert!(text.contains("GPU0  nvml 4% (NVML-sampled)"), "{text}");
+        assert!(
+            text.contains(
+                "not under the limiter: the figure is NVML-sampled, and kernels need the limiter"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("KERNEL"), "{text}");
+        let serve = text_of(&draw(&m, &open(fixture::SQUEEZED_ID), 160, 48));
+        assert!(
+            serve.contains("the limiter is loaded but timed no launch: the figure is NVML-sampled"),
+            "{serve}"
+        );
+        let notebook = text_of(&draw(&m, &open(fixture::UNLIMITED_ID), 160, 48));
+        assert!(
+            notebook.contains("GPU0  nvml n/a (per-process utilisation not supported"),
+            "{notebook}"
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ fn sort_name(k: SortKey) -> &'static str {
         SortKey::Name => "name",
         SortKey::Processes => "processes",
         SortKey::Memory => "memory",
-        SortKey::Sm => "sm%",
+        SortKey::Gpu => "gpu%",
         SortKey::Allocs => "allocs/s",
         SortKey::Launches => "launches/s",
         SortKey::P99 => "p99",
@@ -54,6 +54,13 @@ pub fn footer(frame: &mut Frame, area: Rect, state: &ViewState, t: &Theme) {
             ],
             Screen::Detail(_) => &[
                 ("Esc", "back"),
+                ("u", "gpu time"),
+                ("K", "signal"),
+                ("?", "help"),
+                ("q", "quit"),
+            ],
+            Screen::GpuTime(_) => &[
+                ("Esc", "back"),
                 ("K", "signal"),
                 ("?", "help"),
                 ("q", "quit"),
@@ -65,6 +72,10 @@ pub fn footer(frame: &mut Frame, area: Rect, state: &ViewState, t: &Theme) {
         }
         // Where there is room: what the header's counters mean is one key away.
         if area.width >= 100 {
+            if state.screen == Screen::Table {
+                spans.push(Span::styled("u", t.key()));
+                spans.push(Span::raw(" gpu time  "));
+            }
             spans.push(Span::styled("e", t.key()));
             spans.push(Span::raw(" lost/errors  "));
         }
@@ -105,8 +116,8 @@ const COLUMNS_HELP: &[(&str, &str)] = &[
         "limit below one process's context charge: all denied",
     ),
     (
-        "SM%",
-        "SM busy share from NVML, limit or not; n/a: MIG, vGPU",
+        "GPU%",
+        "busy share: L limiter-timed, N NVML-sampled, + both",
     ),
     (
         "ALLOC/s LAUNCH/s",
@@ -131,7 +142,7 @@ const COLUMNS_HELP: &[(&str, &str)] = &[
 ];
 
 pub fn help(frame: &mut Frame, t: &Theme) {
-    let area = centered(frame.area(), 80, 23);
+    let area = centered(frame.area(), 80, 24);
     let key_w = 18;
     let mut lines: Vec<Line> = HELP
         .iter()

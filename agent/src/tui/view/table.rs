@@ -13,7 +13,10 @@ use super::{Theme, bar, fit, percent, rate, short_bytes};
 use crate::{
     tui::{
         app::{Model, ViewState},
-        rows::{Figures, Limit, RowKind, SortKey, Util, container_label, short_key},
+        rows::{
+            BusyFigure, BusySource, Figures, Limit, RowKind, SortKey, Util, container_label,
+            short_key,
+        },
     },
     units::nanos,
 };
@@ -22,7 +25,7 @@ use crate::{
 enum Col {
     Procs,
     Memory,
-    Sm,
+    Gpu,
     Allocs,
     Launches,
     P99,
@@ -38,7 +41,7 @@ enum Col {
 const COLUMNS: [(Col, &str, u16, u8); 11] = [
     (Col::Procs, "PROC", 5, 10),
     (Col::Memory, "GPU MEM / LIMIT", 20, 0),
-    (Col::Sm, "SM%", 5, 1),
+    (Col::Gpu, "GPU%", 5, 1),
     (Col::Allocs, "ALLOC/s", 8, 3),
     (Col::Launches, "LAUNCH/s", 9, 7),
     (Col::P99, "API P99", 8, 2),
@@ -55,7 +58,7 @@ fn sort_of(c: Col) -> SortKey {
     match c {
         Col::Procs => SortKey::Processes,
         Col::Memory => SortKey::Memory,
-        Col::Sm => SortKey::Sm,
+        Col::Gpu => SortKey::Gpu,
         Col::Allocs => SortKey::Allocs,
         Col::Launches => SortKey::Launches,
         Col::P99 => SortKey::P99,
@@ -134,6 +137,28 @@ pub fn util_text(u: Util) -> String {
     }
 }
 
+/// The GPU% cell: the share with its source, `L` the limiter's timing, `N` NVML's SM samples,
+/// `+` both (some processes timed by the limiter, the others sampled by NVML).
+fn busy_cell(b: BusyFigure, width: usize, t: &Theme) -> Cell<'static> {
+    let mark = match (b.share, b.source) {
+        (Util::NotAvailable | Util::Unknown, _) => "",
+        (_, BusySource::Limiter) => "L",
+        (_, BusySource::Nvml) => "N",
+        (_, BusySource::Mixed) => "+",
+    };
+    let text = util_text(b.share);
+    let pad = width.saturating_sub(text.chars().count() + mark.chars().count());
+    let mark_style = if b.source == BusySource::Limiter {
+        t.good()
+    } else {
+        t.dim()
+    };
+    Cell::from(Line::from(vec![
+        Span::raw(format!("{}{text}", " ".repeat(pad))),
+        Span::styled(mark, mark_style),
+    ]))
+}
+
 fn figure_cells(
     f: &Figures,
     limit: Option<Limit>,
@@ -147,7 +172,7 @@ fn figure_cells(
         .map(|(c, w)| match c {
             Col::Procs => Cell::from(format!("{:>w$}", f.processes)),
             Col::Memory => memory_cell(f, limit, below_context, w, t),
-            Col::Sm => Cell::from(format!("{:>w$}", util_text(f.sm))),
+            Col::Gpu => busy_cell(f.busy, w, t),
             Col::Allocs => Cell::from(format!("{:>w$}", opt(f.allocs_per_s, rate))),
             Col::Launches => Cell::from(format!("{:>w$}", opt(f.launches_per_s, rate))),
             Col::P99 => Cell::from(format!(
@@ -322,7 +347,7 @@ mod tests {
     fn narrow_terminals_keep_the_important_columns() {
         let narrow: Vec<Col> = columns(80).iter().map(|c| c.0).collect();
         assert!(narrow.contains(&Col::Memory) && narrow.contains(&Col::P99));
-        assert!(narrow.contains(&Col::Sm), "who uses the SMs: {narrow:?}");
+        assert!(narrow.contains(&Col::Gpu), "who uses the GPU: {narrow:?}");
         assert!(!narrow.contains(&Col::Nccl), "{narrow:?}");
         let wide = columns(160);
         assert_eq!(wide.len(), COLUMNS.len(), "everything fits in 160 columns");

@@ -204,7 +204,7 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
         line_of(s, docker_short) < line_of(s, k8s_short) && s.contains("GPU MEM / LIMIT▲")
     });
     tmux.keys(&["s"]);
-    tmux.wait("sorting by SM use", |s| s.contains("SM%▲"));
+    tmux.wait("sorting by GPU use", |s| s.contains("GPU%▲"));
     tmux.keys(&["s"]);
     tmux.wait("sorting by allocations", |s| s.contains("ALLOC/s▲"));
     tmux.keys(&["r", "s", "s", "s", "s", "s", "s", "s", "s", "s"]);
@@ -373,14 +373,15 @@ fn pod_row(screen: &str, pod: &str) -> Option<(u64, u64, u64)> {
         .iter()
         .position(|t| t.contains('/') && t.ends_with('G'))?;
     let (used, limit) = tokens[at].split_once('/')?;
-    // SM%, ALLOC/s, LAUNCH/s, API P99, SYNC, NCCL/s, THROTL, DENIED.
+    // GPU%, ALLOC/s, LAUNCH/s, API P99, SYNC, NCCL/s, THROTL, DENIED.
     let denied = tokens.get(at + 8)?.parse().ok()?;
     Some((parse_short(used)?, parse_short(limit)?, denied))
 }
 
 /// What `cargo xtask demo` shows: the limited pod works near its limit (memory above zero and
-/// under the limit, the bar drawn, denials as it crosses), no warning about the limit, `SM%`
-/// says `-` without NVML, and `e` explains the header's lost and errors and lists them.
+/// under the limit, the bar drawn, denials as it crosses), no warning about the limit, `e`
+/// explains the header's lost and errors and lists them, and `u` shows the pod's GPU time as the
+/// limiter timed its launches and says the docker container's has no limiter to time it.
 #[test]
 fn top_in_tmux_shows_the_demo_truthfully() {
     use demo_workloads as demo;
@@ -422,7 +423,7 @@ fn top_in_tmux_shows_the_demo_truthfully() {
     let line = s.lines().find(|l| l.contains(&pod)).unwrap();
     assert!(line.contains('█'), "the bar: {line}");
     assert!(!line.contains('⚠'), "no limit below a context charge: {s}");
-    assert!(s.contains("SM%"), "{s}");
+    assert!(s.contains("GPU%"), "{s}");
     // The docker container's memory is seen too (the probes see its allocations).
     tmux.wait("the docker container's memory", |s| {
         s.lines()
@@ -456,6 +457,35 @@ fn top_in_tmux_shows_the_demo_truthfully() {
     }
     tmux.keys(&["Escape"]);
     tmux.wait("the table again", |s| s.contains("CONTAINER / PROCESS"));
+
+    // u on the pod (filtered to it, selected first): its launching process is timed by the
+    // limiter, its GPU share is the limiter's beside NVML's (none here), its kernels listed.
+    let open_gpu_time = |short: &str| {
+        tmux.keys(&["/"]);
+        tmux.literal(short);
+        tmux.keys(&["Enter", "g", "u"]);
+    };
+    open_gpu_time(&pod);
+    let s = tmux.wait("the pod's GPU time, timed by the limiter", |s| {
+        s.contains("GPU time  container") && s.contains("timed by the limiter:")
+    });
+    assert!(s.contains(&pod), "the pod's view: {s}");
+    assert!(s.contains("limiter "), "{s}");
+    tmux.wait("the pod's kernels", |s| s.contains("KERNEL"));
+    tmux.keys(&["Escape", "Escape"]);
+    tmux.wait("the table again, unfiltered", |s| {
+        s.contains("CONTAINER / PROCESS") && s.contains(&plain) && s.contains(&pod)
+    });
+    // The docker container has no limiter: its figure is NVML's, and kernels need the limiter.
+    open_gpu_time(&plain);
+    let s = tmux.wait("the docker container's GPU time", |s| {
+        s.contains("GPU time  container")
+            && s.contains("not under the limiter: the figure is NVML-sampled")
+    });
+    assert!(!s.contains("KERNEL"), "no kernels without the limiter: {s}");
+    tmux.keys(&["u", "Escape"]);
+    tmux.wait("the table again", |s| s.contains("CONTAINER / PROCESS"));
+
     tmux.keys(&["q"]);
     let s = tmux.wait("top to exit", |s| s.contains("TOP-EXITED"));
     assert!(s.contains("TOP-EXITED 0"), "{s}");

@@ -731,11 +731,15 @@ pub fn render_gpu_time(frame: &mut Frame, area: Rect, model: &Model, id: &RowId,
     };
     let found = match id {
         RowId::Container(k) => s.containers.iter().find(|c| &c.key == k).map(|c| {
-            (
-                format!("container {}", container_label(c)),
-                c.processes.clone(),
-                true,
-            )
+            // Named as the table names it: the label, and the short id unless the label has it.
+            let label = container_label(c);
+            let id = short_key(&c.key);
+            let title = if c.key == "host" || label.contains(&id) {
+                format!("container {label}")
+            } else {
+                format!("container {label} {id}")
+            };
+            (title, c.processes.clone(), true)
         }),
         RowId::Process(k) => s.process(*k).map(|p| {
             (

@@ -267,7 +267,7 @@ mod tests {
         both("gpu_time_container", &m, &s);
         let text = text_of(&draw(&m, &s, 160, 48));
         for shown in [
-            "GPU time  container ml-team/trainer-0/pytorch",
+            "GPU time  container ml-team/trainer-0/pytorch 605439acbd4f",
             "GPU0  limiter 34% (12000 samples)  nvml 82%",
             "timed by the limiter: 1 of 2 processes (the others: NVML's alone)",
             "4101 python3  limiter 34%  nvml 62%",

@@ -472,7 +472,12 @@ fn top_in_tmux_shows_the_demo_truthfully() {
     assert!(s.contains(&pod), "the pod's view: {s}");
     assert!(s.contains("limiter "), "{s}");
     tmux.wait("the pod's kernels", |s| s.contains("KERNEL"));
-    tmux.keys(&["Escape", "Escape"]);
+    // One Escape at a time: two at once read as one Alt-Escape.
+    tmux.keys(&["Escape"]);
+    tmux.wait("the table again", |s| {
+        s.contains("CONTAINER / PROCESS") && !s.contains("GPU time  container")
+    });
+    tmux.keys(&["Escape"]);
     tmux.wait("the table again, unfiltered", |s| {
         s.contains("CONTAINER / PROCESS") && s.contains(&plain) && s.contains(&pod)
     });
@@ -483,8 +488,14 @@ fn top_in_tmux_shows_the_demo_truthfully() {
             && s.contains("not under the limiter: the figure is NVML-sampled")
     });
     assert!(!s.contains("KERNEL"), "no kernels without the limiter: {s}");
-    tmux.keys(&["u", "Escape"]);
-    tmux.wait("the table again", |s| s.contains("CONTAINER / PROCESS"));
+    tmux.keys(&["u"]);
+    tmux.wait("u closes it", |s| {
+        s.contains("CONTAINER / PROCESS") && !s.contains("GPU time  container")
+    });
+    tmux.keys(&["Escape"]);
+    tmux.wait("the table again, unfiltered", |s| {
+        s.contains(&pod) && s.contains(&plain)
+    });
 
     tmux.keys(&["q"]);
     let s = tmux.wait("top to exit", |s| s.contains("TOP-EXITED"));

@@ -694,11 +694,10 @@ fn kernel_table<'a>(kernels: &[KernelShare], width: u16, rows: usize, t: &Theme)
         .take(shown)
         .map(|k| {
             let ns = (k.gpu_seconds * 1e9) as u64;
-            let mean = if k.launches > 0 {
-                nanos(ns / k.launches)
-            } else {
-                "-".into()
-            };
+            let mean = ns
+                .checked_div(k.launches)
+                .map(nanos)
+                .unwrap_or_else(|| "-".into());
             Row::new(vec![
                 Cell::from(fit(&k.name, name_w as usize)),
                 Cell::from(format!("{:>6}", format!("{:.0}%", k.share * 100.0))),

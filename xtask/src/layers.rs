@@ -1041,13 +1041,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
     ),
     ("region", "init, region, slots"),
     (
-        "limiter",
-        "platform::thread_words, platform::thread_words::imp",
-    ),
-    ("limiter-core", "sm, sm::window"),
-    ("tenant-fs", "crate, proc"),
-    ("testing/sim-cuda", "runtime, shared"),
-    (
         "testing/cuda-exercise",
         "bench, calls, crate, devices, lookup, memory, nccl_rank, timing",
     ),

@@ -1044,7 +1044,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "testing/cuda-exercise",
         "bench, calls, crate, devices, lookup, memory, nccl_rank, timing",
     ),
-    ("xtask", "bench, bench_cold, bench_limiter, bench_startup"),
 ];
 
 /// Problems of the whole workspace: cycles (but the known ones), layer violations.

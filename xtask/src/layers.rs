@@ -1040,10 +1040,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "reader, reader::budget, reader::shards, reader::snapshot, reader::validate",
     ),
     ("region", "init, region, slots"),
-    (
-        "testing/cuda-exercise",
-        "bench, calls, crate, devices, lookup, memory, nccl_rank, timing",
-    ),
 ];
 
 /// Problems of the whole workspace: cycles (but the known ones), layer violations.

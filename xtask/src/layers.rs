@@ -1032,7 +1032,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \
          tui::view::popup, tui::view::table",
     ),
-    ("region", "reserve, reserve::reclaim"),
     (
         "region",
         "reader, reader::budget, reader::shards, reader::snapshot, reader::validate",

@@ -9,8 +9,8 @@
 //!
 //! A reclaimer moves `LIVE`/`CLAIMING` of a dead owner to `RECLAIMING(gen, me)` by CAS from the
 //! exact observed word (one winner), resolves the owner's reservation in flight and returns its
-//! holdings through the reservation protocol (`reserve::reclaim::return_holdings`: exactly once per byte
-//! even if two reclaimers overlap after a takeover, or one is killed), then CASes to
+//! holdings through the reservation protocol (`reserve::reclaim::return_holdings`: exactly once
+//! per byte even if two reclaimers overlap after a takeover, or one is killed), then CASes to
 //! `FREE(gen + 1)`. The generation makes a stale handle or a slow reclaimer's CAS fail instead of
 //! hitting a new owner. A slot's held words keep their tickets across owners (never zeroed).
 //!
@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::RegionError;
 use agent_common::MAX_DEVICES;
 
+use crate::handle::Region;
 use crate::layout::{SHARDS_PER_SLOT, Shard, SlotRecord};
 use crate::procfs::{self, Liveness, ProcessIdentity};
-use crate::region::Region;
 use crate::reserve::{self, Stop};
 use crate::seqlock;
 use crate::words::{

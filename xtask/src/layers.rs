@@ -1036,7 +1036,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "region",
         "reader, reader::budget, reader::shards, reader::snapshot, reader::validate",
     ),
-    ("region", "init, region, slots"),
 ];
 
 /// Problems of the whole workspace: cycles (but the known ones), layer violations.

@@ -570,8 +570,8 @@ mod tests {
     use super::model::Model;
     use super::reclaim::{Returned, return_holdings};
     use super::*;
-    use crate::region::{Region, RegionConfig};
     use crate::words::{PHASE_LIVE, slot_generation, slot_word};
+    use crate::{Region, RegionConfig};
 
     fn model(slots: u32, devices: u32) -> Model<AtomicU64> {
         Model::new(slots, devices, || AtomicU64::new(0), |round| round < 4)

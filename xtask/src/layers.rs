@@ -1032,10 +1032,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \
          tui::view::popup, tui::view::table",
     ),
-    (
-        "region",
-        "reader, reader::budget, reader::shards, reader::snapshot, reader::validate",
-    ),
 ];
 
 /// Problems of the whole workspace: cycles (but the known ones), layer violations.

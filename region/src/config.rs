@@ -75,7 +75,7 @@ pub struct ConfigMismatch {
     pub effective: RegionConfig,
 }
 
-/// How [`Region::open_or_create`] obtained a usable region.
+/// How [`Region::open_or_create`](crate::Region::open_or_create) obtained a usable region.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InitOutcome {
     /// This process initialised the region.

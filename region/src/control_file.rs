@@ -13,9 +13,9 @@ use crate::control::{
     ControlSnapshot, W_SPARE, W_WRITER_PID, W_WRITTEN_AT, WRITER_STALL_MS, decode, encode,
     validate,
 };
+use crate::handle::Region;
 use crate::layout_types::RegionPod;
 use crate::mapping::Mapping;
-use crate::region::Region;
 use crate::sigbus;
 use tenant_fs::TenantFile;
 

@@ -3,8 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::handle::Region;
 use crate::procfs::{self, Liveness};
-use crate::region::Region;
 use crate::reserve;
 use crate::words::{PHASE_LIVE, slot_phase, slot_pid};
 

@@ -22,14 +22,15 @@ use std::time::{Duration, Instant};
 use agent_common::api::API_SLOTS;
 use agent_common::hist::HIST_BUCKETS;
 
+use crate::config::{ConfigMismatch, InitOutcome, RegionConfig};
 use crate::error::RegionError;
+use crate::handle::Region;
 use crate::layout::{
     HEADER_SIZE, LAYOUT_MAJOR, LAYOUT_MINOR, REGION_MAGIC, RegionHeader, SHARD_SIZE,
     SHARDS_PER_SLOT, SLOT_SIZE, SlotRecord, region_size,
 };
 use crate::mapping::Mapping;
 use crate::procfs::{self, Liveness};
-use crate::region::{ConfigMismatch, InitOutcome, Region, RegionConfig};
 use crate::words::{
     INIT_MS_MASK, PHASE_INITIALISING, PHASE_READY, PHASE_UNINIT, init_ms, init_phase, init_pid,
     init_word,

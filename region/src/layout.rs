@@ -48,6 +48,8 @@ pub const DEFAULT_SLOTS: u32 = 128;
 pub const THREAD_SHARDS: usize = 8;
 /// All shards of a slot: the thread shards plus the overflow shard.
 pub const SHARDS_PER_SLOT: usize = THREAD_SHARDS + 1;
+// A reader checks one `shards_per_slot` for every layout major.
+const _: () = assert!(crate::layout_v2::SHARDS_PER_SLOT_V2 == SHARDS_PER_SLOT);
 /// Index of the overflow shard, shared by threads that found no free thread shard.
 pub const OVERFLOW_SHARD: usize = THREAD_SHARDS;
 /// Size of the header page; slots start here.

@@ -14,7 +14,9 @@ use agent_common::hist::HIST_BUCKETS;
 
 use agent_common::MAX_DEVICES;
 
-use crate::layout::SHARDS_PER_SLOT;
+/// Shards per slot in layouts 1 and 2: 8 thread shards and the overflow shard, as in layout 3
+/// (`layout` asserts that they agree). Written out here because these layouts never change.
+pub(crate) const SHARDS_PER_SLOT_V2: usize = 9;
 
 /// Per-API counters of one shard (one cache line).
 #[repr(C)]
@@ -93,7 +95,7 @@ pub struct SlotRecordV2 {
     /// Identity, state and holdings.
     pub header: SlotHeaderV2,
     /// Statistics shards.
-    pub shards: [ShardV2; SHARDS_PER_SLOT],
+    pub shards: [ShardV2; SHARDS_PER_SLOT_V2],
 }
 
 /// Size of [`SlotRecordV2`].

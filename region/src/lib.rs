@@ -11,10 +11,12 @@
 //!
 //! Model checking: `RUSTFLAGS="--cfg loom" cargo test -p region --release --lib loom`.
 
+mod config;
 pub mod control;
 mod control_file;
 mod error;
 pub mod hami;
+mod handle;
 mod holdings;
 mod init;
 pub mod layout;
@@ -35,13 +37,15 @@ mod stats;
 mod sync;
 mod words;
 
+pub use config::{ConfigMismatch, InitOutcome, RegionConfig};
 pub use control::{ControlError, ControlSettings, ControlSnapshot, control_path};
 pub use control_file::{ControlReader, ControlWriter, read_control};
 pub use error::{RegionError, ReserveError};
+pub use handle::Region;
 pub use holdings::Holding;
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT, REGION_MODE};
 pub use layout::{DEFAULT_SLOTS, MAX_SLOTS, SmShare};
-pub use region::{ConfigMismatch, InitOutcome, Region, RegionConfig, Reserver, SWEEP_INTERVAL_MS};
+pub use region::{Reserver, SWEEP_INTERVAL_MS};
 pub use reserve::{Denied, MAX_RESERVABLE};
 pub use slots::{RECLAIM_STALL_MS, ReclaimReport, Slot};
 pub use stats::{Call, GpuSample, KernelName, SampleProblem, ShardWriter, kernel_name_hash};

@@ -9,8 +9,8 @@
 //!
 //! A reclaimer moves `LIVE`/`CLAIMING` of a dead owner to `RECLAIMING(gen, me)` by CAS from the
 //! exact observed word (one winner), resolves the owner's reservation in flight and returns its
-//! holdings through the reservation protocol (`reserve::return_holdings`: exactly once per byte
-//! even if two reclaimers overlap after a takeover, or one is killed), then CASes to
+//! holdings through the reservation protocol (`reserve::reclaim::return_holdings`: exactly once
+//! per byte even if two reclaimers overlap after a takeover, or one is killed), then CASes to
 //! `FREE(gen + 1)`. The generation makes a stale handle or a slow reclaimer's CAS fail instead of
 //! hitting a new owner. A slot's held words keep their tickets across owners (never zeroed).
 //!
@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::RegionError;
 use agent_common::MAX_DEVICES;
 
+use crate::handle::Region;
 use crate::layout::{SHARDS_PER_SLOT, Shard, SlotRecord};
 use crate::procfs::{self, Liveness, ProcessIdentity};
-use crate::region::Region;
 use crate::reserve::{self, Stop};
 use crate::seqlock;
 use crate::words::{
@@ -282,7 +282,8 @@ impl Region {
         h.reclaim_started_ms.store(procfs::boottime_ms(), r);
         // Acquire: pairs with the AcqRel CAS of a reclaimer that took over (then we stop).
         let still_mine = || h.state.load(Ordering::Acquire) == reclaiming;
-        let returned = reserve::return_holdings(self, index, owner_dead, still_mine, Stop::Never)?;
+        let returned =
+            reserve::reclaim::return_holdings(self, index, owner_dead, still_mine, Stop::Never)?;
         for (device, &bytes) in returned.bytes.iter().enumerate() {
             if bytes > 0
                 && let Some(dev) = self.device(device as u32)

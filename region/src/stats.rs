@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use agent_common::api::ApiId;
 use agent_common::hist::bucket_of;
 
+use crate::handle::Region;
 use crate::layout::{
     ApiRecord, GPU_DEVICES_PER_RECORD, KERNEL_ENTRIES, KERNEL_NAME_BYTES, KernelEntry,
     OTHER_KERNELS_HASH, OVERFLOW_SHARD, Shard, SlotHeader, THREAD_SHARDS,
 };
-use crate::region::Region;
 use crate::seqlock;
 use crate::slots::Slot;
 

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
-use super::TenantFsError;
+use crate::error::TenantFsError;
 
 /// How much of a `/proc` file was read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

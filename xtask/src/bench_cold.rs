@@ -20,7 +20,7 @@
 //! evict what the limiter left in the caches; the sweep still times the call). Prints a table
 //! and a JSON line (`bench-pairs-cold: {...}`).
 
-use crate::bench::SimFixtures;
+use crate::bench_fixtures::SimFixtures;
 use std::{collections::BTreeMap, fs, path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -99,7 +99,7 @@ fn one_run(
         c.env("SIMCUDA_DELAY_US", format!("alloc={us},free={us}"));
     }
     if let Some(lib) = limiter {
-        crate::bench::remove_region(region);
+        crate::bench_fixtures::remove_region(region);
         c.env("LD_PRELOAD", lib)
             .env("CUDA_DEVICE_MEMORY_LIMIT", "64g")
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
@@ -136,7 +136,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
-    let SimFixtures { bin, tmp, libcuda } = crate::bench::sim_fixtures("bench-pairs-cold")?;
+    let SimFixtures { bin, tmp, libcuda } =
+        crate::bench_fixtures::sim_fixtures("bench-pairs-cold")?;
     let exercise = bin.join("cuda-exercise");
     let region = PathBuf::from("/dev/shm").join(format!("bench-pairs-cold-{}", std::process::id()));
     let mut configs: Vec<(String, Option<PathBuf>)> = vec![
@@ -200,7 +201,7 @@ pub fn run(args: &[String]) -> Result<()> {
         json!({"device": "sim-cuda (release)", "pairs": o.pairs, "runs": o.runs,
             "sleep_us": o.sleep_us, "sweeps": report})
     );
-    crate::bench::remove_region(&region);
+    crate::bench_fixtures::remove_region(&region);
     let _ = fs::remove_dir_all(&tmp);
     Ok(())
 }

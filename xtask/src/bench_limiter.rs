@@ -17,7 +17,7 @@
 //! JSON line (`bench-limiter: {...}`). `scripts/gpu/bench-limiter.sh` runs the same comparison
 //! against the real driver on the GPU machine.
 
-use crate::bench::SimFixtures;
+use crate::bench_fixtures::SimFixtures;
 use std::{
     fs,
     path::PathBuf,
@@ -55,7 +55,7 @@ impl Env {
         }
         if let Some(i) = limited {
             let region = self.tmp.join(format!("{tag}.region"));
-            crate::bench::remove_region(&region);
+            crate::bench_fixtures::remove_region(&region);
             c.env("LD_PRELOAD", &self.limiters[i].1)
                 .env("CUDA_DEVICE_MEMORY_LIMIT", "64g")
                 .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
@@ -203,7 +203,7 @@ pub fn run(args: &[String]) -> Result<()> {
             _ => bail!("unknown option {a:?} (--limiter NAME=PATH)"),
         }
     }
-    let SimFixtures { bin, tmp, libcuda } = crate::bench::sim_fixtures("bench-limiter")?;
+    let SimFixtures { bin, tmp, libcuda } = crate::bench_fixtures::sim_fixtures("bench-limiter")?;
     let mut limiters = vec![("this".to_string(), bin.join("libvgpu_limiter.so"))];
     limiters.extend(extra);
     let env = Env {

@@ -13,7 +13,7 @@
 //! `libvgpu_limiter.so` to compare; `this` is the tree's own release build). Prints a table and a
 //! JSON line (`bench-startup: {...}`).
 
-use crate::bench::SimFixtures;
+use crate::bench_fixtures::SimFixtures;
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -62,7 +62,7 @@ fn round(
     (procs, precreate): (usize, bool),
     region: &Path,
 ) -> Result<Vec<Startup>> {
-    crate::bench::remove_region(region);
+    crate::bench_fixtures::remove_region(region);
     // `--precreate`: one process initialises the region (and the control block) and exits
     // first, so that no one waits for an initialiser.
     let spawn = |n: usize| {
@@ -147,7 +147,7 @@ pub fn run(args: &[String]) -> Result<()> {
             other => bail!("unknown option {other:?} (--procs, --rounds, --precreate, --limiter)"),
         }
     }
-    let SimFixtures { bin, tmp, libcuda } = crate::bench::sim_fixtures("bench-startup")?;
+    let SimFixtures { bin, tmp, libcuda } = crate::bench_fixtures::sim_fixtures("bench-startup")?;
     let exercise = bin.join("cuda-exercise");
     // Regions on tmpfs, as in production (docs/region.md, "Start-up").
     let region =
@@ -195,7 +195,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "bench-startup: {}",
         json!({"device": "sim-cuda (release)", "rounds": rounds, "procs": report})
     );
-    crate::bench::remove_region(&region);
+    crate::bench_fixtures::remove_region(&region);
     let _ = fs::remove_dir_all(&tmp);
     Ok(())
 }

@@ -1032,26 +1032,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \
          tui::view::popup, tui::view::table",
     ),
-    ("agent-common", "api, api::cookie, api::nccl"),
-    ("region", "layout, layout_v2"),
-    ("region", "reserve, reserve::reclaim"),
-    (
-        "region",
-        "reader, reader::budget, reader::shards, reader::snapshot, reader::validate",
-    ),
-    ("region", "init, region, slots"),
-    (
-        "limiter",
-        "platform::thread_words, platform::thread_words::imp",
-    ),
-    ("limiter-core", "sm, sm::window"),
-    ("tenant-fs", "crate, proc"),
-    ("testing/sim-cuda", "runtime, shared"),
-    (
-        "testing/cuda-exercise",
-        "bench, calls, crate, devices, lookup, memory, nccl_rank, timing",
-    ),
-    ("xtask", "bench, bench_cold, bench_limiter, bench_startup"),
 ];
 
 /// Problems of the whole workspace: cycles (but the known ones), layer violations.

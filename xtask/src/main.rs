@@ -8,6 +8,7 @@ mod bench;
 mod bench_agent;
 mod bench_cold;
 mod bench_export;
+mod bench_fixtures;
 mod bench_limiter;
 mod bench_startup;
 mod demo;

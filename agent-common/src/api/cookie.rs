@@ -1,58 +1,8 @@
-//! Where a call's arguments are ([`ArgLoc`]), and the attach cookie ([`ProbeCookie`]) that carries
-//! an API's id and argument locations to the generic eBPF programs.
+//! The attach cookie ([`ProbeCookie`]) that carries an API's id and argument locations to the
+//! generic eBPF programs.
 
-use super::{ApiId, MemEffect, NcclArgs, NcclOp, UniqueIdAt};
-// Named in doc links only.
-#[cfg(doc)]
-use super::{ApiKind, ApiSpec};
-
-/// Where an argument is at a function's first instruction (x86-64 System V): one of the six
-/// integer argument registers, or a stack slot above the return address. A struct larger than
-/// 16 bytes passed by value (NCCL's 128-byte `ncclUniqueId`) goes on the stack and takes no
-/// register, so the integer arguments after it move up one register.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArgLoc {
-    Rdi = 0,
-    Rsi = 1,
-    Rdx = 2,
-    Rcx = 3,
-    R8 = 4,
-    R9 = 5,
-    /// The 7th integer argument: `[rsp + 8]` at entry.
-    Stack1 = 6,
-    /// The 8th integer argument: `[rsp + 16]` at entry.
-    Stack2 = 7,
-    /// The 9th integer argument: `[rsp + 24]` at entry.
-    Stack3 = 8,
-}
-
-impl ArgLoc {
-    pub const fn from_u8(v: u8) -> Option<ArgLoc> {
-        match v {
-            0 => Some(ArgLoc::Rdi),
-            1 => Some(ArgLoc::Rsi),
-            2 => Some(ArgLoc::Rdx),
-            3 => Some(ArgLoc::Rcx),
-            4 => Some(ArgLoc::R8),
-            5 => Some(ArgLoc::R9),
-            6 => Some(ArgLoc::Stack1),
-            7 => Some(ArgLoc::Stack2),
-            8 => Some(ArgLoc::Stack3),
-            _ => None,
-        }
-    }
-
-    /// The stack slot's offset from `rsp` at entry, for stack arguments.
-    pub const fn stack_offset(self) -> Option<u64> {
-        match self {
-            ArgLoc::Stack1 => Some(8),
-            ArgLoc::Stack2 => Some(16),
-            ArgLoc::Stack3 => Some(24),
-            _ => None,
-        }
-    }
-}
+use super::args::{ArgLoc, MemEffect};
+use super::nccl::{NcclArgs, NcclOp, UniqueIdAt};
 
 /// An argument location in 4 cookie bits: `ArgLoc` + 1, 0 for none.
 const fn loc(l: Option<ArgLoc>) -> u64 {
@@ -63,12 +13,12 @@ const fn loc(l: Option<ArgLoc>) -> u64 {
 }
 
 /// The attach cookie of a probe: everything the generic eBPF program needs to know about the call it
-/// sits on, so that one program serves a whole [`ApiKind`].
+/// sits on, so that one program serves a whole [`ApiKind`](super::ApiKind).
 ///
 /// Bits 0..16: api id; 16..20: size argument index + 1 (0 = none); 20..24: [`MemEffect`].
 /// NCCL ([`NcclArgs`], zero for the CUDA driver API): 24..28: count [`ArgLoc`] + 1 (0 = none);
 /// 28..32: datatype `ArgLoc` + 1; 32..36: communicator `ArgLoc` + 1; 36..40: [`NcclOp`].
-/// 40..44: the stream argument's `ArgLoc` + 1 (0 = none; [`ApiSpec::stream`]). 44..48: where an
+/// 40..44: the stream argument's `ArgLoc` + 1 (0 = none; [`ApiSpec::stream`](super::ApiSpec::stream)). 44..48: where an
 /// ncclCommInit* call's `ncclUniqueId` is ([`UniqueIdAt::encode`]). Bits 48..64 are free.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,14 +51,6 @@ impl ProbeCookie {
     /// Adds where the stream argument is.
     pub const fn with_stream(self, stream: Option<ArgLoc>) -> ProbeCookie {
         ProbeCookie(self.0 | (loc(stream) << 40))
-    }
-
-    pub fn for_api(id: ApiId) -> Option<ProbeCookie> {
-        id.spec().map(|s| {
-            ProbeCookie::new(id.0, s.size_arg, s.effect)
-                .with_nccl(s.nccl)
-                .with_stream(s.stream)
-        })
     }
 
     /// Where the stream argument is.

@@ -3,10 +3,12 @@
 //! An [`ApiId`] is the index of an entry in [`APIS`]. Ids are part of the on-disk region protocol and
 //! of the eBPF map keys, so the table is **append-only**: never reorder or remove an entry.
 
+mod args;
 mod cookie;
 mod nccl;
 
-pub use cookie::{ArgLoc, ProbeCookie};
+pub use args::{ArgLoc, MemEffect};
+pub use cookie::ProbeCookie;
 pub use nccl::{
     COMM_ID_START, NCCL_NUM_TYPES, NCCL_UNIQUE_ID_BYTES, NCCL_UNIQUE_ID_WORDS, NcclArgs, NcclOp,
     UniqueIdAt, comm_id_digest, comm_id_of, comm_id_word, nccl_datatype_size,
@@ -75,40 +77,6 @@ impl ApiKind {
             ApiKind::Lifecycle => "lifecycle",
             ApiKind::Info => "info",
             ApiKind::Nccl => "nccl",
-        }
-    }
-}
-
-/// How a call changes live device memory, and where its arguments are (x86-64 SysV argument
-/// indices, 0 = first argument).
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemEffect {
-    None = 0,
-    /// `fn(CUdeviceptr *out /*arg 0*/, size_t bytes /*arg 1*/, ...)`: on success `*out` holds the
-    /// new allocation's address.
-    AllocPtr = 1,
-    /// `cuMemAllocPitch_v2(CUdeviceptr *out, size_t *pitch, size_t width, size_t height, unsigned)`:
-    /// the size is `*pitch * height`, known only on return.
-    AllocPitch = 2,
-    /// `cuMemCreate(CUmemGenericAllocationHandle *out, size_t size, ...)`: physical memory named
-    /// by a handle rather than an address.
-    AllocHandle = 3,
-    /// `fn(CUdeviceptr ptr /*arg 0*/, ...)` frees the allocation at `ptr`.
-    FreePtr = 4,
-    /// `cuMemRelease(CUmemGenericAllocationHandle handle)`.
-    FreeHandle = 5,
-}
-
-impl MemEffect {
-    pub const fn from_u8(v: u8) -> MemEffect {
-        match v {
-            1 => MemEffect::AllocPtr,
-            2 => MemEffect::AllocPitch,
-            3 => MemEffect::AllocHandle,
-            4 => MemEffect::FreePtr,
-            5 => MemEffect::FreeHandle,
-            _ => MemEffect::None,
         }
     }
 }
@@ -385,6 +353,19 @@ impl ApiId {
     /// All ids, in table order.
     pub fn all() -> impl Iterator<Item = ApiId> {
         (0..API_COUNT as u16).map(ApiId)
+    }
+}
+
+// The cookie of a table entry is made here, beside the table, so that the cookie's module needs
+// nothing of the table.
+impl ProbeCookie {
+    /// The cookie of the API `id` (`None` for an id outside the table).
+    pub fn for_api(id: ApiId) -> Option<ProbeCookie> {
+        id.spec().map(|s| {
+            ProbeCookie::new(id.0, s.size_arg, s.effect)
+                .with_nccl(s.nccl)
+                .with_stream(s.stream)
+        })
     }
 }
 

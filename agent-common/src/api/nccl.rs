@@ -2,7 +2,7 @@
 //! datatype, communicator and `ncclUniqueId` are ([`NcclArgs`]), the size of an
 //! `ncclDataType_t`, and NCCL's communicator id ([`comm_id_of`]).
 
-use super::ArgLoc;
+use super::args::ArgLoc;
 
 /// What an NCCL call does to communicators, beyond being counted.
 #[repr(u8)]

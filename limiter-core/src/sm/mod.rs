@@ -35,76 +35,13 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use agent_common::MAX_DEVICES;
 
+mod env;
 pub mod feedback;
 pub mod samples;
 mod window;
 
+pub use env::{Env, View, Window};
 pub use window::MAX_HOLD_NS;
-
-/// One device's duty-cycle words as a launch reads them (CLOCK_MONOTONIC ns; 0 = never set).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct View {
-    /// Start of the window opened last (the first launch, or one after a gap).
-    pub start: u64,
-    /// A recent launch.
-    pub last: u64,
-    /// Launches wait until then; the next window starts then.
-    pub resume: u64,
-    /// Start of the window closed last.
-    pub closed: u64,
-}
-
-/// One device's duty-cycle words: the region's (`region::SmShare`, shared by the container's
-/// processes) or this process's own. `start` and `resume` only grow.
-pub trait Window {
-    fn view(&self) -> View;
-    /// Opens a window at `now` (raises `start` to `now`, sets `last`).
-    fn open(&self, now: u64);
-    /// Notes a launch at `now`.
-    fn touch(&self, now: u64);
-    /// Closes the window that started at `start`: launches wait until at least `resume`.
-    fn close(&self, start: u64, resume: u64);
-    /// Forgets a window whose words still hold `seen` (times that cannot be believed).
-    fn repair(&self, seen: View);
-    /// The `(target percent, per mille)` the feedback loop set, if any.
-    fn duty(&self) -> Option<(u8, u16)>;
-}
-
-impl<W: Window + ?Sized> Window for &W {
-    fn view(&self) -> View {
-        (**self).view()
-    }
-    fn open(&self, now: u64) {
-        (**self).open(now)
-    }
-    fn touch(&self, now: u64) {
-        (**self).touch(now)
-    }
-    fn close(&self, start: u64, resume: u64) {
-        (**self).close(start, resume)
-    }
-    fn repair(&self, seen: View) {
-        (**self).repair(seen)
-    }
-    fn duty(&self) -> Option<(u8, u16)> {
-        (**self).duty()
-    }
-}
-
-/// What the controller needs from the driver, the clock and the region (faked in the tests).
-pub trait Env {
-    type Window: Window;
-    /// The device of the calling thread's current context, if any.
-    fn device(&self) -> Option<usize>;
-    /// The duty-cycle words of `device`.
-    fn window(&self, device: usize) -> Option<Self::Window>;
-    /// Monotonic nanoseconds (`CLOCK_MONOTONIC`: the same in every process of the host).
-    fn now_ns(&self) -> u64;
-    /// Waits until the device has finished all work this process launched.
-    fn drain(&self);
-    /// Blocks the calling thread until `now_ns() >= t`.
-    fn sleep_until(&self, t: u64);
-}
 
 /// The duty cycle, in per mille, that `target` percent runs at given the window's `duty` word:
 /// the feedback loop's correction if it was made for this target, else the target itself.

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::{Env, View, Window};
+use super::env::{Env, View, Window};
 
 /// `last` is refreshed at most this often (fewer writes to a shared line from many threads and
 /// processes).

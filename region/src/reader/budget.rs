@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::BudgetLimit;
+use super::snapshot::BudgetLimit;
 
 /// What one snapshot of a region may cost before the rest is reported unread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

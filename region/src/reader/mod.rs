@@ -17,9 +17,8 @@
 //! (its figures would be short of its counters' and go back; a reader keeps the last whole ones).
 
 use agent_common::MAX_DEVICES;
-use std::fs::File;
 use std::mem::offset_of;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{Ordering, fence};
 
 use crate::layout::{
@@ -27,7 +26,7 @@ use crate::layout::{
     shard_stride_for, slot_stride_for,
 };
 use crate::layout_v2::{SlotHeaderV2, SlotRecordV2};
-use crate::pread::{self, PreadError};
+use crate::pread;
 use crate::procfs::{self, Liveness};
 use crate::words::init_pid;
 use crate::words::{
@@ -36,114 +35,18 @@ use crate::words::{
 use tenant_fs::{Access, TenantFile};
 
 mod budget;
+mod file;
 mod shards;
 mod snapshot;
 mod validate;
 pub use budget::ReadBudget;
 use budget::Spend;
+pub use file::{Geometry, ReadError, RegionReader};
 pub use snapshot::{
     ApiStats, BudgetLimit, DeviceSnapshot, GpuTimeStats, KernelStats, ReadCounters, RegionSnapshot,
     ShardProblem, ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
 };
 pub(crate) use validate::validate_header;
-
-/// Errors reading a region. Each names what was wrong; none is a panic.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    /// The file could not be opened as a tenant's file may be (a link, not a regular file, ...).
-    #[error(transparent)]
-    Open(#[from] tenant_fs::TenantFsError),
-    /// Opening, sizing or mapping the file failed.
-    #[error("{call} on `{path}` failed")]
-    Io {
-        /// The failing call.
-        call: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// What the kernel said.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is shorter than the layout requires.
-    #[error("file is {len} bytes, the layout needs {needed}")]
-    Truncated {
-        /// File size.
-        len: u64,
-        /// Bytes needed.
-        needed: u64,
-    },
-    /// The header has not been published as ready (still initialising, or not a region).
-    #[error("region is not initialised (state word {state:#x})")]
-    NotReady {
-        /// The `init_state` word.
-        state: u64,
-    },
-    /// The magic number is wrong.
-    #[error("bad magic {found:#x} at offset {offset} (expected {expected:#x})")]
-    BadMagic {
-        /// Offset of the magic.
-        offset: u64,
-        /// What the file holds.
-        found: u64,
-        /// What was expected.
-        expected: u64,
-    },
-    /// The layout's major version is not one this reader understands.
-    #[error(
-        "unsupported layout version {major}.{minor} (this reader understands major {supported})"
-    )]
-    UnsupportedVersion {
-        /// Major version in the file.
-        major: u32,
-        /// Minor version in the file.
-        minor: u32,
-        /// The major this reader understands.
-        supported: u32,
-    },
-    /// A header field holds a value the layout does not allow.
-    #[error("header field `{field}` at offset {offset} is {found}, expected {expected}")]
-    BadField {
-        /// Field name.
-        field: &'static str,
-        /// Its offset in the file.
-        offset: u64,
-        /// What the file holds.
-        found: u64,
-        /// What is allowed.
-        expected: String,
-    },
-}
-
-/// The validated geometry of a region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Geometry {
-    /// Slots.
-    pub slot_count: u32,
-    /// Devices in use.
-    pub device_count: u32,
-    /// Bytes of the region.
-    pub total_size: u64,
-    /// Layout major version (1, 2 or 3: see [`crate::layout::LAYOUT_MAJOR`]).
-    pub major: u32,
-    /// Layout minor version.
-    pub minor: u32,
-}
-
-/// A read-only view of a region file (read with `pread`, never mapped).
-pub struct RegionReader {
-    file: File,
-    path: PathBuf,
-    geometry: Geometry,
-}
-
-impl std::fmt::Debug for RegionReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegionReader")
-            .field("path", &self.path)
-            .field("geometry", &self.geometry)
-            .finish()
-    }
-}
 
 impl RegionReader {
     /// Opens and validates a region read-only, by a path the operator gave
@@ -183,29 +86,6 @@ impl RegionReader {
     /// The validated geometry.
     pub fn geometry(&self) -> Geometry {
         self.geometry
-    }
-
-    fn pread_error(&self, e: PreadError) -> ReadError {
-        match e {
-            PreadError::Short { len, needed } => ReadError::Truncated { len, needed },
-            PreadError::Io(source) => ReadError::Io {
-                call: "pread",
-                path: self.path.clone(),
-                source,
-            },
-        }
-    }
-
-    fn read_pod<T: crate::layout_types::RegionPod>(
-        &self,
-        offset: u64,
-        dst: &mut T,
-    ) -> Result<(), ReadError> {
-        pread::read_pod(&self.file, offset, dst).map_err(|e| self.pread_error(e))
-    }
-
-    fn read_u64(&self, offset: u64) -> Result<u64, ReadError> {
-        pread::read_u64(&self.file, offset).map_err(|e| self.pread_error(e))
     }
 
     /// Reads the region within [`ReadBudget::DEFAULT`] (see [`RegionReader::snapshot_within`]).

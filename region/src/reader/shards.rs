@@ -26,9 +26,10 @@ use agent_common::MAX_DEVICES;
 use agent_common::api::{API_SLOTS, ApiId};
 use agent_common::hist::HIST_BUCKETS;
 
-use super::{
-    ApiStats, GpuTimeStats, KernelStats, ReadCounters, ReadError, RegionReader, ShardProblem,
-    ShardProblemKind, Spend,
+use super::budget::Spend;
+use super::file::{ReadError, RegionReader};
+use super::snapshot::{
+    ApiStats, GpuTimeStats, KernelStats, ReadCounters, ShardProblem, ShardProblemKind,
 };
 use crate::layout::{
     API_RECORD_SIZE, API_RECORDS, ApiRecord, GPU_DEVICE_RECORDS, GPU_DEVICES_PER_RECORD,
@@ -190,10 +191,6 @@ const _: () = assert!(V2_APIS + API_SLOTS * V2_API_WORDS <= V2_HIST);
 const _: () = assert!(V2_HIST + API_SLOTS * HIST_BUCKETS == SHARD_WORDS_V2);
 
 impl RegionReader {
-    fn read_words(&self, offset: u64, words: &mut [u64]) -> Result<(), ReadError> {
-        crate::pread::read_words(&self.file, offset, words).map_err(|e| self.pread_error(e))
-    }
-
     /// Layouts 1 and 2: shard `index` of slot owner `pid`, at `at`, under its one seqlock.
     pub(super) fn read_shard_v2(
         &self,

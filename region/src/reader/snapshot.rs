@@ -4,7 +4,7 @@
 use agent_common::api::ApiId;
 use agent_common::hist::HIST_BUCKETS;
 
-use super::Geometry;
+use super::file::Geometry;
 
 /// Container-wide state of one device.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

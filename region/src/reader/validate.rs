@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use agent_common::api::API_SLOTS;
 use agent_common::hist::HIST_BUCKETS;
 
-use super::{Geometry, ReadError};
+use super::file::{Geometry, ReadError};
 use crate::layout::{
     HEADER_SIZE, LAYOUT_MAJOR, MAX_SLOTS, OLDEST_READABLE_MAJOR, REGION_MAGIC, RegionHeader,
     SHARDS_PER_SLOT, region_size_for, shard_stride_for, slot_stride_for,

@@ -66,11 +66,7 @@ use crate::sync::Atomic64;
 
 #[cfg(test)]
 pub(crate) mod model;
-mod reclaim;
-
-#[cfg(test)]
-pub(crate) use reclaim::Returned;
-pub(crate) use reclaim::return_holdings;
+pub(crate) mod reclaim;
 
 /// Bits of the byte count in a container or held word.
 const BYTES_BITS: u32 = 48;
@@ -572,9 +568,10 @@ mod tests {
     use proptest::prelude::*;
 
     use super::model::Model;
+    use super::reclaim::{Returned, return_holdings};
     use super::*;
-    use crate::region::{Region, RegionConfig};
     use crate::words::{PHASE_LIVE, slot_generation, slot_word};
+    use crate::{Region, RegionConfig};
 
     fn model(slots: u32, devices: u32) -> Model<AtomicU64> {
         Model::new(slots, devices, || AtomicU64::new(0), |round| round < 4)

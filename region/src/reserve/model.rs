@@ -3,9 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{
-    Cells, Kind, OpError, Returned, Stop, owner_op, return_holdings, slot_bits, word_bytes,
-};
+use super::reclaim::{Returned, return_holdings};
+use super::{Cells, Kind, OpError, Stop, owner_op, slot_bits, word_bytes};
 use crate::sync::Atomic64;
 
 pub(crate) struct Model<A> {

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::driver::{CUresult, Driver};
-use crate::{print, wait_for_file};
+use crate::record::print;
+use crate::wait::wait_for_file;
 
 pub fn pairs(
     drv: &Driver,

@@ -6,7 +6,8 @@ use serde_json::json;
 use std::process::ExitCode;
 
 use crate::driver::Driver;
-use crate::{Recorder, nccl, print};
+use crate::nccl;
+use crate::record::{Recorder, print};
 
 pub fn counts(
     drv: &mut Driver,

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use crate::driver::{CUresult, Driver};
 use crate::memory::wait_until_released;
-use crate::print;
+use crate::record::print;
 
 /// The driver's allocation granularity from 2 MiB on, and the smallest step after it: the sizes
 /// the limiter charges exactly (it rounds sizes up to 2 MiB above 2 MiB, to 512 bytes below).

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use crate::driver::Driver;
-use crate::print;
+use crate::record::print;
 
 pub fn proc_address(
     drv: &Driver,

@@ -11,58 +11,16 @@ mod lookup;
 mod memory;
 mod nccl;
 mod nccl_rank;
+mod record;
 mod timing;
+mod wait;
 
-use agent_common::api::ApiId;
 use clap::Parser;
 use cli::{Cli, Command};
-use driver::{CUresult, Driver};
-use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use driver::Driver;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
-
-/// Calls of one entry point.
-#[derive(Default, Serialize)]
-struct Stat {
-    calls: u64,
-    /// Calls whose result was not CUDA_SUCCESS.
-    errors: u64,
-    /// Sum of the size argument (APIs whose spec in agent_common::api has a size_arg).
-    bytes: u64,
-    /// Calls per result code.
-    codes: BTreeMap<String, u64>,
-}
-
-#[derive(Default)]
-struct Recorder {
-    calls: BTreeMap<String, Stat>,
-    missing: BTreeSet<String>,
-}
-
-impl Recorder {
-    /// Records one call of `name` that passed `size` as its size argument (`None`: not exported).
-    fn record(&mut self, name: &str, r: Option<CUresult>, size: u64) {
-        let sized = ApiId::from_name(name)
-            .and_then(|id| id.spec())
-            .is_some_and(|sp| sp.size_arg.is_some());
-        self.record_bytes(name, r, if sized { size } else { 0 });
-    }
-
-    /// Records one call of `name` that moved `bytes` (`None`: not exported).
-    fn record_bytes(&mut self, name: &str, r: Option<CUresult>, bytes: u64) {
-        let Some(rc) = r else {
-            self.missing.insert(name.to_string());
-            return;
-        };
-        let s = self.calls.entry(name.to_string()).or_default();
-        s.calls += 1;
-        s.errors += u64::from(rc != 0);
-        s.bytes += bytes;
-        *s.codes.entry(rc.to_string()).or_default() += 1;
-    }
-}
+use std::time::Duration;
+use wait::wait_for_file;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -172,19 +130,4 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             v1,
         } => lookup::proc_address(&drv, &symbol, cuda_version, flags, v1),
     }
-}
-
-fn wait_for_file(p: &Path, limit: Duration) -> Result<(), String> {
-    let start = Instant::now();
-    while !p.exists() {
-        if start.elapsed() > limit {
-            return Err(format!("{} did not appear within {limit:?}", p.display()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
-}
-
-fn print(v: serde_json::Value) {
-    println!("{v}");
 }

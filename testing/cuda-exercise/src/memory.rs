@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::Mix;
 use crate::driver::{self, CUresult, Driver};
-use crate::{Recorder, print};
+use crate::record::{Recorder, print};
 
 /// splitmix64: a small deterministic generator (the sequence depends only on the seed).
 struct Rng(u64);

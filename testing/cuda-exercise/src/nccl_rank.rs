@@ -10,7 +10,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::driver::Driver;
-use crate::{Recorder, nccl, print, wait_for_file};
+use crate::nccl;
+use crate::record::{Recorder, print};
+use crate::wait::wait_for_file;
 
 pub struct RankArgs<'a> {
     pub nranks: c_int,

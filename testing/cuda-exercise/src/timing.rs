@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use crate::driver::Driver;
-use crate::{Recorder, print};
+use crate::record::{Recorder, print};
 
 /// Paces calls in 1 ms batches so that the rate holds even when calls are much faster.
 pub fn steady(

@@ -1,5 +1,6 @@
 //! Configuration from the environment, read once per process.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Default device memory capacity: 80 GiB.
@@ -242,6 +243,24 @@ fn lookup<T: Copy>(rules: &[Rule<T>], name: &str, kind: Option<&str>) -> Option<
         .find(|r| r.name == name)
         .or_else(|| kind.and_then(|k| rules.iter().rev().find(|r| r.name == k)))
         .map(|r| r.value)
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// The process-wide configuration, read from the environment on first use.
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        let (c, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
+        if c.log {
+            eprintln!("simcuda: {c:?}");
+        }
+        for w in warnings {
+            // Malformed configuration is worth a line even without SIMCUDA_LOG: a test would
+            // otherwise silently run with defaults.
+            eprintln!("simcuda: warning: {w}");
+        }
+        c
+    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Entry points for the driver's lifecycle, device information and contexts, and for error
 //! strings and symbol lookup (`cuGetProcAddress`).
 
-use crate::runtime::{Sym, config, set_initialized};
+use crate::config::config;
+use crate::runtime::{Sym, set_initialized};
 use crate::state::{Obj, current_ctx, set_current_ctx, state};
 use crate::types::*;
 use crate::{destroy, proc_address, put};

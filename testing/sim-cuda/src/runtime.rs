@@ -1,7 +1,7 @@
 //! What every entry point does before its own work: configuration, delay, failure injection,
 //! the initialisation check and logging. Lock-free after the first call of each symbol.
 
-use crate::config::Config;
+use crate::config::config;
 use crate::types::*;
 use agent_common::api::ApiId;
 use std::cell::Cell;
@@ -9,7 +9,6 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-static CONFIG: OnceLock<Config> = OnceLock::new();
 /// The process's first call, and `CLOCK_MONOTONIC` then (to convert the shared device's times).
 static EPOCH: OnceLock<(Instant, u64)> = OnceLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -26,22 +25,6 @@ const NO_INIT: &[&str] = &[
     "cuGetProcAddress_v2",
     "cuGetExportTable",
 ];
-
-/// The process-wide configuration, read from the environment on first use.
-pub fn config() -> &'static Config {
-    CONFIG.get_or_init(|| {
-        let (c, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
-        if c.log {
-            eprintln!("simcuda: {c:?}");
-        }
-        for w in warnings {
-            // Malformed configuration is worth a line even without SIMCUDA_LOG: a test would
-            // otherwise silently run with defaults.
-            eprintln!("simcuda: warning: {w}");
-        }
-        c
-    })
-}
 
 pub fn set_initialized() {
     INITIALIZED.store(true, Ordering::Release);

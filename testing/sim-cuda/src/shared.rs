@@ -119,7 +119,7 @@ pub fn device() -> Option<&'static SharedDevice> {
     static DEVICE: OnceLock<Option<SharedDevice>> = OnceLock::new();
     DEVICE
         .get_or_init(|| {
-            crate::runtime::config()
+            crate::config::config()
                 .shared_device
                 .as_deref()
                 .and_then(SharedDevice::open)

@@ -1,7 +1,7 @@
 //! The simulated device state: allocations, handles, pools, contexts and other objects.
 //! One `Mutex` guards it all (this is a test fixture; correctness beats speed here).
 
-use crate::runtime::config;
+use crate::config::config;
 use crate::types::*;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};

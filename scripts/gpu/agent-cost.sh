@@ -2,8 +2,9 @@
 # The agent's cost on one GPU, against native, on real workloads: an eager loop of 600 tiny
 # kernels, a GPT-2 training step (scripts/gpu/one_gpu_steps.py) and the seed slowdown test's
 # single-GPU `combined` pattern (scripts/gpu/hami_slowdown.py, K=1024); PATTERNS_ONE_GPU picks
-# some. Configurations (CONFIGS): native, limiter, agent (the limiter + `vgpu-agent run` at its
-# defaults), agent-nonvml (the same with --no-nvml); default the first three; RUNS rounds (default 3), the
+# some. Configurations (CONFIGS): native, limiter, limiter-nosample (the limiter without its GPU-time
+# sampling, VGPU_GPU_TIME_SAMPLE=off), agent (the limiter + `vgpu-agent run` at its defaults),
+# agent-nonvml (the same with --no-nvml); default native, limiter and agent; RUNS rounds (default 3), the
 # order rotated each round; the workload pinned to cores 2-7 (PIN). From the repo root after
 # `cargo xtask bundle` (binaries in .carry/bin). Results under $OUT (default /tmp/out-agent-cost):
 # results.txt (every run), verdict.txt (per pattern the medians and spreads).
@@ -46,8 +47,8 @@ run_config() { # config round
   local cfg=$1 r=$2
   case $cfg in
     native) LABEL="native-$r" workloads ;;
-    limiter|agent|agent-nonvml)
-      if [ "$cfg" != limiter ]; then
+    limiter|limiter-nosample|agent|agent-nonvml)
+      if [ "${cfg%-nosample}" != limiter ]; then
         rm -f "$TS/agent.sock"
         "$BIN/vgpu-agent" run --socket "$TS/agent.sock" --region-dir "$TS/regions" \
           --metrics-listen off $([ "$cfg" = agent-nonvml ] && echo --no-nvml) > "$OUT/daemon-$cfg-$r.log" 2>&1 &
@@ -56,10 +57,12 @@ run_config() { # config round
         sleep 3
       fi
       mkdir -p "$TS/regions/$cfg-$r"
-      LD_PRELOAD="$BIN/libvgpu_limiter.so" CUDA_DEVICE_MEMORY_LIMIT=64g \
+      local sample=auto
+      [ "$cfg" = limiter-nosample ] && sample=off
+      VGPU_GPU_TIME_SAMPLE=$sample LD_PRELOAD="$BIN/libvgpu_limiter.so" CUDA_DEVICE_MEMORY_LIMIT=64g \
         CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/regions/$cfg-$r/ctr.cache" \
         LABEL="$cfg-$r" workloads
-      if [ "$cfg" != limiter ]; then kill -INT "$DAEMON"; wait "$DAEMON" 2>/dev/null; DAEMON=; fi ;;
+      if [ "${cfg%-nosample}" != limiter ]; then kill -INT "$DAEMON"; wait "$DAEMON" 2>/dev/null; DAEMON=; fi ;;
   esac
 }
 CONFIGS=(${CONFIGS:-native limiter agent})

@@ -51,7 +51,10 @@ pub fn limiter_busy(previous: Option<&Snapshot>, snap: &mut Snapshot) {
         for t in &mut l.gpu_time {
             let earlier = before.gpu_time.iter().find(|e| e.device == t.device);
             let ns = t.since(earlier).estimated_ns;
-            t.busy_ratio = Some(ns as f64 / 1e9 / interval);
+            // One process keeps one device busy at most all the time: a timed kernel is counted
+            // in the interval its pair is read back in, so an interval can hold a little of the
+            // one before it (and a pair that waited behind queued work a little more).
+            t.busy_ratio = Some((ns as f64 / 1e9 / interval).min(1.0));
         }
     }
 }

@@ -472,7 +472,9 @@ impl Tracer {
             .map(|l| (l.file.id, l.file.path.clone()))
             .collect();
         for (id, path) in ids {
-            let of = users.remove(&id).unwrap_or_default();
+            let mut of = users.remove(&id).unwrap_or_default();
+            // The agent itself (its NVML maps the driver): not a process to watch.
+            of.remove(&std::process::id());
             let scope = scope_for(&of, &self.limited);
             if scope == ProcessScope::All && of.iter().any(|p| self.limited.contains(p)) {
                 let key = WarningKey {

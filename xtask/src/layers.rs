@@ -1009,15 +1009,11 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "agent",
         "model, model::api_sums, model::gpu_use, model::rates",
     ),
-    ("agent", "attribute::gpu_use, attribute::report"),
     (
         "agent",
         "identity::container, identity::docker_api, identity::runtime_names, \
          identity::runtime_names::storage",
     ),
-    ("agent", "discovery, discovery::maps_scan"),
-    ("agent", "nvml, nvml::library"),
-    ("agent", "probes, probes::symbols"),
     (
         "agent",
         "probes::sampling, probes::sampling::gaps, probes::sampling::windows",

@@ -1014,10 +1014,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "identity::container, identity::docker_api, identity::runtime_names, \
          identity::runtime_names::storage",
     ),
-    (
-        "agent",
-        "probes::sampling, probes::sampling::gaps, probes::sampling::windows",
-    ),
     ("agent", "cdi, cdi::install, cdi::profile, cdi::spec"),
     (
         "agent",

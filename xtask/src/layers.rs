@@ -1017,10 +1017,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
     ("agent", "cdi, cdi::install, cdi::profile, cdi::spec"),
     (
         "agent",
-        "export::families, export::gpu_use, export::metrics",
-    ),
-    (
-        "agent",
         "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \
          tui::view::popup, tui::view::table",
     ),

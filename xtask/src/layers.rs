@@ -1014,7 +1014,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
         "identity::container, identity::docker_api, identity::runtime_names, \
          identity::runtime_names::storage",
     ),
-    ("agent", "cdi, cdi::install, cdi::profile, cdi::spec"),
     (
         "agent",
         "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \

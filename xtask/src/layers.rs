@@ -1011,11 +1011,6 @@ const KNOWN_CYCLES: &[(&str, &str)] = &[
     ),
     (
         "agent",
-        "identity::container, identity::docker_api, identity::runtime_names, \
-         identity::runtime_names::storage",
-    ),
-    (
-        "agent",
         "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \
          tui::view::popup, tui::view::table",
     ),

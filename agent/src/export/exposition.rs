@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use super::defs::{self, Def};
-use crate::model::{ApiCounts, Source};
+use crate::model::{Source, api_sums::ApiCounts};
 
 /// (container, pod, namespace) label values.
 pub(super) type ContainerLabels = [String; 3];

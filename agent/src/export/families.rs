@@ -12,7 +12,7 @@ use super::{
         ContainerLabels, Counters, Exposition, FamilyData, Labels, SpanCounters, Value, source_name,
     },
 };
-use crate::model::{ApiCounts, Snapshot};
+use crate::model::{Snapshot, api_sums::ApiCounts};
 
 pub(super) fn container_gauges(
     snap: &Snapshot,

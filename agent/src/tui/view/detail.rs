@@ -18,7 +18,7 @@ use super::{
 use crate::{
     model::gpu_use::KernelShare,
     model::{
-        ApiSums, ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source,
+        ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source, api_sums::ApiSums,
         by_device::DeviceMemory, probing::LaunchProbes,
     },
     tui::{

@@ -496,7 +496,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 socket: (!no_daemon).then_some(socket),
                 nvml: !collect.no_nvml,
                 nvml_interval: collect.nvml_interval,
-                filter: attribute::report::Filter { container, pid },
+                filter: attribute::filter::Filter { container, pid },
                 baseline,
             };
             let report = match attribute::run(opts) {

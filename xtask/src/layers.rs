@@ -1004,35 +1004,7 @@ pub fn workspace_crates() -> Result<Vec<Crate>> {
 /// root): the check fails on any other cycle, and on one of these that is gone (so the list only
 /// shrinks). Each is a parent module and its children importing each other, or siblings sharing
 /// items that belong in a module below both.
-const KNOWN_CYCLES: &[(&str, &str)] = &[
-    (
-        "agent",
-        "model, model::api_sums, model::gpu_use, model::rates",
-    ),
-    ("agent", "attribute::gpu_use, attribute::report"),
-    (
-        "agent",
-        "identity::container, identity::docker_api, identity::runtime_names, \
-         identity::runtime_names::storage",
-    ),
-    ("agent", "discovery, discovery::maps_scan"),
-    ("agent", "nvml, nvml::library"),
-    ("agent", "probes, probes::symbols"),
-    (
-        "agent",
-        "probes::sampling, probes::sampling::gaps, probes::sampling::windows",
-    ),
-    ("agent", "cdi, cdi::install, cdi::profile, cdi::spec"),
-    (
-        "agent",
-        "export::families, export::gpu_use, export::metrics",
-    ),
-    (
-        "agent",
-        "tui, tui::view, tui::view::counters, tui::view::detail, tui::view::header, \
-         tui::view::popup, tui::view::table",
-    ),
-];
+const KNOWN_CYCLES: &[(&str, &str)] = &[];
 
 /// Problems of the whole workspace: cycles (but the known ones), layer violations.
 pub fn problems(crates: &[Crate]) -> Vec<String> {

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
-use super::report::Filter;
+use super::filter::Filter;
 use crate::model::{Snapshot, gpu_use::window_use};
 
 /// One container's use of one device over the window.

@@ -5,6 +5,7 @@
 //! cost, and optionally compares with a baseline recording.
 
 mod components;
+pub mod filter;
 mod gpu_use;
 mod html;
 mod render;
@@ -57,7 +58,7 @@ pub struct AttributeOptions {
     pub nvml: bool,
     /// Read NVML at most this often (`None`: every snapshot).
     pub nvml_interval: Option<Duration>,
-    pub filter: report::Filter,
+    pub filter: filter::Filter,
     pub baseline: Option<PathBuf>,
 }
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     components::{self, ApiTime, Charged, Components, Estimate, Sampling},
+    filter::Filter,
     uncertainty::{self, ComponentSums, Uncertainty},
 };
 use crate::model::{Process, Snapshot};
@@ -191,23 +192,6 @@ fn add_classes(into: &mut [SizeClass], from: &[SizeClass]) {
         a.direct_bytes += b.direct_bytes;
         a.pool_count += b.pool_count;
         a.pool_bytes += b.pool_bytes;
-    }
-}
-
-/// Which processes to report.
-#[derive(Clone, Debug, Default)]
-pub struct Filter {
-    pub container: Option<String>,
-    pub pid: Option<u32>,
-}
-
-impl Filter {
-    pub(super) fn keeps(&self, p: &Process, container_name: &str) -> bool {
-        self.pid.is_none_or(|pid| p.key.pid == pid)
-            && self
-                .container
-                .as_ref()
-                .is_none_or(|c| p.container.starts_with(c.as_str()) || container_name == c)
     }
 }
 

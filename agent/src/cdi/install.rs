@@ -13,8 +13,9 @@ use std::{
 use object::{Object, ObjectKind, ObjectSymbol};
 
 use super::{
-    CdiError,
-    spec::{LIMITER_FILE, LIMITER_IN_CONTAINER, PRELOAD_FILE},
+    error::CdiError,
+    names::{LIMITER_FILE, PRELOAD_FILE},
+    spec::LIMITER_IN_CONTAINER,
 };
 
 /// Symbols that make a file the limiter (not another library by mistake).

@@ -3,7 +3,7 @@
 
 use std::{fmt, str::FromStr};
 
-use super::CdiError;
+use super::{error::CdiError, names::PROFILE_SYNTAX};
 
 /// A CDI kind, `vendor/class` (`vgpu-agent.dev/limit`): what users write before `=` in
 /// `--device vendor/class=name`.
@@ -51,9 +51,6 @@ pub struct Profile {
     /// The SM share in percent, 1..=99 (`CUDA_DEVICE_SM_LIMIT`).
     pub sm: Option<u8>,
 }
-
-/// The syntax, for messages.
-pub const PROFILE_SYNTAX: &str = "NAME:mem=SIZE[,sm=PERCENT] (e.g. small:mem=4g,sm=25)";
 
 impl FromStr for Profile {
     type Err = CdiError;

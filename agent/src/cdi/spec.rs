@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::profile::{Kind, Profile, format_bytes};
+use super::{
+    names::{LIMITER_FILE, PRELOAD_FILE},
+    profile::{Kind, Profile, format_bytes},
+};
 
 pub const CDI_VERSION: &str = "0.5.0";
 
@@ -16,12 +19,6 @@ pub const LIMITER_IN_CONTAINER: &str = "/usr/local/lib/vgpu-agent/libvgpu_limite
 /// The container's own region directory (a tmpfs of its own), and the region file in it.
 pub const REGION_DIR_IN_CONTAINER: &str = "/var/lib/vgpu-agent/region";
 pub const REGION_IN_CONTAINER: &str = "/var/lib/vgpu-agent/region/vgpu.cache";
-
-/// The limiter's file name in the host's library directory.
-pub const LIMITER_FILE: &str = "libvgpu_limiter.so";
-/// The preload list's file name in the host's library directory: one line, the limiter's path
-/// inside the container.
-pub const PRELOAD_FILE: &str = "ld.so.preload";
 
 /// How the limiter gets into the container's processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -29,7 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{FileId, LibraryKind};
+use super::library::{FileId, LibraryKind};
 use crate::{
     identity::container::{ContainerIdentity, ContainerKey},
     pool::Pool,

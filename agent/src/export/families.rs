@@ -8,11 +8,11 @@ use agent_common::hist::HIST_BUCKETS;
 
 use super::{
     defs::{self, Def},
-    metrics::{
+    exposition::{
         ContainerLabels, Counters, Exposition, FamilyData, Labels, SpanCounters, Value, source_name,
     },
 };
-use crate::model::{ApiCounts, Snapshot};
+use crate::model::{Snapshot, api_sums::ApiCounts};
 
 pub(super) fn container_gauges(
     snap: &Snapshot,
@@ -461,7 +461,7 @@ pub(super) fn probe_losses(
 ) {
     let mut losses = vec![];
     for (l, c) in published {
-        for (reason, n) in super::metrics::LOSS_REASONS.iter().zip(c.losses) {
+        for (reason, n) in super::exposition::LOSS_REASONS.iter().zip(c.losses) {
             if n > 0 {
                 let labels: Vec<String> = l.iter().cloned().chain([reason.to_string()]).collect();
                 losses.push((labels, Value::Int(n)));

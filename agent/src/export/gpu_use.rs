@@ -5,7 +5,7 @@
 
 use super::{
     defs::{self, Def},
-    metrics::{ContainerLabels, Exposition, FamilyData, Value},
+    exposition::{ContainerLabels, Exposition, FamilyData, Value},
 };
 use crate::model::Snapshot;
 

@@ -3,6 +3,7 @@
 
 pub mod defs;
 pub mod encode;
+mod exposition;
 mod families;
 mod gpu_use;
 pub mod http;

@@ -41,7 +41,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::runtime_names::ContainerNames;
+use super::names::ContainerNames;
 
 /// The engine that created a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -445,7 +445,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::identity::runtime_names::{ContainerNames, PodNames};
+    use crate::identity::names::{ContainerNames, PodNames};
 
     fn id(s: &str) -> ContainerId {
         ContainerId::parse(s).expect("a 64-hex sample id")

@@ -10,9 +10,8 @@ use std::{
 
 use super::{
     container::ContainerId,
-    runtime_names::{NameLookupError, names_from_labels},
+    names::{ContainerNames, NameLookupError, names_from_labels},
 };
-use crate::identity::runtime_names::ContainerNames;
 
 /// The largest response read; an inspect document is a few kilobytes.
 const MAX_RESPONSE_BYTES: usize = 1 << 20;

@@ -5,6 +5,7 @@
 pub mod cgroup;
 pub mod container;
 mod docker_api;
+mod names;
 pub mod process;
 pub mod runtime_names;
 

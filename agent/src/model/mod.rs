@@ -6,9 +6,10 @@
 //! started); views take differences between two snapshots. A process is identified by its pid
 //! *and* start time, so a reused pid is a different process.
 
-mod api_sums;
+pub mod api_sums;
 pub mod by_device;
 mod drift;
+mod gpu_time;
 pub mod gpu_use;
 pub mod nccl;
 pub mod probing;
@@ -19,11 +20,23 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use api_sums::{ApiCounts, ApiSums};
 pub use drift::MemoryViews;
-pub use rates::Rates;
 
 pub const SCHEMA: &str = "vgpu-agent.model/v1";
+
+/// Per-second rates of a process over the interval between two snapshots (`Rates::between`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    pub allocations_per_s: f64,
+    pub launches_per_s: f64,
+    pub calls_per_s: f64,
+    pub nccl_bytes_per_s: f64,
+    /// Share of the interval this process's threads spent blocked in synchronisation calls.
+    pub sync_share: f64,
+    /// Share of the interval spent throttled by the limiter.
+    pub throttled_share: f64,
+    pub denied_per_s: f64,
+}
 
 /// A process, unique for the life of the boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -164,10 +177,10 @@ pub struct LimiterProcess {
     /// GPU time the limiter measured per device with sampled event pairs (cumulative; devices
     /// with samples only). The figure to trust on a shared GPU (see `gpu_use` for NVML's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gpu_time: Vec<gpu_use::LimiterGpuTime>,
+    pub gpu_time: Vec<gpu_time::LimiterGpuTime>,
     /// GPU time per kernel name (cumulative), largest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kernels: Vec<gpu_use::KernelTime>,
+    pub kernels: Vec<gpu_time::KernelTime>,
     /// Samples whose event calls failed, and samples not taken (cumulative).
     #[serde(default)]
     pub sample_errors: u64,
@@ -202,13 +215,13 @@ pub struct NvmlProcess {
     pub mem_util_pct: Option<f64>,
     /// The span (CPU time) the latest percentages cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub use_window: Option<gpu_use::UseWindow>,
+    pub use_window: Option<gpu_time::UseWindow>,
     /// Why the device gives no per-process utilisation (MIG, vGPU, an older GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_unavailable: Option<String>,
     /// Busy time since the agent first saw the process on the device (cumulative).
     #[serde(default)]
-    pub busy: gpu_use::Busy,
+    pub busy: gpu_time::Busy,
 }
 
 /// A NCCL communicator as the probes saw it (cumulative).

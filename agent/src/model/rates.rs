@@ -1,21 +1,6 @@
-//! Per-second rates of a process over the interval between two snapshots.
+//! Per-second rates of a process over the interval between two snapshots ([`Rates`]).
 
-use serde::{Deserialize, Serialize};
-
-use super::{ApiUsage, Process};
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Rates {
-    pub allocations_per_s: f64,
-    pub launches_per_s: f64,
-    pub calls_per_s: f64,
-    pub nccl_bytes_per_s: f64,
-    /// Share of the interval this process's threads spent blocked in synchronisation calls.
-    pub sync_share: f64,
-    /// Share of the interval spent throttled by the limiter.
-    pub throttled_share: f64,
-    pub denied_per_s: f64,
-}
+use super::{ApiUsage, Process, Rates};
 
 fn sum(apis: &[&ApiUsage], earlier: &[&ApiUsage], kind: &str, f: impl Fn(&ApiUsage) -> u64) -> u64 {
     apis.iter()

@@ -8,7 +8,7 @@ use nvml_wrapper::{
     struct_wrappers::device::ProcessInfo,
 };
 
-use super::{NvmlBackend, ProcessMemory, ProcessSample};
+use super::backend::{NvmlBackend, ProcessMemory, ProcessSample};
 
 /// The library the driver installs; the unversioned `libnvidia-ml.so` (nvml-wrapper's default)
 /// only exists where the development package is installed.

@@ -8,6 +8,7 @@
 //! `problems`, a failing field is `None` without dropping its device, and initialisation is
 //! retried at most every [`RETRY_INIT_EVERY`] (a driver can be installed or loaded later).
 
+mod backend;
 pub mod calls;
 pub mod library;
 pub mod process_use;
@@ -21,6 +22,7 @@ use std::{
 use nvml_wrapper::error::NvmlError;
 use serde::Serialize;
 
+pub use self::backend::{NvmlBackend, ProcessSample};
 pub use self::calls::{CallTimes, NvmlCall};
 use self::process_use::DeviceSampler;
 pub use self::process_use::PidUse;
@@ -84,42 +86,6 @@ pub struct GpuProcess {
     /// SM and memory-controller busy time within `use_window` (zero for a process without
     /// samples: it was idle); `None` when the device has no window.
     pub busy: Option<PidUse>,
-}
-
-/// One process's memory on a device, as NVML's running-process lists give it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcessMemory {
-    pub pid: u32,
-    pub used: Option<u64>,
-}
-
-/// One process utilisation sample, as the limiter's SM correction reads them too.
-pub use limiter_core::sm::samples::ProcessSample;
-
-/// The NVML calls the agent makes, by device index.
-pub trait NvmlBackend {
-    fn driver_version(&self) -> Result<String, NvmlError>;
-    /// As NVML encodes it: 1000 * major + 10 * minor.
-    fn cuda_driver_version(&self) -> Result<i32, NvmlError>;
-    fn device_count(&self) -> Result<u32, NvmlError>;
-    fn uuid(&self, index: u32) -> Result<String, NvmlError>;
-    fn name(&self, index: u32) -> Result<String, NvmlError>;
-    /// (GPU, memory) utilisation in percent.
-    fn utilization_pct(&self, index: u32) -> Result<(u32, u32), NvmlError>;
-    /// (used, total) bytes.
-    fn memory_used_total(&self, index: u32) -> Result<(u64, u64), NvmlError>;
-    fn power_mw(&self, index: u32) -> Result<u32, NvmlError>;
-    fn power_limit_mw(&self, index: u32) -> Result<u32, NvmlError>;
-    fn temperature_c(&self, index: u32) -> Result<u32, NvmlError>;
-    fn compute_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError>;
-    fn graphics_processes(&self, index: u32) -> Result<Vec<ProcessMemory>, NvmlError>;
-    /// Samples taken after `since` (all buffered samples for `None`); `NVML_ERROR_NOT_FOUND`
-    /// when there are none.
-    fn process_utilization(
-        &self,
-        index: u32,
-        since: Option<u64>,
-    ) -> Result<Vec<ProcessSample>, NvmlError>;
 }
 
 /// Why NVML gave nothing or less than everything. Its text is what `problems` shows.
@@ -684,7 +650,7 @@ mod tests {
         },
     };
 
-    use super::*;
+    use super::{backend::ProcessMemory, *};
 
     /// A fake GPU: `None` fields answer "not supported".
     #[derive(Clone, Default)]

@@ -6,6 +6,7 @@
 //! All calls into aya go through this module.
 
 pub mod calibrate;
+mod error;
 pub mod monotonic;
 pub mod privileges;
 mod release;
@@ -16,9 +17,14 @@ pub mod warnings;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    path::{Path, PathBuf},
+    path::Path,
 };
 
+use crate::{
+    discovery::{FileId, LibraryFile, LibraryKind},
+    model::probing::AttachMode,
+    probe_options::{MapQuotas, SpanSampling},
+};
 use agent_common::{
     ApiId, ApiKind, ProbeCookie,
     maps::{
@@ -30,67 +36,16 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapError, PerCpuArray},
     programs::{
-        ProgramError, UProbe,
+        UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
     sys::{UProbeMultiFeature, is_uprobe_multi_supported},
 };
-use thiserror::Error;
-
-use crate::{
-    discovery::{FileId, LibraryFile, LibraryKind},
-    model::probing::AttachMode,
-    probe_options::{MapQuotas, SpanSampling},
-};
+pub use error::ProbeError;
 pub use symbols::SymbolTable;
 
 /// The compiled eBPF object (empty when the agent was built without the eBPF toolchain).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vgpu-probes"));
-
-#[derive(Debug, Error)]
-pub enum ProbeError {
-    #[error("{0}")]
-    NotPrivileged(String),
-    #[error(
-        "this vgpu-agent was built without its eBPF probes (bpf-linker or the pinned nightly was missing at build time): run `cargo xtask setup` and rebuild"
-    )]
-    BuiltWithoutProbes,
-    #[error("loading the eBPF programs into the kernel failed: {0}")]
-    Load(#[source] Box<aya::EbpfError>),
-    #[error("eBPF program {name}: {source}")]
-    Program {
-        name: String,
-        #[source]
-        source: Box<ProgramError>,
-    },
-    #[error("the eBPF object has no program {0}")]
-    MissingProgram(String),
-    #[error("attaching {program} to {} failed: {source}", path.display())]
-    Attach {
-        program: String,
-        path: PathBuf,
-        #[source]
-        source: Box<ProgramError>,
-    },
-    #[error("reading {}: {source}", path.display())]
-    ReadLibrary {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Library(#[from] tenant_fs::TenantFsError),
-    #[error("{} is not an ELF library: {reason}", path.display())]
-    NotElf { path: PathBuf, reason: String },
-    #[error("{} does not look like the driver it is named after: {reason}", path.display())]
-    NotADriver { path: PathBuf, reason: String },
-    #[error("eBPF map {name}: {source}")]
-    Map {
-        name: &'static str,
-        #[source]
-        source: Box<MapError>,
-    },
-}
 
 fn program_name(kind: ApiKind, entry: bool, mode: AttachMode) -> String {
     let base = match kind {

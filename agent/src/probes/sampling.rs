@@ -30,9 +30,8 @@ mod windows;
 use crate::model::probing::exposure::Spread;
 use crate::model::probing::{Exposure, KindSampling, SamplingStatus};
 use crate::probe_options::Budget;
-use exposure::Weight;
-use gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates, reference_kinds};
-use windows::commit;
+use gaps::{GapEnd, Reference, Window, calls_of_kinds, gap_estimates, reference_kinds};
+use windows::{KindState, commit};
 
 /// The kinds a budget controls: the CUDA driver's high-rate kinds and NCCL's collective,
 /// point-to-point and group calls (a communicator's creation and end are always probed).
@@ -68,49 +67,6 @@ pub const UNCALIBRATED_PER_HIT_NS: f64 = 1_600.0;
 
 /// The least duty: windows at most this far apart (so that even a short recording sees a few).
 const MIN_DUTY: f64 = 0.002;
-
-/// One kind's schedule and what was measured.
-#[derive(Clone, Debug)]
-struct KindState {
-    kind: ApiKind,
-    on: bool,
-    /// When the current state began.
-    since: Instant,
-    /// When it should change (attached kinds whose duty is 1 are re-measured at this time).
-    until: Instant,
-    duty: f64,
-    /// Calls per second of the busiest process in the last window.
-    rate: f64,
-    /// What a hit costs that process, ns.
-    rate_per_hit_ns: f64,
-    attached: Duration,
-    /// Calls per process when the window opened.
-    calls_at_open: BTreeMap<u32, u64>,
-    /// Each process's own-pace call rate (calls per second of its own time) in the last closed
-    /// window, and when that window closed.
-    last_rates: BTreeMap<u32, f64>,
-    closed_at: Option<Instant>,
-    /// The detached time before the current window (from the last window's close to this one's
-    /// opening, polls and attaching included).
-    gap: Duration,
-    /// Every kind's calls per process when the current window opened (its reference kinds are
-    /// picked when it closes: the kinds attached all through it, see [`Reference`]).
-    at_open: BTreeMap<ApiKind, BTreeMap<u32, u64>>,
-    opened_at: Instant,
-    /// Since when the kind has been attached without a break (re-measuring a kind that fits the
-    /// budget whole is no break).
-    attached_since: Instant,
-    /// The last closed window's reference, as seen at its close.
-    last: Option<Reference>,
-    /// The estimate of the gap before the current window, made when it opened (from the window
-    /// before the gap alone): part of every reading until the window closes and the full
-    /// estimate replaces it.
-    provisional: BTreeMap<u32, Gap>,
-    /// The weights the last closed window's values got so far in the gap estimates (by
-    /// reference, by pace: see [`Spread`]), per process: the gap before it; the gap after it
-    /// completes them.
-    weights: BTreeMap<u32, Weight>,
-}
 
 /// The schedule of every sampled kind.
 pub struct Schedule {
@@ -281,7 +237,8 @@ impl Schedule {
                 );
                 let between = if k.closed_at.is_some() {
                     gap_estimates(
-                        k,
+                        k.last.as_ref(),
+                        &k.last_rates,
                         &self.detached_at,
                         GapEnd {
                             seconds: k.gap.as_secs_f64(),

@@ -12,7 +12,7 @@ use agent_common::ApiId;
 use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
 use tenant_fs::TenantFile;
 
-use super::ProbeError;
+use super::error::ProbeError;
 use crate::{discovery::LibraryFile, model::probing::Prologue};
 
 /// `endbr64`, the landing pad that CET builds put first in every function that may be reached

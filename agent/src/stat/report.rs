@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::model::{
-    ApiSums, ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, NvmlCallCost,
-    Process, RegionInfo, RegionUnread, Snapshot, Source,
+    ApiUsage, Communicator, LibraryStatus, MapsScanStatus, MemoryViews, NvmlCallCost, Process,
+    RegionInfo, RegionUnread, Snapshot, Source,
+    api_sums::ApiSums,
     by_device::DeviceMemory,
     gpu_use::{GpuBusy, KernelShare, WindowUse, busy_over, top_kernels, window_use},
     skips::{self, TenantSkips},

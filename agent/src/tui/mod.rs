@@ -39,18 +39,6 @@ pub struct TopOptions {
     pub collector: CollectorOptions,
 }
 
-/// `1s`, `300ms`, `1.5s`.
-pub fn format_interval(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
-    }
-}
-
 /// Chooses the source: a daemon that answers, else collection in this process, which needs the
 /// privileges to load probes (a clear error naming sudo otherwise).
 pub fn plan(opts: TopOptions) -> anyhow::Result<Plan> {
@@ -219,13 +207,6 @@ pub fn signal_process(key: ProcessKey, signal: Signal) -> String {
 mod tests {
     use super::*;
     use crate::identity::process::ProcessFacts;
-
-    #[test]
-    fn intervals() {
-        assert_eq!(format_interval(Duration::from_secs(1)), "1s");
-        assert_eq!(format_interval(Duration::from_millis(300)), "300ms");
-        assert_eq!(format_interval(Duration::from_millis(1500)), "1.5s");
-    }
 
     #[test]
     fn never_signals_init_pid_0_or_itself() {

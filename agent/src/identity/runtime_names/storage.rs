@@ -23,8 +23,8 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{ContainerNames, NameLookupError, PodNames};
 use crate::identity::container::ContainerId;
+use crate::identity::names::{ContainerNames, NameLookupError, PodNames};
 
 /// The largest `containers.json` read: about 20,000 containers' entries.
 pub const MAX_BYTES: u64 = 8 << 20;

@@ -5,8 +5,6 @@ use std::{collections::BTreeMap, time::Instant};
 
 use agent_common::ApiKind;
 
-use super::KindState;
-
 /// A pace clock for the detached gaps that the probes themselves do not disturb: the calls of
 /// the other sampled kinds while they fit the budget whole and stay attached (synchronisations
 /// and copies, which a training step makes at a steady ratio to its launches), and launches when
@@ -196,18 +194,19 @@ pub(super) struct GapEnd<'a> {
     pub(super) ref_calls: &'a BTreeMap<u32, u64>,
 }
 
-/// The calls of each process in the detached gap after `k`'s last closed window: by that
-/// window's reference where it held all along (none of its kinds detached since the window
+/// The calls of each process in the detached gap after a kind's last closed window (`last`, its
+/// reference, and `last_rates`, its own-pace rates): by that window's reference where it held all along (none of its kinds detached since the window
 /// opened), else by pace. `next`: the window after the gap and its own-pace rates once it
 /// closed; `None` while it is open or the gap goes on (from the window before the gap alone,
 /// then).
 pub(super) fn gap_estimates(
-    k: &KindState,
+    last: Option<&Reference>,
+    last_rates: &BTreeMap<u32, f64>,
     detached_at: &[(ApiKind, Instant)],
     end: GapEnd,
     next: Option<(&Reference, &BTreeMap<u32, f64>)>,
 ) -> BTreeMap<u32, Gap> {
-    let by_reference = k.last.as_ref().filter(|last| {
+    let by_reference = last.filter(|last| {
         !last.kinds.is_empty()
             && !detached_at
                 .iter()
@@ -216,8 +215,8 @@ pub(super) fn gap_estimates(
     let none = BTreeMap::new();
     let after = next.map(|(_, rates)| rates).unwrap_or(&none);
     let mut pids: std::collections::BTreeSet<u32> =
-        k.last_rates.keys().chain(after.keys()).copied().collect();
-    if let Some(last) = &k.last {
+        last_rates.keys().chain(after.keys()).copied().collect();
+    if let Some(last) = last {
         pids.extend(last.ratios.keys());
     }
     pids.into_iter()
@@ -228,7 +227,7 @@ pub(super) fn gap_estimates(
                 Some(gap) => gap,
                 None if next.is_some() => Gap::new(
                     How::Pace,
-                    pace_gap_calls(&k.last_rates, after, end.seconds, pid),
+                    pace_gap_calls(last_rates, after, end.seconds, pid),
                     end.seconds / 2.0,
                     end.seconds / 2.0,
                 ),
@@ -236,7 +235,7 @@ pub(super) fn gap_estimates(
                 // after it).
                 None => Gap::new(
                     How::Pace,
-                    end.seconds * k.last_rates.get(&pid).copied().unwrap_or(0.0),
+                    end.seconds * last_rates.get(&pid).copied().unwrap_or(0.0),
                     end.seconds,
                     0.0,
                 ),

@@ -2,15 +2,61 @@
 //! reading counts while it is open or while the gap after it runs ([`KindState::pending`]), and
 //! what it adds to each process's exposure when it closes ([`commit`]).
 
-use std::{collections::BTreeMap, time::Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use agent_common::ApiKind;
 
 use super::{
-    Exposure, KindState,
     exposure::Weight,
     gaps::{Gap, GapEnd, Reference, Window, calls_of_kinds, gap_estimates},
 };
+use crate::model::probing::Exposure;
+
+/// One kind's schedule and what was measured.
+#[derive(Clone, Debug)]
+pub(super) struct KindState {
+    pub(super) kind: ApiKind,
+    pub(super) on: bool,
+    /// When the current state began.
+    pub(super) since: Instant,
+    /// When it should change (attached kinds whose duty is 1 are re-measured at this time).
+    pub(super) until: Instant,
+    pub(super) duty: f64,
+    /// Calls per second of the busiest process in the last window.
+    pub(super) rate: f64,
+    /// What a hit costs that process, ns.
+    pub(super) rate_per_hit_ns: f64,
+    pub(super) attached: Duration,
+    /// Calls per process when the window opened.
+    pub(super) calls_at_open: BTreeMap<u32, u64>,
+    /// Each process's own-pace call rate (calls per second of its own time) in the last closed
+    /// window, and when that window closed.
+    pub(super) last_rates: BTreeMap<u32, f64>,
+    pub(super) closed_at: Option<Instant>,
+    /// The detached time before the current window (from the last window's close to this one's
+    /// opening, polls and attaching included).
+    pub(super) gap: Duration,
+    /// Every kind's calls per process when the current window opened (its reference kinds are
+    /// picked when it closes: the kinds attached all through it, see [`Reference`]).
+    pub(super) at_open: BTreeMap<ApiKind, BTreeMap<u32, u64>>,
+    pub(super) opened_at: Instant,
+    /// Since when the kind has been attached without a break (re-measuring a kind that fits the
+    /// budget whole is no break).
+    pub(super) attached_since: Instant,
+    /// The last closed window's reference, as seen at its close.
+    pub(super) last: Option<Reference>,
+    /// The estimate of the gap before the current window, made when it opened (from the window
+    /// before the gap alone): part of every reading until the window closes and the full
+    /// estimate replaces it.
+    pub(super) provisional: BTreeMap<u32, Gap>,
+    /// The weights the last closed window's values got so far in the gap estimates (by
+    /// reference, by pace: see [`Spread`](crate::model::probing::exposure::Spread)), per process: the gap before it; the gap after it
+    /// completes them.
+    pub(super) weights: BTreeMap<u32, Weight>,
+}
 
 impl KindState {
     /// Opens a window at `at`: the calls of the kind and of its reference kinds are counted from
@@ -33,7 +79,8 @@ impl KindState {
             .unwrap_or_default();
         self.provisional = if self.closed_at.is_some() {
             gap_estimates(
-                self,
+                self.last.as_ref(),
+                &self.last_rates,
                 detached_at,
                 GapEnd {
                     seconds: self.gap.as_secs_f64(),
@@ -81,7 +128,8 @@ impl KindState {
         } else if let Some(closed) = self.closed_at {
             let ref_calls = calls_of_kinds(self.last_reference_kinds(), calls);
             gap_estimates(
-                self,
+                self.last.as_ref(),
+                &self.last_rates,
                 detached_at,
                 GapEnd {
                     seconds: now.saturating_duration_since(closed).as_secs_f64(),

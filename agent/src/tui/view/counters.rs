@@ -10,7 +10,7 @@ use ratatui::{
     widgets::{Block, Clear, Paragraph, Wrap},
 };
 
-use super::{Theme, popup::centered};
+use super::{popup::centered, theme::Theme};
 use crate::{model::Snapshot, tui::app::Model};
 
 /// What one lost event of each cause means (`agent_common::maps::Health`).

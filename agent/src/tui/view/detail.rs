@@ -11,11 +11,14 @@ use ratatui::{
     widgets::{Block, Cell, Paragraph, Row, Table},
 };
 
-use super::{Theme, fit, short_bytes, spark};
+use super::{
+    text::{fit, format_interval, rate, short_bytes, spark},
+    theme::Theme,
+};
 use crate::{
     model::gpu_use::KernelShare,
     model::{
-        ApiSums, ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source,
+        ApiUsage, Communicator, Process, ProcessKey, Snapshot, Source, api_sums::ApiSums,
         by_device::DeviceMemory, probing::LaunchProbes,
     },
     tui::{
@@ -135,8 +138,8 @@ fn probe_lines(s: &Snapshot, apis: &[ApiUsage], t: &Theme) -> Vec<Line<'static>>
         (None, LaunchProbes::On) => "full (launches probed)".to_string(),
         (None, LaunchProbes::Sampled { window, period }) => format!(
             "sampled (launches probed {} of every {}, {:.0}s so far)",
-            crate::tui::format_interval(window),
-            crate::tui::format_interval(period),
+            format_interval(window),
+            format_interval(period),
             a.launch_probe_seconds
         ),
         (None, LaunchProbes::Off) => "launches off (the limiter counts them)".to_string(),
@@ -702,7 +705,7 @@ fn kernel_table<'a>(kernels: &[KernelShare], width: u16, rows: usize, t: &Theme)
                 Cell::from(fit(&k.name, name_w as usize)),
                 Cell::from(format!("{:>6}", format!("{:.0}%", k.share * 100.0))),
                 Cell::from(format!("{:>9}", nanos(ns))),
-                Cell::from(format!("{:>9}", super::rate(k.launches as f64))),
+                Cell::from(format!("{:>9}", rate(k.launches as f64))),
                 Cell::from(format!("{mean:>9}")),
                 Cell::from(format!("{:>8}", k.samples)),
             ])

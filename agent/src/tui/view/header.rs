@@ -8,7 +8,10 @@ use ratatui::{
     widgets::Paragraph,
 };
 
-use super::{Theme, short_bytes, spark};
+use super::{
+    text::{fit, format_interval, short_bytes, spark},
+    theme::Theme,
+};
 use crate::{
     model::{Snapshot, probing::LaunchProbes},
     tui::app::{Model, ViewState},
@@ -35,10 +38,7 @@ pub fn lines(model: &Model, state: &ViewState, t: &Theme, width: u16) -> Vec<Lin
         model.source.name.split(' ').next().unwrap_or("")
     };
     title.push(Span::styled(
-        format!(
-            "  {source} every {}",
-            crate::tui::format_interval(state.interval)
-        ),
+        format!("  {source} every {}", format_interval(state.interval)),
         t.dim(),
     ));
     if state.paused {
@@ -87,7 +87,7 @@ fn gpu_lines(s: &Snapshot, model: &Model, t: &Theme, width: u16) -> Vec<Line<'st
                 .trim_start_matches("NVIDIA ");
             let mut spans = vec![
                 Span::styled(format!("GPU{} ", g.index), t.key()),
-                Span::raw(format!("{:<16}", super::fit(name, 16))),
+                Span::raw(format!("{:<16}", fit(name, 16))),
             ];
             let util = g
                 .utilization_pct
@@ -147,8 +147,8 @@ fn agent_line(s: &Snapshot, t: &Theme) -> Line<'static> {
                 LaunchProbes::On => "launch on".to_string(),
                 LaunchProbes::Sampled { window, period } => format!(
                     "launch sampled {}/{}",
-                    crate::tui::format_interval(window),
-                    crate::tui::format_interval(period)
+                    format_interval(window),
+                    format_interval(period)
                 ),
             };
             spans.push(Span::raw(format!(", {launches}")));

@@ -8,7 +8,7 @@ use ratatui::{
     widgets::{Block, Clear, Paragraph, Wrap},
 };
 
-use super::Theme;
+use super::theme::Theme;
 use crate::tui::{
     app::{Confirm, Screen, ViewState},
     input::HELP,

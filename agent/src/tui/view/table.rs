@@ -9,7 +9,10 @@ use ratatui::{
     widgets::{Cell, Paragraph, Row, Table, Wrap},
 };
 
-use super::{Theme, bar, fit, percent, rate, short_bytes};
+use super::{
+    text::{bar, fit, page_rows, percent, rate, short_bytes},
+    theme::Theme,
+};
 use crate::{
     tui::{
         app::{Model, ViewState},
@@ -271,7 +274,7 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, state: &ViewState, t
         Cell::from(text)
     }));
 
-    let visible = super::page_rows(area.height);
+    let visible = page_rows(area.height);
     let selected = state.selected_in(&rows).unwrap_or(0);
     let offset = selected.saturating_sub(visible.saturating_sub(1));
     let name_width = (area.width as usize)

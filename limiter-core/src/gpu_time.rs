@@ -541,6 +541,10 @@ mod tests {
     /// Random intervals: a loop of three kernels in a fixed order is estimated without bias
     /// (a fixed interval of 3 would only ever see one of them).
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "statistical: 300,000 launches (the sampler's logic is the other tests')"
+    )]
     fn random_intervals_do_not_alias_with_a_fixed_launch_order() {
         let (gpu, sink) = (FakeGpu::default(), Sink::default());
         let mut d = Driven::new(SampleRate::Adaptive { per_second: 1 });

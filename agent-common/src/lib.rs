@@ -1,5 +1,14 @@
 //! Types shared by the eBPF programs (`no_std`, `bpfel-unknown-none`), the agent, the region and the
 //! limiter. Everything here is plain data with a fixed layout: it crosses the kernel boundary.
+//!
+//! # Layers
+//!
+//! Lowest first; a module imports modules of its own layer and of the layers below, and no
+//! import cycle forms among modules (`cargo xtask layers` checks both).
+//!
+//! 1. base: `api`, `hist`. The table of traced entry points (ids, kinds, where their arguments
+//!    are, NCCL's communicator ids) and the log2 latency histogram.
+//! 2. maps: `maps`. The keys and values of the eBPF maps, shared by the probes and the agent.
 #![no_std]
 
 pub mod api;

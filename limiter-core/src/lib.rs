@@ -16,6 +16,17 @@
 //! - [`gpu_time`]: which launches are timed on the GPU with event pairs, read back without waiting.
 //! - [`sm`]: the SM share's duty cycle per device and its correction law from NVML's
 //!   measurements ([`sm::feedback`]).
+//!
+//! # Layers
+//!
+//! Lowest first; a module imports modules of its own layer and of the layers below, and no
+//! import cycle forms among modules (`cargo xtask layers` checks both).
+//!
+//! 1. inputs: `gpu_time`, `config`. The GPU-time sampler and the configuration read from the
+//!    environment.
+//! 2. control: `accounting`, `sm`. Accounting against the limits and the SM share controller.
+//! 3. charges: `charge`, `info`, `pools`, `alloc_table`. Context charges, memory information under
+//!    the limit, pools and the allocation table.
 
 #![forbid(unsafe_code)]
 

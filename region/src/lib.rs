@@ -10,6 +10,19 @@
 //!   [`hami::HamiReader`] (HAMi-core's v1 cache file).
 //!
 //! Model checking: `RUSTFLAGS="--cfg loom" cargo test -p region --release --lib loom`.
+//!
+//! # Layers
+//!
+//! Lowest first; a module imports modules of its own layer and of the layers below, and no
+//! import cycle forms among modules (`cargo xtask layers` checks both).
+//!
+//! 1. layout: `control`, `layout_v2`, `prefetch`, `procfs`, `sigbus`, `sync`, `words`, `layout`,
+//!    `reserve`, `seqlock`, `layout_types`, `sm_share`. The file's layout (every major version), its
+//!    words and the lock-free protocols on them.
+//! 2. access: `loom_tests`, `mapping`, `pread`, `hami`, `handle`, `reader`, `control_file`, `error`,
+//!    `holdings`. Mapping and reading a region file, HAMi-core's format, the control block.
+//! 3. process: `config`, `slots`, `init`, `stats`, `region`. Creating or joining a region, a
+//!    process's slot and the statistics it records.
 
 mod config;
 pub mod control;

@@ -55,6 +55,15 @@
 //! What this crate does not do: it does not decide which process or container a file belongs to,
 //! and it does not keep a pid from being reused; callers compare a process's start time
 //! ([`ProcStat::start_ticks`]) before and after they use what they read.
+//!
+//! # Layers
+//!
+//! Lowest first; a module imports modules of its own layer and of the layers below, and no
+//! import cycle forms among modules (`cargo xtask layers` checks both).
+//!
+//! 1. errors: `error`. The error type and a file's identity.
+//! 2. proc: `proc`. Bounded reads and the parsers of a process's `/proc` files.
+//! 3. maps: `maps`. The parser of `/proc/<pid>/maps`.
 
 use std::fs::File;
 use std::io;

@@ -1138,6 +1138,21 @@ mod tests {
         let agent = crates.iter().find(|c| c.name == "agent").unwrap();
         assert!(has_edge(agent, "tui", "model"));
         assert!(agent.layers.is_some() && limiter.layers.is_some());
+        // Every crate of the product and its test tools keeps a layer table.
+        for name in [
+            "agent",
+            "agent-common",
+            "region",
+            "tenant-fs",
+            "limiter",
+            "limiter-core",
+            "testing/sim-cuda",
+            "testing/cuda-exercise",
+            "xtask",
+        ] {
+            let c = crates.iter().find(|c| c.name == name).unwrap();
+            assert!(c.layers.is_some(), "{name} has no `# Layers` table");
+        }
         let problems = problems(&crates);
         assert!(problems.is_empty(), "\n{}", problems.join("\n"));
     }

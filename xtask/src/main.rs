@@ -3,6 +3,16 @@
 //! `setup` installs every prerequisite on a fresh Debian 12 machine and is idempotent: when
 //! everything is present it only checks, in well under 5 s. `test` and `run` call it first, so a
 //! fresh clone needs nothing else.
+//!
+//! # Layers
+//!
+//! Lowest first; a module imports modules of its own layer and of the layers below, and no
+//! import cycle forms among modules (`cargo xtask layers` checks both).
+//!
+//! 1. base: `demo_workloads`, `layers`, `util`, `bench_fixtures`, `setup`. Shared helpers, the
+//!    toolchain setup and the layers check.
+//! 2. commands: `bench_agent`, `bench_cold`, `bench_limiter`, `bench_startup`, `demo`, `image`,
+//!    `bench_export`, `bench`. One module per command.
 
 mod bench;
 mod bench_agent;

@@ -1,6 +1,16 @@
 //! cuda-exercise: a workload that calls a CUDA driver library (the real libcuda or the simulated
 //! one in `testing/sim-cuda`) a known number of times and prints what it did as JSON, so tests
 //! can compare what vgpu-agent and the limiter report with the truth. See `testing/README.md`.
+//!
+//! # Layers
+//!
+//! Lowest first; a module imports modules of its own layer and of the layers below, and no
+//! import cycle forms among modules (`cargo xtask layers` checks both).
+//!
+//! 1. base: `cli`, `driver`, `wait`. The command line, the loaded driver and the barrier files.
+//! 2. records: `nccl`, `record`. What the calls returned, and the loaded NCCL.
+//! 3. commands: `bench`, `calls`, `lookup`, `memory`, `nccl_rank`, `timing`, `devices`. The
+//!    subcommands.
 
 mod bench;
 mod calls;

@@ -13,6 +13,16 @@
 //!   (like the 580 drivers; the 535 driver starts with a RIP-relative `cmpl`),
 //! - the stack and argument registers are untouched when `<impl>` runs, so stack-passed
 //!   arguments (`cuLaunchKernel` has 11) and return probes work as for a plain function.
+//!
+//! # Layers
+//!
+//! Lowest first; a module imports modules of its own layer and of the layers below, and no
+//! import cycle forms among modules (`cargo xtask layers` checks both).
+//!
+//! 1. base: `config`, `types`. The configuration from the environment and the CUDA types.
+//! 2. state: `procaddr`, `shared`, `state`, `runtime`. The simulated device's state, the file that
+//!    processes share and the symbol lookup.
+//! 3. entry points: `copy`, `device`, `launch`, `memory`. The exported driver functions.
 
 mod config;
 mod procaddr;

@@ -572,23 +572,6 @@ fn a_tenant_flooding_the_kernel_maps_is_held_to_its_quota_and_marked_incomplete(
     assert!(container_of(victim_pid).get("probe_losses").is_none());
 }
 
-/// The (calls, errors, bytes) of one API from one source in a row's `apis`, zeros if absent.
-fn api_from(row: &serde_json::Value, name: &str, source: &str) -> (u64, u64, u64) {
-    row["apis"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["api"] == name && a["source"] == source)
-        .map(|a| {
-            (
-                a["calls"].as_u64().unwrap(),
-                a["errors"].as_u64().unwrap(),
-                a["bytes"].as_u64().unwrap(),
-            )
-        })
-        .unwrap_or((0, 0, 0))
-}
-
 /// Two processes share one driver library, one under the limiter: the limiter's process takes
 /// no probe trap for its launches, synchronisations and copies (the probes count none of them)
 /// and its limiter's exact figures are shown; the other is probed for every call, exactly.

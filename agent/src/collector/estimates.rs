@@ -52,20 +52,34 @@ fn sampled_api(name: &str) -> bool {
         })
 }
 
+/// The scale to apply now: the sampling's (above 1), else the earlier estimate's (`calls` over
+/// the `probed` calls it stood for) once a figure was estimated; `None`: leave it as probed.
+fn effective_scale(scale: Option<f64>, earlier: Option<(u64, u64)>) -> Option<f64> {
+    match (scale, earlier) {
+        (Some(s), _) if s > 1.0 => Some(s),
+        (_, Some((calls, probed))) => Some(calls as f64 / probed.max(1) as f64),
+        _ => None,
+    }
+}
+
+/// `v` scaled, never below `floor` (the earlier estimate).
+fn scaled(v: u64, scale: f64, floor: Option<u64>) -> u64 {
+    ((v as f64 * scale).round() as u64).max(floor.unwrap_or(0))
+}
+
 /// [`scale_row`] for a communicator's calls, errors and bytes (NCCL's scale).
 fn scale_communicator(c: &mut Communicator, scale: Option<f64>, earlier: Option<&Communicator>) {
-    let earlier_estimate = earlier.filter(|e| e.probed_calls.is_some());
-    let scale = match (scale, earlier_estimate) {
-        (Some(s), _) if s > 1.0 => s,
-        (_, Some(e)) => e.calls as f64 / e.probed_calls.unwrap_or(1).max(1) as f64,
-        _ => return,
+    let earlier = earlier.filter(|e| e.probed_calls.is_some());
+    let Some(scale) = effective_scale(
+        scale,
+        earlier.map(|e| (e.calls, e.probed_calls.unwrap_or(1))),
+    ) else {
+        return;
     };
-    let up =
-        |v: u64, floor: Option<u64>| ((v as f64 * scale).round() as u64).max(floor.unwrap_or(0));
     let probed = c.calls;
-    c.calls = up(c.calls, earlier_estimate.map(|e| e.calls));
-    c.errors = up(c.errors, earlier_estimate.map(|e| e.errors));
-    c.bytes = up(c.bytes, earlier_estimate.map(|e| e.bytes));
+    c.calls = scaled(c.calls, scale, earlier.map(|e| e.calls));
+    c.errors = scaled(c.errors, scale, earlier.map(|e| e.errors));
+    c.bytes = scaled(c.bytes, scale, earlier.map(|e| e.bytes));
     c.probed_calls = Some(probed);
 }
 
@@ -74,11 +88,10 @@ fn scale_communicator(c: &mut Communicator, scale: Option<f64>, earlier: Option<
 /// (no scale above 1 now or before); an estimated row stays estimated (its process's exposure
 /// gone when it exited: the earlier scale is kept).
 fn scale_row(a: &mut ApiUsage, scale: Option<f64>, earlier: Option<&ApiUsage>) {
-    let earlier_estimate = earlier.filter(|e| e.is_estimated());
-    let scale = match (scale, earlier_estimate) {
-        (Some(s), _) if s > 1.0 => s,
-        (_, Some(e)) => e.calls as f64 / e.probed.map_or(1, |p| p.calls.max(1)) as f64,
-        _ => return,
+    let earlier = earlier.filter(|e| e.is_estimated());
+    let stood_for = |e: &ApiUsage| (e.calls, e.probed.map_or(1, |p| p.calls));
+    let Some(scale) = effective_scale(scale, earlier.map(stood_for)) else {
+        return;
     };
     let probed = Probed {
         calls: a.calls,
@@ -86,12 +99,10 @@ fn scale_row(a: &mut ApiUsage, scale: Option<f64>, earlier: Option<&ApiUsage>) {
         bytes: a.bytes,
         total_ns: a.total_ns,
     };
-    let up =
-        |v: u64, floor: Option<u64>| ((v as f64 * scale).round() as u64).max(floor.unwrap_or(0));
-    a.calls = up(probed.calls, earlier_estimate.map(|e| e.calls));
-    a.errors = up(probed.errors, earlier_estimate.map(|e| e.errors));
-    a.bytes = up(probed.bytes, earlier_estimate.map(|e| e.bytes));
-    a.total_ns = up(probed.total_ns, earlier_estimate.map(|e| e.total_ns));
+    a.calls = scaled(probed.calls, scale, earlier.map(|e| e.calls));
+    a.errors = scaled(probed.errors, scale, earlier.map(|e| e.errors));
+    a.bytes = scaled(probed.bytes, scale, earlier.map(|e| e.bytes));
+    a.total_ns = scaled(probed.total_ns, scale, earlier.map(|e| e.total_ns));
     a.probed = Some(probed);
 }
 

@@ -170,13 +170,9 @@ impl Process {
         &'a self,
         before: Option<&'a Process>,
     ) -> impl Iterator<Item = ApiUsage> + 'a {
-        self.apis.iter().map(move |a| {
-            a.since(before.and_then(|b| {
-                b.apis
-                    .iter()
-                    .find(|e| e.api == a.api && e.source == a.source)
-            }))
-        })
+        self.apis
+            .iter()
+            .map(move |a| a.since(Process::same_row(before, a)))
     }
 
     /// As [`Process::apis_since`], with what the probes saw of sampled kinds in place of the
@@ -186,13 +182,17 @@ impl Process {
         before: Option<&'a Process>,
     ) -> impl Iterator<Item = ApiUsage> + 'a {
         self.apis.iter().map(move |a| {
-            let earlier = before.and_then(|b| {
-                b.apis
-                    .iter()
-                    .find(|e| e.api == a.api && e.source == a.source)
-            });
-            a.as_probed()
-                .since(earlier.map(ApiUsage::as_probed).as_ref())
+            let earlier = Process::same_row(before, a).map(ApiUsage::as_probed);
+            a.as_probed().since(earlier.as_ref())
+        })
+    }
+
+    /// `before`'s row of the same API and source as `a`.
+    fn same_row<'a>(before: Option<&'a Process>, a: &ApiUsage) -> Option<&'a ApiUsage> {
+        before.and_then(|b| {
+            b.apis
+                .iter()
+                .find(|e| e.api == a.api && e.source == a.source)
         })
     }
 

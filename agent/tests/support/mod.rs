@@ -310,11 +310,20 @@ pub fn process(report: &Value, pid: u32) -> &Value {
 
 /// The (calls, errors, bytes) of one API in a row's `apis`, zeros if absent.
 pub fn api(row: &Value, name: &str) -> (u64, u64, u64) {
+    api_where(row, name, |_| true)
+}
+
+/// [`api`] of the row from one source (`probes` or `limiter`).
+pub fn api_from(row: &Value, name: &str, source: &str) -> (u64, u64, u64) {
+    api_where(row, name, |a| a["source"] == source)
+}
+
+fn api_where(row: &Value, name: &str, keep: impl Fn(&Value) -> bool) -> (u64, u64, u64) {
     row["apis"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|a| a["api"] == name)
+        .find(|a| a["api"] == name && keep(a))
         .map(|a| {
             (
                 a["calls"].as_u64().unwrap(),

@@ -84,6 +84,14 @@ impl Tmux {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Escape out of a view that shows `open`, then waits for `cond` on a screen without it. The
+    /// wait must not pass while the view is still drawn: a key sent right after Escape can reach
+    /// top in the same read and be taken as Alt-key (the filter then never opens).
+    fn escape_from(&self, open: &str, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        self.keys(&["Escape"]);
+        self.wait(what, |s| !s.contains(open) && cond(s))
+    }
+
     /// Waits until the screen satisfies `cond`; returns it.
     fn wait(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -267,8 +275,9 @@ fn top_in_tmux_expand_sort_filter_detail_quit() {
     });
     assert!(s.contains("cuMemAlloc_v2"), "{s}");
     assert!(s.contains("probes"), "{s}");
-    tmux.keys(&["Escape"]);
-    tmux.wait("the table again", |s| s.contains("CONTAINER / PROCESS"));
+    tmux.escape_from("HISTOGRAM", "the table again", |s| {
+        s.contains("CONTAINER / PROCESS")
+    });
 
     // q quits: the alternate screen is gone and top exited 0.
     tmux.keys(&["q"]);
@@ -455,8 +464,9 @@ fn top_in_tmux_shows_the_demo_truthfully() {
             "each cause is listed: {s}"
         );
     }
-    tmux.keys(&["Escape"]);
-    tmux.wait("the table again", |s| s.contains("CONTAINER / PROCESS"));
+    tmux.escape_from("the header's counters", "the table again", |s| {
+        s.contains("CONTAINER / PROCESS")
+    });
 
     // u on the pod (filtered to it, selected first): its launching process is timed by the
     // limiter, its GPU share is the limiter's beside NVML's (none here), its kernels listed.
@@ -473,9 +483,8 @@ fn top_in_tmux_shows_the_demo_truthfully() {
     assert!(s.contains("limiter "), "{s}");
     tmux.wait("the pod's kernels", |s| s.contains("KERNEL"));
     // One Escape at a time: two at once read as one Alt-Escape.
-    tmux.keys(&["Escape"]);
-    tmux.wait("the table again", |s| {
-        s.contains("CONTAINER / PROCESS") && !s.contains("GPU time  container")
+    tmux.escape_from("GPU time  container", "the table again", |s| {
+        s.contains("CONTAINER / PROCESS")
     });
     tmux.keys(&["Escape"]);
     tmux.wait("the table again, unfiltered", |s| {

@@ -138,8 +138,8 @@ pub struct Config {
     pub sm_limit: [Option<u8>; MAX_DEVICES],
     /// The SM controller's period in milliseconds (`VGPU_SM_PERIOD_MS`).
     pub sm_period_ms: u64,
-    /// The NVML correction of SM shares (`VGPU_SM_FEEDBACK`, `1` or `0`; default on).
-    pub sm_feedback: bool,
+    /// The closed-loop correction of SM shares and what it measures (`VGPU_SM_FEEDBACK`).
+    pub sm_feedback: SmFeedback,
     /// Path of the shared accounting region (`CUDA_DEVICE_MEMORY_SHARED_CACHE`).
     pub shared_cache: Option<PathBuf>,
     pub log_level: Level,
@@ -162,6 +162,20 @@ pub struct Config {
     pub gpu_time_sample: SampleRate,
 }
 
+/// What the SM share's closed loop measures the container's share with (`VGPU_SM_FEEDBACK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmFeedback {
+    /// `auto` or `1` (the default): the GPU time the container's limiters sample where they
+    /// sampled enough of it, else NVML's per-process samples.
+    Auto,
+    /// `gpu-time`: only the limiters' sampled GPU time (no correction without it).
+    GpuTime,
+    /// `nvml`: only NVML's per-process samples.
+    Nvml,
+    /// `off` or `0`: open loop, no thread.
+    Off,
+}
+
 impl Config {
     /// The region path: `CUDA_DEVICE_MEMORY_SHARED_CACHE` when set, else HAMi-core's default
     /// path when some device has a memory limit, else none (accounting stays in the process).
@@ -181,7 +195,7 @@ impl Default for Config {
             memory_limit: [None; MAX_DEVICES],
             sm_limit: [None; MAX_DEVICES],
             sm_period_ms: DEFAULT_SM_PERIOD_MS,
-            sm_feedback: true,
+            sm_feedback: SmFeedback::Auto,
             shared_cache: None,
             log_level: Level::DEFAULT,
             real_libcuda: None,
@@ -408,13 +422,16 @@ impl Config {
                 }
                 Var::SmFeedback => {
                     cfg.sm_feedback = match value.as_str() {
-                        "1" => true,
-                        "0" => false,
+                        "1" | "auto" => SmFeedback::Auto,
+                        "gpu-time" => SmFeedback::GpuTime,
+                        "nvml" => SmFeedback::Nvml,
+                        "0" | "off" => SmFeedback::Off,
                         _ => {
                             return Err(ConfigError::Invalid {
                                 var: name.to_owned(),
                                 value: value.clone(),
-                                reason: "expected 1 or 0".into(),
+                                reason: "expected auto (or 1), gpu-time, nvml, or off (or 0)"
+                                    .into(),
                             });
                         }
                     };
@@ -582,8 +599,21 @@ mod tests {
                 "{bad}: {e}"
             );
         }
-        assert!(c.sm_feedback);
-        assert!(!vars(&[("VGPU_SM_FEEDBACK", "0")]).unwrap().sm_feedback);
+        assert_eq!(c.sm_feedback, SmFeedback::Auto);
+        for (v, feedback) in [
+            ("1", SmFeedback::Auto),
+            ("auto", SmFeedback::Auto),
+            ("gpu-time", SmFeedback::GpuTime),
+            ("nvml", SmFeedback::Nvml),
+            ("0", SmFeedback::Off),
+            ("off", SmFeedback::Off),
+        ] {
+            assert_eq!(
+                vars(&[("VGPU_SM_FEEDBACK", v)]).unwrap().sm_feedback,
+                feedback,
+                "{v}"
+            );
+        }
         assert_eq!(c.gpu_time_sample, SampleRate::default());
         for (v, rate) in [
             ("auto", SampleRate::default()),
@@ -598,8 +628,7 @@ mod tests {
         for bad in ["", "-1", "+3", "often"] {
             assert!(vars(&[("VGPU_GPU_TIME_SAMPLE", bad)]).is_err(), "{bad:?}");
         }
-        assert!(vars(&[("VGPU_SM_FEEDBACK", "1")]).unwrap().sm_feedback);
-        for bad in ["", "yes", "2", "off"] {
+        for bad in ["", "yes", "2", "Auto", "gpu_time"] {
             let e = vars(&[("VGPU_SM_FEEDBACK", bad)]).unwrap_err();
             assert!(
                 matches!(&e, ConfigError::Invalid { var, .. } if var == SM_FEEDBACK),

@@ -76,10 +76,14 @@ impl Pacer {
             SampleRate::Adaptive { per_second } => {
                 if elapsed_ns != 0 {
                     // The interval that would have given `per_second` samples over this
-                    // stretch; halfway there each time.
+                    // stretch; halfway there each time, and at most twice as long as before: a
+                    // stretch inside a burst of queued launches (a few launches in a few
+                    // microseconds) reads as a huge rate, and an interval grown from it at once
+                    // left the thread unsampled (and its pairs unread) for seconds.
                     let wanted = f64::from(launches) * 1e9
                         / (f64::from(per_second.max(1)) * elapsed_ns as f64);
-                    let mean = (f64::from(self.mean) + wanted) / 2.0;
+                    let mean =
+                        ((f64::from(self.mean) + wanted) / 2.0).min(2.0 * f64::from(self.mean));
                     self.mean = mean.clamp(1.0, f64::from(MAX_INTERVAL)) as u32;
                 }
                 if self.mean <= 1 {
@@ -598,6 +602,13 @@ mod tests {
         assert_eq!(first.next(1, 0), 1);
         assert_eq!(first.mean(), 1);
         assert_eq!(Pacer::new(SampleRate::Every(0), 1).next(1, 1), 1);
+        // A burst of queued launches (2 in 2 us reads as a million a second) grows the interval
+        // at most twofold per sample point, not to 5,000 at once.
+        let mut burst = Pacer::new(SampleRate::Adaptive { per_second: 200 }, 1);
+        burst.next(2, 2_000);
+        assert_eq!(burst.mean(), 2);
+        burst.next(2, 2_000);
+        assert_eq!(burst.mean(), 4);
     }
 
     /// A GPU far behind: pairs stay pending, samples due meanwhile are skipped (counted) and

@@ -234,7 +234,7 @@ fn feedback_raises_the_duty_cycle_when_nvml_sees_half_of_it() {
     // Closed loop: NVML reports half of any share the window gives, below the target whatever
     // the host's load, so the correction only raises the duty cycle (each tick that the limit
     // binds). The convergence itself is limiter-core's `sm::feedback` tests (virtual time).
-    let r = feedback_run(40, "0.5", &[], 4500, 500);
+    let r = feedback_run(40, "0.5", &[("VGPU_SM_FEEDBACK", "nvml")], 4500, 500);
     assert_eq!(r.extra_threads, ["vgpu-sm"]);
     assert!(
         r.window.duty.is_some_and(|(t, pm)| t == 40 && pm > 400),
@@ -253,7 +253,7 @@ fn feedback_raises_the_duty_cycle_when_nvml_sees_half_of_it() {
 fn feedback_lowers_the_duty_cycle_when_nvml_sees_more() {
     // NVML reports three times the true share: above the target of 60 as soon as the window
     // gives more than 20%, so the correction lowers the duty cycle (never below half the target).
-    let r = feedback_run(60, "3", &[], 4500, 500);
+    let r = feedback_run(60, "3", &[("VGPU_SM_FEEDBACK", "nvml")], 4500, 500);
     assert!(
         r.window
             .duty
@@ -269,7 +269,10 @@ fn without_nvml_or_without_our_pid_the_share_stays_open_loop() {
     let missing = feedback_run(
         40,
         "0.5",
-        &[("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1")],
+        &[
+            ("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1"),
+            ("VGPU_SM_FEEDBACK", "nvml"),
+        ],
         1000,
         500,
     );
@@ -283,7 +286,13 @@ fn without_nvml_or_without_our_pid_the_share_stays_open_loop() {
     assert_eq!(missing.window.duty, None, "{:?}", missing.window);
     // NVML never reports our pid: said after 10 ticks (5 s) in which the limit bound; the duty
     // cycle stays the target's (the loop holds without samples of ours).
-    let foreign = feedback_run(40, "0.5", &[("FAKE_NVML_FOREIGN_PID", "1")], 8500, 500);
+    let foreign = feedback_run(
+        40,
+        "0.5",
+        &[("FAKE_NVML_FOREIGN_PID", "1"), ("VGPU_SM_FEEDBACK", "nvml")],
+        8500,
+        500,
+    );
     assert!(
         foreign
             .stderr
@@ -359,4 +368,65 @@ fn share_seen_by_nvml_with_the_correction() {
         all &= verdict(&format!("open loop at 40%, {what}"), r.share, 40.0, 5.0);
     }
     assert!(all, "a share outside its tolerance (above)");
+}
+
+#[test]
+fn feedback_measures_with_the_sampled_gpu_time_where_the_container_has_it() {
+    // NVML reports half of the true share, as it under-reads a small tenant on a shared GPU.
+    // By default the loop measures the container's share from the GPU time its limiter samples
+    // (the simulated driver times each kernel as the device runs it): the true share, so the
+    // duty cycle stays near the target where the NVML loop above raises it.
+    let r = feedback_run(40, "0.5", &[], 4500, 500);
+    assert_eq!(r.extra_threads, ["vgpu-sm"]);
+    assert!(
+        r.stderr.contains(
+            "the container's share is measured from the GPU time the container's limiters sample"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("measured from NVML"), "{}", r.stderr);
+    assert!(
+        r.window
+            .duty
+            .is_none_or(|(t, pm)| t == 40 && (340..=480).contains(&pm)),
+        "the duty cycle moved as if NVML's half were true: {:?}\n{}",
+        r.window,
+        r.stderr
+    );
+    // Without GPU-time samples (sampling off) `auto` falls back to NVML's samples and raises it.
+    let nvml = feedback_run(40, "0.5", &[("VGPU_GPU_TIME_SAMPLE", "off")], 4500, 500);
+    assert!(
+        nvml.stderr
+            .contains("the container's share is measured from NVML's per-process samples"),
+        "{}",
+        nvml.stderr
+    );
+    assert!(
+        nvml.window.duty.is_some_and(|(t, pm)| t == 40 && pm > 480),
+        "{:?}",
+        nvml.window
+    );
+    // Without NVML the GPU time alone corrects the share.
+    let alone = feedback_run(
+        40,
+        "0.5",
+        &[("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1")],
+        4500,
+        500,
+    );
+    assert!(
+        alone
+            .stderr
+            .contains("SM shares are corrected from the sampled GPU time alone"),
+        "{}",
+        alone.stderr
+    );
+    assert!(
+        alone
+            .stderr
+            .contains("measured from the GPU time the container's limiters sample"),
+        "{}",
+        alone.stderr
+    );
 }

@@ -45,6 +45,9 @@ enum Loop {
     /// process of the shared device from its launches): beside another container, whose work
     /// the device time-slices into this one's windows.
     Nvml,
+    /// Corrected from the GPU time the limiters sample (the simulated device times each kernel
+    /// as it runs it, after the work queued before it).
+    GpuTime,
 }
 
 impl Loop {
@@ -53,7 +56,7 @@ impl Loop {
     fn settle(self) -> Duration {
         match self {
             Loop::Open => Duration::from_millis(1000),
-            Loop::Nvml => Duration::from_millis(7000),
+            Loop::Nvml | Loop::GpuTime => Duration::from_millis(7000),
         }
     }
 
@@ -222,8 +225,14 @@ impl Container {
                 match duty {
                     Loop::Open => c.env("VGPU_SM_FEEDBACK", "0"),
                     Loop::Nvml => c
+                        .env("VGPU_SM_FEEDBACK", "nvml")
+                        .env("LIBCUDA_LOG_LEVEL", "3")
                         .env("VGPU_REAL_LIBNVML", fake_nvml())
                         .env("FAKE_NVML_SM_SCALE", "1"),
+                    Loop::GpuTime => c
+                        .env("VGPU_SM_FEEDBACK", "gpu-time")
+                        .env("LIBCUDA_LOG_LEVEL", "3")
+                        .env("VGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1"),
                 };
                 c.spawn().expect("spawn sm_caller")
             })
@@ -298,6 +307,10 @@ impl Container {
             drop(child.stdin.take());
             let out = child.wait_with_output().unwrap();
             let stderr = support::text(&out.stderr);
+            // The correction's own account (measured share and source), for the benchmark.
+            for line in stderr.lines().filter(|l| l.contains("SM feedback")) {
+                eprintln!("  {line}");
+            }
             assert!(
                 out.status.success() && json.contains("\"errors\":0,"),
                 "{json}\n{stderr}"
@@ -515,6 +528,17 @@ fn share_of_two_containers_on_one_device() {
         );
     }
     all &= verdict("NVML correction, the device", m.device, 70.0, 7.0);
+    // The same from the GPU time the limiters sample (no NVML at all).
+    let m = measure(&[(40, 2), (30, 1)], Loop::GpuTime);
+    for (limit, share) in [40u8, 30].into_iter().zip(&m.containers) {
+        all &= verdict(
+            &format!("GPU-time correction, the container at {limit}% beside another"),
+            *share,
+            limit.into(),
+            5.0,
+        );
+    }
+    all &= verdict("GPU-time correction, the device", m.device, 70.0, 7.0);
     assert!(all, "a share outside its tolerance (above)");
 }
 

@@ -55,7 +55,7 @@ pub use control::{ControlError, ControlSettings, ControlSnapshot, control_path};
 pub use control_file::{ControlReader, ControlWriter, read_control};
 pub use error::{RegionError, ReserveError};
 pub use handle::Region;
-pub use holdings::Holding;
+pub use holdings::{Holding, SlotGpuTime};
 pub use init::{INIT_STALL_MS, INIT_WAIT_LIMIT, REGION_MODE};
 pub use layout::{DEFAULT_SLOTS, MAX_SLOTS, SmShare};
 pub use region::{Reserver, SWEEP_INTERVAL_MS};

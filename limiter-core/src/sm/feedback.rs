@@ -1,4 +1,6 @@
-//! The SM share's closed-loop correction from NVML's per-process utilisation.
+//! The SM share's closed-loop correction, from NVML's per-process utilisation or from a share
+//! measured elsewhere ([`Loop::tick_measured`]: the GPU time the limiters sample,
+//! [`super::gpu_share`], which the limiter prefers; the correction below is the same for both).
 //!
 //! The duty cycle ([`super`]) counts the wall time of a window as the container's busy time. When
 //! other contexts share the GPU, the device time-slices between them during the window, so the
@@ -140,6 +142,20 @@ impl Loop {
     /// `smUtil` times the time it stands for, clipped to the newest [`AVERAGE_US`]) over the time
     /// its samples cover. Returns the new effective share.
     pub fn tick(&mut self, now_ms: u64, fresh: &[(u32, u64, u32)], binding: bool) -> f64 {
+        self.observe(fresh);
+        let measured = if std::mem::take(&mut self.unused) {
+            self.share()
+        } else {
+            None
+        };
+        self.tick_measured(now_ms, measured, binding)
+    }
+
+    /// One tick at `now_ms` with the container's share measured another way (percent; `None`:
+    /// no reading this tick, the share holds): the GPU time its limiters sampled
+    /// ([`super::gpu_share`]). NVML's samples taken in meanwhile ([`Loop::observe`]) wait for a
+    /// tick that uses them.
+    pub fn tick_measured(&mut self, now_ms: u64, measured: Option<f64>, binding: bool) -> f64 {
         self.effs.push_back((now_ms, self.eff));
         while self
             .effs
@@ -148,11 +164,7 @@ impl Loop {
         {
             self.effs.pop_front();
         }
-        self.observe(fresh);
-        if !std::mem::take(&mut self.unused) {
-            return self.eff;
-        }
-        let Some(measured) = self.share() else {
+        let Some(measured) = measured else {
             return self.eff;
         };
         self.measured = Some(measured);
@@ -338,6 +350,67 @@ mod tests {
                     "target {target}, gain {gain}, lag {lag_ms}: {shares:?}"
                 );
             }
+        }
+    }
+
+    /// The same plant measured by the GPU time the limiters sample (`super::gpu_share`): read
+    /// every 100 ms, each reading's time true to within +-5% (the sampling's estimate), no lag
+    /// beyond the span the share averages.
+    fn gpu_time_plant(target: u8, gain: f64, run_s: u64) -> (Vec<f64>, f64) {
+        use super::super::gpu_share::{GpuShare, SlotReading};
+        let mut lp = Loop::new(target);
+        let mut g = GpuShare::default();
+        let (mut busy_ns, mut samples) = (0u64, 0u64);
+        let mut seed = 99u64;
+        let mut shares = Vec::new();
+        let mut settled_at = 0.0;
+        for t in (100..=run_s * 1000).step_by(100) {
+            let share = (gain * lp.effective()).min(100.0);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let error = 1.0 + (((seed >> 33) % 11) as f64 - 5.0) / 100.0;
+            busy_ns += (share / 100.0 * 100e6 * error) as u64;
+            samples += 20;
+            let reading = SlotReading {
+                slot: 0,
+                pid: 1,
+                start_time: 1,
+                estimated_ns: busy_ns,
+                samples,
+            };
+            g.observe(t * 1_000_000, &[reading]);
+            if t % 500 == 0 {
+                lp.tick_measured(t, g.share(), lp.effective() < 100.0);
+                let share = (gain * lp.effective()).min(100.0);
+                if (share - f64::from(target)).abs() >= 3.0 {
+                    settled_at = t as f64 / 1000.0;
+                }
+                shares.push(share);
+            }
+        }
+        (shares, settled_at)
+    }
+
+    #[test]
+    fn the_gpu_time_holds_the_share_for_any_contention() {
+        let plants: &[(u8, f64)] = if cfg!(miri) {
+            &[(30, 0.6)]
+        } else {
+            &[(60, 0.62), (50, 0.75), (30, 0.6), (40, 0.5), (40, 1.3)]
+        };
+        for &(target, gain) in plants {
+            let (shares, settled) = gpu_time_plant(target, gain, 40);
+            eprintln!("target {target}, gain {gain}: settled after {settled} s");
+            assert!(
+                settled <= 10.0,
+                "target {target}, gain {gain}: settled at {settled} s: {shares:?}"
+            );
+            let worst = shares[40..]
+                .iter()
+                .map(|s| (s - f64::from(target)).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 3.0, "target {target}, gain {gain}: {shares:?}");
         }
     }
 

@@ -22,9 +22,10 @@
 //! back (drain wait and sleep) is recorded as the thread's `throttled_ns` in the region.
 //!
 //! The windows use the container's *effective* share, not the target: it starts at the target and
-//! the NVML feedback loop ([`feedback`]), run by one process of the container, corrects it when
-//! the container gets less (or more) of the device than its duty cycle, e.g. because other
-//! contexts time-slice the GPU. A limited launch reads it from the window's `duty` word.
+//! the feedback loop ([`feedback`]), run by one process of the container, corrects it when the
+//! container gets less (or more) of the device than its duty cycle, e.g. because other contexts
+//! time-slice the GPU, measured by the GPU time the container's limiters sample ([`gpu_share`])
+//! or by NVML's samples ([`samples`]). A limited launch reads it from the window's `duty` word.
 //!
 //! Limits of the model (see docs/sm-limit.md): a window's wall time counts as busy, so a process
 //! that launches while mostly busy on the CPU is held to `s`% of its *launching* time; a launch
@@ -37,6 +38,7 @@ use agent_common::MAX_DEVICES;
 
 mod env;
 pub mod feedback;
+pub mod gpu_share;
 pub mod samples;
 mod window;
 

@@ -484,7 +484,7 @@ mod tests {
     fn a_control_block_change_reaches_the_controller_and_the_region() {
         let mut c = config(1 << 30);
         c.sm_limit[1] = Some(50);
-        c.sm_feedback = false;
+        c.sm_feedback = limiter_core::config::SmFeedback::Off;
         let cx = Cx::new(c.clone(), "control");
         let region = cx.state.region().unwrap();
         assert_eq!(cx.state.sm.percent(0), 0);

@@ -1,25 +1,37 @@
 //! The SM share's feedback thread, `vgpu-sm`: for each limited device whose correction this
-//! process runs, it reads the samples of `nvmlDeviceGetProcessUtilization` every `SAMPLE_EVERY`,
-//! keeps those of the container's processes, and every `TICK` lets the device's correction loop
-//! (`limiter_core::sm::feedback::Loop`) move the duty cycle the container's windows use (the
-//! window's `duty` word).
+//! process runs, it measures the container's share every `SAMPLE_EVERY` and every `TICK` lets the
+//! device's correction loop (`limiter_core::sm::feedback::Loop`) move the duty cycle the
+//! container's windows use (the window's `duty` word).
 //!
-//! One thread per process, started when some device is limited and `VGPU_SM_FEEDBACK` is not `0`
-//! (again in a forked child: threads do not survive fork). One process of the container runs
+//! What it measures with (`VGPU_SM_FEEDBACK`): the GPU time the container's limiters sampled,
+//! summed over the region's live slots (`limiter_core::sm::gpu_share`: true under sharing, no
+//! lag), and NVML's per-process samples (`nvmlDeviceGetProcessUtilization`, those of the
+//! container's processes: they go to whichever context ran once contexts share a GPU, and lag up
+//! to 1 s). `auto` takes the GPU time once the container's limiters have sampled any (a span
+//! with too few samples, an idle container, then holds the correction), NVML's samples until
+//! then; `gpu-time` and `nvml` take only theirs. Each change of source is logged at Info.
+//!
+//! One thread per process, started when some device is limited and `VGPU_SM_FEEDBACK` is not
+//! `off` (again in a forked child: threads do not survive fork). One process of the container runs
 //! each device's correction: the holder of the window's lease (`region::sm_share`), renewed every
 //! tick; the others' threads only try to take it, which they do once it lapses (its holder
 //! exited or was killed), resuming from the duty cycle it left. Without a region the process is
-//! its own container. Without NVML (library, `nvmlInit_v2` or the symbol missing) the thread
-//! logs once at Info and exits: open loop. NVML reports host pids; processes in another pid
+//! its own container (its GPU time is not recorded without a region: NVML only). Without NVML
+//! (library, `nvmlInit_v2` or the symbol missing) the thread logs once at Info and goes on with
+//! the GPU time alone where it can, else exits: open loop. NVML reports host pids; processes in another pid
 //! namespace never find theirs in the samples, and the correction stays off (logged once at
 //! Info). The thread never touches the launch path: launches read the duty cycle from the window.
 
 use agent_common::MAX_DEVICES;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use limiter_core::sm::{
-    Controller, effective_permille,
-    feedback::{LOOKBACK_US, Loop, SAMPLE_EVERY, TICK},
+use limiter_core::{
+    config::SmFeedback,
+    sm::{
+        Controller, effective_permille,
+        feedback::{LOOKBACK_US, Loop, SAMPLE_EVERY, TICK},
+        gpu_share::{GpuShare, SlotReading},
+    },
 };
 use region::{
     Region, SmShare,
@@ -50,7 +62,7 @@ const LOG_EVERY: u32 = 4;
 #[derive(Debug)]
 pub(crate) struct Feedback {
     /// `VGPU_SM_FEEDBACK`.
-    enabled: bool,
+    mode: SmFeedback,
     /// The pid whose process runs the thread (0: none): a forked child starts its own.
     started: AtomicI32,
 }
@@ -67,12 +79,14 @@ pub(crate) struct Plant {
     pub(crate) log: Level,
     pub(crate) panics: &'static Panics,
     pub(crate) tls: &'static Tls,
+    /// Whether the limiter samples GPU time (`VGPU_GPU_TIME_SAMPLE` not `off`).
+    pub(crate) gpu_time: bool,
 }
 
 impl Feedback {
-    pub(crate) fn new(enabled: bool) -> Feedback {
+    pub(crate) fn new(mode: SmFeedback) -> Feedback {
         Feedback {
-            enabled,
+            mode,
             started: AtomicI32::new(0),
         }
     }
@@ -80,7 +94,7 @@ impl Feedback {
     /// Starts the thread if some device is limited, the loop is enabled and this process has
     /// none.
     pub(crate) fn ensure_started(&self, plant: Plant) {
-        if !self.enabled || !plant.sm.active() {
+        if self.mode == SmFeedback::Off || !plant.sm.active() {
             return;
         }
         let pid = os::pid();
@@ -88,10 +102,11 @@ impl Feedback {
         if self.started.swap(pid, Ordering::Relaxed) == pid {
             return;
         }
+        let mode = self.mode;
         let spawned = std::thread::Builder::new()
             .name("vgpu-sm".into())
             .spawn(move || {
-                plant.panics.shield(|| run(plant));
+                plant.panics.shield(|| run(plant, mode));
             });
         if let Err(e) = spawned {
             log::write(
@@ -114,22 +129,84 @@ struct Device {
     /// NVML has reported a process of the container at least once.
     seen_ours: bool,
     ticks: u32,
+    /// The container's share from its sampled GPU time.
+    gpu: GpuShare,
+    /// The source of the last correction (for logging each change).
+    source: Option<Source>,
 }
 
-fn run(plant: Plant) {
+/// Where a correction's measured share came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    GpuTime,
+    Nvml,
+}
+
+impl Source {
+    fn describe(self) -> &'static str {
+        match self {
+            Source::GpuTime => "the GPU time the container's limiters sample",
+            Source::Nvml => "NVML's per-process samples",
+        }
+    }
+}
+
+/// The container's GPU time on `device`: every live slot of the region.
+fn readings(region: &region::Region, device: usize) -> Vec<SlotReading> {
+    region
+        .gpu_time(device as u32)
+        .into_iter()
+        .map(|s| SlotReading {
+            slot: s.slot,
+            pid: s.pid,
+            start_time: s.start_time,
+            estimated_ns: s.estimated_ns,
+            samples: s.samples,
+        })
+        .collect()
+}
+
+fn run(plant: Plant, mode: SmFeedback) {
     // Anything this thread reaches through a hook passes straight to the driver.
     let _inside = Reentry::enter(plant.tls.words());
-    let sampler = match Sampler::open(find_real_dlsym().and_then(Nvml::open)) {
-        Ok(s) => s,
-        Err(e) => {
-            log::write(
-                plant.log,
-                Level::Info,
-                format_args!("{e}; SM shares stay open-loop (no NVML feedback)"),
-            );
-            return;
+    // The GPU time is the region's: without one, or without sampling, there is none.
+    let gpu_region = plant
+        .region
+        .filter(|_| plant.gpu_time && mode != SmFeedback::Nvml);
+    let sampler = if mode == SmFeedback::GpuTime {
+        None
+    } else {
+        match Sampler::open(find_real_dlsym().and_then(Nvml::open)) {
+            Ok(s) => Some(s),
+            Err(e) if gpu_region.is_some() => {
+                log::write(
+                    plant.log,
+                    Level::Info,
+                    format_args!("{e}; SM shares are corrected from the sampled GPU time alone"),
+                );
+                None
+            }
+            Err(e) => {
+                log::write(
+                    plant.log,
+                    Level::Info,
+                    format_args!("{e}; SM shares stay open-loop (no NVML feedback)"),
+                );
+                return;
+            }
         }
     };
+    if sampler.is_none() && gpu_region.is_none() {
+        log::write(
+            plant.log,
+            Level::Info,
+            format_args!(
+                "VGPU_SM_FEEDBACK=gpu-time needs a region and GPU-time sampling \
+                 (VGPU_GPU_TIME_SAMPLE not off); SM shares stay open-loop"
+            ),
+        );
+        return;
+    }
     let mut devices: Vec<Device> = (0..MAX_DEVICES).map(|_| Device::default()).collect();
     let mut buf = Vec::new();
     let mut logged_foreign = false;
@@ -142,6 +219,7 @@ fn run(plant: Plant) {
         // This read also corrects the duty cycle; the others only gather samples.
         let correct = reads.is_multiple_of(READS_PER_TICK);
         let now_ms = start.elapsed().as_millis() as u64;
+        let now_ns = start.elapsed().as_nanos() as u64;
         // The lease's clock is every process's: CLOCK_MONOTONIC.
         let lease_ms = Clock::MONOTONIC.now() / 1_000_000;
         // A panic in one tick leaves the loop as it was; the next tick tries again.
@@ -167,22 +245,31 @@ fn run(plant: Plant) {
                     dev.lp = Some(Loop::resume(target, f64::from(pm) / 10.0));
                     dev.closes = share.closes();
                 }
-                if dev.handle.is_none() {
-                    dev.handle = sampler.handle(plant.driver, d);
+                if let Some(region) = gpu_region {
+                    dev.gpu.observe(now_ns, &readings(region, d));
                 }
-                let Some(handle) = dev.handle else { continue };
                 buf.clear();
-                let since = dev.last_seen.saturating_sub(LOOKBACK_US);
-                if let Err(e) = sampler.samples(handle, since, &mut buf) {
-                    if !logged_error {
-                        logged_error = true;
-                        log::write(
-                            plant.log,
-                            Level::Info,
-                            format_args!("{e}; the SM correction of device {d} holds meanwhile"),
-                        );
+                if let Some(sampler) = &sampler {
+                    if dev.handle.is_none() {
+                        dev.handle = sampler.handle(plant.driver, d);
                     }
-                    continue;
+                    if let Some(handle) = dev.handle {
+                        let since = dev.last_seen.saturating_sub(LOOKBACK_US);
+                        if let Err(e) = sampler.samples(handle, since, &mut buf) {
+                            buf.clear();
+                            if !logged_error {
+                                logged_error = true;
+                                log::write(
+                                    plant.log,
+                                    Level::Info,
+                                    format_args!(
+                                        "{e}; the SM correction of device {d} holds meanwhile \
+                                         where it has no GPU time"
+                                    ),
+                                );
+                            }
+                        }
+                    }
                 }
                 let pids = container.get_or_insert_with(|| {
                     let mut pids = plant.region.map_or_else(Vec::new, |r| r.live_pids());
@@ -202,8 +289,9 @@ fn run(plant: Plant) {
                     plant.log,
                     Level::Debug,
                     format_args!(
-                        "SM feedback device {d}: NVML since {since} gave {} sample(s), the \
+                        "SM feedback device {d}: NVML since {} gave {} sample(s), the \
                          container's (pid, timestamp us, smUtil): {:?}",
+                        dev.last_seen.saturating_sub(LOOKBACK_US),
                         buf.len(),
                         &ours[..ours.len().min(8)],
                     ),
@@ -220,9 +308,11 @@ fn run(plant: Plant) {
                 let closes = share.closes();
                 let binding = closes != dev.closes;
                 dev.closes = closes;
+                let gpu_share = dev.gpu.share();
                 // Only pids NVML has never reported are another namespace's; a tick without our
-                // samples (NVML publishes them late, or the container idled) is not.
-                if !dev.seen_ours && !buf.is_empty() && binding {
+                // samples (NVML publishes them late, or the container idled) is not. It matters
+                // only while there is no GPU time to measure with.
+                if !dev.seen_ours && !buf.is_empty() && binding && !dev.gpu.sampled() {
                     dev.foreign_ticks += 1;
                     if dev.foreign_ticks == FOREIGN_TICKS && !logged_foreign {
                         logged_foreign = true;
@@ -232,12 +322,37 @@ fn run(plant: Plant) {
                             format_args!(
                                 "NVML reports other processes but never the container's pids \
                                  {pids:?} (another pid namespace?); the SM share of device {d} \
-                                 stays open-loop"
+                                 stays open-loop while it has no sampled GPU time"
                             ),
                         );
                     }
                 }
-                let eff = lp.tick(now_ms, &ours, binding);
+                let (eff, source) = if dev.gpu.sampled() {
+                    lp.observe(&ours);
+                    (
+                        lp.tick_measured(now_ms, gpu_share, binding),
+                        gpu_share.map(|_| Source::GpuTime),
+                    )
+                } else if sampler.is_some() {
+                    let eff = lp.tick(now_ms, &ours, binding);
+                    (eff, lp.measured().map(|_| Source::Nvml))
+                } else {
+                    (lp.tick_measured(now_ms, None, binding), None)
+                };
+                if source.is_some() && source != dev.source {
+                    dev.source = source;
+                    if let Some(src) = source {
+                        log::write(
+                            plant.log,
+                            Level::Info,
+                            format_args!(
+                                "SM feedback device {d}: the container's share is measured from \
+                                 {}",
+                                src.describe()
+                            ),
+                        );
+                    }
+                }
                 let word = duty_word(target, (eff * 10.0).round() as u16);
                 let seen = share.duty();
                 if seen != word {
@@ -251,9 +366,13 @@ fn run(plant: Plant) {
                         plant.log,
                         Level::Info,
                         format_args!(
-                            "SM feedback device {d}: target {target}%, measured {:.1}% ({} \
+                            "SM feedback device {d}: target {target}%, measured {:.1}% by {} ({} \
                              process{} of the container), effective {eff:.1}%",
                             lp.measured().unwrap_or(0.0),
+                            match dev.source {
+                                Some(Source::GpuTime) => "GPU time",
+                                _ => "NVML",
+                            },
                             pids.len(),
                             if pids.len() == 1 { "" } else { "es" },
                         ),

@@ -13,7 +13,7 @@ use agent_common::MAX_DEVICES;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use agent_common::api::ApiId;
-use limiter_core::{config::Config, sm::Controller};
+use limiter_core::{config::Config, gpu_time::SampleRate, sm::Controller};
 use region::{InitOutcome, Region, RegionConfig, SmShare};
 
 use super::{
@@ -146,6 +146,7 @@ impl State {
             log: self.config.log_level,
             panics: self.panics,
             tls: self.tls,
+            gpu_time: self.config.gpu_time_sample != SampleRate::Off,
         });
     }
 

@@ -78,7 +78,7 @@ fn event_record(event: CUevent, stream: CUstream) -> CUresult {
     if !s.valid_stream(stream as u64) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    let at = busy_until().max(runtime::now_ns()).max(1);
+    let at = runtime::event_reached_ns().max(runtime::now_ns()).max(1);
     match s.objects.get_mut(&(event as u64)) {
         Some(Obj::Event { at_ns }) => *at_ns = at,
         _ => return CUDA_ERROR_INVALID_HANDLE,

@@ -108,6 +108,20 @@ pub fn busy_until() -> u64 {
     BUSY_UNTIL.load(Ordering::Acquire)
 }
 
+/// The time at which the device reaches an event recorded now: when all work launched before it
+/// has finished. On a shared device that is every process's work queued so far (the device runs
+/// it in launch order), so a pair of events around a launch times that launch alone, as a GPU's
+/// events do when another context's work runs before it.
+pub fn event_reached_ns() -> u64 {
+    match crate::shared::device() {
+        Some(device) => device
+            .busy_until()
+            .saturating_sub(epoch().1)
+            .max(busy_until()),
+        None => busy_until(),
+    }
+}
+
 /// Waits until all launched work has finished.
 pub fn sync_device() {
     wait_until_ns(busy_until());

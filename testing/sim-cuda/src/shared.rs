@@ -114,6 +114,14 @@ impl SharedDevice {
     }
 }
 
+impl SharedDevice {
+    /// When all work queued so far, by every process, will have finished (`CLOCK_MONOTONIC` ns).
+    pub fn busy_until(&self) -> u64 {
+        // Acquire: pairs with the AcqRel update in `launch` (any process's).
+        self.words[W_BUSY_UNTIL].load(Ordering::Acquire)
+    }
+}
+
 /// The shared device, if `SIMCUDA_SHARED_DEVICE` names one that could be mapped.
 pub fn device() -> Option<&'static SharedDevice> {
     static DEVICE: OnceLock<Option<SharedDevice>> = OnceLock::new();

@@ -11,6 +11,7 @@ use std::{ffi::OsString, path::PathBuf};
 use agent_common::MAX_DEVICES;
 
 use crate::gpu_time::SampleRate;
+use crate::qos::Tier;
 
 pub(crate) const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub(crate) const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
@@ -24,6 +25,11 @@ pub(crate) const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
 pub(crate) const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
 pub(crate) const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
 pub(crate) const GPU_TIME_SAMPLE: &str = "VGPU_GPU_TIME_SAMPLE";
+pub(crate) const QOS_TIER: &str = "VGPU_QOS_TIER";
+pub(crate) const QOS_GUARANTEE: &str = "VGPU_QOS_GUARANTEE";
+pub(crate) const QOS_BOARD: &str = "VGPU_QOS_BOARD";
+/// HAMi-core's priority: 0 high, 1 low (its default).
+pub(crate) const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 
 /// The SM controller's period when `VGPU_SM_PERIOD_MS` is unset (see [`crate::sm`]).
 pub(crate) const DEFAULT_SM_PERIOD_MS: u64 = 100;
@@ -160,6 +166,12 @@ pub struct Config {
     /// about 200 samples per second per launching thread; `N`: every Nth launch; `0` or `off`:
     /// never).
     pub gpu_time_sample: SampleRate,
+    /// The container's QoS tier (`VGPU_QOS_TIER` and `VGPU_QOS_GUARANTEE`, else HAMi's
+    /// `CUDA_TASK_PRIORITY`: 0 is latency, 1 best effort); `None`: no tier, the SM limit alone.
+    pub qos_tier: Option<Tier>,
+    /// The node's QoS board (`VGPU_QOS_BOARD`): a file every container on the node maps, where
+    /// each publishes its tier and use and reads the others'.
+    pub qos_board: Option<PathBuf>,
 }
 
 /// What the SM share's closed loop measures the container's share with (`VGPU_SM_FEEDBACK`).
@@ -204,6 +216,8 @@ impl Default for Config {
             debug_panic_in: None,
             debug_hook_delay_ns: 0,
             gpu_time_sample: SampleRate::default(),
+            qos_tier: None,
+            qos_board: None,
         }
     }
 }
@@ -243,6 +257,10 @@ enum Var {
     SmPeriodMs,
     SmFeedback,
     GpuTimeSample,
+    QosTier,
+    QosGuarantee,
+    QosBoard,
+    TaskPriority,
 }
 
 fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
@@ -287,6 +305,10 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         SM_PERIOD_MS => return Ok(Some(Var::SmPeriodMs)),
         SM_FEEDBACK => return Ok(Some(Var::SmFeedback)),
         GPU_TIME_SAMPLE => return Ok(Some(Var::GpuTimeSample)),
+        QOS_TIER => return Ok(Some(Var::QosTier)),
+        QOS_GUARANTEE => return Ok(Some(Var::QosGuarantee)),
+        QOS_BOARD => return Ok(Some(Var::QosBoard)),
+        TASK_PRIORITY => return Ok(Some(Var::TaskPriority)),
         _ => {}
     }
     if let Some(i) = indexed(name, MEMORY_LIMIT)? {
@@ -309,6 +331,8 @@ impl Config {
         let mut mem_dev = [None; MAX_DEVICES];
         let mut sm_global = None;
         let mut sm_dev = [None; MAX_DEVICES];
+        // The tier named, the guarantee (per mille) and HAMi's priority, resolved at the end.
+        let (mut tier, mut guarantee, mut priority) = (None::<&'static str>, None, None);
         for (name, value) in vars {
             // Names that are not UTF-8 cannot be ours.
             let Some(name) = name.to_str() else { continue };
@@ -436,6 +460,49 @@ impl Config {
                         }
                     };
                 }
+                Var::QosTier => {
+                        tier = Some(match value.as_str() {
+                            "latency" => "latency",
+                            "guaranteed" => "guaranteed",
+                            "best-effort" => "best-effort",
+                            _ => {
+                                return Err(ConfigError::Invalid {
+                                    var: name.to_owned(),
+                                    value: value.clone(),
+                                    reason: "expected latency, guaranteed or best-effort".into(),
+                                });
+                            }
+                        });
+                }
+                Var::QosGuarantee => {
+                    let pct = value
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|p| (1..=100).contains(p) && !value.starts_with('+'))
+                        .ok_or_else(|| ConfigError::Invalid {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason: "expected a share of the GPU in percent, 1 to 100".into(),
+                        })?;
+                    guarantee = Some((u16::from(pct) * 10, value));
+                }
+                Var::QosBoard => {
+                    cfg.qos_board = (!value.is_empty()).then(|| PathBuf::from(&value));
+                }
+                Var::TaskPriority => {
+                    // HAMi-core reads it with atoi: accept its two meaningful values.
+                    priority = Some(match value.trim() {
+                        "0" => Tier::Latency,
+                        "1" => Tier::BestEffort,
+                        _ => {
+                            return Err(ConfigError::Invalid {
+                                var: name.to_owned(),
+                                value: value.clone(),
+                                reason: "expected 0 (high priority) or 1 (low)".into(),
+                            });
+                        }
+                    });
+                }
                 Var::LogLevel => {
                     cfg.log_level = value
                         .parse::<u8>()
@@ -453,6 +520,26 @@ impl Config {
             cfg.memory_limit[i] = mem_dev[i].unwrap_or(mem_global.flatten());
             cfg.sm_limit[i] = sm_dev[i].unwrap_or(sm_global.flatten());
         }
+        cfg.qos_tier = match (tier, guarantee) {
+            (Some("guaranteed") | None, Some((g, _))) => Some(Tier::Guaranteed(g)),
+            (Some("guaranteed"), None) => {
+                return Err(ConfigError::Invalid {
+                    var: QOS_TIER.to_owned(),
+                    value: "guaranteed".into(),
+                    reason: format!("the guaranteed tier needs {QOS_GUARANTEE} (percent)"),
+                });
+            }
+            (Some(t), Some((_, value))) => {
+                return Err(ConfigError::Invalid {
+                    var: QOS_GUARANTEE.to_owned(),
+                    value,
+                    reason: format!("only the guaranteed tier takes a guarantee, not {t}"),
+                });
+            }
+            (Some("latency"), None) => Some(Tier::Latency),
+            (Some(_), None) => Some(Tier::BestEffort),
+            (None, None) => priority,
+        };
         Ok(cfg)
     }
 }
@@ -629,6 +716,49 @@ mod tests {
             assert!(vars(&[("VGPU_GPU_TIME_SAMPLE", bad)]).is_err(), "{bad:?}");
         }
         for bad in ["", "yes", "2", "Auto", "gpu_time"] {
+            let e = vars(&[("VGPU_SM_FEEDBACK", bad)]).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { var, .. } if var == SM_FEEDBACK),
+                "{bad}: {e}"
+            );
+        }
+        // QoS tiers: the project's variables, else HAMi's priority.
+        assert_eq!(c.qos_tier, None);
+        for (pairs, tier) in [
+            (&[("VGPU_QOS_TIER", "latency")][..], Tier::Latency),
+            (&[("VGPU_QOS_TIER", "best-effort")][..], Tier::BestEffort),
+            (
+                &[("VGPU_QOS_TIER", "guaranteed"), ("VGPU_QOS_GUARANTEE", "30")][..],
+                Tier::Guaranteed(300),
+            ),
+            (&[("VGPU_QOS_GUARANTEE", "70")][..], Tier::Guaranteed(700)),
+            (&[("CUDA_TASK_PRIORITY", "0")][..], Tier::Latency),
+            (&[("CUDA_TASK_PRIORITY", "1")][..], Tier::BestEffort),
+            (
+                &[("CUDA_TASK_PRIORITY", "1"), ("VGPU_QOS_TIER", "latency")][..],
+                Tier::Latency,
+            ),
+        ] {
+            assert_eq!(vars(pairs).unwrap().qos_tier, Some(tier), "{pairs:?}");
+        }
+        for bad in [
+            &[("VGPU_QOS_TIER", "gold")][..],
+            &[("VGPU_QOS_TIER", "guaranteed")][..],
+            &[("VGPU_QOS_TIER", "latency"), ("VGPU_QOS_GUARANTEE", "30")][..],
+            &[("VGPU_QOS_GUARANTEE", "0")][..],
+            &[("VGPU_QOS_GUARANTEE", "101")][..],
+            &[("VGPU_QOS_GUARANTEE", "30%")][..],
+            &[("CUDA_TASK_PRIORITY", "2")][..],
+        ] {
+            assert!(vars(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            vars(&[("VGPU_QOS_BOARD", "/run/vgpu/qos.board")])
+                .unwrap()
+                .qos_board,
+            Some(PathBuf::from("/run/vgpu/qos.board"))
+        );
+        for bad in ["yes"] {
             let e = vars(&[("VGPU_SM_FEEDBACK", bad)]).unwrap_err();
             assert!(
                 matches!(&e, ConfigError::Invalid { var, .. } if var == SM_FEEDBACK),

@@ -22,8 +22,8 @@
 //! Lowest first; a module imports modules of its own layer and of the layers below, and no
 //! import cycle forms among modules (`cargo xtask layers` checks both).
 //!
-//! 1. inputs: `gpu_time`, `config`. The GPU-time sampler and the configuration read from the
-//!    environment.
+//! 1. inputs: `gpu_time`, `qos`, `config`. The GPU-time sampler, the QoS tiers and their
+//!    allocation of a shared device, and the configuration read from the environment.
 //! 2. control: `accounting`, `sm`. Accounting against the limits and the SM share controller.
 //! 3. charges: `charge`, `info`, `pools`, `alloc_table`. Context charges, memory information under
 //!    the limit, pools and the allocation table.
@@ -37,4 +37,5 @@ pub mod config;
 pub mod gpu_time;
 pub mod info;
 pub mod pools;
+pub mod qos;
 pub mod sm;

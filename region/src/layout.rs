@@ -94,11 +94,12 @@ pub struct SmShareOf<A> {
     pub closes: A,
     /// The duty cycle the windows use: `target percent << 16 | per mille`; 0 = the target's.
     pub duty: A,
-    /// The process that runs the NVML correction: `pid << 32 | CLOCK_BOOTTIME ms (low 32 bits)`
-    /// of its last renewal; 0 = none.
+    /// The process that runs the container's corrections (the SM share's feedback, the QoS
+    /// allocation): `pid << 32 | CLOCK_BOOTTIME ms (low 32 bits)` of its last renewal; 0 = none.
     pub feedback_lease: A,
-    /// Zero; for minor versions.
-    pub spare: A,
+    /// The container's QoS tier on this device and its allocation now (`sm_share::qos_word`);
+    /// 0 = no tier (zero in files before it was used, which read the same).
+    pub qos: A,
 }
 
 /// [`SmShareOf`] in a region (or in process memory, for a process without one).
@@ -115,7 +116,7 @@ impl SmShare {
             closes: AtomicU64::new(0),
             duty: AtomicU64::new(0),
             feedback_lease: AtomicU64::new(0),
-            spare: AtomicU64::new(0),
+            qos: AtomicU64::new(0),
         }
     }
 }
@@ -505,7 +506,7 @@ field_offsets!(
     SmShare.closes,
     SmShare.duty,
     SmShare.feedback_lease,
-    SmShare.spare,
+    SmShare.qos,
     SlotRecord.header,
     SlotRecord.shards,
     SlotHeader.state,

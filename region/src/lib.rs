@@ -20,7 +20,8 @@
 //!    `reserve`, `seqlock`, `layout_types`, `sm_share`. The file's layout (every major version), its
 //!    words and the lock-free protocols on them.
 //! 2. access: `loom_tests`, `mapping`, `pread`, `hami`, `handle`, `reader`, `control_file`, `error`,
-//!    `holdings`. Mapping and reading a region file, HAMi-core's format, the control block.
+//!    `holdings`, `qos_board`. Mapping and reading a region file, HAMi-core's format, the control
+//!    block, the node's QoS board.
 //! 3. process: `config`, `slots`, `init`, `stats`, `region`. Creating or joining a region, a
 //!    process's slot and the statistics it records.
 
@@ -39,6 +40,7 @@ mod mapping;
 mod pread;
 pub mod prefetch;
 pub mod procfs;
+pub mod qos_board;
 pub mod reader;
 mod region;
 mod reserve;
@@ -326,7 +328,7 @@ mod loom_tests {
             closes: z(),
             duty: z(),
             feedback_lease: z(),
-            spare: z(),
+            qos: z(),
         })
     }
 

@@ -61,6 +61,47 @@ pub const fn decode_duty(word: u64) -> Option<(u8, u16)> {
     }
 }
 
+/// A container's QoS state on one device, as the lease holder publishes it in `qos`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QosState {
+    /// `limiter_core::qos::Tier::encode`'s byte (1 latency, 2 guaranteed, 3 best effort).
+    pub tier: u8,
+    /// Per mille.
+    pub guarantee_pm: u16,
+    /// What the container is allocated now, per mille (0: not yet).
+    pub allocated_pm: u16,
+    /// Its allocation held it back over the last tick.
+    pub held: bool,
+    /// Guaranteed: it wanted its guarantee and got less (guarantees that do not fit).
+    pub short: bool,
+}
+
+/// `qos`'s word for `state`; 0 for no tier.
+pub const fn qos_word(state: QosState) -> u64 {
+    if state.tier == 0 {
+        return 0;
+    }
+    state.allocated_pm as u64
+        | (state.guarantee_pm as u64) << 16
+        | (state.tier as u64) << 32
+        | (state.held as u64) << 40
+        | (state.short as u64) << 41
+}
+
+/// The state in a `qos` word; `None` for 0 (no tier).
+pub const fn decode_qos(word: u64) -> Option<QosState> {
+    if word == 0 {
+        return None;
+    }
+    Some(QosState {
+        tier: (word >> 32) as u8,
+        guarantee_pm: (word >> 16) as u16,
+        allocated_pm: word as u16,
+        held: word >> 40 & 1 == 1,
+        short: word >> 41 & 1 == 1,
+    })
+}
+
 fn lease_word(holder: u32, now_ms: u64) -> u64 {
     u64::from(holder) << 32 | (now_ms & 0xFFFF_FFFF)
 }
@@ -176,6 +217,17 @@ impl<A: Atomic64> SmShareOf<A> {
             .is_ok()
     }
 
+    /// The container's QoS word (see [`qos_word`]; 0: no tier).
+    #[inline]
+    pub fn qos(&self) -> u64 {
+        self.qos.load(Relaxed)
+    }
+
+    /// Publishes the container's QoS word (by the lease holder; every process applies it).
+    pub fn set_qos(&self, word: u64) {
+        self.qos.store(word, Relaxed);
+    }
+
     /// The pid holding the correction's lease (0: none), whatever its age.
     pub fn lease_holder(&self) -> u32 {
         (self.feedback_lease.load(Relaxed) >> 32) as u32
@@ -191,7 +243,7 @@ impl<A: Atomic64> SmShareOf<A> {
             &self.closes,
             &self.duty,
             &self.feedback_lease,
-            &self.spare,
+            &self.qos,
         ] {
             w.store(0, Relaxed);
         }
@@ -270,5 +322,22 @@ mod tests {
         assert!(s.set_duty(0, duty_word(40, 400)));
         assert!(!s.set_duty(0, duty_word(40, 500)), "from a stale value");
         assert_eq!(decode_duty(s.duty()), Some((40, 400)));
+    }
+
+    #[test]
+    fn qos_words_round_trip() {
+        let q = QosState {
+            tier: 2,
+            guarantee_pm: 300,
+            allocated_pm: 850,
+            held: true,
+            short: false,
+        };
+        assert_eq!(decode_qos(qos_word(q)), Some(q));
+        assert_eq!(qos_word(QosState::default()), 0);
+        assert_eq!(decode_qos(0), None);
+        let s = SmShare::new();
+        s.set_qos(qos_word(q));
+        assert_eq!(decode_qos(s.qos()), Some(q));
     }
 }

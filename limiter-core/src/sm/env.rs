@@ -64,4 +64,14 @@ pub trait Env {
     fn drain(&self);
     /// Blocks the calling thread until `now_ns() >= t`.
     fn sleep_until(&self, t: u64);
+    /// Until when a latency-tier neighbour's work holds this best-effort container's launches
+    /// on `device` back (CLOCK_MONOTONIC ns; 0: none). Read only while the controller gates the
+    /// device ([`super::Controller::set_gate`]).
+    fn latency_until(&self, _device: usize) -> u64 {
+        0
+    }
+    /// A launch of this latency-tier container on `device` at `now`: publishes that its work is
+    /// in flight. Called only while the controller marks the device
+    /// ([`super::Controller::set_latency`]).
+    fn mark_latency(&self, _device: usize, _now: u64) {}
 }

@@ -65,7 +65,19 @@ pub struct Controller {
     /// Per device, the start of the window this process last launched in (0: none, or drained
     /// since): a process that launched in a window another one closed drains before it waits.
     marks: [AtomicU64; MAX_DEVICES],
+    /// Per device, the share the container's QoS tier is allocated now, percent (0: none):
+    /// launches run at the smaller of it and `percent` ([`Controller::target`]).
+    qos: [AtomicU8; MAX_DEVICES],
+    /// Per device: a best-effort container beside a latency-tier one; launches wait while the
+    /// latency tenant's work is in flight.
+    gated: [AtomicBool; MAX_DEVICES],
+    /// Per device: a latency-tier container; launches publish that its work is in flight.
+    latency: [AtomicBool; MAX_DEVICES],
 }
+
+/// The longest a best-effort launch waits for latency-tier work in one go: a latency tenant that
+/// never stops (or a board that says so) slows best-effort work down, never stops it.
+pub const MAX_GATE_WAIT_NS: u64 = 1_000_000_000;
 
 impl Controller {
     pub const fn new() -> Controller {
@@ -74,6 +86,9 @@ impl Controller {
             percent: [const { AtomicU8::new(0) }; MAX_DEVICES],
             period_ns: AtomicU64::new(crate::config::DEFAULT_SM_PERIOD_MS * 1_000_000),
             marks: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            qos: [const { AtomicU8::new(0) }; MAX_DEVICES],
+            gated: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            latency: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
     }
 
@@ -83,21 +98,73 @@ impl Controller {
         // moment behaves as just before the change.
         self.period_ns
             .store(period_ms.max(1) * 1_000_000, Ordering::Relaxed);
-        let mut any = false;
         for (slot, p) in self.percent.iter().zip(percent) {
             let p = p.filter(|&p| p > 0 && p < 100).unwrap_or(0);
-            any |= p != 0;
             slot.store(p, Ordering::Relaxed);
         }
+        self.refresh_active();
+    }
+
+    /// Sets the share the container's QoS tier is allocated on `device` (`None`, 0 or 100: the
+    /// whole device).
+    pub fn set_qos(&self, device: usize, percent: Option<u8>) {
+        if let Some(slot) = self.qos.get(device) {
+            // Relaxed: as `set_limits`.
+            slot.store(
+                percent.filter(|&p| p > 0 && p < 100).unwrap_or(0),
+                Ordering::Relaxed,
+            );
+            self.refresh_active();
+        }
+    }
+
+    /// Gates `device`'s launches on a latency-tier neighbour's work (this container is best
+    /// effort beside one), or stops.
+    pub fn set_gate(&self, device: usize, gated: bool) {
+        if let Some(slot) = self.gated.get(device) {
+            // Relaxed: as `set_limits`.
+            slot.store(gated, Ordering::Relaxed);
+            self.refresh_active();
+        }
+    }
+
+    /// Marks `device`'s launches as a latency tier's (each publishes that its work is in
+    /// flight), or stops.
+    pub fn set_latency(&self, device: usize, latency: bool) {
+        if let Some(slot) = self.latency.get(device) {
+            // Relaxed: as `set_limits`.
+            slot.store(latency, Ordering::Relaxed);
+            self.refresh_active();
+        }
+    }
+
+    fn refresh_active(&self) {
+        let any = (0..MAX_DEVICES).any(|d| {
+            // Relaxed: configuration values.
+            self.target(d) != 0
+                || self.gated[d].load(Ordering::Relaxed)
+                || self.latency[d].load(Ordering::Relaxed)
+        });
+        // Relaxed: see `admit`; a launch that sees the old flag behaves as before the change.
         self.active.store(any, Ordering::Relaxed);
     }
 
-    /// The share of `device` in percent (0: unlimited).
+    /// The share of `device` the user set, in percent (0: unlimited): the ceiling.
     pub fn percent(&self, device: usize) -> u8 {
         // Relaxed: a configuration value.
         self.percent
             .get(device)
             .map_or(0, |p| p.load(Ordering::Relaxed))
+    }
+
+    /// The share of `device` launches run at now, percent (0: unlimited): the smaller of the
+    /// user's ceiling and the QoS tier's allocation.
+    pub fn target(&self, device: usize) -> u8 {
+        let whole = |p: u8| if p == 0 { 100 } else { p };
+        // Relaxed: a configuration value.
+        let qos = self.qos.get(device).map_or(0, |q| q.load(Ordering::Relaxed));
+        let t = whole(self.percent(device)).min(whole(qos));
+        if t >= 100 { 0 } else { t }
     }
 
     /// Whether any device is limited.
@@ -121,20 +188,43 @@ impl Controller {
     #[cold]
     #[inline(never)]
     fn admit_limited<E: Env>(&self, env: &E) -> u64 {
-        let Some(device) = env.device() else {
+        let Some(device) = env.device().filter(|&d| d < MAX_DEVICES) else {
             return 0;
         };
-        let target = self.percent(device);
+        // Relaxed (both): configuration flags.
+        if self.latency[device].load(Ordering::Relaxed) {
+            env.mark_latency(device, env.now_ns());
+        }
+        let mut held = 0;
+        if self.gated[device].load(Ordering::Relaxed) {
+            held = wait_for_latency(env, device);
+        }
+        let target = self.target(device);
         if target == 0 {
-            return 0;
+            return held;
         }
         let Some(w) = env.window(device) else {
-            return 0;
+            return held;
         };
         let pm = u64::from(effective_permille(target, w.duty()));
         // Relaxed: a configuration value.
         let period = self.period_ns.load(Ordering::Relaxed);
-        window::admit(env, &w, &self.marks[device], pm, period)
+        held + window::admit(env, &w, &self.marks[device], pm, period)
+    }
+}
+
+/// A best-effort launch beside a latency tenant: waits while the latency tenant's work is in
+/// flight, at most [`MAX_GATE_WAIT_NS`]; returns the time it waited.
+fn wait_for_latency<E: Env>(env: &E, device: usize) -> u64 {
+    let start = env.now_ns();
+    let mut now = start;
+    loop {
+        let until = env.latency_until(device);
+        if until <= now || now - start >= MAX_GATE_WAIT_NS {
+            return now - start;
+        }
+        env.sleep_until(until.min(start + MAX_GATE_WAIT_NS));
+        now = env.now_ns();
     }
 }
 
@@ -772,5 +862,88 @@ mod tests {
                 o.share
             );
         }
+    }
+
+    #[test]
+    fn the_qos_allocation_lowers_the_share_below_the_ceiling_only() {
+        let c = limited(60);
+        assert_eq!(c.target(0), 60);
+        c.set_qos(0, Some(30));
+        assert_eq!((c.percent(0), c.target(0)), (60, 30));
+        c.set_qos(0, Some(90));
+        assert_eq!(c.target(0), 60, "the ceiling holds");
+        let free = Controller::new();
+        assert!(!free.active());
+        free.set_qos(1, Some(25));
+        assert!(free.active());
+        assert_eq!(free.target(1), 25);
+        // In virtual time the launches run at the allocation.
+        let r = run_on(&free_on_0(25), None, 500_000, 16, 6);
+        assert!((r.share - 25.0).abs() < 2.0, "{}", r.share);
+        free.set_qos(1, Some(100));
+        assert!(!free.active(), "a whole device is no limit");
+        free.set_qos(MAX_DEVICES, Some(10));
+    }
+
+    fn free_on_0(qos: u8) -> Controller {
+        let c = Controller::new();
+        c.set_qos(0, Some(qos));
+        c
+    }
+
+    /// A best-effort launch beside a latency tenant, in virtual time.
+    struct Gate {
+        now: Cell<u64>,
+        until: Cell<u64>,
+        marks: Cell<u32>,
+    }
+
+    impl Env for &Gate {
+        type Window = &'static Words;
+        fn device(&self) -> Option<usize> {
+            Some(0)
+        }
+        fn window(&self, _: usize) -> Option<&'static Words> {
+            None
+        }
+        fn now_ns(&self) -> u64 {
+            self.now.get()
+        }
+        fn drain(&self) {}
+        fn sleep_until(&self, t: u64) {
+            self.now.set(self.now.get().max(t));
+        }
+        fn latency_until(&self, _: usize) -> u64 {
+            self.until.get()
+        }
+        fn mark_latency(&self, _: usize, _: u64) {
+            self.marks.set(self.marks.get() + 1);
+        }
+    }
+
+    #[test]
+    fn best_effort_waits_for_latency_work_and_a_latency_launch_marks_it() {
+        let g = Gate {
+            now: Cell::new(1_000),
+            until: Cell::new(0),
+            marks: Cell::new(0),
+        };
+        let c = Controller::new();
+        c.set_gate(0, true);
+        assert!(c.active());
+        assert_eq!(c.admit(|| &g), 0, "no latency work in flight");
+        g.until.set(5_001_000);
+        assert_eq!(c.admit(|| &g), 5_000_000);
+        assert_eq!(g.now.get(), 5_001_000);
+        // A latency tenant that never stops: at most MAX_GATE_WAIT_NS per launch.
+        g.until.set(u64::MAX);
+        assert_eq!(c.admit(|| &g), MAX_GATE_WAIT_NS);
+        c.set_gate(0, false);
+        assert!(!c.active());
+        assert_eq!(c.admit(|| &g), 0);
+        c.set_latency(0, true);
+        assert_eq!(c.admit(|| &g), 0);
+        assert_eq!(c.admit(|| &g), 0);
+        assert_eq!(g.marks.get(), 2);
     }
 }

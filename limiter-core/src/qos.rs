@@ -25,6 +25,9 @@
 pub const DEVICE_PM: u16 = 1000;
 /// Above what a container used, what it may grow into before it counts as held back.
 pub const HEADROOM_PM: u16 = 100;
+/// A latency-tier container's work counts as in flight this long after its latest launch (the
+/// kernels it queued run after the launch returns): best-effort launches wait that long.
+pub const LATENCY_HOLD_NS: u64 = 5_000_000;
 
 /// A container's tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +83,12 @@ pub struct Contender {
 }
 
 impl Contender {
+    /// What it asks for, per mille: its cap when held back, else what it used plus
+    /// [`HEADROOM_PM`].
+    pub fn demand_pm(&self) -> u16 {
+        self.demand().round() as u16
+    }
+
     fn demand(&self) -> f64 {
         let cap = f64::from(self.cap_pm.min(DEVICE_PM));
         if self.held {
@@ -111,12 +120,15 @@ pub fn allocate(contenders: &[Contender]) -> Vec<u16> {
     }
     left -= got.iter().sum::<f64>();
     // (2) Latency, (3) guaranteed bursts by weight, (4) best effort evenly.
-    let levels: [(fn(&Contender) -> bool, fn(&Contender) -> f64); 3] = [
+    let levels: [(Member, Weight); 3] = [
         (|c| c.tier == Tier::Latency, |_| 1.0),
-        (|c| matches!(c.tier, Tier::Guaranteed(_)), |c| match c.tier {
-            Tier::Guaranteed(g) => f64::from(g.max(1)),
-            _ => 1.0,
-        }),
+        (
+            |c| matches!(c.tier, Tier::Guaranteed(_)),
+            |c| match c.tier {
+                Tier::Guaranteed(g) => f64::from(g.max(1)),
+                _ => 1.0,
+            },
+        ),
         (|c| c.tier == Tier::BestEffort, |_| 1.0),
     ];
     for (member, weight) in levels {
@@ -133,6 +145,11 @@ pub fn allocate(contenders: &[Contender]) -> Vec<u16> {
         .collect()
 }
 
+/// Who is in a level.
+type Member = fn(&Contender) -> bool;
+/// A member's weight within its level.
+type Weight = fn(&Contender) -> f64;
+
 /// Water-fills `left` among `members` by `weight` up to each one's demand; returns what it gave.
 fn fill(
     members: &[usize],
@@ -140,7 +157,7 @@ fn fill(
     demand: &[f64],
     got: &mut [f64],
     left: f64,
-    weight: fn(&Contender) -> f64,
+    weight: Weight,
 ) -> f64 {
     let mut open: Vec<usize> = members
         .iter()

@@ -567,3 +567,157 @@ fn share_of_the_survivor_of_processes_killed_mid_window() {
         "a share outside its tolerance (above)"
     );
 }
+
+/// Kills a container's processes (what they would run for longer is not needed).
+fn stop(mut c: Container) {
+    for child in &mut c.children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_file(&c.region);
+}
+
+/// A node's QoS board for this test run.
+fn qos_board(tag: &str) -> PathBuf {
+    let path = fresh_region(tag).with_extension("board");
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Waits until `cond` holds for the QoS state container `c` published on device 0 (a bound on
+/// a slow host, not a timing); returns the state.
+fn wait_qos(
+    c: &Container,
+    what: &str,
+    within: Duration,
+    cond: impl Fn(&region::sm_share::QosState) -> bool,
+) -> region::sm_share::QosState {
+    let deadline = Instant::now() + within;
+    loop {
+        let q = sm_words(&c.region, 0).qos;
+        if let Some(q) = q.filter(|q| cond(q)) {
+            return q;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the container's QoS state is {q:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn guaranteed_tiers_split_the_device_and_a_killed_ones_share_returns() {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (path, device) = DeviceFile::create("qos-guaranteed");
+    let board = qos_board("qos-guaranteed");
+    let board_env = ("VGPU_QOS_BOARD", board.to_str().unwrap());
+    let a = Container::start_with(
+        &path,
+        100,
+        1,
+        Loop::Open,
+        20_000,
+        &[board_env, ("VGPU_QOS_GUARANTEE", "30")],
+    );
+    let mut b = Container::start_with(
+        &path,
+        100,
+        2,
+        Loop::Open,
+        20_000,
+        &[
+            board_env,
+            ("VGPU_QOS_TIER", "guaranteed"),
+            ("VGPU_QOS_GUARANTEE", "70"),
+        ],
+    );
+    let mut pids = a.pids();
+    pids.extend(b.pids());
+    device.wait_launching(&pids);
+    // Both saturate the device: each is allocated its guarantee (they fill it exactly).
+    let qa = wait_qos(&a, "A at its guarantee", Duration::from_secs(8), |q| {
+        q.tier == 2 && q.guarantee_pm == 300 && (290..=310).contains(&q.allocated_pm)
+    });
+    let qb = wait_qos(&b, "B at its guarantee", Duration::from_secs(8), |q| {
+        (690..=710).contains(&q.allocated_pm)
+    });
+    eprintln!("both saturating: A {qa:?}, B {qb:?}");
+    assert!(!qa.short && !qb.short, "guarantees that fit: {qa:?} {qb:?}");
+    // The windows hold them there: A is held back (its window closes).
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while sm_words(&a.region, 0).closes == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "A's window never closed: {:?}",
+            sm_words(&a.region, 0)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // B's processes are killed: its entry goes stale and A gets the whole device back.
+    for child in &mut b.children {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let killed = Instant::now();
+    let qa = wait_qos(&a, "A alone again", Duration::from_secs(4), |q| {
+        q.allocated_pm >= 990
+    });
+    eprintln!("A after B was killed: {qa:?} after {:?}", killed.elapsed());
+    stop(a);
+    stop(b);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&board);
+}
+
+#[test]
+fn best_effort_waits_for_a_latency_tenant_and_runs_in_its_gaps() {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (path, device) = DeviceFile::create("qos-latency");
+    let board = qos_board("qos-latency");
+    let board_env = ("VGPU_QOS_BOARD", board.to_str().unwrap());
+    // HAMi's priorities: 0 (high) is the latency tier, 1 best effort.
+    let be = Container::start_with(
+        &path,
+        100,
+        1,
+        Loop::Open,
+        6_000,
+        &[board_env, ("CUDA_TASK_PRIORITY", "1")],
+    );
+    device.wait_launching(&be.pids());
+    wait_qos(&be, "best effort published", Duration::from_secs(4), |q| {
+        q.tier == 3
+    });
+    let before = be.throttled().iter().map(|t| t.1).sum::<u64>();
+    let lat = Container::start_with(
+        &path,
+        100,
+        1,
+        Loop::Open,
+        4_000,
+        &[board_env, ("CUDA_TASK_PRIORITY", "0")],
+    );
+    device.wait_launching(&lat.pids());
+    wait_qos(&lat, "latency published", Duration::from_secs(4), |q| {
+        q.tier == 1
+    });
+    // While the latency tenant launches, the best-effort launches wait for its work.
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let held = loop {
+        let held = be.throttled().iter().map(|t| t.1).sum::<u64>() - before;
+        if held > 100_000_000 {
+            break held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the best-effort container was held {held} ns beside the latency one"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("best effort held {held} ns beside the latency tenant");
+    stop(lat);
+    stop(be);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&board);
+}

@@ -54,7 +54,9 @@ pub enum BoardError {
         #[source]
         source: std::io::Error,
     },
-    #[error("QoS board {path} is not a regular file of {BOARD_SIZE} bytes (a link, or {len} bytes)")]
+    #[error(
+        "QoS board {path} is not a regular file of {BOARD_SIZE} bytes (a link, or {len} bytes)"
+    )]
     NotABoard { path: PathBuf, len: u64 },
     #[error("QoS board {path} does not start with the board's magic")]
     BadMagic { path: PathBuf },
@@ -144,7 +146,8 @@ impl BoardEntry {
 
     /// Whether the entry was refreshed within [`STALE_MS`] of `now_ms` (and not after it).
     pub fn fresh(&self, now_ms: u64) -> bool {
-        self.heartbeat_ms <= now_ms + STALE_MS && now_ms.saturating_sub(self.heartbeat_ms) < STALE_MS
+        self.heartbeat_ms <= now_ms + STALE_MS
+            && now_ms.saturating_sub(self.heartbeat_ms) < STALE_MS
     }
 }
 
@@ -225,15 +228,11 @@ impl Board {
                 source,
             })?;
         Ok(bytes
-            .chunks_exact(ENTRY_BYTES)
+            .as_chunks::<ENTRY_BYTES>()
+            .0
+            .iter()
             .enumerate()
-            .filter_map(|(i, chunk)| {
-                let mut w = [0u64; ENTRY_WORDS];
-                for (word, b) in w.iter_mut().zip(chunk.chunks_exact(8)) {
-                    *word = u64::from_le_bytes(b.try_into().ok()?);
-                }
-                Some((i, BoardEntry::decode(&w)?))
-            })
+            .filter_map(|(i, chunk)| Some((i, BoardEntry::decode(&words_of(chunk))?)))
             .collect())
     }
 
@@ -249,11 +248,7 @@ impl Board {
                 path: self.path.clone(),
                 source,
             })?;
-        let mut w = [0u64; ENTRY_WORDS];
-        for (word, b) in w.iter_mut().zip(bytes.chunks_exact(8)) {
-            *word = u64::from_le_bytes(b.try_into().unwrap_or_default());
-        }
-        Ok(BoardEntry::decode(&w))
+        Ok(BoardEntry::decode(&words_of(&bytes)))
     }
 
     /// Writes `entry` at `index` (one `pwrite` of its 64 bytes).
@@ -262,8 +257,8 @@ impl Board {
             return Ok(());
         }
         let mut bytes = [0u8; ENTRY_BYTES];
-        for (b, w) in bytes.chunks_exact_mut(8).zip(entry.encode()) {
-            b.copy_from_slice(&w.to_le_bytes());
+        for (b, w) in bytes.as_chunks_mut::<8>().0.iter_mut().zip(entry.encode()) {
+            *b = w.to_le_bytes();
         }
         self.file
             .write_all_at(&bytes, (HEADER_BYTES + index * ENTRY_BYTES) as u64)
@@ -276,7 +271,12 @@ impl Board {
 
 /// The entry to publish `(owner, device)` in, given the board's `entries`: its own, else the
 /// first free or stale one. `None`: the board is full of fresh entries.
-pub fn slot_for(entries: &[(usize, BoardEntry)], owner: u64, device: u64, now_ms: u64) -> Option<usize> {
+pub fn slot_for(
+    entries: &[(usize, BoardEntry)],
+    owner: u64,
+    device: u64,
+    now_ms: u64,
+) -> Option<usize> {
     if let Some((i, _)) = entries
         .iter()
         .find(|(_, e)| e.owner == owner && e.device == device)
@@ -289,6 +289,15 @@ pub fn slot_for(entries: &[(usize, BoardEntry)], owner: u64, device: u64, now_ms
         .map(|(i, _)| *i)
         .collect();
     (0..BOARD_ENTRIES).find(|i| !taken.contains(i))
+}
+
+/// An entry's words from its bytes (little-endian).
+fn words_of(bytes: &[u8; ENTRY_BYTES]) -> [u64; ENTRY_WORDS] {
+    let mut w = [0u64; ENTRY_WORDS];
+    for (word, b) in w.iter_mut().zip(bytes.as_chunks::<8>().0) {
+        *word = u64::from_le_bytes(*b);
+    }
+    w
 }
 
 fn own_uid() -> u32 {
@@ -333,8 +342,11 @@ mod tests {
         assert_eq!(again.entry(BOARD_ENTRIES).unwrap(), None);
         // One word changed without its check: skipped.
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        f.write_all_at(&500u64.to_le_bytes(), (HEADER_BYTES + 3 * ENTRY_BYTES + 32) as u64)
-            .unwrap();
+        f.write_all_at(
+            &500u64.to_le_bytes(),
+            (HEADER_BYTES + 3 * ENTRY_BYTES + 32) as u64,
+        )
+        .unwrap();
         assert!(board.entries().unwrap().is_empty());
     }
 
@@ -346,7 +358,11 @@ mod tests {
         let link = dir.path().join("qos.board");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         assert!(matches!(Board::open(&link), Err(BoardError::Io { .. })));
-        assert_eq!(std::fs::read(&target).unwrap(), vec![1u8; BOARD_SIZE], "untouched");
+        assert_eq!(
+            std::fs::read(&target).unwrap(),
+            vec![1u8; BOARD_SIZE],
+            "untouched"
+        );
         assert!(matches!(
             Board::open(&target),
             Err(BoardError::BadMagic { .. })
@@ -377,12 +393,22 @@ mod tests {
     #[test]
     fn a_container_keeps_its_slot_and_takes_a_stale_one() {
         let now = 10_000;
-        let entries = vec![(0, entry(1, now)), (1, entry(2, now - 5_000)), (2, entry(3, now))];
+        let entries = vec![
+            (0, entry(1, now)),
+            (1, entry(2, now - 5_000)),
+            (2, entry(3, now)),
+        ];
         assert_eq!(slot_for(&entries, 3, 77, now), Some(2), "its own");
         assert_eq!(slot_for(&entries, 4, 77, now), Some(1), "the stale one");
         let future = vec![(0, entry(1, now + 60_000))];
-        assert_eq!(slot_for(&future, 4, 77, now), Some(0), "a heartbeat in the future is stale");
-        let full: Vec<_> = (0..BOARD_ENTRIES).map(|i| (i, entry(100 + i as u64, now))).collect();
+        assert_eq!(
+            slot_for(&future, 4, 77, now),
+            Some(0),
+            "a heartbeat in the future is stale"
+        );
+        let full: Vec<_> = (0..BOARD_ENTRIES)
+            .map(|i| (i, entry(100 + i as u64, now)))
+            .collect();
         assert_eq!(slot_for(&full, 4, 77, now), None);
         assert!(entry(1, now).fresh(now + STALE_MS - 1));
         assert!(!entry(1, now).fresh(now + STALE_MS));

@@ -70,8 +70,9 @@ pub trait Env {
     fn latency_until(&self, _device: usize) -> u64 {
         0
     }
-    /// A launch of this latency-tier container on `device` at `now`: publishes that its work is
-    /// in flight. Called only while the controller marks the device
-    /// ([`super::Controller::set_latency`]).
-    fn mark_latency(&self, _device: usize, _now: u64) {}
+    /// A launch of this QoS-tiered container on `device` at `now` outside any window (the device
+    /// is not limited now): notes that the container launches (and, for the latency tier, that
+    /// its work is in flight), as a window's launches do. Called only while the controller marks
+    /// the device ([`super::Controller::set_tiered`]).
+    fn mark_launch(&self, _device: usize, _now: u64) {}
 }

@@ -71,8 +71,9 @@ pub struct Controller {
     /// Per device: a best-effort container beside a latency-tier one; launches wait while the
     /// latency tenant's work is in flight.
     gated: [AtomicBool; MAX_DEVICES],
-    /// Per device: a latency-tier container; launches publish that its work is in flight.
-    latency: [AtomicBool; MAX_DEVICES],
+    /// Per device: a container with a QoS tier; launches note that it is launching (its
+    /// activity, and for the latency tier, that its work is in flight).
+    tiered: [AtomicBool; MAX_DEVICES],
 }
 
 /// The longest a best-effort launch waits for latency-tier work in one go: a latency tenant that
@@ -88,7 +89,7 @@ impl Controller {
             marks: [const { AtomicU64::new(0) }; MAX_DEVICES],
             qos: [const { AtomicU8::new(0) }; MAX_DEVICES],
             gated: [const { AtomicBool::new(false) }; MAX_DEVICES],
-            latency: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            tiered: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
     }
 
@@ -128,12 +129,12 @@ impl Controller {
         }
     }
 
-    /// Marks `device`'s launches as a latency tier's (each publishes that its work is in
-    /// flight), or stops.
-    pub fn set_latency(&self, device: usize, latency: bool) {
-        if let Some(slot) = self.latency.get(device) {
+    /// Marks `device`'s launches as a QoS-tiered container's (each notes that it launched), or
+    /// stops.
+    pub fn set_tiered(&self, device: usize, tiered: bool) {
+        if let Some(slot) = self.tiered.get(device) {
             // Relaxed: as `set_limits`.
-            slot.store(latency, Ordering::Relaxed);
+            slot.store(tiered, Ordering::Relaxed);
             self.refresh_active();
         }
     }
@@ -143,7 +144,7 @@ impl Controller {
             // Relaxed: configuration values.
             self.target(d) != 0
                 || self.gated[d].load(Ordering::Relaxed)
-                || self.latency[d].load(Ordering::Relaxed)
+                || self.tiered[d].load(Ordering::Relaxed)
         });
         // Relaxed: see `admit`; a launch that sees the old flag behaves as before the change.
         self.active.store(any, Ordering::Relaxed);
@@ -162,7 +163,10 @@ impl Controller {
     pub fn target(&self, device: usize) -> u8 {
         let whole = |p: u8| if p == 0 { 100 } else { p };
         // Relaxed: a configuration value.
-        let qos = self.qos.get(device).map_or(0, |q| q.load(Ordering::Relaxed));
+        let qos = self
+            .qos
+            .get(device)
+            .map_or(0, |q| q.load(Ordering::Relaxed));
         let t = whole(self.percent(device)).min(whole(qos));
         if t >= 100 { 0 } else { t }
     }
@@ -191,16 +195,18 @@ impl Controller {
         let Some(device) = env.device().filter(|&d| d < MAX_DEVICES) else {
             return 0;
         };
-        // Relaxed (both): configuration flags.
-        if self.latency[device].load(Ordering::Relaxed) {
-            env.mark_latency(device, env.now_ns());
-        }
         let mut held = 0;
+        // Relaxed (both): configuration flags.
         if self.gated[device].load(Ordering::Relaxed) {
             held = wait_for_latency(env, device);
         }
         let target = self.target(device);
         if target == 0 {
+            // No window to run in: note the launch for the tier's activity (with a window, its
+            // own bookkeeping does, and a note here would hide the gaps that start windows).
+            if self.tiered[device].load(Ordering::Relaxed) {
+                env.mark_launch(device, env.now_ns());
+            }
             return held;
         }
         let Some(w) = env.window(device) else {
@@ -916,13 +922,13 @@ mod tests {
         fn latency_until(&self, _: usize) -> u64 {
             self.until.get()
         }
-        fn mark_latency(&self, _: usize, _: u64) {
+        fn mark_launch(&self, _: usize, _: u64) {
             self.marks.set(self.marks.get() + 1);
         }
     }
 
     #[test]
-    fn best_effort_waits_for_latency_work_and_a_latency_launch_marks_it() {
+    fn best_effort_waits_for_latency_work_and_a_tiered_launch_is_marked() {
         let g = Gate {
             now: Cell::new(1_000),
             until: Cell::new(0),
@@ -941,7 +947,7 @@ mod tests {
         c.set_gate(0, false);
         assert!(!c.active());
         assert_eq!(c.admit(|| &g), 0);
-        c.set_latency(0, true);
+        c.set_tiered(0, true);
         assert_eq!(c.admit(|| &g), 0);
         assert_eq!(c.admit(|| &g), 0);
         assert_eq!(g.marks.get(), 2);

@@ -62,6 +62,7 @@ fn launch<S: Symbol>(
     let throttled = state.sm.admit(|| DriverEnv {
         driver: state.driver,
         windows: state.sm_windows(),
+        gates: &state.qos.gates,
     });
     if throttled != 0 {
         shield(|| {

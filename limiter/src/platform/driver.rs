@@ -19,6 +19,7 @@ use std::{
     ffi::{CStr, CString, c_char, c_int, c_uint, c_void},
     mem,
     os::unix::ffi::OsStrExt,
+    sync::atomic::AtomicU64,
 };
 
 use agent_common::api::ApiId;
@@ -766,6 +767,8 @@ impl PoolSizes for Driver {
 pub(crate) struct DriverEnv<'a> {
     pub(crate) driver: &'a Driver,
     pub(crate) windows: &'a [SmShare; agent_common::MAX_DEVICES],
+    /// Per device, until when a latency-tier neighbour's work is in flight (the QoS thread's).
+    pub(crate) gates: &'a [AtomicU64; agent_common::MAX_DEVICES],
 }
 
 /// A device's duty-cycle words as the controller sees them.
@@ -832,6 +835,23 @@ impl<'a> sm::Env for DriverEnv<'a> {
         let now = self.now_ns();
         if t > now {
             std::thread::sleep(std::time::Duration::from_nanos(t - now));
+        }
+    }
+
+    fn latency_until(&self, device: usize) -> u64 {
+        // Relaxed: a time compared with the clock; a launch that sees the previous value waits
+        // by the previous one.
+        self.gates
+            .get(device)
+            .map_or(0, |g| g.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn mark_launch(&self, device: usize, now: u64) {
+        if let Some(w) = self.windows.get(device) {
+            // At most once a millisecond, as a window's launches refresh it.
+            if now > w.view().last + 1_000_000 {
+                w.touch(now);
+            }
         }
     }
 }

@@ -11,7 +11,7 @@
 //!   a forked child.
 //!
 //! Below this module, the runtime's pieces ([`state`], [`process`], [`ledger`], [`control`],
-//! [`sm_feedback`], [`gpu_time`]) never reach the static: what they need of it is handed to them (the state
+//! [`sm_feedback`], [`qos`], [`gpu_time`]) never reach the static: what they need of it is handed to them (the state
 //! holds the driver, the panic counter and the thread words' offset). Nothing runs at load time:
 //! no constructor, no thread, no file.
 
@@ -19,6 +19,7 @@ pub(crate) mod control;
 pub(crate) mod gpu_time;
 pub(crate) mod ledger;
 pub(crate) mod process;
+pub(crate) mod qos;
 pub(crate) mod sm_feedback;
 pub(crate) mod state;
 

@@ -227,7 +227,8 @@ fn run(plant: Plant, mode: SmFeedback) {
             let pid = os::pid() as u32;
             let mut container: Option<Vec<u32>> = None;
             for (d, dev) in devices.iter_mut().enumerate() {
-                let target = plant.sm.percent(d);
+                // What launches run at now: the user's share, or less under a QoS allocation.
+                let target = plant.sm.target(d);
                 let share = &plant.windows[d];
                 if target == 0 || !share.hold_lease(pid, lease_ms) {
                     // Unlimited, or another process of the container corrects this device.

@@ -18,6 +18,7 @@ use region::{InitOutcome, Region, RegionConfig, SmShare};
 
 use super::{
     control::Control,
+    qos::{Qos, QosPlant},
     sm_feedback::{Feedback, Plant},
 };
 use crate::platform::{
@@ -64,6 +65,8 @@ pub(crate) struct State {
     /// the container's processes draw from one window per device).
     local_sm: Box<[SmShare; MAX_DEVICES]>,
     feedback: Feedback,
+    /// The container's QoS tier and what its launches read of it.
+    pub(crate) qos: Qos,
     /// The runtime's panic counter and thread words (process-wide services the state's users
     /// reach through it).
     pub(crate) panics: &'static Panics,
@@ -126,6 +129,7 @@ impl State {
             control,
             region,
             feedback: Feedback::new(config.sm_feedback),
+            qos: Qos::new(config.qos_tier, config.qos_board.clone()),
             config,
             sm,
             sm_base,
@@ -135,9 +139,21 @@ impl State {
         }
     }
 
-    /// Starts what runs beside the application once the state is in place: the SM feedback
-    /// thread, if some device is limited (again in a forked child).
+    /// Starts what runs beside the application once the state is in place: the QoS thread if
+    /// the container has a tier, the SM feedback thread if some device is limited (again in a
+    /// forked child).
     pub(crate) fn start(&'static self) {
+        self.qos.ensure_started(QosPlant {
+            qos: &self.qos,
+            sm: &self.sm,
+            windows: self.sm_windows(),
+            region: self.region.as_ref(),
+            driver: self.driver,
+            log: self.config.log_level,
+            panics: self.panics,
+            tls: self.tls,
+            gpu_time: self.config.gpu_time_sample != SampleRate::Off,
+        });
         self.feedback.ensure_started(Plant {
             sm: &self.sm,
             windows: self.sm_windows(),

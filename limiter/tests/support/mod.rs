@@ -202,6 +202,8 @@ pub struct SmWords {
     pub closes: u64,
     /// The NVML correction, `(target percent, per mille)`; `None` while uncorrected.
     pub duty: Option<(u8, u16)>,
+    /// The container's QoS tier and allocation; `None` without a tier.
+    pub qos: Option<region::sm_share::QosState>,
 }
 
 /// Reads device `device`'s [`SmWords`] from the region file at `region`.
@@ -221,5 +223,6 @@ pub fn sm_words(region: &Path, device: usize) -> SmWords {
         resume_at: word(2),
         closes: word(4),
         duty: region::sm_share::decode_duty(word(5)),
+        qos: region::sm_share::decode_qos(word(7)),
     }
 }

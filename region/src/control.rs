@@ -25,7 +25,7 @@ pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"VGPUCTL1");
 /// Major version: readers reject any other major.
 pub const CONTROL_MAJOR: u32 = 1;
 /// Minor version: additions inside `spare`; readers accept any minor.
-pub const CONTROL_MINOR: u32 = 0;
+pub const CONTROL_MINOR: u32 = 1;
 /// How long a writer may hold the generation odd before another writer takes over.
 pub const WRITER_STALL_MS: u64 = 200;
 /// Copies a reader attempts before reporting the block as busy.
@@ -91,6 +91,10 @@ const W_SM: usize = 8;
 const W_MEMORY: usize = W_SM + MAX_DEVICES;
 pub(crate) const W_SPARE: usize = W_MEMORY + MAX_DEVICES;
 const _: () = assert!(W_SPARE * 8 == offset_of!(ControlBlock, spare));
+/// The QoS tier override (minor 1): the last spare word. 0: none; else `1 << 63 | tier |
+/// guarantee per mille << 8` (tier 0: no tier, 1 latency, 2 guaranteed, 3 best effort).
+const W_QOS: usize = W_SPARE + 7;
+const QOS_SET: u64 = 1 << 63;
 
 /// The control block file of the region at `region`: `<region>.ctl`.
 pub fn control_path(region: &Path) -> PathBuf {
@@ -102,6 +106,9 @@ pub fn control_path(region: &Path) -> PathBuf {
 /// The overrides a control block holds. `None`: the environment's value applies.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ControlSettings {
+    /// The container's QoS tier: `(tier, guarantee per mille)`, tier 0 for none, 1 latency, 2
+    /// guaranteed (with a guarantee of 1 to 1000), 3 best effort.
+    pub qos: Option<(u8, u16)>,
     /// SM share per device, percent `0..=100` (0 and 100: no SM limit).
     pub sm_percent: [Option<u8>; MAX_DEVICES],
     /// Memory limit per device, bytes (0: no memory limit).
@@ -111,7 +118,9 @@ pub struct ControlSettings {
 impl ControlSettings {
     /// Whether nothing is overridden.
     pub fn is_empty(&self) -> bool {
-        self.sm_percent.iter().all(Option::is_none) && self.memory_limit.iter().all(Option::is_none)
+        self.sm_percent.iter().all(Option::is_none)
+            && self.memory_limit.iter().all(Option::is_none)
+            && self.qos.is_none()
     }
 }
 
@@ -142,6 +151,10 @@ pub enum ControlError {
     DeviceMask { mask: u64 },
     #[error("control block sets device {device} to an SM share of {value}%, expected 0 to 100")]
     SmPercent { device: usize, value: u64 },
+    #[error(
+        "control block sets QoS tier {tier} with a guarantee of {guarantee} per mille: expected no tier (0), latency (1), guaranteed (2, a guarantee of 1 to 1000) or best effort (3)"
+    )]
+    Qos { tier: u64, guarantee: u64 },
     #[error("control block is being written (generation {generation} stayed odd)")]
     Busy { generation: u64 },
     #[error("device {device} is beyond the {MAX_DEVICES} devices a control block holds")]
@@ -215,6 +228,14 @@ pub fn decode(words: &[u64]) -> Result<Option<ControlSnapshot>, ControlError> {
             settings.memory_limit[d] = Some(words[W_MEMORY + d]);
         }
     }
+    let qos = words[W_QOS];
+    if qos & QOS_SET != 0 {
+        let (tier, guarantee) = (qos & 0xFF, (qos >> 8) & 0xFFFF);
+        if !qos_valid(tier, guarantee) || qos & !(QOS_SET | 0xFF_FFFF) != 0 {
+            return Err(ControlError::Qos { tier, guarantee });
+        }
+        settings.qos = Some((tier as u8, guarantee as u16));
+    }
     Ok(Some(ControlSnapshot {
         generation,
         settings,
@@ -259,10 +280,29 @@ pub(crate) fn encode(settings: &ControlSettings, words: &mut [u64; CONTROL_WORDS
     }
     words[W_SM_SET] = sm_set;
     words[W_MEMORY_SET] = memory_set;
+    words[W_QOS] = settings.qos.map_or(0, |(tier, guarantee)| {
+        QOS_SET | u64::from(tier) | u64::from(guarantee) << 8
+    });
+}
+
+fn qos_valid(tier: u64, guarantee: u64) -> bool {
+    match tier {
+        2 => (1..=1000).contains(&guarantee),
+        0 | 1 | 3 => guarantee == 0,
+        _ => false,
+    }
 }
 
 /// Checks settings before they are written.
 pub fn validate(settings: &ControlSettings) -> Result<(), ControlError> {
+    if let Some((tier, guarantee)) = settings.qos
+        && !qos_valid(u64::from(tier), u64::from(guarantee))
+    {
+        return Err(ControlError::Qos {
+            tier: u64::from(tier),
+            guarantee: u64::from(guarantee),
+        });
+    }
     for (device, p) in settings.sm_percent.iter().enumerate() {
         if let Some(p) = *p
             && p > 100
@@ -299,6 +339,20 @@ mod tests {
         let snap = decode(&written(&s, 2)).unwrap().unwrap();
         assert_eq!(snap.settings, s);
         assert_eq!(snap.generation, 2);
+        for qos in [(0, 0), (1, 0), (2, 300), (3, 0)] {
+            s.qos = Some(qos);
+            assert_eq!(validate(&s), Ok(()));
+            let snap = decode(&written(&s, 4)).unwrap().unwrap();
+            assert_eq!(snap.settings.qos, Some(qos));
+        }
+        for (tier, guarantee) in [(2, 0), (2, 1001), (1, 5), (4, 0)] {
+            s.qos = Some((tier, guarantee));
+            assert!(validate(&s).is_err(), "{tier} {guarantee}");
+            assert!(
+                matches!(decode(&written(&s, 4)), Err(ControlError::Qos { .. })),
+                "{tier} {guarantee}"
+            );
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use limiter_core::{config::Config, sm::Controller};
 use region::{ControlError, ControlReader, ControlSettings, Region, control_path};
 
+use super::qos::Qos;
 use crate::platform::log::{self, Level};
 
 /// The mapped control block and the generation last applied.
@@ -57,12 +58,13 @@ impl Control {
         sm_base: &[Option<u8>; MAX_DEVICES],
         region: Option<&Region>,
         sm: &Controller,
+        qos: &Qos,
     ) -> bool {
         // Relaxed: a change noticed one call later is fine; `apply` reads the block under its
         // seqlock (Acquire) before using any field.
         let generation = self.reader.generation_word().load(Ordering::Relaxed);
         generation != self.applied.load(Ordering::Relaxed)
-            && self.apply(generation, config, sm_base, region, sm)
+            && self.apply(generation, config, sm_base, region, sm, qos)
     }
 
     #[cold]
@@ -74,6 +76,7 @@ impl Control {
         sm_base: &[Option<u8>; MAX_DEVICES],
         region: Option<&Region>,
         sm: &Controller,
+        qos: &Qos,
     ) -> bool {
         let seen = self.applied.load(Ordering::Relaxed);
         // Relaxed: the CAS only elects one applier per generation; the data comes from the
@@ -89,14 +92,16 @@ impl Control {
         match self.reader.snapshot() {
             Ok(Some(snap)) => {
                 apply_settings(&snap.settings, config.sm_period_ms, sm_base, region, sm);
+                qos.set_override(snap.settings.qos);
                 log::write(
                     config.log_level,
                     Level::Info,
                     format_args!(
-                        "control block generation {}: SM {:?}, memory {:?}",
+                        "control block generation {}: SM {:?}, memory {:?}, QoS tier {}",
                         snap.generation,
                         &snap.settings.sm_percent[..4],
-                        &snap.settings.memory_limit[..4]
+                        &snap.settings.memory_limit[..4],
+                        qos.tier().map_or("none", |t| t.name()),
                     ),
                 );
                 true

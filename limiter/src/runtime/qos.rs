@@ -67,7 +67,10 @@ const HYSTERESIS_PCT: u8 = 2;
 /// The process's QoS tier and what its launches read.
 #[derive(Debug)]
 pub(crate) struct Qos {
-    tier: Option<Tier>,
+    /// The environment's tier.
+    base: Option<Tier>,
+    /// The tier now: the control block's override, else `base` ([`encode_tier`]; 0: none).
+    tier: AtomicU64,
     board: Option<PathBuf>,
     /// The pid whose process runs the thread (0: none): a forked child starts its own.
     started: AtomicI32,
@@ -94,17 +97,35 @@ pub(crate) struct QosPlant {
 impl Qos {
     pub(crate) fn new(tier: Option<Tier>, board: Option<PathBuf>) -> Qos {
         Qos {
-            tier,
+            base: tier,
+            tier: AtomicU64::new(encode_tier(tier)),
             board,
             started: AtomicI32::new(0),
             gates: [const { AtomicU64::new(0) }; MAX_DEVICES],
         }
     }
 
+    /// The tier now.
+    pub(crate) fn tier(&self) -> Option<Tier> {
+        // Relaxed: a configuration value; the thread reads it every tick.
+        decode_tier(self.tier.load(Ordering::Relaxed))
+    }
+
+    /// Applies the control block's override (`None`: the environment's tier again; `(0, _)`: no
+    /// tier; else `(tier, guarantee per mille)` as `Tier::encode` makes them).
+    pub(crate) fn set_override(&self, over: Option<(u8, u16)>) {
+        let tier = match over {
+            None => self.base,
+            Some((t, g)) => Tier::decode(t, g),
+        };
+        // Relaxed: see `tier`.
+        self.tier.store(encode_tier(tier), Ordering::Relaxed);
+    }
+
     /// Marks the devices' launches as tiered and starts the thread, if the container has a tier
     /// and this process has none.
     pub(crate) fn ensure_started(&'static self, plant: QosPlant) {
-        let Some(tier) = self.tier else { return };
+        let Some(tier) = self.tier() else { return };
         for d in 0..MAX_DEVICES {
             plant.sm.set_tiered(d, true);
         }
@@ -116,7 +137,7 @@ impl Qos {
         let spawned = std::thread::Builder::new()
             .name("vgpu-qos".into())
             .spawn(move || {
-                plant.panics.shield(|| run(plant, tier));
+                plant.panics.shield(|| run(plant));
             });
         if let Err(e) = spawned {
             log::write(
@@ -151,10 +172,22 @@ struct Device {
     entry: BoardEntry,
 }
 
-fn run(plant: QosPlant, tier: Tier) {
+fn encode_tier(tier: Option<Tier>) -> u64 {
+    tier.map_or(0, |t| {
+        let (b, g) = t.encode();
+        u64::from(b) | u64::from(g) << 8
+    })
+}
+
+fn decode_tier(word: u64) -> Option<Tier> {
+    Tier::decode(word as u8, (word >> 8) as u16)
+}
+
+fn run(plant: QosPlant) {
     // Anything this thread reaches through a hook passes straight to the driver.
     let _inside = Reentry::enter(plant.tls.words());
     let qos = plant.qos;
+    let name = qos.tier().map_or("none", Tier::name);
     let board = qos
         .board
         .as_deref()
@@ -165,8 +198,7 @@ fn run(plant: QosPlant, tier: Tier) {
                     plant.log,
                     Level::Warn,
                     format_args!(
-                        "{e}; the {} tier has no neighbours to share with (VGPU_QOS_BOARD)",
-                        tier.name()
+                        "{e}; the {name} tier has no neighbours to share with (VGPU_QOS_BOARD)"
                     ),
                 );
                 None
@@ -176,10 +208,7 @@ fn run(plant: QosPlant, tier: Tier) {
         log::write(
             plant.log,
             Level::Info,
-            format_args!(
-                "QoS tier {} without VGPU_QOS_BOARD: no neighbours to share with",
-                tier.name()
-            ),
+            format_args!("QoS tier {name} without VGPU_QOS_BOARD: no neighbours to share with"),
         );
     }
     let owner = owner_key(plant.region);
@@ -188,7 +217,31 @@ fn run(plant: QosPlant, tier: Tier) {
     let fast_per_tick = (TICK.as_nanos() / FAST_TICK.as_nanos()) as u32;
     let mut fast_count = 0u32;
     let mut logged_error = false;
+    let mut untiered = false;
     loop {
+        let Some(tier) = qos.tier() else {
+            // The control block took the tier away: launches run at the user's share alone.
+            if !untiered {
+                untiered = true;
+                for (d, dev) in devices.iter_mut().enumerate() {
+                    plant.sm.set_qos(d, None);
+                    plant.sm.set_gate(d, false);
+                    plant.windows[d].set_qos(0);
+                    dev.applied = 0;
+                    dev.latency_slots.clear();
+                }
+                for d in 0..MAX_DEVICES {
+                    plant.sm.set_tiered(d, false);
+                }
+            }
+            std::thread::sleep(TICK);
+            continue;
+        };
+        if std::mem::take(&mut untiered) {
+            for d in 0..MAX_DEVICES {
+                plant.sm.set_tiered(d, true);
+            }
+        }
         let fast = devices
             .iter()
             .any(|d| tier == Tier::Latency || !d.latency_slots.is_empty());

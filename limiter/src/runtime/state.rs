@@ -108,9 +108,10 @@ impl State {
         let control = region
             .as_ref()
             .and_then(|r| Control::open(r, config.log_level));
+        let qos = Qos::new(config.qos_tier, config.qos_board.clone());
         // A change written before this process started applies from its first call.
         if let Some(c) = &control {
-            c.poll(&config, &sm_base, region.as_ref(), &sm);
+            c.poll(&config, &sm_base, region.as_ref(), &sm, &qos);
         }
         // The next poll after that: a period of ticks counted as nanoseconds (the clock is not
         // converted yet, and would have to wait for its calibration); a TSC of at least 1 GHz
@@ -129,7 +130,7 @@ impl State {
             control,
             region,
             feedback: Feedback::new(config.sm_feedback),
-            qos: Qos::new(config.qos_tier, config.qos_board.clone()),
+            qos,
             config,
             sm,
             sm_base,
@@ -206,7 +207,13 @@ impl State {
     #[inline(always)]
     pub(crate) fn poll_control(&'static self) {
         if let Some(c) = &self.control
-            && c.poll(&self.config, &self.sm_base, self.region.as_ref(), &self.sm)
+            && c.poll(
+                &self.config,
+                &self.sm_base,
+                self.region.as_ref(),
+                &self.sm,
+                &self.qos,
+            )
         {
             self.start();
         }

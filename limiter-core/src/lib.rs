@@ -13,6 +13,7 @@
 //! - [`pools`]: what each stream-ordered pool is charged, settled against the driver's reserved
 //!   size.
 //! - [`info`]: memory information as the limit shows it (`cuMemGetInfo`, NVML).
+//! - [`oom_wait`]: the schedule of an allocation waiting for device memory (`VGPU_OOM_WAIT`).
 //! - [`gpu_time`]: which launches are timed on the GPU with event pairs, read back without waiting.
 //! - [`sm`]: the SM share's duty cycle per device and its correction law from NVML's
 //!   measurements ([`sm::feedback`]).
@@ -24,7 +25,8 @@
 //!
 //! 1. inputs: `gpu_time`, `config`. The GPU-time sampler and the configuration read from the
 //!    environment.
-//! 2. control: `accounting`, `sm`. Accounting against the limits and the SM share controller.
+//! 2. control: `accounting`, `sm`, `oom_wait`. Accounting against the limits, the SM share
+//!    controller and the wait for device memory.
 //! 3. charges: `charge`, `info`, `pools`, `alloc_table`. Context charges, memory information under
 //!    the limit, pools and the allocation table.
 
@@ -36,5 +38,6 @@ pub mod charge;
 pub mod config;
 pub mod gpu_time;
 pub mod info;
+pub mod oom_wait;
 pub mod pools;
 pub mod sm;

@@ -143,7 +143,7 @@ exports! {
             Err(e) => return e,
         };
         let cap = config().capacity;
-        let used = s.used[d as usize];
+        let used = s.device_used(d);
         drop(s);
         out!(free, cap.saturating_sub(used) as usize);
         out!(total, cap as usize);

@@ -10,9 +10,15 @@
 //! | 0 | `busy_until`: `CLOCK_MONOTONIC` ns at which all work queued so far will have finished |
 //! | 1 | `launched_ns`: device time of all launches so far; the time executed by `t` is `launched_ns - max(0, busy_until - t)` |
 //! | 8 + 2i, 9 + 2i | process entry `i` (0..64): its pid (0: free) and its launches |
+//! | 256 + d | device `d`'s memory (0..64): bytes charged by all processes, checked against `SIMCUDA_CAPACITY` |
 //!
 //! A word may be read while another process updates the other (a reader may see a launch in
 //! `busy_until` before it is in `launched_ns`): one launch's time, nothing more.
+//!
+//! Memory is one pool per device for all processes, as on a GPU: an allocation fails with
+//! `CUDA_ERROR_OUT_OF_MEMORY` when the bytes charged by every process naming the file would pass
+//! the capacity. A process that exits without freeing leaves its bytes charged (a real driver
+//! returns them); tests free before they exit.
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
@@ -24,6 +30,9 @@ const W_BUSY_UNTIL: usize = 0;
 const W_LAUNCHED_NS: usize = 1;
 const W_PROCESSES: usize = 8;
 const PROCESSES: usize = 64;
+const W_MEMORY: usize = 256;
+/// Devices whose memory the file accounts for.
+const MEMORY_DEVICES: usize = 64;
 
 /// The mapped file and this process's entry.
 pub struct SharedDevice {
@@ -111,6 +120,42 @@ impl SharedDevice {
             l.fetch_add(1, Ordering::AcqRel);
         }
         end
+    }
+}
+
+impl SharedDevice {
+    /// Charges `size` bytes to `device` if every process's charge stays within `capacity`.
+    pub fn try_charge(&self, device: usize, size: u64, capacity: u64) -> bool {
+        let Some(word) = self.memory(device) else {
+            return false;
+        };
+        // AcqRel/Acquire: the charge is the one word every process's allocations contend on;
+        // the exchange orders them (no other memory is published through it).
+        word.try_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            used.checked_add(size).filter(|n| *n <= capacity)
+        })
+        .is_ok()
+    }
+
+    /// Returns `size` bytes charged to `device`.
+    pub fn uncharge(&self, device: usize, size: u64) {
+        if let Some(word) = self.memory(device) {
+            // Saturating: a file reset by hand under a live process must not wrap.
+            let _ = word.try_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(size))
+            });
+        }
+    }
+
+    /// Bytes charged to `device` by every process.
+    pub fn charged(&self, device: usize) -> u64 {
+        // Acquire: pairs with the exchanges of `try_charge` and `uncharge`.
+        self.memory(device)
+            .map_or(0, |word| word.load(Ordering::Acquire))
+    }
+
+    fn memory(&self, device: usize) -> Option<&AtomicU64> {
+        (device < MEMORY_DEVICES).then(|| &self.words[W_MEMORY + device])
     }
 }
 

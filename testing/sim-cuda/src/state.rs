@@ -224,21 +224,40 @@ impl State {
         Ok(addr)
     }
 
-    /// Charges `size` bytes to `device`, or fails with out-of-memory.
+    /// Charges `size` bytes to `device`, or fails with out-of-memory: against this process's
+    /// charge, and with `SIMCUDA_SHARED_DEVICE` against every process's.
     fn charge(&mut self, device: i32, size: u64) -> Result<(), CUresult> {
+        let capacity = config().capacity;
         let used = &mut self.used[device as usize];
-        match used.checked_add(size) {
-            Some(n) if n <= config().capacity => {
-                *used = n;
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
+        let n = used
+            .checked_add(size)
+            .filter(|n| *n <= capacity)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        if let Some(shared) = crate::shared::device()
+            && !shared.try_charge(device as usize, size, capacity)
+        {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
+        *used = n;
+        Ok(())
     }
 
     fn uncharge(&mut self, device: i32, size: u64) {
         let used = &mut self.used[device as usize];
-        *used = used.saturating_sub(size);
+        let returned = size.min(*used);
+        *used -= returned;
+        if let Some(shared) = crate::shared::device() {
+            shared.uncharge(device as usize, returned);
+        }
+    }
+
+    /// Bytes charged to `device`: by every process with `SIMCUDA_SHARED_DEVICE`, else by this
+    /// one.
+    pub fn device_used(&self, device: i32) -> u64 {
+        match crate::shared::device() {
+            Some(shared) => shared.charged(device as usize),
+            None => self.used[device as usize],
+        }
     }
 
     /// `cuMemAlloc`-style allocation on `device`.

@@ -13,6 +13,8 @@
 //! - [`pools`]: what each stream-ordered pool is charged, settled against the driver's reserved
 //!   size.
 //! - [`info`]: memory information as the limit shows it (`cuMemGetInfo`, NVML).
+//! - [`freeze`]: which idle containers to freeze and when to thaw them, under a host-memory
+//!   budget (docs/oversubscription.md).
 //! - [`oom_wait`]: the schedule of an allocation waiting for device memory (`VGPU_OOM_WAIT`).
 //! - [`gpu_time`]: which launches are timed on the GPU with event pairs, read back without waiting.
 //! - [`sm`]: the SM share's duty cycle per device and its correction law from NVML's
@@ -25,8 +27,8 @@
 //!
 //! 1. inputs: `gpu_time`, `config`. The GPU-time sampler and the configuration read from the
 //!    environment.
-//! 2. control: `accounting`, `sm`, `oom_wait`. Accounting against the limits, the SM share
-//!    controller and the wait for device memory.
+//! 2. control: `accounting`, `sm`, `oom_wait`, `freeze`. Accounting against the limits, the SM
+//!    share controller, the wait for device memory and the freeze decisions.
 //! 3. charges: `charge`, `info`, `pools`, `alloc_table`. Context charges, memory information under
 //!    the limit, pools and the allocation table.
 
@@ -36,6 +38,7 @@ pub mod accounting;
 pub mod alloc_table;
 pub mod charge;
 pub mod config;
+pub mod freeze;
 pub mod gpu_time;
 pub mod info;
 pub mod oom_wait;

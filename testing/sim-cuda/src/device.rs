@@ -75,6 +75,7 @@ exports! {
         if config().devices == 0 {
             return CUDA_ERROR_NO_DEVICE;
         }
+        crate::checkpoint::start();
         set_initialized();
         CUDA_SUCCESS
     }

@@ -749,7 +749,11 @@ mod tests {
     #[test]
     fn oversubscribe_is_on_only_for_the_exact_value_hami_sets() {
         assert!(!vars(&[]).unwrap().oversubscribe);
-        assert!(vars(&[("CUDA_OVERSUBSCRIBE", "true")]).unwrap().oversubscribe);
+        assert!(
+            vars(&[("CUDA_OVERSUBSCRIBE", "true")])
+                .unwrap()
+                .oversubscribe
+        );
         for other in ["TRUE", "1", "yes", "", "true "] {
             let c = vars(&[("CUDA_OVERSUBSCRIBE", other)]).unwrap();
             assert!(!c.oversubscribe, "{other:?}");
@@ -767,7 +771,17 @@ mod tests {
         for off in ["0", "off", "0s", "0ms"] {
             assert_eq!(wait(off), Ok(None), "{off:?}");
         }
-        for bad in ["", "5", "ms", "1.5s", "-1s", "+1s", "1h", "61m", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "5",
+            "ms",
+            "1.5s",
+            "-1s",
+            "+1s",
+            "1h",
+            "61m",
+            "99999999999999999999s",
+        ] {
             let e = wait(bad).unwrap_err();
             assert!(
                 matches!(&e, ConfigError::Invalid { var, .. } if var == "VGPU_OOM_WAIT"),

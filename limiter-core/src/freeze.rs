@@ -169,10 +169,7 @@ impl<K: Eq + Hash + Clone> Freezer<K> {
     /// Starts a freeze (by hand, or from [`Freezer::due`]): reserves the container's bytes.
     pub fn begin_freeze(&mut self, key: &K) -> Result<(), FreezeRefused> {
         let left = self.budget.saturating_sub(self.held);
-        let c = self
-            .containers
-            .get_mut(key)
-            .ok_or(FreezeRefused::Unknown)?;
+        let c = self.containers.get_mut(key).ok_or(FreezeRefused::Unknown)?;
         if c.phase != Phase::Running {
             return Err(FreezeRefused::NotRunning(c.phase));
         }
@@ -313,7 +310,11 @@ mod tests {
         assert!(f.due(30 * S, by_name).is_empty());
         // A container holding no device memory has nothing to give back.
         f.observe("empty", quiet(0), 0, 0);
-        assert!(f.due(100 * S, by_name).iter().all(|s| *s != Step::Freeze("empty")));
+        assert!(
+            f.due(100 * S, by_name)
+                .iter()
+                .all(|s| *s != Step::Freeze("empty"))
+        );
     }
 
     #[test]

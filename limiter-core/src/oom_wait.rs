@@ -93,7 +93,10 @@ mod tests {
         // timeout.
         let (ok, attempts, spent) = simulate(Duration::from_secs(5), Some(10_000_000), 0);
         assert!(ok);
-        assert!(spent >= 10_000_000 && spent < 10_000_000 + 16_000_000, "{spent}");
+        assert!(
+            spent >= 10_000_000 && spent < 10_000_000 + 16_000_000,
+            "{spent}"
+        );
         assert!(attempts <= 6, "{attempts}");
     }
 

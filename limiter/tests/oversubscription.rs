@@ -100,7 +100,11 @@ fn recorded(region: &Path) -> ((u64, u64, u64), u64) {
         .find(|s| s.phase == SlotPhase::Live)
         .expect("a live slot");
     let id = ApiId::from_name("cuMemAlloc_v2").unwrap();
-    let a = slot.apis.iter().find(|a| a.api == id).expect("cuMemAlloc_v2");
+    let a = slot
+        .apis
+        .iter()
+        .find(|a| a.api == id)
+        .expect("cuMemAlloc_v2");
     ((a.calls, a.errors, a.denied), slot.throttled_ns)
 }
 
@@ -142,7 +146,12 @@ fn running_out_of_the_gpu_is_a_warning_where_limits_are_meant_to_fit() {
     let err = release(b);
     assert!(!err.contains("no room"), "{err}");
     // Without CUDA_OVERSUBSCRIBE=true (`1` is not HAMi's value): a warning.
-    let mut b = hold(4 * GIB, &gpu, &second, &[level, ("CUDA_OVERSUBSCRIBE", "1")]);
+    let mut b = hold(
+        4 * GIB,
+        &gpu,
+        &second,
+        &[level, ("CUDA_OVERSUBSCRIBE", "1")],
+    );
     assert_eq!(held(&mut b), 2);
     let err = release(b);
     assert!(

@@ -707,10 +707,7 @@ mod tests {
 
     #[test]
     fn a_denial_by_the_limit_is_not_waited_for() {
-        let cx = Cx::new(
-            waiting(4 * MIB, std::time::Duration::from_secs(30)),
-            "oom4",
-        );
+        let cx = Cx::new(waiting(4 * MIB, std::time::Duration::from_secs(30)), "oom4");
         assert_eq!(alloc(&cx, 6 * MIB).0, CUDA_ERROR_OUT_OF_MEMORY);
         assert!(driver_calls().is_empty());
         assert_eq!(held_back_ns(&cx), 0);

@@ -108,7 +108,11 @@ fn pattern(gpu: &Path, extra: &[(&str, &str)]) -> Running {
     p.send("check");
     assert_eq!(p.line()["checking"], true);
     let v = p.line();
-    assert_eq!((v["result"].as_i64(), v["corrupted"].as_u64()), (Some(0), Some(0)), "{v}");
+    assert_eq!(
+        (v["result"].as_i64(), v["corrupted"].as_u64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
     p
 }
 
@@ -118,7 +122,10 @@ fn a_checkpoint_gives_the_memory_back_and_the_restore_brings_it_back_word_for_wo
     let mut p = pattern(&gpu, &[]);
     let pid = p.pid();
     assert_eq!(charged(&gpu), 8 * MIB);
-    assert_eq!(op(&gpu, pid, "state", 0), (0, Some(CU_PROCESS_STATE_RUNNING)));
+    assert_eq!(
+        op(&gpu, pid, "state", 0),
+        (0, Some(CU_PROCESS_STATE_RUNNING))
+    );
     assert_eq!(op(&gpu, pid, "lock", 0), (0, Some(CU_PROCESS_STATE_LOCKED)));
     assert_eq!(
         op(&gpu, pid, "checkpoint", 0),
@@ -131,13 +138,23 @@ fn a_checkpoint_gives_the_memory_back_and_the_restore_brings_it_back_word_for_wo
     let mut other = Running::start(&["hold", "--bytes", "64m"], &gpu, &[]);
     assert_eq!(other.line()["result"], 0);
     assert_eq!(other.finish()["freed"], 0);
-    assert_eq!(op(&gpu, pid, "restore", 0), (0, Some(CU_PROCESS_STATE_LOCKED)));
+    assert_eq!(
+        op(&gpu, pid, "restore", 0),
+        (0, Some(CU_PROCESS_STATE_LOCKED))
+    );
     assert_eq!(charged(&gpu), 8 * MIB);
-    assert_eq!(op(&gpu, pid, "unlock", 0), (0, Some(CU_PROCESS_STATE_RUNNING)));
+    assert_eq!(
+        op(&gpu, pid, "unlock", 0),
+        (0, Some(CU_PROCESS_STATE_RUNNING))
+    );
     // The call that waited read the memory as it was before the checkpoint (had it run while
     // checkpointed, it would have read zeros).
     let v = p.line();
-    assert_eq!((v["result"].as_i64(), v["corrupted"].as_u64()), (Some(0), Some(0)), "{v}");
+    assert_eq!(
+        (v["result"].as_i64(), v["corrupted"].as_u64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
     assert_eq!(p.finish()["freed"], 0);
     assert_eq!(charged(&gpu), 0);
 }
@@ -153,11 +170,21 @@ fn a_restore_without_room_fails_and_stays_checkpointed() {
     assert_eq!(other.line()["result"], 0);
     assert_eq!(
         op(&gpu, pid, "restore", 0),
-        (CUDA_ERROR_OUT_OF_MEMORY, Some(CU_PROCESS_STATE_CHECKPOINTED))
+        (
+            CUDA_ERROR_OUT_OF_MEMORY,
+            Some(CU_PROCESS_STATE_CHECKPOINTED)
+        )
     );
-    assert_eq!(charged(&gpu), 60 * MIB, "nothing charged by the failed restore");
+    assert_eq!(
+        charged(&gpu),
+        60 * MIB,
+        "nothing charged by the failed restore"
+    );
     other.finish();
-    assert_eq!(op(&gpu, pid, "restore", 0), (0, Some(CU_PROCESS_STATE_LOCKED)));
+    assert_eq!(
+        op(&gpu, pid, "restore", 0),
+        (0, Some(CU_PROCESS_STATE_LOCKED))
+    );
     assert_eq!(op(&gpu, pid, "unlock", 0).0, 0);
     let mut p = p;
     p.send("check");
@@ -184,7 +211,10 @@ fn a_lock_waits_for_calls_in_flight_and_gives_up_at_its_timeout() {
     assert_eq!(p.line()["checking"], true);
     assert_eq!(op(&gpu, pid, "lock", 0), (0, Some(CU_PROCESS_STATE_LOCKED)));
     let v = p.line();
-    assert_eq!(v["corrupted"], 0, "the call in flight finished before the lock: {v}");
+    assert_eq!(
+        v["corrupted"], 0,
+        "the call in flight finished before the lock: {v}"
+    );
     assert_eq!(op(&gpu, pid, "unlock", 0).0, 0);
     p.finish();
 }
@@ -203,7 +233,10 @@ fn requests_out_of_order_unknown_pids_and_unshared_devices_are_refused() {
     // A pid with no entry in the device file.
     assert_eq!(op(&gpu, 1, "lock", 0), (1, None));
     // No shared device: nothing to checkpoint through.
-    let out = run_sim(&["checkpoint", "--pid", &pid.to_string(), "--op", "lock"], &[]);
+    let out = run_sim(
+        &["checkpoint", "--pid", &pid.to_string(), "--op", "lock"],
+        &[],
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["result"], CUDA_ERROR_NOT_SUPPORTED);
     assert_eq!(p.finish()["freed"], 0);

@@ -20,9 +20,9 @@
 //! while the caller waits, or the caller's own pid `CUDA_ERROR_INVALID_VALUE`; without a shared
 //! device `CUDA_ERROR_NOT_SUPPORTED`. One checkpointing process at a time per target.
 
+use crate::put;
 use crate::runtime::{Sym, close_gate, enable_gate, open_gate};
 use crate::shared::{self, Mailbox};
-use crate::put;
 use crate::state::state;
 use crate::types::*;
 use std::ffi::{c_int, c_void};

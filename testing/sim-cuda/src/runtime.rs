@@ -82,10 +82,7 @@ fn through_gate(body: impl FnOnce() -> CUresult) -> CUresult {
         IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
         let mut guard = GATE_WAIT.0.lock().unwrap_or_else(|e| e.into_inner());
         while GATE_CLOSED.load(Ordering::SeqCst) {
-            guard = GATE_WAIT
-                .1
-                .wait(guard)
-                .unwrap_or_else(|e| e.into_inner());
+            guard = GATE_WAIT.1.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
     }
     let r = body();

@@ -94,7 +94,7 @@ mod tests {
         let (ok, attempts, spent) = simulate(Duration::from_secs(5), Some(10_000_000), 0);
         assert!(ok);
         assert!(
-            spent >= 10_000_000 && spent < 10_000_000 + 16_000_000,
+            (10_000_000..10_000_000 + 16_000_000).contains(&spent),
             "{spent}"
         );
         assert!(attempts <= 6, "{attempts}");

@@ -43,8 +43,10 @@ pub fn pattern(drv: &Driver, bytes: usize) -> Result<ExitCode, String> {
         print(json!({"checking": true}));
         let r = drv.memcpy_dtoh(&mut back, ptr);
         let corrupted = back
-            .chunks_exact(8)
-            .zip(expected.chunks_exact(8))
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .zip(expected.as_chunks::<8>().0)
             .filter(|(a, b)| a != b)
             .count();
         print(json!({"result": r, "corrupted": corrupted}));

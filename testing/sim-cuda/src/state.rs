@@ -79,6 +79,9 @@ pub enum Obj {
     GraphExec,
 }
 
+/// Device memory content: page address to the page's bytes.
+type Content = BTreeMap<u64, Box<[u8]>>;
+
 pub struct State {
     next_addr: u64,
     next_handle: u64,
@@ -102,10 +105,10 @@ pub struct State {
     /// Device memory content: the pages copies have written (page address -> bytes); a page
     /// never written reads as zeros. Kept only for what is written, so an 80 GiB device costs
     /// nothing until a test fills some of it.
-    content: BTreeMap<u64, Box<[u8]>>,
+    content: Content,
     /// While checkpointed: the bytes given back to each device and the content saved to host
     /// memory (`checkpoint.rs`).
-    checkpointed: Option<(Vec<u64>, BTreeMap<u64, Box<[u8]>>)>,
+    checkpointed: Option<(Vec<u64>, Content)>,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::new(config().devices)));

@@ -94,7 +94,7 @@ pub(super) fn out_of_device_memory<F: Copy>(
             state.log_level(),
             physical_oom_level(state.config.oversubscribe),
             format_args!(
-                "{}: the GPU has no room for {} bytes on device {} within the limit{}",
+                "{}: the GPU has no room for {} bytes on device {} (allowed by the limit){}",
                 sym.name().to_string_lossy(),
                 charge.map_or(0, |c| c.bytes),
                 charge.map_or(0, |c| c.device),

@@ -693,6 +693,31 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_ordered_allocation_waits_the_same_way() {
+        let cx = Cx::new(
+            waiting(64 * MIB, std::time::Duration::from_secs(30)),
+            "oom5",
+        );
+        device(|d| {
+            d.failing.push("cuMemAllocAsync");
+            d.failures_left = Some(2);
+        });
+        let (r, addr) = alloc_async(&cx, 2 * MIB);
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(
+            driver_calls()
+                .iter()
+                .filter(|c| **c == "cuMemAllocAsync")
+                .count(),
+            3
+        );
+        let [calls, errors, ..] = cx.recorded("cuMemAllocAsync");
+        assert_eq!((calls, errors), (1, 0));
+        assert!(held_back_ns(&cx) >= 3_000_000, "{}", held_back_ns(&cx));
+        assert_eq!(free_async(&cx, addr), CUDA_SUCCESS);
+    }
+
+    #[test]
     fn a_wait_that_times_out_fails_and_returns_the_reservation() {
         let timeout = std::time::Duration::from_millis(40);
         let cx = Cx::new(waiting(64 * MIB, timeout), "oom3");

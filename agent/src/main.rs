@@ -15,12 +15,14 @@
 //! 3. host: `host`, `identity`, `client`, `probe_options`. Facts about the host that commands may
 //!    read too: its paths, process and container identity (/proc, cgroups, runtimes), the client
 //!    side of the daemon's snapshot socket; and the probes' options, which commands fill in.
-//! 4. probing: `discovery`, `nvml`, `probes`. The GPU-facing sources only the collector drives:
-//!    the library scan, NVML, and the eBPF probes with their session.
+//! 4. probing: `discovery`, `nvml`, `probes`, `checkpoint`. The GPU-facing sources only the
+//!    collector drives: the library scan, NVML, and the eBPF probes with their session; and the
+//!    driver's checkpoint API, which `freeze` calls.
 //! 5. collector: `collector`. Joins the sources into one model snapshot per tick.
 //! 6. views: `export`; never `host`, `identity`, `client`, `discovery`, `nvml`, `probes`,
 //!    `collector`. The exporters (Prometheus, OTLP): they read the model only.
-//! 7. commands: `tui`, `stat`, `attribute`, `limit`, `cdi`; never `discovery`, `nvml`, `probes`.
+//! 7. commands: `tui`, `stat`, `attribute`, `limit`, `cdi`, `freeze`; never `discovery`, `nvml`,
+//!    `probes`.
 //!    What users run: they get snapshots from a collector or the daemon's socket and render
 //!    them, or read and write limits. Never the probes, NVML or the scan.
 //! 8. top: `daemon`. The long-running daemon; the binary's entry point (this file) starts it or
@@ -28,11 +30,13 @@
 
 mod attribute;
 mod cdi;
+mod checkpoint;
 mod client;
 mod collector;
 mod daemon;
 mod discovery;
 mod export;
+mod freeze;
 mod host;
 mod identity;
 mod limit;
@@ -49,7 +53,12 @@ mod sys;
 mod tui;
 mod units;
 
-use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -280,6 +289,41 @@ enum LimitAction {
     },
 }
 
+/// Prints what a freeze or thaw did for each process, also when some failed (the error then
+/// lists those).
+fn report_each(outcome: Result<Vec<String>, freeze::FreezeError>) -> anyhow::Result<()> {
+    let done = match &outcome {
+        Ok(lines) => lines,
+        Err(freeze::FreezeError::Failed { done, .. }) => done,
+        Err(_) => &Vec::new(),
+    };
+    for line in done {
+        println!("{line}");
+    }
+    outcome.map(drop).map_err(Into::into)
+}
+
+/// Which processes `freeze` and `thaw` apply to.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct FreezeTarget {
+    /// The container (id or id prefix): every process of it that maps libcuda.
+    #[arg(long)]
+    container: Option<String>,
+    /// A process (host pid); repeat for several.
+    #[arg(long)]
+    pid: Vec<u32>,
+}
+
+impl FreezeTarget {
+    fn target(&self) -> freeze::Target {
+        match &self.container {
+            Some(c) => freeze::Target::Container(c.clone()),
+            None => freeze::Target::Pids(self.pid.clone()),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Trace CUDA driver calls for a while and print per-process and per-cgroup statistics.
@@ -352,6 +396,27 @@ enum Command {
     Limit {
         #[command(subcommand)]
         action: LimitAction,
+    },
+    /// Freeze a container's GPU processes: their device memory moves to host memory and goes
+    /// back to the GPU, they stay alive and their CUDA calls wait for the thaw (the driver's
+    /// checkpoint API, driver 550 or newer).
+    Freeze {
+        #[command(flatten)]
+        target: FreezeTarget,
+        /// How long to wait for each process's CUDA calls in flight before giving up.
+        #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
+        lock_timeout: Duration,
+        /// The driver library.
+        #[arg(long, default_value = "libcuda.so.1")]
+        libcuda: PathBuf,
+    },
+    /// Thaw frozen processes: their memory comes back to the GPU and their CUDA calls proceed.
+    Thaw {
+        #[command(flatten)]
+        target: FreezeTarget,
+        /// The driver library.
+        #[arg(long, default_value = "libcuda.so.1")]
+        libcuda: PathBuf,
     },
     /// Inject the limiter into containers through CDI (`--device vgpu-agent.dev/limit=NAME`).
     Cdi {
@@ -560,6 +625,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", sanitize::inert(&l));
             }
             Ok(())
+        }
+        Command::Freeze {
+            target,
+            lock_timeout,
+            libcuda,
+        } => {
+            let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
+            let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
+            report_each(freeze::freeze(&api, &pids, lock_timeout))
+        }
+        Command::Thaw { target, libcuda } => {
+            let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
+            let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
+            report_each(freeze::thaw(&api, &pids))
         }
         Command::Cdi { command } => {
             for line in cdi::run(command)? {

@@ -6,7 +6,7 @@
 //! malformed value is an error naming the variable and the value; the limiter then fails every
 //! intercepted call rather than run unlimited.
 
-use std::{ffi::OsString, path::PathBuf};
+use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use agent_common::MAX_DEVICES;
 
@@ -25,6 +25,11 @@ pub(crate) const DEBUG_HOOK_DELAY_NS: &str = "VGPU_DEBUG_HOOK_DELAY_NS";
 pub(crate) const SM_PERIOD_MS: &str = "VGPU_SM_PERIOD_MS";
 pub(crate) const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
 pub(crate) const GPU_TIME_SAMPLE: &str = "VGPU_GPU_TIME_SAMPLE";
+pub(crate) const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+pub(crate) const OOM_WAIT: &str = "VGPU_OOM_WAIT";
+
+/// The longest `VGPU_OOM_WAIT` accepted: an allocation is never held longer than this.
+pub(crate) const MAX_OOM_WAIT: Duration = Duration::from_secs(3600);
 pub(crate) const QOS_TIER: &str = "VGPU_QOS_TIER";
 pub(crate) const QOS_GUARANTEE: &str = "VGPU_QOS_GUARANTEE";
 pub(crate) const QOS_BOARD: &str = "VGPU_QOS_BOARD";
@@ -166,6 +171,15 @@ pub struct Config {
     /// about 200 samples per second per launching thread; `N`: every Nth launch; `0` or `off`:
     /// never).
     pub gpu_time_sample: SampleRate,
+    /// HAMi's `CUDA_OVERSUBSCRIBE=true` (set when its device memory scaling is above 1): the
+    /// containers' limits may add up to more than the GPU. Only the exact value `true` counts, as
+    /// HAMi-core compares it. No limit is loosened by it; it says that the GPU running out before
+    /// a limit is expected, so the limiter reports it as information instead of a warning.
+    pub oversubscribe: bool,
+    /// How long an allocation that the GPU has no physical room for waits for memory to free
+    /// (`VGPU_OOM_WAIT`, a duration; unset, `0` or `off`: not at all, the caller gets
+    /// `CUDA_ERROR_OUT_OF_MEMORY` at once).
+    pub oom_wait: Option<Duration>,
     /// The container's QoS tier (`VGPU_QOS_TIER` and `VGPU_QOS_GUARANTEE`, else HAMi's
     /// `CUDA_TASK_PRIORITY`: 0 is latency, 1 best effort); `None`: no tier, the SM limit alone.
     pub qos_tier: Option<Tier>,
@@ -216,6 +230,8 @@ impl Default for Config {
             debug_panic_in: None,
             debug_hook_delay_ns: 0,
             gpu_time_sample: SampleRate::default(),
+            oversubscribe: false,
+            oom_wait: None,
             qos_tier: None,
             qos_board: None,
         }
@@ -243,6 +259,39 @@ pub fn parse_bytes(s: &str) -> Result<u64, BytesError> {
     n.checked_mul(1u64 << shift).ok_or(BytesError::Overflow)
 }
 
+/// Why a duration does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("expected digits followed by a unit: ms, s or m (e.g. 500ms, 30s, 2m)")]
+    Syntax,
+    #[error("longer than {} s", MAX_OOM_WAIT.as_secs())]
+    TooLong,
+}
+
+/// Parses a duration: decimal digits followed by `ms`, `s` or `m` (`"500ms"`, `"30s"`, `"2m"`),
+/// at most [`MAX_OOM_WAIT`]. Whole numbers only, as byte counts are: the limiter's variables are
+/// written by programs, and one spelling per value keeps them comparable.
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or(DurationError::Syntax)?;
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return Err(DurationError::Syntax);
+    }
+    let n: u64 = digits.parse().map_err(|_| DurationError::TooLong)?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or(DurationError::TooLong)?),
+        _ => return Err(DurationError::Syntax),
+    };
+    if d > MAX_OOM_WAIT {
+        return Err(DurationError::TooLong);
+    }
+    Ok(d)
+}
+
 /// What a variable name means to us.
 enum Var {
     Memory(Option<usize>),
@@ -257,6 +306,8 @@ enum Var {
     SmPeriodMs,
     SmFeedback,
     GpuTimeSample,
+    Oversubscribe,
+    OomWait,
     QosTier,
     QosGuarantee,
     QosBoard,
@@ -305,6 +356,8 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         SM_PERIOD_MS => return Ok(Some(Var::SmPeriodMs)),
         SM_FEEDBACK => return Ok(Some(Var::SmFeedback)),
         GPU_TIME_SAMPLE => return Ok(Some(Var::GpuTimeSample)),
+        OVERSUBSCRIBE => return Ok(Some(Var::Oversubscribe)),
+        OOM_WAIT => return Ok(Some(Var::OomWait)),
         QOS_TIER => return Ok(Some(Var::QosTier)),
         QOS_GUARANTEE => return Ok(Some(Var::QosGuarantee)),
         QOS_BOARD => return Ok(Some(Var::QosBoard)),
@@ -442,6 +495,20 @@ impl Config {
                                 value: value.clone(),
                                 reason: "expected auto, off, or N (time every Nth launch)".into(),
                             })?,
+                    };
+                }
+                // HAMi-core: `strcmp(getenv("CUDA_OVERSUBSCRIBE"), "true") == 0`; anything else
+                // (including `1` or `TRUE`) leaves it off, and is no error.
+                Var::Oversubscribe => cfg.oversubscribe = value == "true",
+                Var::OomWait => {
+                    cfg.oom_wait = match value.as_str() {
+                        "0" | "off" => None,
+                        v => Some(parse_duration(v).map_err(|reason| ConfigError::Invalid {
+                            var: name.to_owned(),
+                            value: value.clone(),
+                            reason: reason.to_string(),
+                        })?)
+                        .filter(|d| !d.is_zero()),
                     };
                 }
                 Var::SmFeedback => {
@@ -832,5 +899,51 @@ mod tests {
             vars(&[("VGPU_CONTEXT_BYTES", "big")]),
             Err(ConfigError::Bytes { .. })
         ));
+    }
+
+    #[test]
+    fn oversubscribe_is_on_only_for_the_exact_value_hami_sets() {
+        assert!(!vars(&[]).unwrap().oversubscribe);
+        assert!(
+            vars(&[("CUDA_OVERSUBSCRIBE", "true")])
+                .unwrap()
+                .oversubscribe
+        );
+        for other in ["TRUE", "1", "yes", "", "true "] {
+            let c = vars(&[("CUDA_OVERSUBSCRIBE", other)]).unwrap();
+            assert!(!c.oversubscribe, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn oom_wait_is_off_by_default_and_takes_a_bounded_duration() {
+        assert_eq!(vars(&[]).unwrap().oom_wait, None);
+        let wait = |v: &str| vars(&[("VGPU_OOM_WAIT", v)]).map(|c| c.oom_wait);
+        assert_eq!(wait("500ms"), Ok(Some(Duration::from_millis(500))));
+        assert_eq!(wait("30s"), Ok(Some(Duration::from_secs(30))));
+        assert_eq!(wait("2m"), Ok(Some(Duration::from_secs(120))));
+        assert_eq!(wait("60m"), Ok(Some(MAX_OOM_WAIT)));
+        for off in ["0", "off", "0s", "0ms"] {
+            assert_eq!(wait(off), Ok(None), "{off:?}");
+        }
+        for bad in [
+            "",
+            "5",
+            "ms",
+            "1.5s",
+            "-1s",
+            "+1s",
+            "1h",
+            "61m",
+            "99999999999999999999s",
+        ] {
+            let e = wait(bad).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { var, .. } if var == "VGPU_OOM_WAIT"),
+                "{bad:?}: {e}"
+            );
+        }
+        assert_eq!(parse_duration("3601s"), Err(DurationError::TooLong));
+        assert_eq!(parse_duration("1x"), Err(DurationError::Syntax));
     }
 }

@@ -13,6 +13,9 @@
 //! - [`pools`]: what each stream-ordered pool is charged, settled against the driver's reserved
 //!   size.
 //! - [`info`]: memory information as the limit shows it (`cuMemGetInfo`, NVML).
+//! - [`freeze`]: which idle containers to freeze and when to thaw them, under a host-memory
+//!   budget (docs/oversubscription.md).
+//! - [`oom_wait`]: the schedule of an allocation waiting for device memory (`VGPU_OOM_WAIT`).
 //! - [`gpu_time`]: which launches are timed on the GPU with event pairs, read back without waiting.
 //! - [`sm`]: the SM share's duty cycle per device and its correction law from NVML's
 //!   measurements ([`sm::feedback`]).
@@ -24,7 +27,8 @@
 //!
 //! 1. inputs: `gpu_time`, `qos`, `config`. The GPU-time sampler, the QoS tiers and their
 //!    allocation of a shared device, and the configuration read from the environment.
-//! 2. control: `accounting`, `sm`. Accounting against the limits and the SM share controller.
+//! 2. control: `accounting`, `sm`, `oom_wait`, `freeze`. Accounting against the limits, the SM
+//!    share controller, the wait for device memory and the freeze decisions.
 //! 3. charges: `charge`, `info`, `pools`, `alloc_table`. Context charges, memory information under
 //!    the limit, pools and the allocation table.
 
@@ -34,8 +38,10 @@ pub mod accounting;
 pub mod alloc_table;
 pub mod charge;
 pub mod config;
+pub mod freeze;
 pub mod gpu_time;
 pub mod info;
+pub mod oom_wait;
 pub mod pools;
 pub mod qos;
 pub mod sm;

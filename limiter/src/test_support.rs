@@ -48,6 +48,9 @@ pub(crate) struct FakeDevice {
     /// Functions that fail (with `CUDA_ERROR_OUT_OF_MEMORY` for allocations, else
     /// `CUDA_ERROR_INVALID_VALUE`).
     pub(crate) failing: Vec<&'static str>,
+    /// How many more calls of the `failing` functions fail before they succeed again (`None`:
+    /// they fail for good): memory that frees while an allocation waits.
+    pub(crate) failures_left: Option<u32>,
     /// Live allocations: address (or handle) to (pool, bytes).
     pub(crate) live: HashMap<u64, (u64, u64)>,
     /// What each pool holds (its reserved size).
@@ -64,6 +67,7 @@ impl Default for FakeDevice {
         FakeDevice {
             calls: Vec::new(),
             failing: Vec::new(),
+            failures_left: None,
             live: HashMap::new(),
             pools: HashMap::new(),
             devices: 1,
@@ -86,10 +90,16 @@ pub(crate) fn device<T>(f: impl FnOnce(&mut FakeDevice) -> T) -> T {
 fn called(name: &'static str, code: CUresult) -> Result<(), CUresult> {
     device(|d| {
         d.calls.push(name);
-        if d.failing.contains(&name) {
-            Err(code)
-        } else {
-            Ok(())
+        if !d.failing.contains(&name) {
+            return Ok(());
+        }
+        match &mut d.failures_left {
+            None => Err(code),
+            Some(0) => Ok(()),
+            Some(n) => {
+                *n -= 1;
+                Err(code)
+            }
         }
     })
 }

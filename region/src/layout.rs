@@ -204,7 +204,8 @@ pub struct ApiRecord {
     pub bytes_allocated: AtomicU64,
     /// Bytes freed through this API.
     pub bytes_freed: AtomicU64,
-    /// Time the limiter held calls of this API back (SM limit), ns.
+    /// Time the limiter held calls of this API back (SM limit; an allocation waiting for device
+    /// memory under `VGPU_OOM_WAIT`), ns.
     pub throttled_ns: AtomicU64,
     /// Allocations denied by the limit.
     pub denied: AtomicU64,

@@ -309,7 +309,7 @@ impl<'r> ShardWriter<'r> {
         self.section(api, |r| bump(&r.hook_ns, ns));
     }
 
-    /// Adds time the limiter held a call of `api` back (SM limit).
+    /// Adds time the limiter held a call of `api` back (SM limit, or waiting for device memory).
     #[inline]
     pub fn add_throttled_ns(&self, api: ApiId, ns: u64) {
         self.section(api, |r| bump(&r.throttled_ns, ns));

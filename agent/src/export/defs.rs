@@ -350,7 +350,7 @@ pub const THROTTLED: Def = def(
     Some(Seconds),
     true,
     &[],
-    "Time the limiter throttled the container's processes (SM share).",
+    "Time the limiter held the container's processes' calls back (SM share; allocations waiting for device memory under VGPU_OOM_WAIT).",
     "processes[].limiter.throttled_ns",
 );
 pub const NCCL_COMMUNICATORS: Def = def(

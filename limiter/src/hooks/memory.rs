@@ -29,8 +29,8 @@ use limiter_core::{
 };
 
 use self::unusual::{
-    call_unaccounted, correct_pitch_charge, deny, release_stale, reserve_after_pools,
-    settle_free_unusual, settle_unusual,
+    call_unaccounted, correct_pitch_charge, deny, out_of_device_memory, release_stale,
+    reserve_after_pools, settle_free_unusual, settle_unusual,
 };
 use super::gate::{Gate, Hooked, enter, passthrough, shield};
 use crate::{
@@ -64,7 +64,7 @@ fn allocate<S: Symbol>(
     out: *const u64,
     space: Space,
     plan: impl FnOnce(&State) -> Option<Charge>,
-    call: impl FnOnce(S::Fn) -> CUresult,
+    call: impl Fn(S::Fn) -> CUresult,
 ) -> CUresult {
     hints::before_alloc();
     // Bound first, then passed on: matched into the call, the hook's frame grows (by 32 bytes
@@ -77,14 +77,16 @@ fn allocate<S: Symbol>(
     allocate_hooked::<S>(h, out, space, plan, call)
 }
 
-/// [`allocate`] once the hook's logic runs (its in-process tests start here).
+/// [`allocate`] once the hook's logic runs (its in-process tests start here). The driver call
+/// may be made again: an allocation the GPU has no room for waits for memory under
+/// `VGPU_OOM_WAIT` (see [`out_of_device_memory`]).
 #[inline(always)]
 fn allocate_hooked<S: Symbol>(
     h: Hooked<S::Fn>,
     out: *const u64,
     space: Space,
     plan: impl FnOnce(&State) -> Option<Charge>,
-    call: impl FnOnce(S::Fn) -> CUresult,
+    call: impl Fn(S::Fn) -> CUresult,
 ) -> CUresult {
     let (state, process) = (h.state, h.process);
     // Reserve.
@@ -102,7 +104,10 @@ fn allocate_hooked<S: Symbol>(
     };
     // Call.
     let wake = WakeLines::for_allocation(state, process, S::SYM.api());
-    let (r, t0, t1) = call_driver(&h, call, &wake);
+    let (mut r, t0, mut t1) = call_driver(&h, &call, &wake);
+    if r == CUDA_ERROR_OUT_OF_MEMORY && charge.is_some() {
+        (r, t1) = out_of_device_memory(&h, S::SYM, charge, &call).unwrap_or((r, t1));
+    }
     // Keep or return, record.
     shield(|| {
         let ok = r == CUDA_SUCCESS;
@@ -356,7 +361,7 @@ fn allocate_pitched(
     pitch: *mut usize,
     width: usize,
     height: usize,
-    call: impl FnOnce(PfnMemAllocPitch) -> CUresult,
+    call: impl Fn(PfnMemAllocPitch) -> CUresult,
 ) -> CUresult {
     let (state, process) = (h.state, h.process);
     let estimate = pitch_estimate(width as u64, height as u64);
@@ -634,6 +639,104 @@ mod tests {
         assert_eq!(alloc(&cx, 2 * MIB).0, CUDA_ERROR_OUT_OF_MEMORY);
         assert_eq!(used(&cx), 0);
         assert_eq!(cx.recorded("cuMemAlloc_v2"), [1, 1, 0, 0, 0]);
+    }
+
+    /// The time this process's slot records as held back by the limiter.
+    fn held_back_ns(cx: &Cx) -> u64 {
+        let (_, slot) = cx.process.region_slot().expect("a region");
+        let snap = cx.snapshot();
+        snap.slots
+            .iter()
+            .find(|s| s.index == slot.index())
+            .expect("our slot")
+            .throttled_ns
+    }
+
+    fn waiting(limit: u64, wait: std::time::Duration) -> limiter_core::config::Config {
+        limiter_core::config::Config {
+            oom_wait: Some(wait),
+            ..config(limit)
+        }
+    }
+
+    #[test]
+    fn without_a_wait_the_gpu_running_out_fails_at_once() {
+        let cx = Cx::new(config(64 * MIB), "oom1");
+        device(|d| d.failing.push("cuMemAlloc_v2"));
+        assert_eq!(alloc(&cx, 2 * MIB).0, CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(driver_calls(), ["cuMemAlloc_v2"], "asked once");
+        assert_eq!(used(&cx), 0);
+        assert_eq!(held_back_ns(&cx), 0);
+    }
+
+    #[test]
+    fn a_waiting_allocation_gets_memory_that_frees_and_keeps_it() {
+        let cx = Cx::new(
+            waiting(64 * MIB, std::time::Duration::from_secs(30)),
+            "oom2",
+        );
+        device(|d| {
+            d.failing.push("cuMemAlloc_v2");
+            d.failures_left = Some(3);
+        });
+        let (r, addr) = alloc(&cx, 2 * MIB);
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_ne!(addr, 0);
+        assert_eq!(driver_calls(), ["cuMemAlloc_v2"; 4]);
+        assert_eq!(used(&cx), 2 * MIB);
+        // One call, no error: the retries are the limiter's; the wait (1 + 2 + 4 ms of sleep at
+        // least) is time held back.
+        assert_eq!(cx.recorded("cuMemAlloc_v2"), [1, 0, 2 * MIB, 0, 0]);
+        assert!(held_back_ns(&cx) >= 7_000_000, "{}", held_back_ns(&cx));
+        assert_eq!(free(&cx, addr), CUDA_SUCCESS);
+        assert_eq!(used(&cx), 0);
+    }
+
+    #[test]
+    fn a_stream_ordered_allocation_waits_the_same_way() {
+        let cx = Cx::new(
+            waiting(64 * MIB, std::time::Duration::from_secs(30)),
+            "oom5",
+        );
+        device(|d| {
+            d.failing.push("cuMemAllocAsync");
+            d.failures_left = Some(2);
+        });
+        let (r, addr) = alloc_async(&cx, 2 * MIB);
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(
+            driver_calls()
+                .iter()
+                .filter(|c| **c == "cuMemAllocAsync")
+                .count(),
+            3
+        );
+        let [calls, errors, ..] = cx.recorded("cuMemAllocAsync");
+        assert_eq!((calls, errors), (1, 0));
+        assert!(held_back_ns(&cx) >= 3_000_000, "{}", held_back_ns(&cx));
+        assert_eq!(free_async(&cx, addr), CUDA_SUCCESS);
+    }
+
+    #[test]
+    fn a_wait_that_times_out_fails_and_returns_the_reservation() {
+        let timeout = std::time::Duration::from_millis(40);
+        let cx = Cx::new(waiting(64 * MIB, timeout), "oom3");
+        device(|d| d.failing.push("cuMemAlloc_v2"));
+        assert_eq!(alloc(&cx, 2 * MIB).0, CUDA_ERROR_OUT_OF_MEMORY);
+        // 1, 2, 4, 8, 16 ms, then what is left of 40: at least 7 attempts, all of them failed.
+        assert!(driver_calls().len() >= 7, "{:?}", driver_calls());
+        assert_eq!(used(&cx), 0);
+        assert_eq!(cx.recorded("cuMemAlloc_v2"), [1, 1, 0, 0, 0]);
+        assert!(held_back_ns(&cx) >= 40_000_000, "{}", held_back_ns(&cx));
+    }
+
+    #[test]
+    fn a_denial_by_the_limit_is_not_waited_for() {
+        let cx = Cx::new(waiting(4 * MIB, std::time::Duration::from_secs(30)), "oom4");
+        assert_eq!(alloc(&cx, 6 * MIB).0, CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(driver_calls().is_empty());
+        assert_eq!(held_back_ns(&cx), 0);
+        assert_eq!(cx.recorded("cuMemAlloc_v2"), [1, 1, 0, 0, 1]);
     }
 
     #[test]

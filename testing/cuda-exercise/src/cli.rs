@@ -71,6 +71,25 @@ pub enum Command {
         #[arg(long, value_parser = parse_bytes)]
         bytes: u64,
     },
+    /// cuInit, context, cuMemAlloc_v2 of B bytes, a pattern of 64-bit words copied in
+    /// (cuMemcpyHtoD_v2); prints {"pid","bytes","result","ptr"}. Then for each line `check` on
+    /// stdin prints {"checking":true}, copies it back (cuMemcpyDtoH_v2) and prints
+    /// {"result","corrupted"} (words that differ); at stdin EOF frees and prints {"pid","freed"}.
+    Pattern {
+        #[arg(long, value_parser = parse_bytes)]
+        bytes: u64,
+    },
+    /// The driver's checkpoint API on process `--pid`: `lock` (with `--timeout-ms`), `checkpoint`,
+    /// `restore`, `unlock`, or `state`; prints {"op","result","state"} (`state`: the process's
+    /// CUprocessState after the call, or null if it cannot be read).
+    Checkpoint {
+        #[arg(long)]
+        pid: i32,
+        #[arg(long, value_enum)]
+        op: CheckpointOp,
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u32,
+    },
     /// On each device of `--devices` in turn (its primary context made current): cuMemAlloc_v2
     /// of `--chunk` bytes until one fails, then 2 MiB until one fails, then 512 bytes until one
     /// fails, and cuMemGetInfo_v2. Prints per device the bytes allocated, the last refusal (size
@@ -225,6 +244,16 @@ pub enum Command {
         #[arg(long)]
         v1: bool,
     },
+}
+
+/// What `checkpoint` asks the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckpointOp {
+    Lock,
+    Checkpoint,
+    Restore,
+    Unlock,
+    State,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -67,6 +67,7 @@ macro_rules! call {
 
 // The typed wrappers: declared after `call!` so that they can use it (a macro_rules macro is
 // in scope only below its definition).
+mod checkpoint;
 mod context;
 mod defaults;
 mod memory;

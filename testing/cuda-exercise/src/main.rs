@@ -9,11 +9,12 @@
 //!
 //! 1. base: `cli`, `driver`, `wait`. The command line, the loaded driver and the barrier files.
 //! 2. records: `nccl`, `record`. What the calls returned, and the loaded NCCL.
-//! 3. commands: `bench`, `calls`, `lookup`, `memory`, `nccl_rank`, `timing`, `devices`. The
-//!    subcommands.
+//! 3. commands: `bench`, `calls`, `lookup`, `memory`, `nccl_rank`, `timing`, `devices`,
+//!    `checkpoint`. The subcommands.
 
 mod bench;
 mod calls;
+mod checkpoint;
 mod cli;
 mod devices;
 mod driver;
@@ -73,6 +74,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             api_mix,
         } => memory::alloc_free(&drv, ops, seed, max_size, api_mix),
         Command::Hold { bytes } => memory::hold(&drv, bytes as usize),
+        Command::Pattern { bytes } => checkpoint::pattern(&drv, bytes as usize),
+        Command::Checkpoint {
+            pid,
+            op,
+            timeout_ms,
+        } => checkpoint::checkpoint(&drv, pid, op, timeout_ms),
         Command::Fill { devices, chunk } => devices::fill(&drv, &devices, chunk),
         Command::Pressure {
             chunk,

@@ -1,5 +1,8 @@
 //! Copy entry points (`cuMemcpy*`): synchronous, asynchronous, peer and batched copies, which
-//! check their pointers and streams and move no data.
+//! check their pointers and streams and move the data between device memory (the state's
+//! content) and host memory. A unified-addressing copy (`cuMemcpy`, `cuMemcpyAsync`, batches)
+//! moves data only between two device ranges: a host address in one is checked (non-zero) but
+//! not read or written, so a test's made-up address never faults.
 
 use crate::runtime::{Sym, sync_device};
 use crate::state::{Obj, state};
@@ -30,12 +33,43 @@ fn copy(dst: Mem, src: Mem, n: usize, stream: Option<CUstream>) -> CUresult {
     {
         return CUDA_ERROR_INVALID_HANDLE;
     }
+    let mut s = s;
+    move_data(&mut s, dst, src, n);
     drop(s);
     if stream.is_none() {
         // A synchronous copy waits for the work launched before it.
         sync_device();
     }
     CUDA_SUCCESS
+}
+
+/// Moves the `n` bytes of a checked copy (see the module documentation for what moves).
+fn move_data(s: &mut crate::state::State, dst: Mem, src: Mem, n: usize) {
+    let device = |m: Mem| match m {
+        Mem::Device(p) => Some(p),
+        Mem::Any(p) if s.valid_range(p, n as u64) => Some(p),
+        _ => None,
+    };
+    let (dst_dev, src_dev) = (device(dst), device(src));
+    let mut buf = vec![0u8; n];
+    match (src, src_dev) {
+        (_, Some(p)) => s.read_content(p, &mut buf),
+        (Mem::Host(p), None) if n > 0 => {
+            // SAFETY: the API's contract: a host source holds `n` readable bytes (checked
+            // non-null).
+            unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), buf.as_mut_ptr(), n) }
+        }
+        _ => return,
+    }
+    match (dst, dst_dev) {
+        (_, Some(p)) => s.write_content(p, &buf),
+        (Mem::Host(p), None) if n > 0 => {
+            // SAFETY: the API's contract: a host destination holds `n` writable bytes (checked
+            // non-null); `buf` is ours, so the two never overlap.
+            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), p.cast::<u8>().cast_mut(), n) }
+        }
+        _ => {}
+    }
 }
 
 fn copy_peer(

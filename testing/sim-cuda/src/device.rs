@@ -75,6 +75,7 @@ exports! {
         if config().devices == 0 {
             return CUDA_ERROR_NO_DEVICE;
         }
+        crate::checkpoint::start();
         set_initialized();
         CUDA_SUCCESS
     }
@@ -143,7 +144,7 @@ exports! {
             Err(e) => return e,
         };
         let cap = config().capacity;
-        let used = s.used[d as usize];
+        let used = s.device_used(d);
         drop(s);
         out!(free, cap.saturating_sub(used) as usize);
         out!(total, cap as usize);

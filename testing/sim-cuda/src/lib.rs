@@ -22,7 +22,8 @@
 //! 1. base: `config`, `types`. The configuration from the environment and the CUDA types.
 //! 2. state: `procaddr`, `shared`, `state`, `runtime`. The simulated device's state, the file that
 //!    processes share and the symbol lookup.
-//! 3. entry points: `copy`, `device`, `launch`, `memory`. The exported driver functions.
+//! 3. entry points: `copy`, `device`, `launch`, `memory`, `checkpoint`. The exported driver
+//!    functions.
 
 mod config;
 mod procaddr;
@@ -147,6 +148,7 @@ macro_rules! exports {
 }
 
 // The entry points, by what they do. Declared after the macros above, which they use.
+mod checkpoint;
 mod copy;
 mod device;
 mod launch;
@@ -201,6 +203,7 @@ const EXPORTED_BY_MODULE: &[&[&str]] = &[
     launch::EXPORTED,
     memory::EXPORTED,
     copy::EXPORTED,
+    checkpoint::EXPORTED,
 ];
 
 /// Every exported entry point.
@@ -212,6 +215,7 @@ fn export_address(name: &str) -> Option<*mut c_void> {
         .or_else(|| launch::export_address(name))
         .or_else(|| memory::export_address(name))
         .or_else(|| copy::export_address(name))
+        .or_else(|| checkpoint::export_address(name))
 }
 
 /// The implementation behind the exported entry point `name` (see each module's `own_address`).
@@ -220,6 +224,7 @@ fn own_address(name: &str) -> Option<*mut c_void> {
         .or_else(|| launch::own_address(name))
         .or_else(|| memory::own_address(name))
         .or_else(|| copy::own_address(name))
+        .or_else(|| checkpoint::own_address(name))
 }
 
 /// The number of names in `lists`.

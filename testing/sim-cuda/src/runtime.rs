@@ -5,8 +5,8 @@ use crate::config::config;
 use crate::types::*;
 use agent_common::api::ApiId;
 use std::cell::Cell;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The process's first call, and `CLOCK_MONOTONIC` then (to convert the shared device's times).
@@ -25,6 +25,70 @@ const NO_INIT: &[&str] = &[
     "cuGetProcAddress_v2",
     "cuGetExportTable",
 ];
+
+/// The call gate of the checkpoint lock (`checkpoint.rs`): while it is closed, every entry point
+/// waits before its own work, as the driver's `cuCheckpointProcessLock` blocks the process's CUDA
+/// calls. Only in processes that can be checkpointed (a shared device): elsewhere a call pays
+/// one relaxed load.
+static GATE_ON: AtomicBool = AtomicBool::new(false);
+/// Whether the gate is closed. SeqCst with [`IN_FLIGHT`]: a call counts itself in, then looks at
+/// the gate; the lock closes the gate, then waits for the count to reach 0. Either the call sees
+/// the gate closed, or the lock sees the call in flight.
+static GATE_CLOSED: AtomicBool = AtomicBool::new(false);
+/// Calls past the gate and not yet returned.
+static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+/// Where waiting calls sleep until the gate opens.
+static GATE_WAIT: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+
+/// Turns the call gate on (before the first checkpoint request can arrive).
+pub fn enable_gate() {
+    GATE_ON.store(true, Ordering::SeqCst);
+}
+
+/// Closes the gate and waits up to `timeout` for the calls in flight to return; reopens it and
+/// returns false if they do not.
+pub fn close_gate(timeout: Duration) -> bool {
+    GATE_CLOSED.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + timeout;
+    while IN_FLIGHT.load(Ordering::SeqCst) != 0 {
+        if Instant::now() >= deadline {
+            open_gate();
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
+}
+
+/// Opens the gate and wakes the calls waiting at it.
+pub fn open_gate() {
+    let _guard = GATE_WAIT.0.lock().unwrap_or_else(|e| e.into_inner());
+    GATE_CLOSED.store(false, Ordering::SeqCst);
+    GATE_WAIT.1.notify_all();
+}
+
+/// Runs `body` past the gate.
+#[inline(always)]
+fn through_gate(body: impl FnOnce() -> CUresult) -> CUresult {
+    // Relaxed: set once at cuInit, before any lock can be asked for.
+    if !GATE_ON.load(Ordering::Relaxed) {
+        return body();
+    }
+    loop {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        if !GATE_CLOSED.load(Ordering::SeqCst) {
+            break;
+        }
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        let mut guard = GATE_WAIT.0.lock().unwrap_or_else(|e| e.into_inner());
+        while GATE_CLOSED.load(Ordering::SeqCst) {
+            guard = GATE_WAIT.1.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+    let r = body();
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    r
+}
 
 pub fn set_initialized() {
     INITIALIZED.store(true, Ordering::Release);
@@ -231,14 +295,17 @@ impl Sym {
     #[inline(always)]
     fn call_untimed(&self, cfg: &SymCfg, body: impl FnOnce() -> CUresult) -> CUresult {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        wait(cfg.delay);
-        let r = if cfg.fail_every != 0 && n.is_multiple_of(cfg.fail_every) {
-            CUDA_ERROR_UNKNOWN
-        } else if cfg.needs_init && !INITIALIZED.load(Ordering::Acquire) {
-            CUDA_ERROR_NOT_INITIALIZED
-        } else {
-            body()
-        };
+        // The delay is time inside the driver: a checkpoint lock waits for it.
+        let r = through_gate(|| {
+            wait(cfg.delay);
+            if cfg.fail_every != 0 && n.is_multiple_of(cfg.fail_every) {
+                CUDA_ERROR_UNKNOWN
+            } else if cfg.needs_init && !INITIALIZED.load(Ordering::Acquire) {
+                CUDA_ERROR_NOT_INITIALIZED
+            } else {
+                body()
+            }
+        });
         if cfg.log {
             eprintln!("simcuda: {} #{n} -> {r}", self.name);
         }

@@ -11,6 +11,8 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 const ADDR_BASE: u64 = 0x7f00_0000_0000;
 /// Upper end of the fake address space.
 const ADDR_END: u64 = 0xffff_0000_0000_0000;
+/// Bytes of one page of device content (see [`State::content`]).
+const PAGE: u64 = 4096;
 /// First fake object handle (contexts, streams, pools, generic allocation handles, ...).
 const HANDLE_BASE: u64 = 0x5a00_0000;
 
@@ -77,6 +79,9 @@ pub enum Obj {
     GraphExec,
 }
 
+/// Device memory content: page address to the page's bytes.
+type Content = BTreeMap<u64, Box<[u8]>>;
+
 pub struct State {
     next_addr: u64,
     next_handle: u64,
@@ -97,6 +102,13 @@ pub struct State {
     /// Names of functions and kernels (what `cuFuncGetName`/`cuKernelGetName` answer), NUL
     /// terminated.
     pub names: HashMap<u64, std::ffi::CString>,
+    /// Device memory content: the pages copies have written (page address -> bytes); a page
+    /// never written reads as zeros. Kept only for what is written, so an 80 GiB device costs
+    /// nothing until a test fills some of it.
+    content: Content,
+    /// While checkpointed: the bytes given back to each device and the content saved to host
+    /// memory (`checkpoint.rs`).
+    checkpointed: Option<(Vec<u64>, Content)>,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::new(config().devices)));
@@ -140,6 +152,8 @@ impl State {
             primary: Vec::new(),
             objects: HashMap::new(),
             names: HashMap::new(),
+            content: BTreeMap::new(),
+            checkpointed: None,
         };
         for d in 0..devices.max(0) {
             let p = s.handle();
@@ -224,21 +238,40 @@ impl State {
         Ok(addr)
     }
 
-    /// Charges `size` bytes to `device`, or fails with out-of-memory.
+    /// Charges `size` bytes to `device`, or fails with out-of-memory: against this process's
+    /// charge, and with `SIMCUDA_SHARED_DEVICE` against every process's.
     fn charge(&mut self, device: i32, size: u64) -> Result<(), CUresult> {
+        let capacity = config().capacity;
         let used = &mut self.used[device as usize];
-        match used.checked_add(size) {
-            Some(n) if n <= config().capacity => {
-                *used = n;
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
+        let n = used
+            .checked_add(size)
+            .filter(|n| *n <= capacity)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        if let Some(shared) = crate::shared::device()
+            && !shared.try_charge(device as usize, size, capacity)
+        {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
+        *used = n;
+        Ok(())
     }
 
     fn uncharge(&mut self, device: i32, size: u64) {
         let used = &mut self.used[device as usize];
-        *used = used.saturating_sub(size);
+        let returned = size.min(*used);
+        *used -= returned;
+        if let Some(shared) = crate::shared::device() {
+            shared.uncharge(device as usize, returned);
+        }
+    }
+
+    /// Bytes charged to `device`: by every process with `SIMCUDA_SHARED_DEVICE`, else by this
+    /// one.
+    pub fn device_used(&self, device: i32) -> u64 {
+        match crate::shared::device() {
+            Some(shared) => shared.charged(device as usize),
+            None => self.used[device as usize],
+        }
     }
 
     /// `cuMemAlloc`-style allocation on `device`.
@@ -300,7 +333,91 @@ impl State {
     pub fn free(&mut self, ptr: u64) -> Result<Alloc, CUresult> {
         let a = self.allocs.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         self.undo_charge(a.device, a.size, a.kind);
+        self.drop_content(ptr, a.size);
         Ok(a)
+    }
+
+    /// Writes `bytes` at device address `dst` (a range the caller checked).
+    pub fn write_content(&mut self, dst: u64, bytes: &[u8]) {
+        let mut done = 0;
+        while done < bytes.len() {
+            let at = dst + done as u64;
+            let (page, offset) = (at - at % PAGE, (at % PAGE) as usize);
+            let n = (PAGE as usize - offset).min(bytes.len() - done);
+            let p = self
+                .content
+                .entry(page)
+                .or_insert_with(|| vec![0; PAGE as usize].into_boxed_slice());
+            p[offset..offset + n].copy_from_slice(&bytes[done..done + n]);
+            done += n;
+        }
+    }
+
+    /// Reads device memory at `src` into `out` (a range the caller checked).
+    pub fn read_content(&self, src: u64, out: &mut [u8]) {
+        let mut done = 0;
+        while done < out.len() {
+            let at = src + done as u64;
+            let (page, offset) = (at - at % PAGE, (at % PAGE) as usize);
+            let n = (PAGE as usize - offset).min(out.len() - done);
+            match self.content.get(&page) {
+                Some(p) => out[done..done + n].copy_from_slice(&p[offset..offset + n]),
+                None => out[done..done + n].fill(0),
+            }
+            done += n;
+        }
+    }
+
+    /// Forgets the content of `[start, start + len)` (freed or unmapped memory).
+    fn drop_content(&mut self, start: u64, len: u64) {
+        let first = start - start % PAGE;
+        let pages: Vec<u64> = self
+            .content
+            .range(first..start.saturating_add(len))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in pages {
+            self.content.remove(&p);
+        }
+    }
+
+    /// Checkpoints the process: its content moves to host memory and the bytes it holds on each
+    /// device are given back to the shared device (the process keeps its own accounting, which
+    /// it finds again at the restore). Returns the bytes given back.
+    pub fn checkpoint(&mut self) -> u64 {
+        let shared = crate::shared::device();
+        let given: Vec<u64> = self.used.clone();
+        for (d, bytes) in given.iter().enumerate() {
+            if let Some(shared) = shared {
+                shared.uncharge(d, *bytes);
+            }
+        }
+        let saved = std::mem::take(&mut self.content);
+        let total = given.iter().sum();
+        self.checkpointed = Some((given, saved));
+        total
+    }
+
+    /// Restores a checkpointed process: charges its bytes on every device again (all or none:
+    /// out of memory if the shared device has no room) and moves its content back.
+    pub fn restore(&mut self) -> Result<(), CUresult> {
+        let Some((given, _)) = &self.checkpointed else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        if let Some(shared) = crate::shared::device() {
+            let capacity = config().capacity;
+            for (d, bytes) in given.iter().enumerate() {
+                if !shared.try_charge(d, *bytes, capacity) {
+                    for (back, b) in given.iter().enumerate().take(d) {
+                        shared.uncharge(back, *b);
+                    }
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+            }
+        }
+        let (_, saved) = self.checkpointed.take().expect("checked above");
+        self.content = saved;
+        Ok(())
     }
 
     /// Releases cached pool memory above `keep` bytes (never below what is in use).
@@ -431,6 +548,7 @@ impl State {
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
         let m = self.mappings.remove(&ptr).expect("checked above");
+        self.drop_content(ptr, m.size);
         if let Some(p) = self.physical.get_mut(&m.handle) {
             p.mappings -= 1;
         }

@@ -30,9 +30,25 @@ pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const CUDA_ERROR_TIMEOUT: CUresult = 909;
+
+/// `CUprocessState`, as `u64` for the shared device's mailbox words.
+pub const CU_PROCESS_STATE_RUNNING: u64 = 0;
+pub const CU_PROCESS_STATE_LOCKED: u64 = 1;
+pub const CU_PROCESS_STATE_CHECKPOINTED: u64 = 2;
+
+/// `CUcheckpointLockArgs`.
+#[repr(C)]
+pub struct CUcheckpointLockArgs {
+    /// How long the lock waits for the process's calls in flight (0: no limit).
+    pub timeout_ms: u32,
+    pub reserved0: u32,
+    pub reserved1: [u64; 7],
+}
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.

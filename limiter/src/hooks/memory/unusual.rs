@@ -3,9 +3,12 @@
 //! live, a pitched allocation's corrected charge. All out of line and out of `.text.hot`, so that
 //! the common path's code stays in few cache lines (limiter/README.md, "Cold calls").
 
+use std::time::{Duration, Instant};
+
 use limiter_core::{
     accounting::{Accounting as _, Denied},
     charge::Charge,
+    oom_wait::{OomWait, physical_oom_level},
 };
 
 use crate::{
@@ -66,6 +69,57 @@ pub(super) fn deny<F>(h: &Hooked<F>, sym: Sym, denied: Denied) -> CUresult {
         );
     });
     CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// An allocation the limit allows and the driver refused for lack of device memory (the GPU is
+/// full: other containers or processes hold it). Reported at the level `CUDA_OVERSUBSCRIBE`
+/// chooses; under `VGPU_OOM_WAIT` the call is made again on [`OomWait`]'s schedule until it
+/// succeeds, fails otherwise or the timeout passes. No lock is held while it sleeps: the
+/// reservation under the limit stays (the allocation is the tenant's own, within its limit) and
+/// nothing else is taken. The time waited is recorded as time the limiter held the call back.
+/// Returns the final result and when it came (clock ticks), or `None` if the wait's logic
+/// panicked (the first result stands).
+#[cold]
+#[inline(never)]
+pub(super) fn out_of_device_memory<F: Copy>(
+    h: &Hooked<F>,
+    sym: Sym,
+    charge: Option<Charge>,
+    call: impl Fn(F) -> CUresult,
+) -> Option<(CUresult, u64)> {
+    let state = h.state;
+    let timeout = state.config.oom_wait;
+    shield(|| {
+        log::write(
+            state.log_level(),
+            physical_oom_level(state.config.oversubscribe),
+            format_args!(
+                "{}: the GPU has no room for {} bytes on device {} (allowed by the limit){}",
+                sym.name().to_string_lossy(),
+                charge.map_or(0, |c| c.bytes),
+                charge.map_or(0, |c| c.device),
+                match timeout {
+                    Some(_) => "; waiting for memory to free (VGPU_OOM_WAIT)",
+                    None => "",
+                },
+            ),
+        );
+    });
+    let timeout = timeout?;
+    let started = Instant::now();
+    let elapsed_ns = || u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let mut wait = OomWait::start(0, timeout);
+    let mut r = CUDA_ERROR_OUT_OF_MEMORY;
+    while r == CUDA_ERROR_OUT_OF_MEMORY {
+        let Some(sleep_ns) = shield(|| wait.after_failure(elapsed_ns()))? else {
+            break;
+        };
+        std::thread::sleep(Duration::from_nanos(sleep_ns));
+        r = call(h.real);
+    }
+    let waited = elapsed_ns();
+    shield(|| h.process.ledger.record_throttled(sym.api(), waited));
+    Some((r, state.clock.now()))
 }
 
 /// `settle_allocation` of a pool allocation (its pool is settled), or of a plain one that

@@ -205,6 +205,30 @@ impl Driver {
         )
     }
 
+    /// `cuMemcpyHtoD_v2` of all of `src` to `dst`.
+    pub fn memcpy_htod(&self, dst: u64, src: &[u8]) -> Option<CUresult> {
+        call!(
+            self,
+            "cuMemcpyHtoD_v2",
+            fn(u64, *const c_void, usize),
+            dst,
+            src.as_ptr().cast(),
+            src.len()
+        )
+    }
+
+    /// `cuMemcpyDtoH_v2` of `dst.len()` bytes from `src`.
+    pub fn memcpy_dtoh(&self, dst: &mut [u8], src: u64) -> Option<CUresult> {
+        call!(
+            self,
+            "cuMemcpyDtoH_v2",
+            fn(*mut c_void, u64, usize),
+            dst.as_mut_ptr().cast(),
+            src,
+            dst.len()
+        )
+    }
+
     /// `cuMemGetInfo_v2`: result, free, total.
     pub fn mem_get_info(&self) -> (Option<CUresult>, usize, usize) {
         let (mut f, mut t) = (0usize, 0usize);

@@ -1,0 +1,403 @@
+//! Freezing idle containers: the decisions, apart from how a freeze is carried out.
+//!
+//! A container whose processes made no CUDA call and kept the GPU idle for a TTL is frozen: its device memory is saved to host memory and given back to
+//! the GPU while its processes stay alive; its next CUDA call thaws it. [`Freezer`] holds each
+//! container's phase and the host memory that frozen containers hold, in the caller's
+//! nanoseconds (tests drive it with virtual time), and says what to do next; the caller carries
+//! it out (the driver's checkpoint API, per process) and reports back.
+//!
+//! Host memory is bounded and accounted: a freeze is admitted only if the container's device
+//! bytes fit in what is left of the host budget, and they are reserved from it before the freeze
+//! starts. They stay reserved while the container is frozen and until a thaw has completed, so a
+//! thaw never needs host memory it does not already hold; a container whose processes are gone
+//! (killed while frozen) gives its reservation back at once.
+//!
+//! ```text
+//!   Running --(idle for the TTL, or by hand; bytes fit the budget)--> Freezing
+//!   Freezing --(done)--> Frozen        Freezing --(failed)--> Running (reservation returned)
+//!   Frozen --(a CUDA call, or by hand)--> Thawing
+//!   Thawing --(done)--> Running (reservation returned)
+//!   Thawing --(failed)--> Frozen (reservation kept: the saved memory is still there; retried)
+//!   any --(processes gone)--> removed (reservation returned)
+//! ```
+
+use std::{collections::HashMap, hash::Hash};
+
+/// A container's phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Its memory is on the GPU.
+    Running,
+    /// A freeze was started and has not been reported yet.
+    Freezing,
+    /// Its memory is in host memory, reserved from the budget.
+    Frozen,
+    /// A thaw was started and has not been reported yet.
+    Thawing,
+}
+
+/// What a container did since the last look: the CUDA calls its processes have made in all
+/// (a counter that only grows while a process lives) and whether its GPU work was still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    pub calls: u64,
+    pub gpu_busy: bool,
+}
+
+/// One container's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    pub phase: Phase,
+    /// Device bytes it holds (Running), or that its freeze saved (reserved from the budget while
+    /// Freezing, Frozen or Thawing).
+    pub bytes: u64,
+    /// Since when it has been idle (ns); `None` while active.
+    idle_since: Option<u64>,
+    /// The call counter last seen.
+    calls: u64,
+    /// Freezes and thaws completed.
+    pub freezes: u64,
+    pub thaws: u64,
+}
+
+/// Why a freeze was not started.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FreezeRefused {
+    #[error("not known (no GPU process of it has been seen)")]
+    Unknown,
+    #[error("already {0:?}")]
+    NotRunning(Phase),
+    #[error("its {bytes} bytes do not fit in the {left} bytes left of the host budget")]
+    OverBudget { bytes: u64, left: u64 },
+}
+
+/// What the caller should do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<K> {
+    /// Freeze this container (its bytes are reserved already).
+    Freeze(K),
+    /// Thaw this container.
+    Thaw(K),
+}
+
+/// Every container's freeze state and the host budget: see the module documentation.
+#[derive(Debug)]
+pub struct Freezer<K> {
+    /// Idle time after which a container is frozen (`None`: only by hand).
+    ttl_ns: Option<u64>,
+    /// Host bytes frozen containers may hold together.
+    budget: u64,
+    /// Host bytes reserved now (the sum of the bytes of containers not Running).
+    held: u64,
+    containers: HashMap<K, Container>,
+}
+
+impl<K: Eq + Hash + Clone> Freezer<K> {
+    pub fn new(ttl_ns: Option<u64>, budget: u64) -> Freezer<K> {
+        Freezer {
+            ttl_ns,
+            budget,
+            held: 0,
+            containers: HashMap::new(),
+        }
+    }
+
+    /// Host bytes held by frozen (or freezing, or thawing) containers.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    pub fn container(&self, key: &K) -> Option<&Container> {
+        self.containers.get(key)
+    }
+
+    /// A look at a container at `now`: its activity and the device bytes it holds. Returns a
+    /// thaw when a frozen container made a CUDA call (its processes asked for the GPU).
+    pub fn observe(&mut self, key: K, activity: Activity, bytes: u64, now: u64) -> Option<Step<K>> {
+        let c = self.containers.entry(key.clone()).or_insert(Container {
+            phase: Phase::Running,
+            bytes,
+            idle_since: None,
+            calls: activity.calls,
+            freezes: 0,
+            thaws: 0,
+        });
+        let called = activity.calls != c.calls;
+        c.calls = activity.calls;
+        match c.phase {
+            Phase::Running => {
+                c.bytes = bytes;
+                c.idle_since = if called || activity.gpu_busy {
+                    None
+                } else {
+                    c.idle_since.or(Some(now))
+                };
+                None
+            }
+            Phase::Frozen if called => {
+                c.phase = Phase::Thawing;
+                Some(Step::Thaw(key))
+            }
+            Phase::Frozen | Phase::Freezing | Phase::Thawing => None,
+        }
+    }
+
+    /// The freezes due at `now`: running containers idle for the TTL whose bytes fit the budget
+    /// (reserved now, in the order given by `order`, so that the result does not depend on the
+    /// map's). A container that does not fit waits for room.
+    pub fn due(&mut self, now: u64, order: impl Fn(&K, &K) -> std::cmp::Ordering) -> Vec<Step<K>> {
+        let Some(ttl) = self.ttl_ns else {
+            return Vec::new();
+        };
+        let mut idle: Vec<K> = self
+            .containers
+            .iter()
+            .filter(|(_, c)| {
+                c.phase == Phase::Running
+                    && c.bytes > 0
+                    && c.idle_since.is_some_and(|t| now.saturating_sub(t) >= ttl)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        idle.sort_by(&order);
+        idle.into_iter()
+            .filter(|k| self.begin_freeze(k).is_ok())
+            .map(Step::Freeze)
+            .collect()
+    }
+
+    /// Starts a freeze (by hand, or from [`Freezer::due`]): reserves the container's bytes.
+    pub fn begin_freeze(&mut self, key: &K) -> Result<(), FreezeRefused> {
+        let left = self.budget.saturating_sub(self.held);
+        let c = self.containers.get_mut(key).ok_or(FreezeRefused::Unknown)?;
+        if c.phase != Phase::Running {
+            return Err(FreezeRefused::NotRunning(c.phase));
+        }
+        if c.bytes > left {
+            return Err(FreezeRefused::OverBudget {
+                bytes: c.bytes,
+                left,
+            });
+        }
+        c.phase = Phase::Freezing;
+        self.held += c.bytes;
+        Ok(())
+    }
+
+    /// A freeze's outcome: `Ok(saved)` the bytes it saved (at most those reserved: the rest goes
+    /// back to the budget), or failed (the container runs on, its reservation returned).
+    pub fn freeze_done(&mut self, key: &K, saved: Option<u64>) {
+        let Some(c) = self.containers.get_mut(key) else {
+            return;
+        };
+        if c.phase != Phase::Freezing {
+            return;
+        }
+        match saved {
+            Some(saved) => {
+                let kept = saved.min(c.bytes);
+                self.held -= c.bytes - kept;
+                c.bytes = kept;
+                c.phase = Phase::Frozen;
+                c.freezes += 1;
+            }
+            None => {
+                self.held -= c.bytes;
+                c.phase = Phase::Running;
+                c.idle_since = None;
+            }
+        }
+    }
+
+    /// Starts a thaw by hand.
+    pub fn begin_thaw(&mut self, key: &K) -> Option<Step<K>> {
+        let c = self.containers.get_mut(key)?;
+        (c.phase == Phase::Frozen).then(|| {
+            c.phase = Phase::Thawing;
+            Step::Thaw(key.clone())
+        })
+    }
+
+    /// A thaw's outcome. Done: the container runs, its reservation returned. Failed (the GPU has
+    /// no room for it yet): it stays frozen with its reservation, and the next call or
+    /// [`Freezer::begin_thaw`] tries again.
+    pub fn thaw_done(&mut self, key: &K, ok: bool) {
+        let Some(c) = self.containers.get_mut(key) else {
+            return;
+        };
+        if c.phase != Phase::Thawing {
+            return;
+        }
+        if ok {
+            self.held -= c.bytes;
+            c.phase = Phase::Running;
+            c.idle_since = None;
+            c.thaws += 1;
+        } else {
+            c.phase = Phase::Frozen;
+        }
+    }
+
+    /// The container's processes are gone (exited or killed, frozen or not): whatever it held is
+    /// returned.
+    pub fn gone(&mut self, key: &K) {
+        if let Some(c) = self.containers.remove(key)
+            && c.phase != Phase::Running
+        {
+            self.held -= c.bytes;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    const GIB: u64 = 1 << 30;
+
+    fn quiet(calls: u64) -> Activity {
+        Activity {
+            calls,
+            gpu_busy: false,
+        }
+    }
+
+    fn by_name(a: &&'static str, b: &&'static str) -> std::cmp::Ordering {
+        a.cmp(b)
+    }
+
+    #[test]
+    fn an_idle_container_is_frozen_after_the_ttl_and_thawed_by_its_next_call() {
+        let mut f = Freezer::new(Some(60 * S), 64 * GIB);
+        assert_eq!(f.observe("a", quiet(10), 4 * GIB, 0), None);
+        assert!(f.due(59 * S, by_name).is_empty(), "idle for 59 s only");
+        assert_eq!(f.due(60 * S, by_name), [Step::Freeze("a")]);
+        assert_eq!(f.container(&"a").unwrap().phase, Phase::Freezing);
+        assert_eq!(f.held(), 4 * GIB, "reserved before the freeze runs");
+        assert!(f.due(61 * S, by_name).is_empty(), "not twice");
+        f.freeze_done(&"a", Some(4 * GIB));
+        assert_eq!(f.container(&"a").unwrap().phase, Phase::Frozen);
+        // Nothing happens while no call comes.
+        assert_eq!(f.observe("a", quiet(10), 0, 70 * S), None);
+        assert_eq!(f.observe("a", quiet(11), 0, 80 * S), Some(Step::Thaw("a")));
+        assert_eq!(f.held(), 4 * GIB, "held until the thaw is done");
+        f.thaw_done(&"a", true);
+        let c = f.container(&"a").unwrap();
+        assert_eq!((c.phase, c.freezes, c.thaws), (Phase::Running, 1, 1));
+        assert_eq!(f.held(), 0);
+        // Idle again counts from the next look.
+        f.observe("a", quiet(11), 4 * GIB, 81 * S);
+        assert!(f.due(81 * S + 59 * S, by_name).is_empty());
+        assert_eq!(f.due(81 * S + 60 * S, by_name), [Step::Freeze("a")]);
+    }
+
+    #[test]
+    fn calls_or_gpu_work_keep_a_container_running() {
+        let mut f = Freezer::new(Some(10 * S), 64 * GIB);
+        for t in 0..30 {
+            f.observe("calls", quiet(t), GIB, t * S);
+            f.observe(
+                "kernel",
+                Activity {
+                    calls: 5,
+                    gpu_busy: true,
+                },
+                GIB,
+                t * S,
+            );
+        }
+        assert!(f.due(30 * S, by_name).is_empty());
+        // A container holding no device memory has nothing to give back.
+        f.observe("empty", quiet(0), 0, 0);
+        assert!(
+            f.due(100 * S, by_name)
+                .iter()
+                .all(|s| *s != Step::Freeze("empty"))
+        );
+    }
+
+    #[test]
+    fn without_a_ttl_only_a_freeze_by_hand_happens() {
+        let mut f = Freezer::new(None, 64 * GIB);
+        f.observe("a", quiet(0), GIB, 0);
+        assert!(f.due(1_000_000 * S, by_name).is_empty());
+        assert_eq!(f.begin_freeze(&"a"), Ok(()));
+        assert_eq!(
+            f.begin_freeze(&"a"),
+            Err(FreezeRefused::NotRunning(Phase::Freezing))
+        );
+        assert_eq!(f.begin_freeze(&"b"), Err(FreezeRefused::Unknown));
+        f.freeze_done(&"a", Some(GIB));
+        assert_eq!(f.begin_thaw(&"a"), Some(Step::Thaw("a")));
+        assert_eq!(f.begin_thaw(&"a"), None, "already thawing");
+    }
+
+    #[test]
+    fn the_host_budget_bounds_what_frozen_containers_hold() {
+        let mut f = Freezer::new(Some(S), 10 * GIB);
+        for (k, bytes) in [("a", 6 * GIB), ("b", 5 * GIB), ("c", 4 * GIB)] {
+            f.observe(k, quiet(0), bytes, 0);
+        }
+        // a (6) fits, b (5) does not fit in the 4 left, c (4) does.
+        assert_eq!(f.due(S, by_name), [Step::Freeze("a"), Step::Freeze("c")]);
+        assert_eq!(f.held(), 10 * GIB);
+        assert_eq!(
+            f.begin_freeze(&"b"),
+            Err(FreezeRefused::OverBudget {
+                bytes: 5 * GIB,
+                left: 0
+            })
+        );
+        // A freeze that failed returns its reservation; b fits then.
+        f.freeze_done(&"a", None);
+        assert_eq!(f.container(&"a").unwrap().phase, Phase::Running);
+        assert_eq!(f.held(), 4 * GIB);
+        assert_eq!(f.due(2 * S, by_name), [Step::Freeze("b")]);
+        // A freeze that saved less than reserved gives the rest back.
+        f.freeze_done(&"c", Some(3 * GIB));
+        assert_eq!(f.held(), 8 * GIB);
+    }
+
+    #[test]
+    fn a_thaw_that_fails_keeps_the_memory_it_needs() {
+        let mut f = Freezer::new(Some(S), 10 * GIB);
+        f.observe("a", quiet(0), 6 * GIB, 0);
+        f.due(S, by_name);
+        f.freeze_done(&"a", Some(6 * GIB));
+        assert_eq!(f.observe("a", quiet(1), 0, 2 * S), Some(Step::Thaw("a")));
+        f.thaw_done(&"a", false);
+        assert_eq!(f.container(&"a").unwrap().phase, Phase::Frozen);
+        assert_eq!(f.held(), 6 * GIB, "the saved memory is still held");
+        // The next call asks again.
+        assert_eq!(f.observe("a", quiet(2), 0, 3 * S), Some(Step::Thaw("a")));
+        f.thaw_done(&"a", true);
+        assert_eq!(f.held(), 0);
+        // Outcomes of steps never started are ignored.
+        f.thaw_done(&"a", true);
+        f.freeze_done(&"a", Some(GIB));
+        assert_eq!(f.container(&"a").unwrap().phase, Phase::Running);
+        assert_eq!(f.held(), 0);
+    }
+
+    #[test]
+    fn a_killed_frozen_container_leaves_nothing_held() {
+        let mut f = Freezer::new(Some(S), 10 * GIB);
+        f.observe("a", quiet(0), 3 * GIB, 0);
+        f.observe("b", quiet(0), 2 * GIB, 0);
+        f.due(S, by_name);
+        f.freeze_done(&"a", Some(3 * GIB));
+        assert_eq!(f.held(), 5 * GIB, "a frozen, b freezing");
+        f.gone(&"a");
+        f.gone(&"b");
+        assert_eq!(f.held(), 0);
+        assert_eq!(f.container(&"a"), None);
+        // A running container that goes held nothing.
+        f.observe("c", quiet(0), GIB, 0);
+        f.gone(&"c");
+        assert_eq!(f.held(), 0);
+        // A late report about a container that is gone changes nothing.
+        f.freeze_done(&"b", Some(2 * GIB));
+        assert_eq!(f.held(), 0);
+    }
+}

@@ -64,6 +64,21 @@ def rules(nccl_idle, runbook_base):
              "A container is held back by its SM limit longer than its share accounts for",
              f"{WHO} spent {{{{ $value | humanizePercentage }}}} of the time throttled by the "
              "limiter, more than the idle part of its SM share (1 - share)."),
+        rule("VgpuQosGuaranteeNotMet",
+             f"(\n"
+             f"    max by ({CTR}, device) (vgpu_container_qos_guarantee_ratio)\n"
+             f"  - on ({CTR}, device)\n"
+             f"    max by ({CTR}, device) (vgpu_container_gpu_busy_ratio{{source=\"limiter\"}})\n"
+             f") > 0.05\n"
+             f"and on ({CTR})\n"
+             f"  sum by ({CTR}) (rate(vgpu_throttled_seconds_total[5m])) > 0\n"
+             f"or\n"
+             f"  max by ({CTR}, device) (vgpu_container_qos_guarantee_short) > 0\n",
+             "10m", "warning",
+             "A guaranteed container does not get its guaranteed GPU share",
+             f"{WHO} is held back on GPU {{{{ $labels.device }}}} and gets less of it than its "
+             "guarantee, short by {{ $value | humanizePercentage }} (100% when the guarantees on "
+             "the GPU add up to more than it): see docs/qos.md."),
         rule("VgpuMemoryViewDrift",
              f"max by ({CTR}, between) (vgpu_container_memory_drift_bytes) > 0\n",
              "10m", "warning",

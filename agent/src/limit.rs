@@ -42,7 +42,7 @@ pub enum LimitError {
     NotARegion(PathBuf),
     #[error("device {0} is beyond the {MAX_DEVICES} devices a region holds")]
     Device(u32),
-    #[error("nothing to set: give --sm and/or --memory")]
+    #[error("nothing to set: give --sm, --memory, --tier and/or --guarantee")]
     NothingToSet,
     #[error("{}", refused_message(.target, .refused, .done))]
     Refused {
@@ -277,14 +277,66 @@ fn control_error(e: ControlError) -> String {
     e.to_string()
 }
 
+/// A change of a container's QoS tier (docs/qos.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QosChange {
+    /// Back to the tier of the container's environment (the override removed).
+    Env,
+    /// No tier, whatever the environment says.
+    None,
+    Latency,
+    /// Guaranteed this share, percent (1 to 100).
+    Guaranteed(u8),
+    BestEffort,
+}
+
+impl QosChange {
+    /// From `--tier` and `--guarantee`: a guarantee alone means the guaranteed tier.
+    pub fn from_args(tier: Option<&str>, guarantee: Option<u8>) -> Result<Option<Self>, String> {
+        Ok(Some(match (tier, guarantee) {
+            (None, None) => return Ok(None),
+            (None | Some("guaranteed"), Some(g)) => QosChange::Guaranteed(g),
+            (Some("guaranteed"), None) => {
+                return Err("--tier guaranteed needs --guarantee PERCENT".into());
+            }
+            (Some(t), Some(_)) => {
+                return Err(format!(
+                    "--guarantee goes with the guaranteed tier, not {t}"
+                ));
+            }
+            (Some("latency"), None) => QosChange::Latency,
+            (Some("best-effort"), None) => QosChange::BestEffort,
+            (Some("none"), None) => QosChange::None,
+            (Some("env"), None) => QosChange::Env,
+            (Some(t), None) => {
+                return Err(format!(
+                    "--tier {t:?}: expected latency, guaranteed, best-effort, none or env"
+                ));
+            }
+        }))
+    }
+
+    /// The control block's override.
+    fn word(self) -> Option<(u8, u16)> {
+        match self {
+            QosChange::Env => None,
+            QosChange::None => Some((0, 0)),
+            QosChange::Latency => Some((1, 0)),
+            QosChange::Guaranteed(g) => Some((2, u16::from(g) * 10)),
+            QosChange::BestEffort => Some((3, 0)),
+        }
+    }
+}
+
 /// Writes the change into each region's control block; returns a line per region.
 pub fn set(
     target: &Target,
     device: Option<u32>,
     sm: Option<u8>,
     memory: Option<u64>,
+    qos: Option<QosChange>,
 ) -> Result<Vec<String>, LimitError> {
-    if sm.is_none() && memory.is_none() {
+    if sm.is_none() && memory.is_none() && qos.is_none() {
         return Err(LimitError::NothingToSet);
     }
     if let Some(d) = device
@@ -306,6 +358,9 @@ pub fn set(
         let writer = ControlWriter::new(&file).map_err(control_error)?;
         let generation = writer
             .update(|s| {
+                if let Some(q) = qos {
+                    s.qos = q.word();
+                }
                 let devices = device.map_or(0..MAX_DEVICES, |d| d as usize..d as usize + 1);
                 for d in devices {
                     if let Some(p) = sm {
@@ -372,6 +427,14 @@ fn describe(s: &ControlSettings) -> String {
             parts.push(format!("device {d}: {}", p.join(", ")));
         }
     }
+    if let Some((tier, guarantee)) = s.qos {
+        parts.push(match tier {
+            1 => "QoS tier latency".to_string(),
+            2 => format!("QoS tier guaranteed {}%", guarantee.div_ceil(10)),
+            3 => "QoS tier best-effort".to_string(),
+            _ => "no QoS tier".to_string(),
+        });
+    }
     if parts.is_empty() {
         "no overrides".into()
     } else {
@@ -381,6 +444,30 @@ fn describe(s: &ControlSettings) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tier_arguments_make_one_change_or_a_clear_error() {
+        use super::QosChange as Q;
+        assert_eq!(Q::from_args(None, None), Ok(None));
+        assert_eq!(Q::from_args(None, Some(30)), Ok(Some(Q::Guaranteed(30))));
+        assert_eq!(
+            Q::from_args(Some("guaranteed"), Some(70)),
+            Ok(Some(Q::Guaranteed(70)))
+        );
+        assert_eq!(Q::from_args(Some("latency"), None), Ok(Some(Q::Latency)));
+        assert_eq!(
+            Q::from_args(Some("best-effort"), None),
+            Ok(Some(Q::BestEffort))
+        );
+        assert_eq!(Q::from_args(Some("none"), None), Ok(Some(Q::None)));
+        assert_eq!(Q::from_args(Some("env"), None), Ok(Some(Q::Env)));
+        assert!(Q::from_args(Some("guaranteed"), None).is_err());
+        assert!(Q::from_args(Some("latency"), Some(5)).is_err());
+        assert!(Q::from_args(Some("gold"), None).is_err());
+        assert_eq!(Q::Guaranteed(30).word(), Some((2, 300)));
+        assert_eq!(Q::Env.word(), None);
+        assert_eq!(Q::None.word(), Some((0, 0)));
+    }
+
     use super::*;
 
     #[test]

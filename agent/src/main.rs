@@ -281,6 +281,13 @@ enum LimitAction {
         /// Memory limit: bytes with an optional k/m/g/t suffix (e.g. 4g), or none.
         #[arg(long, value_parser = limit::parse_memory)]
         memory: Option<u64>,
+        /// QoS tier of the container on every device (docs/qos.md): latency, guaranteed (with
+        /// --guarantee), best-effort, none (no tier), or env (the container's environment's).
+        #[arg(long)]
+        tier: Option<String>,
+        /// Guaranteed share of each GPU in percent (the guaranteed tier).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
+        guarantee: Option<u8>,
     },
     /// Show the run-time changes in effect.
     Show {
@@ -617,7 +624,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     device,
                     sm,
                     memory,
-                } => limit::set(&target.target(), device, sm, memory)?,
+                    tier,
+                    guarantee,
+                } => {
+                    let qos = limit::QosChange::from_args(tier.as_deref(), guarantee)
+                        .map_err(anyhow::Error::msg)?;
+                    limit::set(&target.target(), device, sm, memory, qos)?
+                }
                 LimitAction::Show { target } => limit::show(&target.target())?,
             };
             // The lines name regions' paths, which tenants choose.

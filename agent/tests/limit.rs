@@ -205,3 +205,78 @@ fn malformed_values_are_refused_by_name() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_run_time_qos_tier_reaches_a_running_container_and_can_be_taken_away() {
+    let dir = tempdir();
+    let region = dir.path().join("qos.region");
+    let child = workload(dir.path(), &region, &["paced", "--seconds", "6"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while live_processes(&region) < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workload did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = region.to_str().unwrap();
+    let out = limit(&[
+        "set",
+        "--region",
+        r,
+        "--tier",
+        "guaranteed",
+        "--guarantee",
+        "40",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    // The limiter applies it at its next call; its QoS thread publishes the tier in the region.
+    let qos = |want: &dyn Fn(Option<region::sm_share::QosState>) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let q = region::reader::RegionReader::open(&region)
+                .and_then(|r| r.snapshot())
+                .ok()
+                .and_then(|s| s.devices.first().and_then(|d| d.qos));
+            if want(q) {
+                return q;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the region's QoS state is {q:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let q = qos(&|q| q.is_some_and(|q| q.tier == 2 && q.guarantee_pm == 400));
+    // Alone on the device (no board): the whole of it.
+    assert_eq!(q.unwrap().allocated_pm, 1000, "{q:?}");
+    let out = limit(&["show", "--region", r]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("QoS tier guaranteed 40%"),
+        "{out:?}"
+    );
+    let out = limit(&["set", "--region", r, "--tier", "none"]);
+    assert!(out.status.success(), "{out:?}");
+    qos(&|q| q.is_none());
+    // A tier with a guarantee it cannot have is refused by name.
+    let out = limit(&[
+        "set",
+        "--region",
+        r,
+        "--tier",
+        "latency",
+        "--guarantee",
+        "30",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--guarantee goes with the guaranteed tier"),
+        "{out:?}"
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+}

@@ -94,6 +94,9 @@ const _: () = assert!(W_SPARE * 8 == offset_of!(ControlBlock, spare));
 /// The QoS tier override (minor 1): the last spare word. 0: none; else `1 << 63 | tier |
 /// guarantee per mille << 8` (tier 0: no tier, 1 latency, 2 guaranteed, 3 best effort).
 const W_QOS: usize = W_SPARE + 7;
+/// The spare words a minor version gave a meaning, which `encode` writes (the others are left as
+/// they are: a newer writer's).
+pub(crate) const ENCODED_SPARE: &[usize] = &[W_QOS];
 const QOS_SET: u64 = 1 << 63;
 
 /// The control block file of the region at `region`: `<region>.ctl`.

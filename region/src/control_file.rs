@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::control::{
     CONTROL_READ_RETRIES, CONTROL_SIZE, CONTROL_WORDS, ControlBlock, ControlError, ControlSettings,
-    ControlSnapshot, W_SPARE, W_WRITER_PID, W_WRITTEN_AT, WRITER_STALL_MS, decode, encode,
-    validate,
+    ControlSnapshot, ENCODED_SPARE, W_SPARE, W_WRITER_PID, W_WRITTEN_AT, WRITER_STALL_MS, decode,
+    encode, validate,
 };
 use crate::handle::Region;
 use crate::layout_types::RegionPod;
@@ -312,10 +312,11 @@ impl ControlWriter {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         w[W_WRITER_PID] = u64::from(std::process::id());
-        // Every word but the generation and the spare words.
-        for (i, v) in w.iter().enumerate().take(W_SPARE).skip(1) {
+        // Every word but the generation and the spare words this version gives no meaning.
+        let written = (1..W_SPARE).chain(ENCODED_SPARE.iter().copied());
+        for i in written {
             // Relaxed: inside the write section; published by the Release store below.
-            word(b, i).store(*v, Ordering::Relaxed);
+            word(b, i).store(w[i], Ordering::Relaxed);
         }
         let generation = odd + 1;
         // Release: publishes the fields; pairs with the readers' Acquire load.

@@ -28,7 +28,8 @@ use crate::{
     },
     model::{
         AllocSizes, ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews,
-        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionUnread, Snapshot, Source,
+        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionQos, RegionUnread,
+        Snapshot, Source,
         gpu_use::{KernelTime, LimiterGpuTime, OTHER_KERNELS},
         probing::ProbeLosses,
     },
@@ -648,6 +649,18 @@ fn vgpu_devices(s: &RegionSnapshot, gpu_count: usize) -> Vec<RegionDevice> {
             reserved: d.reserved,
             denied: d.denied,
             context_charge: super::context_charge::vgpu(s, i),
+            qos: d.qos.map(|q| RegionQos {
+                tier: match q.tier {
+                    1 => "latency",
+                    2 => "guaranteed",
+                    _ => "best-effort",
+                }
+                .to_owned(),
+                guarantee: f64::from(q.guarantee_pm) / 1000.0,
+                allocated: f64::from(q.allocated_pm) / 1000.0,
+                held: q.held,
+                short: q.short,
+            }),
         })
         .collect();
     let active = devices
@@ -677,6 +690,7 @@ fn hami_devices(h: &HamiSnapshot) -> Vec<RegionDevice> {
                 .sum(),
             denied: 0,
             context_charge: super::context_charge::hami(h, i),
+            qos: None,
         })
         .collect()
 }

@@ -191,6 +191,33 @@ pub const CONTAINER_SM_LIMIT: Def = def(
     "The container's SM share limit (0..1; absent when unlimited).",
     "containers[].regions[].devices[].sm_limit_pct / 100",
 );
+pub const CONTAINER_QOS_ALLOCATED: Def = def(
+    "vgpu_container_qos_allocated",
+    Gauge,
+    Some(Ratio),
+    true,
+    &["device", "tier"],
+    "The share of the device the container's QoS tier is allocated now (0..1; docs/qos.md); absent without a tier.",
+    "containers[].regions[].devices[].qos.allocated",
+);
+pub const CONTAINER_QOS_GUARANTEE: Def = def(
+    "vgpu_container_qos_guarantee",
+    Gauge,
+    Some(Ratio),
+    true,
+    &["device"],
+    "The share of the device guaranteed to the container (0..1; the guaranteed tier only).",
+    "containers[].regions[].devices[].qos.guarantee",
+);
+pub const CONTAINER_QOS_SHORT: Def = def(
+    "vgpu_container_qos_guarantee_short",
+    Gauge,
+    None,
+    true,
+    &["device"],
+    "1 while the container wants its guaranteed share and is allocated less (the guarantees on the device add up to more than it), else 0; the guaranteed tier only.",
+    "containers[].regions[].devices[].qos.short",
+);
 pub const CONTAINER_SM_UTILIZATION: Def = def(
     "vgpu_container_sm_utilization",
     Gauge,
@@ -729,6 +756,9 @@ pub const ALL: &[Def] = &[
     CONTAINER_MEMORY_LIMIT,
     CONTAINER_MEMORY_RESERVED,
     CONTAINER_SM_LIMIT,
+    CONTAINER_QOS_ALLOCATED,
+    CONTAINER_QOS_GUARANTEE,
+    CONTAINER_QOS_SHORT,
     CONTAINER_SM_UTILIZATION,
     CONTAINER_GPU_BUSY,
     CONTAINER_KERNEL_TIME,

@@ -77,6 +77,7 @@ pub(super) fn container_gauges(
             .collect(),
     );
     let (mut limit, mut reserved, mut sm, mut denied) = (vec![], vec![], vec![], vec![]);
+    let (mut qos_allocated, mut qos_guarantee, mut qos_short) = (vec![], vec![], vec![]);
     for c in &snap.containers {
         let l = labels_of(&c.key);
         for r in &c.regions {
@@ -91,6 +92,16 @@ pub(super) fn container_gauges(
                         Value::Float(f64::from(d.sm_limit_pct) / 100.0),
                     ));
                 }
+                if let Some(q) = &d.qos {
+                    qos_allocated.push((
+                        lv(&l, &[&d.index.to_string(), &q.tier]),
+                        Value::Float(q.allocated),
+                    ));
+                    if q.guarantee > 0.0 {
+                        qos_guarantee.push((labels.clone(), Value::Float(q.guarantee)));
+                        qos_short.push((labels.clone(), Value::Int(u64::from(q.short))));
+                    }
+                }
                 reserved.push((labels.clone(), Value::Int(d.reserved)));
                 let floor = denied_published.entry((l.clone(), d.index)).or_default();
                 *floor = (*floor).max(d.denied);
@@ -104,6 +115,15 @@ pub(super) fn container_gauges(
     fam(&defs::CONTAINER_MEMORY_LIMIT, limit);
     fam(&defs::CONTAINER_MEMORY_RESERVED, reserved);
     fam(&defs::CONTAINER_SM_LIMIT, sm);
+    // One tier per container and device: no sums (a container's regions agree, or the last
+    // one read is shown).
+    for v in [&mut qos_allocated, &mut qos_guarantee, &mut qos_short] {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.dedup_by(|a, b| a.0 == b.0);
+    }
+    fam(&defs::CONTAINER_QOS_ALLOCATED, qos_allocated);
+    fam(&defs::CONTAINER_QOS_GUARANTEE, qos_guarantee);
+    fam(&defs::CONTAINER_QOS_SHORT, qos_short);
     fam(&defs::CONTAINER_DENIED, denied);
     fam(
         &defs::CONTAINER_ALLOCATIONS,

@@ -512,6 +512,13 @@ pub(super) mod tests {
                     reserved: 3 << 30,
                     denied: 4,
                     context_charge: None,
+                    qos: Some(crate::model::RegionQos {
+                        tier: "guaranteed".into(),
+                        guarantee: 0.3,
+                        allocated: 0.45,
+                        held: true,
+                        short: false,
+                    }),
                 },
                 RegionDevice {
                     index: 1,
@@ -520,6 +527,7 @@ pub(super) mod tests {
                     reserved: 0,
                     denied: 0,
                     context_charge: None,
+                    qos: None,
                 },
             ],
             problems: vec![],
@@ -551,6 +559,24 @@ pub(super) mod tests {
         assert_eq!(
             sample(&e, &defs::THROTTLED, &["p"]),
             Some(&Value::Float(1.5))
+        );
+        assert_eq!(
+            sample(
+                &e,
+                &defs::CONTAINER_QOS_ALLOCATED,
+                &["p", "0", "guaranteed"]
+            ),
+            Some(&Value::Float(0.45))
+        );
+        assert_eq!(
+            sample(&e, &defs::CONTAINER_QOS_GUARANTEE, &["p", "0"]),
+            Some(&Value::Float(0.3))
+        );
+        assert_eq!(int(&e, &defs::CONTAINER_QOS_SHORT, &["p", "0"]), 0);
+        assert_eq!(
+            e.family(&defs::CONTAINER_QOS_ALLOCATED).len(),
+            1,
+            "no tier on device 1: no series"
         );
     }
 
@@ -603,6 +629,7 @@ pub(super) mod tests {
                     reserved: 9 << 30,
                     denied: 1,
                     context_charge: None,
+                    qos: None,
                 }],
                 problems: vec![],
                 read_retries: 0,

@@ -363,6 +363,50 @@ pub struct RegionDevice {
     /// every allocation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_charge: Option<u64>,
+    /// The container's QoS tier on the device (docs/qos.md), as its limiter publishes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<RegionQos>,
+}
+
+/// A container's QoS tier on one device and what it is allocated now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionQos {
+    /// `latency`, `guaranteed` or `best-effort`.
+    pub tier: String,
+    /// The guaranteed share (0..1; 0 for the other tiers).
+    pub guarantee: f64,
+    /// The share it is allocated now (0..1).
+    pub allocated: f64,
+    /// Its allocation held it back over the last tick (it wants more).
+    pub held: bool,
+    /// Guaranteed, it wants its guarantee and is allocated less: the guarantees of the tenants
+    /// on the device add up to more than it.
+    pub short: bool,
+}
+
+impl RegionQos {
+    /// `guaranteed 30%, allocated 70% (held back)`: the tier and what it has now, as the views
+    /// say it.
+    pub fn summary(&self) -> String {
+        let tier = if self.tier == "guaranteed" {
+            format!("guaranteed {:.0}%", self.guarantee * 100.0)
+        } else {
+            self.tier.clone()
+        };
+        let mut notes = Vec::new();
+        if self.held {
+            notes.push("held back");
+        }
+        if self.short {
+            notes.push("short of its guarantee: the guarantees on the GPU add up to more");
+        }
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join(", "))
+        };
+        format!("{tier}, allocated {:.0}%{notes}", self.allocated * 100.0)
+    }
 }
 
 impl RegionDevice {

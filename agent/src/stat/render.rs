@@ -46,6 +46,18 @@ fn api_table(out: &mut String, apis: &[ApiRow]) {
     }
 }
 
+/// `  QoS: GPU0 guaranteed 30%, allocated 70% (held back)` for each device with a tier.
+fn qos_line(out: &mut String, regions: &[crate::model::RegionInfo]) {
+    let parts: Vec<String> = regions
+        .iter()
+        .flat_map(|r| &r.devices)
+        .filter_map(|d| Some(format!("GPU{} {}", d.index, d.qos.as_ref()?.summary())))
+        .collect();
+    if !parts.is_empty() {
+        let _ = writeln!(out, "  QoS: {}", parts.join(", "));
+    }
+}
+
 /// `  GPU use: GPU0 SM 87% mem 41%, GPU1 SM ? (not observed)` over the window (NVML's
 /// per-process samples); nothing without samples.
 fn gpu_use_line(out: &mut String, uses: &[WindowUse]) {
@@ -354,6 +366,7 @@ pub fn table(r: &StatReport) -> String {
         gpu_use_line(&mut out, &c.gpu_use);
         gpu_busy_line(&mut out, &c.gpu_busy);
         kernels_line(&mut out, &c.kernels);
+        qos_line(&mut out, &c.regions);
         for reg in &c.regions {
             for problem in &reg.problems {
                 let _ = writeln!(out, "  region {}: {problem}", reg.path);
@@ -392,6 +405,59 @@ mod tests {
                 .any(|c| c.contains("memory by GPU: GPU0 ") && c.contains(", GPU1 ")),
             "{t}"
         );
+    }
+
+    #[test]
+    fn a_containers_qos_tier_and_allocation_are_said() {
+        use crate::model::{RegionDevice, RegionInfo, RegionQos};
+        let device = |index, qos| RegionDevice {
+            index,
+            memory_limit: 0,
+            sm_limit_pct: 0,
+            reserved: 0,
+            denied: 0,
+            context_charge: None,
+            qos,
+        };
+        let region = RegionInfo {
+            path: "/r".into(),
+            format: "vgpu".into(),
+            devices: vec![
+                device(
+                    0,
+                    Some(RegionQos {
+                        tier: "guaranteed".into(),
+                        guarantee: 0.3,
+                        allocated: 0.7,
+                        held: true,
+                        short: false,
+                    }),
+                ),
+                device(1, None),
+                device(
+                    2,
+                    Some(RegionQos {
+                        tier: "best-effort".into(),
+                        guarantee: 0.0,
+                        allocated: 0.1,
+                        held: false,
+                        short: false,
+                    }),
+                ),
+            ],
+            problems: vec![],
+            read_retries: 0,
+            writable_by_others: None,
+        };
+        let mut out = String::new();
+        qos_line(&mut out, &[region]);
+        assert_eq!(
+            out,
+            "  QoS: GPU0 guaranteed 30%, allocated 70% (held back), GPU2 best-effort, allocated 10%\n"
+        );
+        let mut none = String::new();
+        qos_line(&mut none, &[]);
+        assert!(none.is_empty());
     }
 
     #[test]

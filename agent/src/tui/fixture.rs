@@ -126,6 +126,7 @@ fn region(limit: u64, reserved: u64, denied: u64) -> RegionInfo {
             reserved,
             denied,
             context_charge: Some(500 * MIB),
+            qos: None,
         }],
         problems: vec![],
         read_retries: 0,
@@ -497,6 +498,7 @@ pub fn limit_below_context() -> Snapshot {
         reserved: 0,
         denied: 148,
         context_charge: Some(544 * MIB),
+        qos: None,
     };
     let p = s
         .processes

@@ -125,13 +125,21 @@ impl RegionReader {
         let bytes = byte_decoder(geometry.major);
         let devices = header.devices[..geometry.device_count as usize]
             .iter()
-            .map(|d| DeviceSnapshot {
+            .zip(&header.sm)
+            .map(|(d, sm)| DeviceSnapshot {
                 memory_limit: d.memory_limit.load(r),
                 sm_limit: d.sm_limit.load(r).min(100) as u8,
                 reserved: bytes(d.reserved.load(r)),
                 peak_reserved: d.peak_reserved.load(r),
                 denied: d.denied.load(r),
                 reclaimed_bytes: d.reclaimed_bytes.load(r),
+                // A tenant's word: only a state that makes sense is believed.
+                qos: crate::sm_share::decode_qos(sm.qos.load(r)).filter(|q| {
+                    (1..=3).contains(&q.tier)
+                        && q.guarantee_pm <= 1000
+                        && q.allocated_pm <= 1000
+                        && (q.tier == 2) == (q.guarantee_pm > 0)
+                }),
             })
             .collect();
         let mut counters = ReadCounters::default();

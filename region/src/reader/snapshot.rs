@@ -21,6 +21,9 @@ pub struct DeviceSnapshot {
     pub denied: u64,
     /// Bytes returned by reclaiming dead processes' slots.
     pub reclaimed_bytes: u64,
+    /// The container's QoS tier on the device and its allocation (`None`: no tier, or a word
+    /// that does not decode to one).
+    pub qos: Option<crate::sm_share::QosState>,
 }
 
 /// Per-API statistics of a process, merged over its consistent shards.

@@ -770,6 +770,22 @@ pub fn render_gpu_time(frame: &mut Frame, area: Rect, model: &Model, id: &RowId,
         )),
     ];
     lines.extend(busy_lines(&g, t));
+    if let RowId::Container(k) = id {
+        // The container's QoS tier on each GPU where it has one (docs/qos.md).
+        let tiers = s
+            .containers
+            .iter()
+            .filter(|c| &c.key == k)
+            .flat_map(|c| &c.regions)
+            .flat_map(|r| &r.devices)
+            .filter_map(|d| Some((d.index, d.qos.as_ref()?.summary())));
+        for (index, summary) in tiers {
+            lines.push(Line::from(vec![
+                Span::styled(format!("QoS GPU{index} "), t.key()),
+                Span::raw(summary),
+            ]));
+        }
+    }
     lines.extend(coverage_lines(&g, container, t));
     if !g.kernels.is_empty() {
         lines.push(Line::from(vec![

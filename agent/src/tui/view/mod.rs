@@ -123,7 +123,21 @@ mod tests {
     /// covers the pod, each process, and the top kernels with share, time, calls and mean.
     #[test]
     fn gpu_time_of_a_container() {
-        let m = model();
+        let mut m = model();
+        // The trainer's container is guaranteed 30% of GPU0 and allocated 70% (docs/qos.md).
+        let snap = m.snapshot.as_mut().unwrap();
+        let train = snap
+            .containers
+            .iter_mut()
+            .find(|c| c.key == fixture::TRAIN_ID)
+            .unwrap();
+        train.regions[0].devices[0].qos = Some(crate::model::RegionQos {
+            tier: "guaranteed".into(),
+            guarantee: 0.3,
+            allocated: 0.7,
+            held: true,
+            short: false,
+        });
         let s = with(&m, &[Action::GpuTime]);
         both("gpu_time_container", &m, &s);
         let text = text_of(&draw(&m, &s, 160, 48));
@@ -133,6 +147,7 @@ mod tests {
             "timed by the limiter: 1 of 2 processes (the others: NVML's alone)",
             "4101 python3  limiter 34%  nvml 62%",
             "4102 python3  limiter: no record  nvml 20%",
+            "QoS GPU0 guaranteed 30%, allocated 70% (held back)",
             "KERNEL",
         ] {
             assert!(text.contains(shown), "{shown:?} not in {text}");

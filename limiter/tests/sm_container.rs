@@ -721,3 +721,65 @@ fn best_effort_waits_for_a_latency_tenant_and_runs_in_its_gaps() {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&board);
 }
+
+#[test]
+fn a_forged_board_entry_cannot_take_a_guaranteed_container_under_its_guarantee() {
+    use region::qos_board::{Board, BoardEntry};
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (path, device) = DeviceFile::create("qos-forged");
+    let board_path = qos_board("qos-forged");
+    let a = Container::start_with(
+        &path,
+        100,
+        1,
+        Loop::Open,
+        20_000,
+        &[
+            ("VGPU_QOS_BOARD", board_path.to_str().unwrap()),
+            ("VGPU_QOS_GUARANTEE", "30"),
+        ],
+    );
+    device.wait_launching(&a.pids());
+    // The container's own entry names the GPU; a hostile tenant claims the whole of it.
+    let board = Board::open(&board_path).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let gpu = loop {
+        if let Some((_, e)) = board.entries().unwrap().first() {
+            break e.device;
+        }
+        assert!(Instant::now() < deadline, "the container never published");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let forge = |now_ms| BoardEntry {
+        owner: 0xBAD,
+        device: gpu,
+        heartbeat_ms: now_ms,
+        tier: 2,
+        guarantee_pm: 1000,
+        cap_pm: 1000,
+        active: true,
+        held: true,
+        used_pm: 1000,
+        allocated_pm: 1000,
+        latency_until_ns: 0,
+        pid: 1,
+    };
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut seen = None;
+    while Instant::now() < until {
+        board
+            .write(200, &forge(monotonic_ns() / 1_000_000))
+            .unwrap();
+        seen = sm_words(&a.region, 0).qos;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let q = seen.expect("a QoS state");
+    assert!(q.allocated_pm >= 300, "under its guarantee: {q:?}");
+    assert!(
+        q.short,
+        "the guarantees on the GPU add up to more than it: {q:?}"
+    );
+    stop(a);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&board_path);
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# GPU validation of the QoS tiers (docs/qos.md) by completed work. Run on the GPU machine from the
+# repo root after `cargo xtask bundle` (needs .carry/bin/libvgpu_limiter.so); builds nothing;
+# needs PyTorch. Three parts (validate_qos.py): guaranteed 30/70 shares of each tenant's solo work
+# (3 rotated rounds), the burst when one tenant idles and resumes (per-100 ms work in
+# $OUT/qos-burst.csv), and a batch-1 transformer's P99 in the latency tier beside a best-effort
+# matmul. Results: $OUT/qos.json, $OUT/qos.txt (default OUT=/tmp/out-qos). Takes ~5.5 min;
+# QOS_PARTS (e.g. shares,burst) and QOS_ROUNDS change it. Exit status 1 if a verdict fails.
+set -u
+OUT=${OUT:-/tmp/out-qos}
+mkdir -p "$OUT"
+BIN=$PWD/.carry/bin
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /'
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+timeout 580 python3 scripts/gpu/validate_qos.py "$BIN/libvgpu_limiter.so" "$OUT"
+RC=$?
+[ $RC -eq 0 ] && echo PASS || echo FAIL
+exit $RC

@@ -150,6 +150,31 @@ type Member = fn(&Contender) -> bool;
 /// A member's weight within its level.
 type Weight = fn(&Contender) -> f64;
 
+/// The contender that runs at its ceiling instead of its allocation (`keys` tell contenders apart
+/// the same way in every container; `None` for none).
+///
+/// Each container holds its allocation with its own duty cycle, and duty cycles of different
+/// containers do not line up: where they overlap the device time-slices, each gets less than its
+/// duty, and corrections that raise every duty to make up for it end with the containers
+/// splitting the device evenly. So one container, the first by tier (latency, guaranteed,
+/// best effort), then the largest allocation, then the smallest key, is not held back at all: it
+/// takes what the others' held allocations leave, which is its own allocation once they hold
+/// theirs, and the others' corrections (docs/sm-limit.md) make up for the overlap with it.
+pub fn runs_free(contenders: &[Contender], allocations: &[u16], keys: &[u64]) -> Option<usize> {
+    let rank = |t: Tier| match t {
+        Tier::Latency => 0u8,
+        Tier::Guaranteed(_) => 1,
+        Tier::BestEffort => 2,
+    };
+    (0..contenders.len().min(allocations.len()).min(keys.len())).min_by_key(|&i| {
+        (
+            rank(contenders[i].tier),
+            std::cmp::Reverse(allocations[i]),
+            keys[i],
+        )
+    })
+}
+
 /// Water-fills `left` among `members` by `weight` up to each one's demand; returns what it gave.
 fn fill(
     members: &[usize],
@@ -297,6 +322,24 @@ mod tests {
                 assert!(total + n as u32 >= 1000, "{cs:?} -> {a:?}");
             }
         }
+    }
+
+    #[test]
+    fn one_contender_runs_free_the_first_by_tier_then_allocation() {
+        let g30 = saturating(Tier::Guaranteed(300));
+        let g70 = saturating(Tier::Guaranteed(700));
+        let a = allocate(&[g30, g70]);
+        assert_eq!(runs_free(&[g30, g70], &a, &[1, 2]), Some(1), "the 70%");
+        let lat = light(Tier::Latency, 200);
+        let be = saturating(Tier::BestEffort);
+        let a = allocate(&[be, lat]);
+        assert_eq!(a, [700, 300]);
+        assert_eq!(runs_free(&[be, lat], &a, &[1, 2]), Some(1), "latency first");
+        // Equal allocations: the smaller key, whichever container computes it.
+        let a = allocate(&[g30, g30]);
+        assert_eq!(runs_free(&[g30, g30], &a, &[9, 4]), Some(1));
+        assert_eq!(runs_free(&[g30, g30], &a, &[4, 9]), Some(0));
+        assert_eq!(runs_free(&[], &[], &[]), None);
     }
 
     #[test]

@@ -570,9 +570,15 @@ fn share_of_the_survivor_of_processes_killed_mid_window() {
 
 /// Kills a container's processes (what they would run for longer is not needed).
 fn stop(mut c: Container) {
-    for child in &mut c.children {
+    for mut child in c.children.drain(..) {
         let _ = child.kill();
-        let _ = child.wait();
+        if let Ok(out) = child.wait_with_output() {
+            // The corrections' own account, for the benchmark's figures.
+            let stderr = support::text(&out.stderr);
+            for line in stderr.lines().filter(|l| l.contains("SM feedback")) {
+                eprintln!("  {line}");
+            }
+        }
     }
     let _ = std::fs::remove_file(&c.region);
 }
@@ -782,4 +788,64 @@ fn a_forged_board_entry_cannot_take_a_guaranteed_container_under_its_guarantee()
     stop(a);
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&board_path);
+}
+
+#[test]
+#[ignore = "a figure on this machine's clock: cargo xtask bench sm-shares"]
+fn share_of_guaranteed_tiers_by_completed_work() {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = paths();
+    // Each tenant's work alone (no tier), then together guaranteed 30% and 70%: its share is
+    // the device time it got together over the device time it got alone.
+    let alone = |n: usize| {
+        let (path, device) = DeviceFile::create("qos-alone");
+        let c = Container::start_with(&path, 100, n, Loop::Open, 6_000, &[]);
+        device.wait_launching(&c.pids());
+        std::thread::sleep(Duration::from_millis(1000));
+        let a = device.sample();
+        std::thread::sleep(MEASURE);
+        let b = device.sample();
+        let share = c.share(&a, &b);
+        stop(c);
+        share
+    };
+    let (solo_a, solo_b) = (alone(1), alone(2));
+    let (path, device) = DeviceFile::create("qos-together");
+    let board = qos_board("qos-together");
+    let env = |g| {
+        [
+            ("VGPU_QOS_BOARD", board.to_str().unwrap()),
+            ("VGPU_QOS_GUARANTEE", g),
+        ]
+    };
+    // The allocations' duty cycles corrected by the GPU time, as by default.
+    let a = Container::start_with(&path, 100, 1, Loop::GpuTime, 20_000, &env("30"));
+    let b = Container::start_with(&path, 100, 2, Loop::GpuTime, 20_000, &env("70"));
+    let mut pids = a.pids();
+    pids.extend(b.pids());
+    device.wait_launching(&pids);
+    std::thread::sleep(Duration::from_millis(7000));
+    let s0 = device.sample();
+    std::thread::sleep(MEASURE);
+    let s1 = device.sample();
+    let (share_a, share_b) = (
+        a.share(&s0, &s1) / solo_a * 100.0,
+        b.share(&s0, &s1) / solo_b * 100.0,
+    );
+    stop(a);
+    stop(b);
+    let _ = std::fs::remove_file(&board);
+    let mut all = verdict(
+        "guaranteed 30% beside 70%, share of its work alone",
+        share_a,
+        30.0,
+        5.0,
+    );
+    all &= verdict(
+        "guaranteed 70% beside 30%, share of its work alone",
+        share_b,
+        70.0,
+        5.0,
+    );
+    assert!(all, "a share outside its tolerance (above)");
 }

@@ -74,6 +74,9 @@ pub struct QosState {
     pub held: bool,
     /// Guaranteed: it wanted its guarantee and got less (guarantees that do not fit).
     pub short: bool,
+    /// It runs at its ceiling and takes what the others' allocations leave
+    /// (`limiter_core::qos::runs_free`).
+    pub free: bool,
 }
 
 /// `qos`'s word for `state`; 0 for no tier.
@@ -86,6 +89,7 @@ pub const fn qos_word(state: QosState) -> u64 {
         | (state.tier as u64) << 32
         | (state.held as u64) << 40
         | (state.short as u64) << 41
+        | (state.free as u64) << 42
 }
 
 /// The state in a `qos` word; `None` for 0 (no tier).
@@ -99,6 +103,7 @@ pub const fn decode_qos(word: u64) -> Option<QosState> {
         allocated_pm: word as u16,
         held: word >> 40 & 1 == 1,
         short: word >> 41 & 1 == 1,
+        free: word >> 42 & 1 == 1,
     })
 }
 
@@ -332,6 +337,7 @@ mod tests {
             allocated_pm: 850,
             held: true,
             short: false,
+            free: true,
         };
         assert_eq!(decode_qos(qos_word(q)), Some(q));
         assert_eq!(qos_word(QosState::default()), 0);

@@ -33,7 +33,7 @@ use std::{
 };
 
 use limiter_core::{
-    qos::{Contender, DEVICE_PM, LATENCY_HOLD_NS, Tier, allocate},
+    qos::{Contender, DEVICE_PM, LATENCY_HOLD_NS, Tier, allocate, runs_free},
     sm::{
         Controller,
         gpu_share::{GpuShare, SlotReading},
@@ -347,29 +347,31 @@ fn lead(
         held,
     };
     let mut contenders = vec![me];
+    let mut keys = vec![owner];
     let now_ms = now_ns / 1_000_000;
     if let Some(entries) = entries.filter(|_| dev.id != 0) {
-        contenders.extend(
-            entries
-                .iter()
-                .filter(|(_, e)| {
-                    e.owner != owner && e.device == dev.id && e.active && e.fresh(now_ms)
-                })
-                .filter_map(|(_, e)| {
-                    Some(Contender {
-                        tier: Tier::decode(e.tier, e.guarantee_pm)?,
-                        cap_pm: e.cap_pm.clamp(1, DEVICE_PM),
-                        used_pm: e.used_pm.min(DEVICE_PM),
-                        held: e.held,
-                    })
-                }),
-        );
+        for (_, e) in entries
+            .iter()
+            .filter(|(_, e)| e.owner != owner && e.device == dev.id && e.active && e.fresh(now_ms))
+        {
+            let Some(tier) = Tier::decode(e.tier, e.guarantee_pm) else {
+                continue;
+            };
+            contenders.push(Contender {
+                tier,
+                cap_pm: e.cap_pm.clamp(1, DEVICE_PM),
+                used_pm: e.used_pm.min(DEVICE_PM),
+                held: e.held,
+            });
+            keys.push(e.owner);
+        }
     }
-    let mut allocated = if active {
-        allocate(&contenders)[0]
+    let (mut allocated, free) = if active {
+        let all = allocate(&contenders);
+        (all[0], runs_free(&contenders, &all, &keys) == Some(0))
     } else {
         // Idle: nothing to hold back; it asks again when it launches.
-        cap_pm
+        (cap_pm, true)
     };
     let mut short = false;
     if let Tier::Guaranteed(g) = tier {
@@ -388,6 +390,7 @@ fn lead(
         allocated_pm: allocated,
         held,
         short,
+        free,
     }));
     let (Some(board), Some(entries)) = (board, entries) else {
         return;
@@ -435,7 +438,12 @@ fn follow(
     now_ms: u64,
 ) {
     if let Some(q) = decode_qos(plant.windows[d].qos()) {
-        let pct = q.allocated_pm.div_ceil(10).min(100) as u8;
+        // The container that runs free holds nothing back below its ceiling.
+        let pct = if q.free {
+            100
+        } else {
+            q.allocated_pm.div_ceil(10).min(100) as u8
+        };
         let moved = pct.abs_diff(dev.applied) >= HYSTERESIS_PCT
             || (pct == 100) != (dev.applied == 100)
             || dev.applied == 0;

@@ -97,6 +97,29 @@ pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<(), C
     result.map_err(io)
 }
 
+/// Makes the node's QoS board directory: every container writes the board in it, so it is
+/// sticky and writable by all (mode 1777, as /tmp). A path that exists must be a directory (not
+/// a link).
+pub fn board_dir(dir: &Path) -> Result<(), CdiError> {
+    let io = |source| CdiError::Write {
+        path: dir.to_owned(),
+        source,
+    };
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(io(std::io::Error::other(
+                "not a directory (a QoS board directory must be one)",
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::create_dir_all(dir).map_err(io)?;
+        }
+        Err(e) => return Err(io(e)),
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)).map_err(io)
+}
+
 /// What `cdi install` wrote.
 #[derive(Debug)]
 pub struct Installed {

@@ -44,7 +44,8 @@ pub enum CdiCommand {
     },
     /// Write a CDI spec whose devices inject the limiter with the given limits.
     Generate {
-        /// A device: NAME:mem=SIZE[,sm=PERCENT], e.g. small:mem=4g,sm=25 (repeatable). A
+        /// A device: NAME:mem=SIZE[,sm=PERCENT][,tier=TIER][,guarantee=PERCENT], e.g.
+        /// small:mem=4g,sm=25 or train:mem=40g,guarantee=30 (repeatable). A
         /// container asks for it with --device KIND=NAME.
         #[arg(long = "device", value_name = "NAME:LIMITS", required = true)]
         devices: Vec<String>,
@@ -67,6 +68,10 @@ pub enum CdiCommand {
         /// (e.g. /host); the spec names host paths as they are on the host.
         #[arg(long, default_value = "/")]
         host_root: PathBuf,
+        /// A host directory for the node's QoS board (docs/qos.md), mounted read-write into
+        /// every container with VGPU_QOS_BOARD pointing into it (created with mode 1777).
+        #[arg(long)]
+        qos_board_dir: Option<PathBuf>,
     },
 }
 
@@ -95,8 +100,13 @@ pub fn run(command: CdiCommand) -> Result<Vec<String>, CdiError> {
             preload,
             region_size,
             host_root,
+            qos_board_dir,
         } => {
-            let opts = options(&kind, &devices, lib_dir, preload, &region_size)?;
+            let mut opts = options(&kind, &devices, lib_dir, preload, &region_size)?;
+            if let Some(dir) = qos_board_dir {
+                install::board_dir(&host_root.join(dir.strip_prefix("/").unwrap_or(&dir)))?;
+                opts.qos_board_dir = Some(dir);
+            }
             let to_stdout = output.as_os_str() == "-";
             if !to_stdout && output.extension().is_none_or(|e| e != "json") {
                 return Err(CdiError::NotJson { path: output });
@@ -158,6 +168,7 @@ pub fn options(
         lib_dir,
         preload,
         region_size: size,
+        qos_board_dir: None,
     })
 }
 
@@ -217,9 +228,25 @@ mod tests {
             Profile {
                 name: "small".into(),
                 memory: Some(4 << 30),
-                sm: Some(25)
+                sm: Some(25),
+                tier: None,
+                guarantee: None,
             }
         );
+        // QoS tiers (docs/qos.md).
+        let p: Profile = "infer:mem=8g,tier=latency".parse().unwrap();
+        assert_eq!(p.tier.as_deref(), Some("latency"));
+        let p: Profile = "train:guarantee=30".parse().unwrap();
+        assert_eq!((p.tier, p.guarantee), (None, Some(30)));
+        for bad in [
+            "x:tier=gold",
+            "x:tier=guaranteed",
+            "x:tier=latency,guarantee=30",
+            "x:guarantee=0",
+            "x:guarantee=101",
+        ] {
+            assert!(bad.parse::<Profile>().is_err(), "{bad}");
+        }
         let p: Profile = "a100-half.v2:memory=1536m".parse().unwrap();
         assert_eq!((p.memory, p.sm), (Some(1536 << 20), None));
         let p: Profile = "0:sm=40%".parse().unwrap();
@@ -250,7 +277,7 @@ mod tests {
             ("x:sm=half", "expected a percentage from 1 to 99"),
             (
                 "x:gpu=1",
-                "unknown setting \"gpu\": the settings are mem and sm",
+                "unknown setting \"gpu\": the settings are mem, sm, tier and guarantee",
             ),
             ("x:mem=1g,mem=2g", "mem is given twice"),
             ("x:sm=1,sm=2", "sm is given twice"),
@@ -441,6 +468,62 @@ mod tests {
     }
 
     #[test]
+    fn a_qos_board_directory_is_mounted_into_every_container_and_tiers_set_per_device() {
+        let mut o = opts(
+            &["infer:mem=8g,tier=latency", "train:guarantee=30"],
+            Preload::Env,
+        );
+        o.qos_board_dir = Some(PathBuf::from("/run/vgpu-agent/qos"));
+        let spec = spec::build(&o);
+        assert!(
+            spec.container_edits
+                .env
+                .contains(&format!("VGPU_QOS_BOARD={}", spec::QOS_BOARD_IN_CONTAINER))
+        );
+        let m = spec
+            .container_edits
+            .mounts
+            .iter()
+            .find(|m| m.container_path == spec::QOS_DIR_IN_CONTAINER)
+            .expect("the board directory is mounted");
+        assert_eq!(m.host_path, "/run/vgpu-agent/qos");
+        assert!(m.options.contains(&"rw".to_string()), "{:?}", m.options);
+        assert!(
+            spec.devices[0]
+                .container_edits
+                .env
+                .contains(&"VGPU_QOS_TIER=latency".into())
+        );
+        assert!(
+            spec.devices[1]
+                .container_edits
+                .env
+                .contains(&"VGPU_QOS_GUARANTEE=30".into())
+        );
+        // Without a board directory, no mount and no variable.
+        let plain = spec::build(&opts(&["a:mem=1g"], Preload::Env));
+        assert!(
+            !plain
+                .container_edits
+                .env
+                .iter()
+                .any(|e| e.starts_with("VGPU_QOS_BOARD"))
+        );
+        // The directory is made sticky and writable by all; a file in its place is refused.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("qos");
+        install::board_dir(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
+            0o1777
+        );
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(install::board_dir(&file).is_err());
+    }
+
+    #[test]
     fn generate_needs_the_limiter_installed_and_a_json_file() {
         let tmp = tempfile::tempdir().unwrap();
         let generate = |output: &str, lib_dir: &Path| CdiCommand::Generate {
@@ -451,6 +534,7 @@ mod tests {
             preload: Preload::LdSoPreload,
             region_size: "64m".into(),
             host_root: "/".into(),
+            qos_board_dir: None,
         };
         let lib_dir = tmp.path().join("lib");
         let err = run(generate("vgpu.json", &lib_dir))

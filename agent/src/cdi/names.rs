@@ -8,4 +8,5 @@ pub const LIMITER_FILE: &str = "libvgpu_limiter.so";
 pub const PRELOAD_FILE: &str = "ld.so.preload";
 
 /// The device syntax, for messages.
-pub const PROFILE_SYNTAX: &str = "NAME:mem=SIZE[,sm=PERCENT] (e.g. small:mem=4g,sm=25)";
+pub const PROFILE_SYNTAX: &str =
+    "NAME:mem=SIZE[,sm=PERCENT][,tier=TIER][,guarantee=PERCENT] (e.g. small:mem=4g,sm=25)";

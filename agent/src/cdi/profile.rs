@@ -50,6 +50,10 @@ pub struct Profile {
     pub memory: Option<u64>,
     /// The SM share in percent, 1..=99 (`CUDA_DEVICE_SM_LIMIT`).
     pub sm: Option<u8>,
+    /// The QoS tier (`VGPU_QOS_TIER`: latency, guaranteed, best-effort; docs/qos.md).
+    pub tier: Option<String>,
+    /// The guaranteed share in percent, 1..=100 (`VGPU_QOS_GUARANTEE`).
+    pub guarantee: Option<u8>,
 }
 
 impl FromStr for Profile {
@@ -69,11 +73,15 @@ impl FromStr for Profile {
             name: name.to_owned(),
             memory: None,
             sm: None,
+            tier: None,
+            guarantee: None,
         };
         for setting in settings.split(',') {
-            let (key, value) = setting
-                .split_once('=')
-                .ok_or_else(|| bad(format!("{setting:?}: expected key=value (mem or sm)")))?;
+            let (key, value) = setting.split_once('=').ok_or_else(|| {
+                bad(format!(
+                    "{setting:?}: expected key=value (mem, sm, tier or guarantee)"
+                ))
+            })?;
             match key {
                 "mem" | "memory" => {
                     if profile.memory.is_some() {
@@ -87,15 +95,54 @@ impl FromStr for Profile {
                     }
                     profile.sm = Some(parse_sm(value).map_err(bad)?);
                 }
+                "tier" => {
+                    if !matches!(value, "latency" | "guaranteed" | "best-effort") {
+                        return Err(bad(format!(
+                            "tier={value:?}: expected latency, guaranteed or best-effort"
+                        )));
+                    }
+                    profile.tier = Some(value.to_owned());
+                }
+                "guarantee" => {
+                    let g = value
+                        .strip_suffix('%')
+                        .unwrap_or(value)
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|g| (1..=100).contains(g))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "guarantee={value:?}: expected a percentage from 1 to 100"
+                            ))
+                        })?;
+                    profile.guarantee = Some(g);
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown setting {other:?}: the settings are mem and sm"
+                        "unknown setting {other:?}: the settings are mem, sm, tier and guarantee"
                     )));
                 }
             }
         }
-        if profile.memory.is_none() && profile.sm.is_none() {
-            return Err(bad("no limit: give mem=SIZE and/or sm=PERCENT".into()));
+        match (profile.tier.as_deref(), profile.guarantee) {
+            (Some("guaranteed"), None) => {
+                return Err(bad("tier=guaranteed needs guarantee=PERCENT".into()));
+            }
+            (Some(t @ ("latency" | "best-effort")), Some(_)) => {
+                return Err(bad(format!(
+                    "guarantee goes with the guaranteed tier, not {t}"
+                )));
+            }
+            _ => {}
+        }
+        if profile.memory.is_none()
+            && profile.sm.is_none()
+            && profile.tier.is_none()
+            && profile.guarantee.is_none()
+        {
+            return Err(bad(
+                "no limit: give mem=SIZE, sm=PERCENT, tier=TIER and/or guarantee=PERCENT".into(),
+            ));
         }
         Ok(profile)
     }

@@ -42,7 +42,14 @@ pub struct SpecOptions {
     pub preload: Preload,
     /// Size of each container's region tmpfs, bytes.
     pub region_size: u64,
+    /// The node's QoS board directory (`--qos-board-dir`), bind-mounted read-write into every
+    /// container so that their tiers see each other (docs/qos.md).
+    pub qos_board_dir: Option<PathBuf>,
 }
+
+/// Where the QoS board directory is in a container, and the board in it.
+pub const QOS_DIR_IN_CONTAINER: &str = "/var/lib/vgpu-agent/qos";
+pub const QOS_BOARD_IN_CONTAINER: &str = "/var/lib/vgpu-agent/qos/board";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -127,6 +134,15 @@ pub fn build(opts: &SpecOptions) -> Spec {
             "mode=1777".into(),
         ],
     });
+    if let Some(dir) = &opts.qos_board_dir {
+        env.push(format!("VGPU_QOS_BOARD={QOS_BOARD_IN_CONTAINER}"));
+        mounts.push(Mount {
+            host_path: dir.display().to_string(),
+            container_path: QOS_DIR_IN_CONTAINER.into(),
+            mount_type: None,
+            options: strings(&["rw", "nosuid", "nodev", "noexec", "bind"]),
+        });
+    }
     let devices = opts
         .devices
         .iter()
@@ -137,6 +153,12 @@ pub fn build(opts: &SpecOptions) -> Spec {
             }
             if let Some(sm) = p.sm {
                 env.push(format!("CUDA_DEVICE_SM_LIMIT={sm}"));
+            }
+            if let Some(tier) = &p.tier {
+                env.push(format!("VGPU_QOS_TIER={tier}"));
+            }
+            if let Some(g) = p.guarantee {
+                env.push(format!("VGPU_QOS_GUARANTEE={g}"));
             }
             Device {
                 name: p.name.clone(),

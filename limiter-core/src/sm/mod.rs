@@ -884,7 +884,13 @@ mod tests {
         assert!(free.active());
         assert_eq!(free.target(1), 25);
         // In virtual time the launches run at the allocation.
-        let r = run_on(&free_on_0(25), None, 500_000, 16, 6);
+        let r = run_on(
+            &free_on_0(25),
+            None,
+            500_000,
+            16,
+            if cfg!(miri) { 3 } else { 6 },
+        );
         assert!((r.share - 25.0).abs() < 2.0, "{}", r.share);
         free.set_qos(1, Some(100));
         assert!(!free.active(), "a whole device is no limit");

@@ -151,6 +151,19 @@ impl Source {
     }
 }
 
+/// The effective share (percent) a loop for `target` starts from, given the window's `duty`
+/// word: its correction if it was made for this target, else the same ratio of effective to
+/// target applied to the new target, else the target itself.
+fn resumed_share(target: u8, duty: Option<(u8, u16)>) -> f64 {
+    match duty {
+        Some((t, pm)) if t != 0 && t != target && pm != 0 => {
+            let ratio = f64::from(pm) / (f64::from(t) * 10.0);
+            (f64::from(target) * ratio).clamp(f64::from(target) / 2.0, 100.0)
+        }
+        _ => f64::from(effective_permille(target, duty)) / 10.0,
+    }
+}
+
 /// The container's GPU time on `device`: every live slot of the region.
 fn readings(region: &region::Region, device: usize) -> Vec<SlotReading> {
     region
@@ -240,10 +253,12 @@ fn run(plant: Plant, mode: SmFeedback) {
                     .as_ref()
                     .is_none_or(|l| l.target() != f64::from(target))
                 {
-                    // A new target starts from itself; a lease taken over resumes the correction
-                    // its previous holder left in the window.
-                    let pm = effective_permille(target, decode_duty(share.duty()));
-                    dev.lp = Some(Loop::resume(target, f64::from(pm) / 10.0));
+                    // A lease taken over resumes the correction its previous holder left in the
+                    // window; a new target (the user's, or a QoS allocation that moved) starts
+                    // from the same correction ratio, which is the contention's and not the
+                    // target's.
+                    let eff = resumed_share(target, decode_duty(share.duty()));
+                    dev.lp = Some(Loop::resume(target, eff));
                     dev.closes = share.closes();
                 }
                 if let Some(region) = gpu_region {
@@ -381,5 +396,25 @@ fn run(plant: Plant, mode: SmFeedback) {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resumed_share;
+
+    #[test]
+    fn a_new_target_keeps_the_correction_ratio() {
+        assert_eq!(resumed_share(30, None), 30.0);
+        assert_eq!(
+            resumed_share(30, Some((30, 780))),
+            78.0,
+            "its own correction"
+        );
+        // 30% needed 60% of duty (x2): 40% starts at 80%.
+        assert_eq!(resumed_share(40, Some((30, 600))), 80.0);
+        // Bounded as the loop bounds it.
+        assert_eq!(resumed_share(80, Some((30, 900))), 100.0);
+        assert_eq!(resumed_share(60, Some((30, 50))), 30.0);
     }
 }

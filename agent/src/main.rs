@@ -467,6 +467,10 @@ enum Command {
         /// limit), so that one container's flood cannot crowd out the others' spans.
         #[arg(long, default_value_t = 1000.0)]
         trace_container_event_rate: f64,
+        /// The driver library whose checkpoint API thaws a container frozen by `freeze
+        /// --container` at its next CUDA call (loaded at the first such thaw).
+        #[arg(long, default_value = "libcuda.so.1", value_name = "PATH")]
+        checkpoint_libcuda: PathBuf,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -633,12 +637,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
             let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
-            report_each(freeze::freeze(&api, &pids, lock_timeout))
+            report_each(match &target.container {
+                Some(id) => freeze::freeze_container(&api, id, &pids, lock_timeout),
+                None => freeze::freeze(&api, &pids, lock_timeout),
+            })
         }
         Command::Thaw { target, libcuda } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
             let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
-            report_each(freeze::thaw(&api, &pids))
+            report_each(match &target.container {
+                Some(id) => freeze::thaw_container(&api, id, &pids),
+                None => freeze::thaw(&api, &pids),
+            })
         }
         Command::Cdi { command } => {
             for line in cdi::run(command)? {
@@ -660,6 +670,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             trace_sample_rate,
             trace_container_rate,
             trace_container_event_rate,
+            checkpoint_libcuda,
             collect,
         } => {
             let mut trace = collect.trace_options(&WATCH)?;
@@ -694,6 +705,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     nvml_interval: collect.nvml_interval,
                     exited_retention,
                 },
+                checkpoint_libcuda,
             };
             daemon::run(opts)?;
             Ok(())

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::{
     CONTROL_READ_RETRIES, CONTROL_SIZE, CONTROL_WORDS, ControlBlock, ControlError, ControlSettings,
-    ControlSnapshot, W_SPARE, W_WRITER_PID, W_WRITTEN_AT, WRITER_STALL_MS, decode, encode,
+    ControlSnapshot, W_FROZEN, W_WRITER_PID, W_WRITTEN_AT, WRITER_STALL_MS, decode, encode,
     validate,
 };
 use crate::handle::Region;
@@ -312,8 +312,9 @@ impl ControlWriter {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         w[W_WRITER_PID] = u64::from(std::process::id());
-        // Every word but the generation and the spare words.
-        for (i, v) in w.iter().enumerate().take(W_SPARE).skip(1) {
+        // Every word but the generation and the spare words, and of these the freeze mark, which
+        // this writer knows (the others, a newer writer's, stay as they are).
+        for (i, v) in w.iter().enumerate().take(W_FROZEN + 1).skip(1) {
             // Relaxed: inside the write section; published by the Release store below.
             word(b, i).store(*v, Ordering::Relaxed);
         }
@@ -462,6 +463,32 @@ mod tests {
             ));
             let again = r.snapshot().unwrap().unwrap();
             assert_eq!(again.settings, snap.settings);
+        }
+
+        #[test]
+        fn the_freeze_mark_is_written_and_kept_by_other_changes() {
+            use crate::control::FreezeMark;
+            let dir = tempfile::tempdir().unwrap();
+            let path = control_path(&dir.path().join("f.region"));
+            let r = ControlReader::open_or_create(&path).unwrap();
+            let w = writer(&path).unwrap();
+            w.update(|s| s.freeze = FreezeMark::Frozen).unwrap();
+            assert_eq!(
+                r.snapshot().unwrap().unwrap().settings.freeze,
+                FreezeMark::Frozen
+            );
+            w.update(|s| s.sm_percent[0] = Some(40)).unwrap();
+            let snap = r.snapshot().unwrap().unwrap();
+            assert_eq!(
+                (snap.settings.freeze, snap.settings.sm_percent[0]),
+                (FreezeMark::Frozen, Some(40))
+            );
+            w.update(|s| s.freeze = FreezeMark::Running).unwrap();
+            let snap = r.snapshot().unwrap().unwrap();
+            assert_eq!(
+                (snap.settings.freeze, snap.settings.sm_percent[0]),
+                (FreezeMark::Running, Some(40))
+            );
         }
 
         #[test]

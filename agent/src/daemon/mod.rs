@@ -32,6 +32,8 @@ use crate::{
     model::{self, Snapshot},
 };
 
+mod thaw;
+
 pub const DEFAULT_SOCKET: &str = "/run/vgpu-agent/agent.sock";
 
 #[derive(Debug, Error)]
@@ -63,6 +65,8 @@ pub struct DaemonOptions {
     /// `TraceOptions::spans`).
     pub otlp: Option<crate::export::otlp::OtlpConfig>,
     pub collector: CollectorOptions,
+    /// The driver library whose checkpoint API thaws a frozen container at its next CUDA call.
+    pub checkpoint_libcuda: PathBuf,
 }
 
 /// The latest snapshot, serialised once per refresh and shared with every client.
@@ -275,6 +279,13 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     }
     let (snapshots, collector_thread) =
         spawn_collector(collector, opts.interval).map_err(start_error)?;
+    {
+        let watch = thaw::ThawWatch::new(PathBuf::from("/proc"), opts.checkpoint_libcuda.clone());
+        std::thread::Builder::new()
+            .name("thaw".into())
+            .spawn(move || watch.run())
+            .map_err(start_error)?;
+    }
     log::info!(
         "serving snapshots every {:?} on {}",
         opts.interval,

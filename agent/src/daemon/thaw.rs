@@ -157,3 +157,49 @@ fn requested(w: &Watched) -> Option<u64> {
     let request = w.reader.thaw_request().ok()?;
     (request == snap.generation).then_some(snap.generation)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use region::{ControlReader, ControlWriter, Region, RegionConfig, control_path};
+
+    /// What the tenant can write (its region's request word, its control block's mark) thaws
+    /// nothing unless the request names the generation of the agent's own frozen mark.
+    #[test]
+    fn only_a_request_naming_the_frozen_generation_asks_for_a_thaw() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.region");
+        let (region, _) = Region::open_or_create(&path, &RegionConfig::unlimited(1)).unwrap();
+        let ctl = control_path(&path);
+        let _reader = ControlReader::open_or_create(&ctl).unwrap();
+        let writer =
+            ControlWriter::new(&tenant_fs::open_no_links(&ctl, Access::ReadWrite).unwrap())
+                .unwrap();
+        let watched = || Watched {
+            container: "c".into(),
+            control: tenant_fs::open_no_links(&ctl, Access::Read).unwrap(),
+            reader: RegionReader::open(&path).unwrap(),
+        };
+        let frozen = writer.update(|s| s.freeze = FreezeMark::Frozen).unwrap();
+        assert_eq!(requested(&watched()), None, "no request yet");
+        region.request_thaw(frozen - 2);
+        assert_eq!(requested(&watched()), None, "an older generation");
+        region.request_thaw(frozen + 2);
+        assert_eq!(requested(&watched()), None, "a generation not written");
+        region.request_thaw(frozen);
+        assert_eq!(requested(&watched()), Some(frozen));
+        // The same request after the mark changed (freezing, then cleared) asks for nothing.
+        let freezing = writer.update(|s| s.freeze = FreezeMark::Freezing).unwrap();
+        region.request_thaw(freezing);
+        assert_eq!(requested(&watched()), None, "a freeze still starting");
+        let running = writer.update(|s| s.freeze = FreezeMark::Running).unwrap();
+        region.request_thaw(running);
+        assert_eq!(requested(&watched()), None, "not frozen");
+        // A mark the tenant corrupted does not decode: nothing to thaw.
+        let words = std::fs::read(&ctl).unwrap();
+        let mut bad = words.clone();
+        bad[320..328].copy_from_slice(&7u64.to_le_bytes());
+        std::fs::write(&ctl, &bad).unwrap();
+        assert_eq!(requested(&watched()), None, "a corrupt mark");
+    }
+}

@@ -385,3 +385,55 @@ fn without_an_agent_the_call_waits_a_bounded_time_then_in_the_driver_until_a_tha
 fn agent_plain(args: &[&str]) -> Output {
     Command::new(agent_bin()).args(args).output().unwrap()
 }
+
+#[test]
+fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (cg, id) = container("c");
+    let mut t = Tenant::start(dir.path(), &lib, &gpu, &cg);
+    let daemon = Daemon::start_with_env(
+        dir.path(),
+        "200ms",
+        &[
+            "--checkpoint-libcuda",
+            lib.to_str().unwrap(),
+            "--freeze-after",
+            "1s",
+            "--freeze-host-budget",
+            "64m",
+        ],
+        Stdio::inherit(),
+        &[
+            ("SIMCUDA_SHARED_DEVICE", gpu.as_os_str()),
+            ("SIMCUDA_CAPACITY", "64m".as_ref()),
+        ],
+    );
+    for round in 0..2 {
+        // Idle (it waits on its stdin): frozen by the daemon, all of its memory given back.
+        support::wait_until(
+            Duration::from_secs(60),
+            || charged(&gpu) == 0,
+            "the idle freeze",
+        );
+        let show = stdout_ok(&agent_plain(&["limit", "show", "--container", &id]));
+        assert!(show.contains(": frozen"), "round {round}: {show}");
+        // Its next call thaws it, on the memory as it was.
+        t.send("check");
+        assert_eq!(t.line()["checking"], true);
+        let v = t.line();
+        assert_eq!(
+            (v["result"].as_i64(), v["corrupted"].as_u64()),
+            (Some(0), Some(0)),
+            "round {round}: {v}"
+        );
+        assert_eq!(charged(&gpu), 8 * MIB, "round {round}");
+    }
+    t.finish();
+    assert!(daemon.stop().success());
+}

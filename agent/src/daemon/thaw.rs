@@ -9,6 +9,13 @@
 //! block's current generation thaws the container's processes through the driver's checkpoint
 //! API and clears the mark, which lets the waiting call go on.
 //!
+//! With `--freeze-after` (`VGPU_FREEZE_AFTER`), the same thread also freezes idle containers:
+//! the daemon hands it each snapshot's containers (the CUDA calls their processes made, the
+//! device bytes the limiter counts for them), `limiter_core::freeze::Freezer` decides (idle for
+//! the TTL, holding device memory, fitting what is left of `--freeze-host-budget`), and the
+//! freeze goes through [`freeze::freeze_container`], marking the container so that its next call
+//! thaws it here.
+//!
 //! Everything read here is the tenant's: the request is acted on only when it equals the
 //! generation the agent's own mark has now, so a forged request thaws only the tenant's own
 //! container, which its next CUDA call would do anyway. A thaw that fails (the GPU has no room
@@ -17,8 +24,11 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
+    sync::mpsc::Receiver,
     time::{Duration, Instant},
 };
+
+use limiter_core::freeze::{Activity, Freezer, Step};
 
 use region::{FreezeMark, read_control, reader::RegionReader};
 use tenant_fs::{Access, TenantFile};
@@ -31,6 +41,64 @@ const SCAN_PERIOD: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(5);
 /// How long after a failed thaw the same request is tried again.
 const RETRY_PERIOD: Duration = Duration::from_secs(1);
+
+/// How long an idle freeze waits for each process's CUDA calls in flight.
+const IDLE_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The idle freeze's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleFreeze {
+    /// Idle time after which a container is frozen.
+    pub after: Duration,
+    /// Host bytes frozen containers may hold together.
+    pub host_budget: u64,
+}
+
+/// A container as a snapshot shows it: its id, the CUDA calls its processes made in all, and
+/// the device bytes the limiter counts for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub container: String,
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// The containers of a snapshot that the idle freeze looks at: those with a container id and a
+/// process under the limiter.
+pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
+    snap.containers
+        .iter()
+        .filter_map(|c| {
+            let id = c.container_id.clone()?;
+            let processes = snap
+                .processes
+                .iter()
+                .filter(|p| p.alive && c.processes.contains(&p.key));
+            let (mut calls, mut bytes, mut limited) = (0u64, 0u64, false);
+            for p in processes {
+                calls += p.apis.iter().map(|a| a.calls).sum::<u64>();
+                if let Some(b) = p.memory.limiter {
+                    bytes += b;
+                    limited = true;
+                }
+            }
+            limited.then_some(Observed {
+                container: id,
+                calls,
+                bytes,
+            })
+        })
+        .collect()
+}
+
+/// The idle freeze's state.
+struct Idle {
+    freezer: Freezer<String>,
+    snapshots: Receiver<Vec<Observed>>,
+    started: Instant,
+    /// The containers the last snapshot showed.
+    known: std::collections::HashSet<String>,
+}
 
 /// A region of a frozen container.
 struct Watched {
@@ -48,6 +116,7 @@ pub struct ThawWatch {
     next_scan: Instant,
     /// The last failed thaw of a container: the generation requested and when.
     failed: HashMap<String, (u64, Instant)>,
+    idle: Option<Idle>,
 }
 
 impl ThawWatch {
@@ -61,7 +130,24 @@ impl ThawWatch {
             frozen: Vec::new(),
             next_scan: Instant::now(),
             failed: HashMap::new(),
+            idle: None,
         }
+    }
+
+    /// Also freezes idle containers, as `settings` say, from the containers each snapshot
+    /// sent on `snapshots` shows.
+    pub fn with_idle_freeze(
+        mut self,
+        settings: IdleFreeze,
+        snapshots: Receiver<Vec<Observed>>,
+    ) -> ThawWatch {
+        self.idle = Some(Idle {
+            freezer: Freezer::new(Some(settings.after.as_nanos() as u64), settings.host_budget),
+            snapshots,
+            started: Instant::now(),
+            known: Default::default(),
+        });
+        self
     }
 
     /// Runs until the daemon stops.
@@ -72,8 +158,10 @@ impl ThawWatch {
         }
     }
 
-    /// One look: a scan if one is due, then every frozen container's request.
+    /// One look: the idle freeze's decisions on the latest snapshot, a scan if one is due, then
+    /// every frozen container's request.
     fn tick(&mut self) {
+        self.idle_freeze();
         if Instant::now() >= self.next_scan {
             self.scan();
             self.next_scan = Instant::now() + SCAN_PERIOD;
@@ -94,7 +182,14 @@ impl ThawWatch {
                 continue;
             }
             let container = w.container.clone();
-            match self.thaw(&container) {
+            if let Some(idle) = &mut self.idle {
+                idle.freezer.begin_thaw(&container);
+            }
+            let outcome = self.thaw(&container);
+            if let Some(idle) = &mut self.idle {
+                idle.freezer.thaw_done(&container, outcome.is_ok());
+            }
+            match outcome {
                 Ok(lines) => {
                     log::info!(
                         "container {container}: thawed at its next CUDA call ({})",
@@ -112,6 +207,92 @@ impl ThawWatch {
         if !thawed.is_empty() {
             self.frozen.retain(|w| !thawed.contains(&w.container));
         }
+    }
+
+    /// Feeds the snapshots that came to the freezer and carries out its steps.
+    fn idle_freeze(&mut self) {
+        let Some(idle) = &mut self.idle else { return };
+        let Some(latest) = idle.snapshots.try_iter().last() else {
+            return;
+        };
+        let now = idle.started.elapsed().as_nanos() as u64;
+        let mut steps = Vec::new();
+        for o in &latest {
+            let activity = Activity {
+                calls: o.calls,
+                gpu_busy: false,
+            };
+            steps.extend(
+                idle.freezer
+                    .observe(o.container.clone(), activity, o.bytes, now),
+            );
+        }
+        // A container no snapshot shows any more is gone: what it held is returned.
+        let now_known: std::collections::HashSet<String> =
+            latest.iter().map(|o| o.container.clone()).collect();
+        for gone in idle.known.difference(&now_known) {
+            idle.freezer.gone(gone);
+        }
+        idle.known = now_known;
+        steps.extend(idle.freezer.due(now, |a, b| a.cmp(b)));
+        for step in steps {
+            match step {
+                Step::Freeze(c) => self.idle_freeze_one(&c),
+                Step::Thaw(c) => {
+                    let ok = self.thaw(&c).is_ok();
+                    if let Some(idle) = &mut self.idle {
+                        idle.freezer.thaw_done(&c, ok);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Freezes a container the freezer found idle (its bytes reserved already).
+    fn idle_freeze_one(&mut self, container: &str) {
+        let proc = self.proc.clone();
+        let outcome = self
+            .api()
+            .map_err(freeze::FreezeError::from)
+            .and_then(|api| {
+                let pids = freeze::pids(&freeze::Target::Container(container.to_owned()), &proc)?;
+                freeze::freeze_container(api, container, &pids, IDLE_LOCK_TIMEOUT)
+            });
+        let saved = match &outcome {
+            Ok(lines) => {
+                log::info!("container {container}: frozen, idle ({})", lines.join("; "));
+                true
+            }
+            Err(freeze::FreezeError::Failed { done, .. }) if !done.is_empty() => {
+                log::warn!(
+                    "container {container}: partly frozen, idle: {}",
+                    outcome.as_ref().unwrap_err()
+                );
+                true
+            }
+            Err(e) => {
+                log::warn!("container {container}: idle freeze failed: {e}");
+                false
+            }
+        };
+        if let Some(idle) = &mut self.idle {
+            let bytes = idle
+                .freezer
+                .container(&container.to_owned())
+                .map(|c| c.bytes);
+            idle.freezer
+                .freeze_done(&container.to_owned(), saved.then_some(bytes.unwrap_or(0)));
+        }
+        // The mark is there from now: the next scan watches it.
+        self.next_scan = Instant::now();
+    }
+
+    /// The driver's checkpoint API, loaded at its first use.
+    fn api(&mut self) -> Result<&DriverCheckpoint, crate::checkpoint::CheckpointError> {
+        if self.api.is_none() {
+            self.api = Some(DriverCheckpoint::open(&self.libcuda)?);
+        }
+        Ok(self.api.as_ref().expect("set above"))
     }
 
     /// Finds the regions whose control block marks their container frozen.
@@ -138,11 +319,9 @@ impl ThawWatch {
 
     /// Thaws the container's processes and clears its mark.
     fn thaw(&mut self, container: &str) -> Result<Vec<String>, freeze::FreezeError> {
-        let api = match &self.api {
-            Some(api) => api,
-            None => self.api.insert(DriverCheckpoint::open(&self.libcuda)?),
-        };
-        let pids = freeze::pids(&freeze::Target::Container(container.to_owned()), &self.proc)?;
+        let proc = self.proc.clone();
+        let api = self.api()?;
+        let pids = freeze::pids(&freeze::Target::Container(container.to_owned()), &proc)?;
         freeze::thaw_container(api, container, &pids)
     }
 }

@@ -382,6 +382,16 @@ fn without_an_agent_the_call_waits_a_bounded_time_then_in_the_driver_until_a_tha
     t.finish();
 }
 
+/// The bytes the model says the container `id` holds in host memory while frozen; `None`
+/// while it is not frozen.
+fn frozen_bytes(snap: &Value, id: &str) -> Option<u64> {
+    snap["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["container_id"] == id)?["frozen"]["host_bytes"]
+        .as_u64()
+}
+
 fn agent_plain(args: &[&str]) -> Output {
     Command::new(agent_bin()).args(args).output().unwrap()
 }
@@ -423,6 +433,25 @@ fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
         );
         let show = stdout_ok(&agent_plain(&["limit", "show", "--container", &id]));
         assert!(show.contains(": frozen"), "round {round}: {show}");
+        // The model and /metrics say so, with the bytes held in host memory.
+        support::wait_until(
+            Duration::from_secs(30),
+            || frozen_bytes(&daemon.snapshot(), &id) == Some(8 * MIB),
+            "the model's frozen container",
+        );
+        let body = daemon.scrape().0;
+        let metric = |name: &str| {
+            body.lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .map(|l| l.rsplit(' ').next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(metric("vgpu_container_frozen"), ["1"], "round {round}");
+        assert_eq!(
+            metric("vgpu_container_frozen_host_memory_bytes"),
+            [(8 * MIB).to_string()],
+            "round {round}"
+        );
         // Its next call thaws it, on the memory as it was.
         t.send("check");
         assert_eq!(t.line()["checking"], true);
@@ -433,6 +462,13 @@ fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
             "round {round}: {v}"
         );
         assert_eq!(charged(&gpu), 8 * MIB, "round {round}");
+        if round == 0 {
+            support::wait_until(
+                Duration::from_secs(30),
+                || frozen_bytes(&daemon.snapshot(), &id).is_none(),
+                "the model's thawed container",
+            );
+        }
     }
     t.finish();
     assert!(daemon.stop().success());

@@ -1130,6 +1130,7 @@ fn named_container(
         processes: vec![],
         regions: vec![],
         probe_losses: Default::default(),
+        frozen: None,
     }
 }
 
@@ -1153,6 +1154,7 @@ fn region_container(key: String, path: &str) -> Container {
         processes: vec![],
         regions: vec![],
         probe_losses: Default::default(),
+        frozen: None,
     }
 }
 

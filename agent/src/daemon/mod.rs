@@ -282,9 +282,11 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     let (snapshots, collector_thread) =
         spawn_collector(collector, opts.interval).map_err(start_error)?;
     let mut idle_snapshots = None;
+    let frozen;
     {
         let mut watch =
             thaw::ThawWatch::new(PathBuf::from("/proc"), opts.checkpoint_libcuda.clone());
+        frozen = watch.frozen_containers();
         if let Some(settings) = opts.idle_freeze {
             let (tx, rx) = mpsc::channel();
             idle_snapshots = Some(tx);
@@ -317,6 +319,7 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
                     // The thaw thread gone (it never returns before a stop) loses nothing here.
                     let _ = tx.send(thaw::observed(&snap));
                 }
+                thaw::mark_frozen(&mut snap, &frozen.lock().unwrap_or_else(|e| e.into_inner()));
                 publisher.publish(&mut snap, true);
                 // Half an interval of slack: a collector on time never causes a republish.
                 republish = Instant::now() + opts.interval * 3 / 2;

@@ -24,7 +24,7 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::mpsc::Receiver,
+    sync::{Arc, Mutex, mpsc::Receiver},
     time::{Duration, Instant},
 };
 
@@ -91,6 +91,28 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
         .collect()
 }
 
+/// Marks the snapshot's containers that are in `frozen` (container ids), with the device bytes
+/// the limiter counts for their alive processes: what they hold in host memory.
+pub fn mark_frozen(snap: &mut crate::model::Snapshot, frozen: &std::collections::HashSet<String>) {
+    for c in &mut snap.containers {
+        c.frozen = None;
+        if !c
+            .container_id
+            .as_ref()
+            .is_some_and(|id| frozen.contains(id))
+        {
+            continue;
+        }
+        let host_bytes = snap
+            .processes
+            .iter()
+            .filter(|p| p.alive && c.processes.contains(&p.key))
+            .filter_map(|p| p.memory.limiter)
+            .sum();
+        c.frozen = Some(crate::model::Frozen { host_bytes });
+    }
+}
+
 /// The idle freeze's state.
 struct Idle {
     freezer: Freezer<String>,
@@ -117,6 +139,8 @@ pub struct ThawWatch {
     /// The last failed thaw of a container: the generation requested and when.
     failed: HashMap<String, (u64, Instant)>,
     idle: Option<Idle>,
+    /// The containers marked frozen, as the last scan and thaws left them (for the model).
+    shown: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl ThawWatch {
@@ -131,7 +155,20 @@ impl ThawWatch {
             next_scan: Instant::now(),
             failed: HashMap::new(),
             idle: None,
+            shown: Arc::default(),
         }
+    }
+
+    /// The containers marked frozen, kept up to date by the watcher.
+    pub fn frozen_containers(&self) -> Arc<Mutex<std::collections::HashSet<String>>> {
+        Arc::clone(&self.shown)
+    }
+
+    /// Publishes the containers watched now.
+    fn show(&self) {
+        let now = self.frozen.iter().map(|w| w.container.clone()).collect();
+        // A poisoned lock (a panic while publishing) still holds a set to replace.
+        *self.shown.lock().unwrap_or_else(|e| e.into_inner()) = now;
     }
 
     /// Also freezes idle containers, as `settings` say, from the containers each snapshot
@@ -206,6 +243,7 @@ impl ThawWatch {
         }
         if !thawed.is_empty() {
             self.frozen.retain(|w| !thawed.contains(&w.container));
+            self.show();
         }
     }
 
@@ -315,6 +353,7 @@ impl ThawWatch {
             .collect();
         let frozen: Vec<&String> = self.frozen.iter().map(|w| &w.container).collect();
         self.failed.retain(|c, _| frozen.contains(&c));
+        self.show();
     }
 
     /// Thaws the container's processes and clears its mark.

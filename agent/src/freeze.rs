@@ -6,13 +6,28 @@
 //! A container's GPU processes are those whose cgroup names the container and that map a
 //! `libcuda.so*` (read through `tenant_fs`, bounded). Each process is handled on its own: one
 //! that fails is reported and does not keep the others from being frozen or thawed.
+//!
+//! A container is also marked in its control blocks (`region::FreezeMark`), so that its
+//! limiter asks for the thaw at its next CUDA call, before the driver holds the call, and the
+//! daemon thaws it (`daemon::thaw`): first "freezing", then, [`MARK_SETTLE`] later, the
+//! processes are locked and checkpointed, then "frozen"; a thaw clears the mark after the
+//! processes run again.
 
 use std::{path::Path, time::Duration};
+
+use region::FreezeMark;
 
 use crate::{
     checkpoint::{self, CheckpointApi, CheckpointError, ProcessState},
     identity::container::ContainerIdentity,
+    limit::{self, LimitError},
 };
+
+/// How long a freeze waits between marking the container freezing and locking its processes:
+/// more than the period at which a limiter looks at its control block (10 ms), so that every
+/// CUDA call starting after the lock either found the mark and waits in the limiter, or follows
+/// one that did (whose thaw request lets it go on).
+pub const MARK_SETTLE: Duration = Duration::from_millis(25);
 
 /// Bytes of `/proc/<pid>/cgroup` read (a few hundred in practice).
 const MAX_CGROUP_BYTES: usize = 64 << 10;
@@ -32,6 +47,8 @@ pub enum FreezeError {
     NoProcess(String),
     #[error(transparent)]
     Driver(#[from] CheckpointError),
+    #[error("marking the container in its control blocks: {0}")]
+    Mark(#[from] LimitError),
     #[error("{} of {total} processes failed:\n{}", .failed.len(), .failed.join("\n"))]
     Failed {
         total: usize,
@@ -113,6 +130,68 @@ pub fn freeze(
             "pid {pid}: frozen (device memory in host memory, CUDA calls wait for the thaw)"
         ))
     })
+}
+
+/// Freezes the container `id`'s processes `pids`, marking it in its control blocks first as
+/// freezing and, once a process is frozen, as frozen (none frozen: the mark is cleared). A
+/// container whose processes map no limiter region is frozen without a mark: its calls then wait
+/// in the driver for a `thaw` by hand, which the last line says.
+pub fn freeze_container(
+    api: &impl CheckpointApi,
+    id: &str,
+    pids: &[u32],
+    lock_timeout: Duration,
+) -> Result<Vec<String>, FreezeError> {
+    let target = limit::Target::Container(id.to_owned());
+    let marked = match limit::set_mark(&target, FreezeMark::Freezing) {
+        Ok(_) => true,
+        Err(LimitError::NoRegion(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
+    if marked {
+        std::thread::sleep(MARK_SETTLE);
+    }
+    let mut outcome = freeze(api, pids, lock_timeout);
+    let any_frozen = match &outcome {
+        Ok(_) => true,
+        Err(FreezeError::Failed { done, .. }) => !done.is_empty(),
+        Err(_) => false,
+    };
+    let note = if !marked {
+        "no limiter region: the CUDA calls wait in the driver for `vgpu-agent thaw`"
+    } else if any_frozen {
+        limit::set_mark(&target, FreezeMark::Frozen)?;
+        "marked frozen: the next CUDA call asks a running `vgpu-agent run` for the thaw"
+    } else {
+        limit::set_mark(&target, FreezeMark::Running)?;
+        "nothing frozen: the mark is cleared"
+    };
+    match &mut outcome {
+        Ok(lines) | Err(FreezeError::Failed { done: lines, .. }) => {
+            lines.push(format!("container {id}: {note}"));
+        }
+        Err(_) => {}
+    }
+    outcome
+}
+
+/// Thaws the container `id`'s processes `pids`, then clears its freeze mark (kept if a process
+/// could not be thawed: its next call still asks for the thaw).
+pub fn thaw_container(
+    api: &impl CheckpointApi,
+    id: &str,
+    pids: &[u32],
+) -> Result<Vec<String>, FreezeError> {
+    let mut lines = thaw(api, pids)?;
+    match limit::set_mark(
+        &limit::Target::Container(id.to_owned()),
+        FreezeMark::Running,
+    ) {
+        Ok(_) => lines.push(format!("container {id}: the freeze mark is cleared")),
+        Err(LimitError::NoRegion(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(lines)
 }
 
 /// Thaws every pid (see [`checkpoint::thaw`]).

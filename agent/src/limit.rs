@@ -20,7 +20,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use region::{ControlError, ControlSettings, ControlSnapshot, ControlWriter, read_control};
+use region::{
+    ControlError, ControlSettings, ControlSnapshot, ControlWriter, FreezeMark, read_control,
+};
 use tenant_fs::{Access, FileKey, Root, TenantFile, TenantFsError};
 
 use crate::{
@@ -129,15 +131,8 @@ impl FoundRegion {
     /// Opens the control block beside the region: the region's name in that directory must
     /// still be the region found (else the directory is not the region's any more), and the
     /// control block must be on the region's own filesystem, not mounted over.
-    fn open_control(&self, access: Access) -> Result<TenantFile, TenantFsError> {
-        let region = self.dir.open(Path::new(&self.name), Access::Read)?;
-        if region.key() != self.key {
-            return Err(TenantFsError::Replaced {
-                path: self.path.clone(),
-                expected: self.key,
-                found: region.key(),
-            });
-        }
+    pub fn open_control(&self, access: Access) -> Result<TenantFile, TenantFsError> {
+        self.open_region()?;
         // Opened for writing, a control block is resolved without crossing a mount point (a
         // tenant's bind mount over it is refused), and it must sit on its region's filesystem.
         let control = self.dir.open(Path::new(&self.control_name()), access)?;
@@ -147,6 +142,22 @@ impl FoundRegion {
             });
         }
         Ok(control)
+    }
+}
+
+impl FoundRegion {
+    /// Opens the region itself read-only, if its name in its directory is still the region
+    /// found.
+    pub fn open_region(&self) -> Result<TenantFile, TenantFsError> {
+        let region = self.dir.open(Path::new(&self.name), Access::Read)?;
+        if region.key() != self.key {
+            return Err(TenantFsError::Replaced {
+                path: self.path.clone(),
+                expected: self.key,
+                found: region.key(),
+            });
+        }
+        Ok(region)
     }
 }
 
@@ -194,58 +205,65 @@ pub fn regions(target: &Target, proc: &Path) -> Result<Vec<FoundRegion>, LimitEr
     match target {
         Target::Region(p) => Ok(vec![region_at(proc, p)?]),
         Target::Container(id) => {
-            let mut seen = HashSet::new();
-            let mut out = Vec::new();
-            let pids = std::fs::read_dir(proc)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
-            for pid in pids {
-                let path = proc.join(pid.to_string()).join("cgroup");
-                let Ok((cg, _)) = tenant_fs::read_proc(&path, MAX_CGROUP_BYTES) else {
-                    continue;
-                };
-                let matches = ContainerIdentity::from_proc_cgroup(&String::from_utf8_lossy(&cg))
-                    .and_then(|i| i.container_id)
-                    .is_some_and(|c| !id.is_empty() && c.as_str().starts_with(id.as_str()));
-                if !matches {
-                    continue;
-                }
-                let Ok(root) = Root::process(proc, pid) else {
-                    continue;
-                };
-                for m in mapped_files(proc, pid) {
-                    let key = m.map.key();
-                    if seen.contains(&key) {
-                        continue;
-                    }
-                    let Ok(file) = tenant_fs::open_mapped(
-                        proc,
-                        pid,
-                        m.map.range(),
-                        &m.map.path,
-                        key,
-                        Access::Read,
-                    ) else {
-                        continue;
-                    };
-                    if sniff(&file) != Some(Format::Vgpu) {
-                        continue;
-                    }
-                    let shown = root.shown(&m.map.path);
-                    if let Some(r) = region_in(&root, &m.map.path, shown, key) {
-                        seen.insert(key);
-                        out.push(r);
-                    }
-                }
-            }
+            let out: Vec<FoundRegion> =
+                container_regions(proc, |c| !id.is_empty() && c.starts_with(id.as_str()))
+                    .into_iter()
+                    .map(|(_, r)| r)
+                    .collect();
             if out.is_empty() {
                 return Err(LimitError::NoRegion(id.clone()));
             }
             Ok(out)
         }
     }
+}
+
+/// The regions that processes of containers whose id `wanted` accepts map, each with the id of
+/// the container of the first process found mapping it.
+pub fn container_regions(proc: &Path, wanted: impl Fn(&str) -> bool) -> Vec<(String, FoundRegion)> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let pids = std::fs::read_dir(proc)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+    for pid in pids {
+        let path = proc.join(pid.to_string()).join("cgroup");
+        let Ok((cg, _)) = tenant_fs::read_proc(&path, MAX_CGROUP_BYTES) else {
+            continue;
+        };
+        let Some(container) = ContainerIdentity::from_proc_cgroup(&String::from_utf8_lossy(&cg))
+            .and_then(|i| i.container_id)
+            .map(|c| c.as_str().to_owned())
+            .filter(|c| wanted(c))
+        else {
+            continue;
+        };
+        let Ok(root) = Root::process(proc, pid) else {
+            continue;
+        };
+        for m in mapped_files(proc, pid) {
+            let key = m.map.key();
+            if seen.contains(&key) {
+                continue;
+            }
+            let Ok(file) =
+                tenant_fs::open_mapped(proc, pid, m.map.range(), &m.map.path, key, Access::Read)
+            else {
+                continue;
+            };
+            if sniff(&file) != Some(Format::Vgpu) {
+                continue;
+            }
+            let shown = root.shown(&m.map.path);
+            if let Some(r) = region_in(&root, &m.map.path, shown, key) {
+                seen.insert(key);
+                out.push((container.clone(), r));
+            }
+        }
+    }
+    out
 }
 
 /// Runs `each` on every region of `target`; a refusal of one region does not keep the others
@@ -381,6 +399,24 @@ pub fn set(
     })
 }
 
+/// Writes the freeze mark into each of the target's control blocks: a limiter that finds its
+/// container freezing or frozen waits before its next CUDA call, asking the agent for the thaw
+/// (docs/oversubscription.md).
+pub fn set_mark(target: &Target, mark: FreezeMark) -> Result<Vec<String>, LimitError> {
+    for_each_region(target, |region| {
+        let file = region
+            .open_control(Access::ReadWrite)
+            .map_err(|e| e.to_string())?;
+        let writer = ControlWriter::new(&file).map_err(control_error)?;
+        let generation = writer.update(|s| s.freeze = mark).map_err(control_error)?;
+        Ok(format!(
+            "{}: generation {generation}: {}",
+            region.control_path().display(),
+            mark_name(mark)
+        ))
+    })
+}
+
 /// The overrides of each region's control block, a line per region (read-only).
 pub fn show(target: &Target) -> Result<Vec<String>, LimitError> {
     for_each_region(target, |region| {
@@ -403,6 +439,14 @@ pub fn show(target: &Target) -> Result<Vec<String>, LimitError> {
             None => format!("{}: no run-time changes", ctl.display()),
         })
     })
+}
+
+fn mark_name(mark: FreezeMark) -> &'static str {
+    match mark {
+        FreezeMark::Running => "not frozen",
+        FreezeMark::Freezing => "freezing",
+        FreezeMark::Frozen => "frozen",
+    }
 }
 
 fn describe(s: &ControlSettings) -> String {
@@ -434,6 +478,9 @@ fn describe(s: &ControlSettings) -> String {
             3 => "QoS tier best-effort".to_string(),
             _ => "no QoS tier".to_string(),
         });
+    }
+    if s.freeze != FreezeMark::Running {
+        parts.push(mark_name(s.freeze).into());
     }
     if parts.is_empty() {
         "no overrides".into()

@@ -296,6 +296,14 @@ enum LimitAction {
     },
 }
 
+/// `--freeze-after`: a duration, or `off` (also `0`) for none.
+fn parse_freeze_after(s: &str) -> Result<Option<Duration>, String> {
+    match s {
+        "off" | "0" => Ok(None),
+        s => units::parse_duration(s).map(Some),
+    }
+}
+
 /// Prints what a freeze or thaw did for each process, also when some failed (the error then
 /// lists those).
 fn report_each(outcome: Result<Vec<String>, freeze::FreezeError>) -> anyhow::Result<()> {
@@ -474,6 +482,19 @@ enum Command {
         /// limit), so that one container's flood cannot crowd out the others' spans.
         #[arg(long, default_value_t = 1000.0)]
         trace_container_event_rate: f64,
+        /// The driver library whose checkpoint API thaws a container frozen by `freeze
+        /// --container` at its next CUDA call (loaded at the first such thaw).
+        #[arg(long, default_value = "libcuda.so.1", value_name = "PATH")]
+        checkpoint_libcuda: PathBuf,
+        /// Freeze a container whose processes under the limiter made no CUDA call for this long
+        /// (its device memory to host memory, thawed by its next call); `off`: never. Without
+        /// it, `VGPU_FREEZE_AFTER` in the agent's environment; neither: never.
+        #[arg(long, value_name = "DURATION")]
+        freeze_after: Option<String>,
+        /// Host memory that frozen containers may hold together (e.g. 64g); a container that
+        /// does not fit what is left stays running.
+        #[arg(long, default_value = "16g", value_parser = limit::parse_memory)]
+        freeze_host_budget: u64,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -646,12 +667,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
             let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
-            report_each(freeze::freeze(&api, &pids, lock_timeout))
+            report_each(match &target.container {
+                Some(id) => freeze::freeze_container(&api, id, &pids, lock_timeout),
+                None => freeze::freeze(&api, &pids, lock_timeout),
+            })
         }
         Command::Thaw { target, libcuda } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
             let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
-            report_each(freeze::thaw(&api, &pids))
+            report_each(match &target.container {
+                Some(id) => freeze::thaw_container(&api, id, &pids),
+                None => freeze::thaw(&api, &pids),
+            })
         }
         Command::Cdi { command } => {
             for line in cdi::run(command)? {
@@ -673,8 +700,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             trace_sample_rate,
             trace_container_rate,
             trace_container_event_rate,
+            checkpoint_libcuda,
+            freeze_after,
+            freeze_host_budget,
             collect,
         } => {
+            let freeze_after =
+                match freeze_after.or_else(|| std::env::var("VGPU_FREEZE_AFTER").ok()) {
+                    Some(s) => parse_freeze_after(&s)
+                        .map_err(|e| anyhow::anyhow!("--freeze-after / VGPU_FREEZE_AFTER: {e}"))?,
+                    None => None,
+                };
             let mut trace = collect.trace_options(&WATCH)?;
             if otlp_endpoint.is_some() {
                 trace.spans = Some(probe_options::SpanSampling {
@@ -707,6 +743,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     nvml_interval: collect.nvml_interval,
                     exited_retention,
                 },
+                checkpoint_libcuda,
+                idle_freeze: freeze_after.map(|after| daemon::thaw::IdleFreeze {
+                    after,
+                    host_budget: freeze_host_budget,
+                }),
             };
             daemon::run(opts)?;
             Ok(())

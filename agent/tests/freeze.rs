@@ -1,6 +1,7 @@
 //! `vgpu-agent freeze|thaw` against the simulated driver's checkpoint API: a process under the
 //! limiter, sharing one simulated GPU, gives all of its device memory back while frozen, stays
-//! alive, its next CUDA call waits for the thaw and reads its memory back word for word.
+//! alive, its next CUDA call waits for the thaw and reads its memory back word for word; with
+//! `vgpu-agent run` on the host, that next call (of any kind) is what thaws it.
 
 mod support;
 
@@ -8,10 +9,15 @@ use std::{
     io::{BufRead, BufReader, Lines, Write},
     path::Path,
     process::{Child, ChildStdout, Command, Output, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
 };
 
 use serde_json::Value;
-use support::{agent_bin, exercise, limiter_lib, sim_lib, tempdir};
+use support::{
+    TestCgroup, agent_bin, daemon::Daemon, exercise, limiter_lib, privileged, serial, sim_lib,
+    tempdir,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -150,4 +156,320 @@ fn processes_that_cannot_be_frozen_are_named_and_the_others_still_are() {
     drop(p.child.stdin.take());
     assert_eq!(p.line()["freed"], 0);
     p.child.wait().unwrap();
+}
+
+/// A `pattern` process whose stdout and stderr lines arrive on channels, so that a call that
+/// never returns fails the test at a deadline instead of hanging it.
+struct Tenant {
+    child: Child,
+    out: mpsc::Receiver<String>,
+    err: mpsc::Receiver<String>,
+}
+
+impl Tenant {
+    fn start(dir: &Path, lib: &Path, gpu: &Path, cgroup: &TestCgroup) -> Tenant {
+        let mut c = exercise(lib);
+        c.args(["pattern", "--bytes", "8m"])
+            .env("LD_PRELOAD", limiter_lib())
+            .env("VGPU_REAL_LIBCUDA", lib)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join("c.region"))
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "32m")
+            .env("VGPU_CONTEXT_BYTES", "0")
+            .env("LIBCUDA_LOG_LEVEL", "3")
+            .env("SIMCUDA_SHARED_DEVICE", gpu)
+            .env("SIMCUDA_CAPACITY", "64m")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        cgroup.add(child.id());
+        let lines = |r: Box<dyn std::io::Read + Send>| {
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for l in BufReader::new(r).lines().map_while(Result::ok) {
+                    let _ = tx.send(l);
+                }
+            });
+            rx
+        };
+        let out = lines(Box::new(child.stdout.take().unwrap()));
+        let err = lines(Box::new(child.stderr.take().unwrap()));
+        let mut t = Tenant { child, out, err };
+        assert_eq!(t.line()["result"], 0);
+        t
+    }
+
+    fn line(&mut self) -> Value {
+        let Ok(l) = self.out.recv_timeout(Duration::from_secs(60)) else {
+            let log: Vec<String> = self.err.try_iter().collect();
+            panic!(
+                "the tenant did not answer within 60 s; its log:\n{}",
+                log.join("\n")
+            );
+        };
+        serde_json::from_str(&l).unwrap()
+    }
+
+    fn send(&mut self, request: &str) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{request}").unwrap();
+    }
+
+    /// Waits for a line of the limiter's log that contains `text`.
+    fn wait_log(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let l = self.err.recv_timeout(left).expect("the log line in time");
+            if l.contains(text) {
+                return;
+            }
+        }
+    }
+
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        assert_eq!(self.line()["freed"], 0);
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for Tenant {
+    /// A failed assertion must not leave the tenant running (frozen, it would wait forever).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A docker-like container cgroup of this test.
+fn container(name: &str) -> (TestCgroup, String) {
+    let id = format!("{:0>64}", format!("{name}{}", std::process::id()));
+    let cg = TestCgroup::new(&format!("vgpu-test-{}/docker/{id}", std::process::id()));
+    (cg, id)
+}
+
+/// Word `i` of a file.
+fn word(path: &Path, i: usize) -> u64 {
+    let b = std::fs::read(path).unwrap();
+    u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap())
+}
+
+/// `RegionHeader::thaw_request`.
+const THAW_REQUEST_WORD: usize = 16;
+const _: () = assert!(
+    std::mem::offset_of!(region::layout::RegionHeader, thaw_request) == THAW_REQUEST_WORD * 8
+);
+
+#[test]
+fn a_frozen_containers_next_call_of_every_kind_is_thawed_by_the_running_agent() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (cg, id) = container("a");
+    let mut t = Tenant::start(dir.path(), &lib, &gpu, &cg);
+    let daemon = Daemon::start_with_env(
+        dir.path(),
+        "200ms",
+        &["--checkpoint-libcuda", lib.to_str().unwrap()],
+        Stdio::inherit(),
+        &[
+            ("SIMCUDA_SHARED_DEVICE", gpu.as_os_str()),
+            ("SIMCUDA_CAPACITY", "64m".as_ref()),
+        ],
+    );
+    let control = dir.path().join("c.region.ctl");
+    let requests = [
+        "check",
+        "call cuLaunchKernel",
+        "call cuMemcpyDtoH_v2",
+        "call cuMemAlloc_v2",
+        "call cuGraphLaunch",
+        "call cuCtxSynchronize",
+        "call cuStreamSynchronize",
+    ];
+    for request in requests {
+        let out = stdout_ok(&agent(&["freeze", "--container", &id], &lib, &gpu));
+        assert!(
+            out.contains("frozen (device memory in host memory"),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "container {id}: marked frozen: the next CUDA call asks a running `vgpu-agent run` for the thaw"
+            )),
+            "{out}"
+        );
+        assert_eq!(charged(&gpu), 0, "{request}: all of its memory given back");
+        let frozen_at = word(&control, 0);
+
+        t.send(request);
+        let first = t.line();
+        assert!(
+            first["checking"] == true || first["calling"].is_string(),
+            "{first}"
+        );
+        // The call returns: the limiter asked (the request names the marking generation), and
+        // the daemon thawed the container (nobody else would: without it the call would wait).
+        let answer = t.line();
+        assert_eq!(
+            word(&dir.path().join("c.region"), THAW_REQUEST_WORD),
+            frozen_at,
+            "{request}: the thaw request names the generation that froze the container"
+        );
+        if request == "check" {
+            assert_eq!(
+                (answer["result"].as_i64(), answer["corrupted"].as_u64()),
+                (Some(0), Some(0)),
+                "{answer}"
+            );
+        } else {
+            assert_eq!(answer["called"], request.strip_prefix("call ").unwrap());
+        }
+        assert_eq!(charged(&gpu), 8 * MIB, "{request}: the memory is back");
+        let show = stdout_ok(&agent_plain(&["limit", "show", "--container", &id]));
+        assert!(
+            show.contains("no overrides"),
+            "{request}: mark cleared: {show}"
+        );
+    }
+    t.send("check");
+    assert_eq!(t.line()["checking"], true);
+    assert_eq!(t.line()["corrupted"], 0);
+    t.finish();
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn without_an_agent_the_call_waits_a_bounded_time_then_in_the_driver_until_a_thaw_by_hand() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (cg, id) = container("b");
+    let mut t = Tenant::start(dir.path(), &lib, &gpu, &cg);
+    stdout_ok(&agent(&["freeze", "--container", &id], &lib, &gpu));
+    assert_eq!(charged(&gpu), 0);
+    let frozen_at = word(&dir.path().join("c.region.ctl"), 0);
+    t.send("check");
+    assert_eq!(t.line()["checking"], true);
+    // The limiter asks, nobody answers; past its bound the call goes on into the driver.
+    t.wait_log("no agent thawed it within 10 s; the call goes on into the driver");
+    assert_eq!(
+        word(&dir.path().join("c.region"), THAW_REQUEST_WORD),
+        frozen_at
+    );
+    assert_eq!(charged(&gpu), 0, "still frozen");
+    let out = stdout_ok(&agent(&["thaw", "--container", &id], &lib, &gpu));
+    assert!(
+        out.contains("thawed") && out.contains("the freeze mark is cleared"),
+        "{out}"
+    );
+    let v = t.line();
+    assert_eq!(
+        (v["result"].as_i64(), v["corrupted"].as_u64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
+    let show = stdout_ok(&agent_plain(&["limit", "show", "--container", &id]));
+    assert!(show.contains("no overrides"), "{show}");
+    t.finish();
+}
+
+/// The bytes the model says the container `id` holds in host memory while frozen; `None`
+/// while it is not frozen.
+fn frozen_bytes(snap: &Value, id: &str) -> Option<u64> {
+    snap["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["container_id"] == id)?["frozen"]["host_bytes"]
+        .as_u64()
+}
+
+fn agent_plain(args: &[&str]) -> Output {
+    Command::new(agent_bin()).args(args).output().unwrap()
+}
+
+#[test]
+fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (cg, id) = container("c");
+    let mut t = Tenant::start(dir.path(), &lib, &gpu, &cg);
+    let daemon = Daemon::start_with_env(
+        dir.path(),
+        "200ms",
+        &[
+            "--checkpoint-libcuda",
+            lib.to_str().unwrap(),
+            "--freeze-after",
+            "1s",
+            "--freeze-host-budget",
+            "64m",
+        ],
+        Stdio::inherit(),
+        &[
+            ("SIMCUDA_SHARED_DEVICE", gpu.as_os_str()),
+            ("SIMCUDA_CAPACITY", "64m".as_ref()),
+        ],
+    );
+    for round in 0..2 {
+        // Idle (it waits on its stdin): frozen by the daemon, all of its memory given back.
+        support::wait_until(
+            Duration::from_secs(60),
+            || charged(&gpu) == 0,
+            "the idle freeze",
+        );
+        let show = stdout_ok(&agent_plain(&["limit", "show", "--container", &id]));
+        assert!(show.contains(": frozen"), "round {round}: {show}");
+        // The model and /metrics say so, with the bytes held in host memory.
+        support::wait_until(
+            Duration::from_secs(30),
+            || frozen_bytes(&daemon.snapshot(), &id) == Some(8 * MIB),
+            "the model's frozen container",
+        );
+        let body = daemon.scrape().0;
+        let metric = |name: &str| {
+            body.lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .map(|l| l.rsplit(' ').next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(metric("vgpu_container_frozen"), ["1"], "round {round}");
+        assert_eq!(
+            metric("vgpu_container_frozen_host_memory_bytes"),
+            [(8 * MIB).to_string()],
+            "round {round}"
+        );
+        // Its next call thaws it, on the memory as it was.
+        t.send("check");
+        assert_eq!(t.line()["checking"], true);
+        let v = t.line();
+        assert_eq!(
+            (v["result"].as_i64(), v["corrupted"].as_u64()),
+            (Some(0), Some(0)),
+            "round {round}: {v}"
+        );
+        assert_eq!(charged(&gpu), 8 * MIB, "round {round}");
+        if round == 0 {
+            support::wait_until(
+                Duration::from_secs(30),
+                || frozen_bytes(&daemon.snapshot(), &id).is_none(),
+                "the model's thawed container",
+            );
+        }
+    }
+    t.finish();
+    assert!(daemon.stop().success());
 }

@@ -94,9 +94,25 @@ const _: () = assert!(W_SPARE * 8 == offset_of!(ControlBlock, spare));
 /// The QoS tier override (minor 1): the last spare word. 0: none; else `1 << 63 | tier |
 /// guarantee per mille << 8` (tier 0: no tier, 1 latency, 2 guaranteed, 3 best effort).
 const W_QOS: usize = W_SPARE + 7;
+/// The freeze mark (minor 1): the first spare word, a [`FreezeMark`].
+pub(crate) const W_FROZEN: usize = W_SPARE;
+
+/// Where a freeze of the container stands, as the agent marks it in the control block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FreezeMark {
+    /// Not frozen (word 0).
+    #[default]
+    Running,
+    /// A freeze is starting (word 1): a CUDA call waits in the limiter, before the driver, for
+    /// the freeze and the thaw after it.
+    Freezing,
+    /// Frozen (word 2): a CUDA call asks the agent for the thaw (the region's `thaw_request`)
+    /// and waits for it.
+    Frozen,
+}
 /// The spare words a minor version gave a meaning, which `encode` writes (the others are left as
 /// they are: a newer writer's).
-pub(crate) const ENCODED_SPARE: &[usize] = &[W_QOS];
+pub(crate) const ENCODED_SPARE: &[usize] = &[W_FROZEN, W_QOS];
 const QOS_SET: u64 = 1 << 63;
 
 /// The control block file of the region at `region`: `<region>.ctl`.
@@ -116,6 +132,8 @@ pub struct ControlSettings {
     pub sm_percent: [Option<u8>; MAX_DEVICES],
     /// Memory limit per device, bytes (0: no memory limit).
     pub memory_limit: [Option<u64>; MAX_DEVICES],
+    /// Whether the agent froze the container (its processes' next CUDA call asks for the thaw).
+    pub freeze: FreezeMark,
 }
 
 impl ControlSettings {
@@ -124,6 +142,7 @@ impl ControlSettings {
         self.sm_percent.iter().all(Option::is_none)
             && self.memory_limit.iter().all(Option::is_none)
             && self.qos.is_none()
+            && self.freeze == FreezeMark::Running
     }
 }
 
@@ -158,6 +177,8 @@ pub enum ControlError {
         "control block sets QoS tier {tier} with a guarantee of {guarantee} per mille: expected no tier (0), latency (1), guaranteed (2, a guarantee of 1 to 1000) or best effort (3)"
     )]
     Qos { tier: u64, guarantee: u64 },
+    #[error("control block's freeze mark is {found}, expected 0, 1 or 2")]
+    Frozen { found: u64 },
     #[error("control block is being written (generation {generation} stayed odd)")]
     Busy { generation: u64 },
     #[error("device {device} is beyond the {MAX_DEVICES} devices a control block holds")]
@@ -239,6 +260,12 @@ pub fn decode(words: &[u64]) -> Result<Option<ControlSnapshot>, ControlError> {
         }
         settings.qos = Some((tier as u8, guarantee as u16));
     }
+    settings.freeze = match words[W_FROZEN] {
+        0 => FreezeMark::Running,
+        1 => FreezeMark::Freezing,
+        2 => FreezeMark::Frozen,
+        found => return Err(ControlError::Frozen { found }),
+    };
     Ok(Some(ControlSnapshot {
         generation,
         settings,
@@ -283,6 +310,11 @@ pub(crate) fn encode(settings: &ControlSettings, words: &mut [u64; CONTROL_WORDS
     }
     words[W_SM_SET] = sm_set;
     words[W_MEMORY_SET] = memory_set;
+    words[W_FROZEN] = match settings.freeze {
+        FreezeMark::Running => 0,
+        FreezeMark::Freezing => 1,
+        FreezeMark::Frozen => 2,
+    };
     words[W_QOS] = settings.qos.map_or(0, |(tier, guarantee)| {
         QOS_SET | u64::from(tier) | u64::from(guarantee) << 8
     });
@@ -348,6 +380,19 @@ mod tests {
             let snap = decode(&written(&s, 4)).unwrap().unwrap();
             assert_eq!(snap.settings.qos, Some(qos));
         }
+        s.qos = None;
+        for (mark, word) in [(FreezeMark::Freezing, 1), (FreezeMark::Frozen, 2)] {
+            s.freeze = mark;
+            let snap = decode(&written(&s, 6)).unwrap().unwrap();
+            assert!(snap.settings.freeze == mark && !snap.settings.is_empty());
+            assert_eq!(written(&s, 6)[W_FROZEN], word, "the first spare word");
+        }
+        let mut w = written(&s, 6);
+        w[W_FROZEN] = 3;
+        assert_eq!(decode(&w), Err(ControlError::Frozen { found: 3 }));
+        s.freeze = FreezeMark::Running;
+        assert_eq!(written(&s, 6)[W_FROZEN], 0);
+        assert!(ControlSettings::default().is_empty());
         for (tier, guarantee) in [(2, 0), (2, 1001), (1, 5), (4, 0)] {
             s.qos = Some((tier, guarantee));
             assert!(validate(&s).is_err(), "{tier} {guarantee}");

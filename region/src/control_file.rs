@@ -466,6 +466,32 @@ mod tests {
         }
 
         #[test]
+        fn the_freeze_mark_is_written_and_kept_by_other_changes() {
+            use crate::control::FreezeMark;
+            let dir = tempfile::tempdir().unwrap();
+            let path = control_path(&dir.path().join("f.region"));
+            let r = ControlReader::open_or_create(&path).unwrap();
+            let w = writer(&path).unwrap();
+            w.update(|s| s.freeze = FreezeMark::Frozen).unwrap();
+            assert_eq!(
+                r.snapshot().unwrap().unwrap().settings.freeze,
+                FreezeMark::Frozen
+            );
+            w.update(|s| s.sm_percent[0] = Some(40)).unwrap();
+            let snap = r.snapshot().unwrap().unwrap();
+            assert_eq!(
+                (snap.settings.freeze, snap.settings.sm_percent[0]),
+                (FreezeMark::Frozen, Some(40))
+            );
+            w.update(|s| s.freeze = FreezeMark::Running).unwrap();
+            let snap = r.snapshot().unwrap().unwrap();
+            assert_eq!(
+                (snap.settings.freeze, snap.settings.sm_percent[0]),
+                (FreezeMark::Running, Some(40))
+            );
+        }
+
+        #[test]
         fn a_dead_writer_is_taken_over() {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("x.ctl");

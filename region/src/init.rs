@@ -308,6 +308,7 @@ fn write_header(map: &Mapping, config: &RegionConfig, pid: u32, pid_ns: u64, may
         header.init_takeovers.fetch_add(1, r);
     }
     header.last_sweep_ms.store(0, r);
+    header.thaw_request.store(0, r);
     header
         .spare
         .iter()

@@ -169,8 +169,12 @@ pub struct RegionHeader {
     pub init_takeovers: AtomicU64,
     /// `CLOCK_BOOTTIME` ms of the last dead-slot sweep triggered by a denial (rate limit).
     pub last_sweep_ms: AtomicU64,
+    /// A thaw request: the generation of the container's control block that marked it frozen,
+    /// stored by a limiter whose CUDA call found the mark (the agent thaws the container when it
+    /// equals the block's generation). 0 = none.
+    pub thaw_request: AtomicU64,
     /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 4],
+    pub spare: [AtomicU64; 3],
     /// Per-device state; entries at and after `device_count` are zero.
     pub devices: [DeviceState; MAX_DEVICES],
     /// Zero: aligns `sm` to a cache line.
@@ -423,6 +427,7 @@ const _: () = assert!(offset_of!(RegionHeader, slot_count) == 32);
 const _: () = assert!(offset_of!(RegionHeader, device_count) == 52);
 const _: () = assert!(offset_of!(RegionHeader, slot_stride) == 56);
 const _: () = assert!(offset_of!(RegionHeader, init_takeovers) == 112);
+const _: () = assert!(offset_of!(RegionHeader, thaw_request) == 128);
 const _: () = assert!(offset_of!(RegionHeader, devices) == 160);
 // Each device's SM share is one cache line of its own (the mapping is page-aligned).
 const _: () = assert!(size_of::<SmShare>() == 64);
@@ -488,6 +493,7 @@ field_offsets!(
     RegionHeader.init_owner_pid_ns,
     RegionHeader.init_takeovers,
     RegionHeader.last_sweep_ms,
+    RegionHeader.thaw_request,
     RegionHeader.spare,
     RegionHeader.devices,
     RegionHeader.sm_align,

@@ -243,6 +243,16 @@ impl Region {
         ])
     }
 
+    /// Asks the agent to thaw the container: stores `generation`, the control block's
+    /// generation that marked it frozen, as the region's thaw request.
+    pub fn request_thaw(&self, generation: u64) {
+        // Relaxed: a word on its own; the agent reads it with `pread` and acts on its value
+        // alone, publishing nothing back through it.
+        self.header()
+            .thaw_request
+            .store(generation, Ordering::Relaxed);
+    }
+
     /// Whether a denial may trigger a dead-slot sweep now: at most one per
     /// [`SWEEP_INTERVAL_MS`] per container, taken by CAS so concurrent deniers do not all sweep.
     fn sweep_due(&self) -> bool {

@@ -1144,6 +1144,7 @@ fn named_container(
         processes: vec![],
         regions: vec![],
         probe_losses: Default::default(),
+        frozen: None,
     }
 }
 
@@ -1167,6 +1168,7 @@ fn region_container(key: String, path: &str) -> Container {
         processes: vec![],
         regions: vec![],
         probe_losses: Default::default(),
+        frozen: None,
     }
 }
 

@@ -32,6 +32,8 @@ use crate::{
     model::{self, Snapshot},
 };
 
+pub mod thaw;
+
 pub const DEFAULT_SOCKET: &str = "/run/vgpu-agent/agent.sock";
 
 #[derive(Debug, Error)]
@@ -63,6 +65,10 @@ pub struct DaemonOptions {
     /// `TraceOptions::spans`).
     pub otlp: Option<crate::export::otlp::OtlpConfig>,
     pub collector: CollectorOptions,
+    /// The driver library whose checkpoint API thaws a frozen container at its next CUDA call.
+    pub checkpoint_libcuda: PathBuf,
+    /// Freezing idle containers, if wanted.
+    pub idle_freeze: Option<thaw::IdleFreeze>,
 }
 
 /// The latest snapshot, serialised once per refresh and shared with every client.
@@ -275,6 +281,27 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     }
     let (snapshots, collector_thread) =
         spawn_collector(collector, opts.interval).map_err(start_error)?;
+    let mut idle_snapshots = None;
+    let frozen;
+    {
+        let mut watch =
+            thaw::ThawWatch::new(PathBuf::from("/proc"), opts.checkpoint_libcuda.clone());
+        frozen = watch.frozen_containers();
+        if let Some(settings) = opts.idle_freeze {
+            let (tx, rx) = mpsc::channel();
+            idle_snapshots = Some(tx);
+            watch = watch.with_idle_freeze(settings, rx);
+            log::info!(
+                "freezing containers idle for {:?} (host budget {})",
+                settings.after,
+                crate::units::bytes(settings.host_budget)
+            );
+        }
+        std::thread::Builder::new()
+            .name("thaw".into())
+            .spawn(move || watch.run())
+            .map_err(start_error)?;
+    }
     log::info!(
         "serving snapshots every {:?} on {}",
         opts.interval,
@@ -288,6 +315,11 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         match snapshots.recv_timeout(poll) {
             Ok(new) => {
                 snap = new;
+                if let Some(tx) = &idle_snapshots {
+                    // The thaw thread gone (it never returns before a stop) loses nothing here.
+                    let _ = tx.send(thaw::observed(&snap));
+                }
+                thaw::mark_frozen(&mut snap, &frozen.lock().unwrap_or_else(|e| e.into_inner()));
                 publisher.publish(&mut snap, true);
                 // Half an interval of slack: a collector on time never causes a republish.
                 republish = Instant::now() + opts.interval * 3 / 2;

@@ -281,6 +281,24 @@ pub const CONTAINER_PROCESSES: Def = def(
     "GPU processes of the container that are alive.",
     "processes[] with alive",
 );
+pub const CONTAINER_FROZEN: Def = def(
+    "vgpu_container_frozen",
+    Gauge,
+    None,
+    true,
+    &[],
+    "1 while the container is frozen (vgpu-agent freeze --container, or the daemon's --freeze-after): its device memory is in host memory and its next CUDA call thaws it; 0 for the other containers with a limiter region. Set by vgpu-agent run only.",
+    "containers[].frozen (present: 1)",
+);
+pub const CONTAINER_FROZEN_HOST_MEMORY: Def = def(
+    "vgpu_container_frozen_host_memory",
+    Gauge,
+    Some(Bytes),
+    true,
+    &[],
+    "Device bytes a frozen container gave back to the GPU, held in host memory until its thaw (the limiter's count of its processes' memory); frozen containers only.",
+    "containers[].frozen.host_bytes",
+);
 pub const CONTAINER_DRIFT: Def = def(
     "vgpu_container_memory_drift",
     Gauge,
@@ -766,6 +784,8 @@ pub const ALL: &[Def] = &[
     CONTAINER_DENIED,
     CONTAINER_ALLOCATIONS,
     CONTAINER_PROCESSES,
+    CONTAINER_FROZEN,
+    CONTAINER_FROZEN_HOST_MEMORY,
     CONTAINER_DRIFT,
     API_CALLS,
     API_ERRORS,

@@ -139,6 +139,18 @@ pub(super) fn container_gauges(
             .map(|(l, n)| (lv(l, &[]), Value::Int(*n)))
             .collect(),
     );
+    let (mut frozen, mut frozen_bytes) = (vec![], vec![]);
+    for c in snap.containers.iter().filter(|c| !c.regions.is_empty()) {
+        let l = lv(&labels_of(&c.key), &[]);
+        frozen.push((l.clone(), Value::Int(u64::from(c.frozen.is_some()))));
+        if let Some(f) = &c.frozen {
+            frozen_bytes.push((l, Value::Int(f.host_bytes)));
+        }
+    }
+    dedup_sum(&mut frozen);
+    dedup_sum(&mut frozen_bytes);
+    fam(&defs::CONTAINER_FROZEN, frozen);
+    fam(&defs::CONTAINER_FROZEN_HOST_MEMORY, frozen_bytes);
     fam(
         &defs::CONTAINER_DRIFT,
         drift

@@ -265,6 +265,7 @@ pub(super) mod tests {
             processes: processes.iter().map(|p| p.key).collect(),
             regions: vec![],
             probe_losses: Default::default(),
+            frozen: None,
         }
     }
 

@@ -435,6 +435,18 @@ pub struct Container {
     /// while not empty.
     #[serde(default, skip_serializing_if = "probing::ProbeLosses::is_empty")]
     pub probe_losses: probing::ProbeLosses,
+    /// Frozen (`vgpu-agent freeze --container`, or the daemon's idle freeze), as the daemon
+    /// sees it; absent while running (docs/oversubscription.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<Frozen>,
+}
+
+/// A frozen container.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Frozen {
+    /// Device bytes its processes gave back to the GPU, held in host memory until the thaw (the
+    /// limiter's count of their memory).
+    pub host_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -621,6 +621,7 @@ mod tests {
             processes: last.processes[..2].iter().map(|p| p.key).collect(),
             regions: vec![],
             probe_losses: Default::default(),
+            frozen: None,
         }];
         let r = build(&first, &last, "in_process", 10.0, |_| None);
         let row = |pid: u32| r.processes.iter().find(|p| p.pid == pid).unwrap();

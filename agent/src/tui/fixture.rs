@@ -148,6 +148,7 @@ fn container(key: &str, name: &str, procs: &[&Process], regions: Vec<RegionInfo>
         processes: procs.iter().map(|p| p.key).collect(),
         regions,
         probe_losses: Default::default(),
+        frozen: None,
     }
 }
 

@@ -30,9 +30,21 @@ impl Daemon {
     /// As [`Daemon::start`], its log (stderr) going to `log` (a file, where a flood's warnings
     /// would drown the test's output).
     pub fn start_with_log(dir: &Path, interval: &str, args: &[&str], log: Stdio) -> Daemon {
+        Daemon::start_with_env(dir, interval, args, log, &[])
+    }
+
+    /// As [`Daemon::start_with_log`], with `env` added to the daemon's environment.
+    pub fn start_with_env(
+        dir: &Path,
+        interval: &str,
+        args: &[&str],
+        log: Stdio,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Daemon {
         let socket = dir.join("agent.sock");
         let port = free_port();
         let child = Command::new(agent_bin())
+            .envs(env.iter().copied())
             .args(["run", "--no-calibrate", "--no-nvml", "--interval", interval])
             .arg("--socket")
             .arg(&socket)

@@ -1,5 +1,5 @@
 //! Synchronisations, copies and host-function launches: counted and timed, copies with their
-//! bytes, nothing else. Recording them here, exactly, is what lets the agent leave these calls of
+//! bytes, and the control block looked at when due (a limit change, a freeze), nothing else. Recording them here, exactly, is what lets the agent leave these calls of
 //! a process under the limiter unprobed (a uprobe hit costs microseconds; this costs a clock
 //! pair and one seqlock section).
 //!
@@ -43,6 +43,9 @@ fn timed<S: Symbol>(
     };
     let clock = &state.clock;
     let t0 = clock.now();
+    // Copies and synchronisations notice limit changes and a freeze too (a process that only
+    // waits on its streams), before the driver holds the call.
+    state.poll_control_due(t0);
     let r = call(real);
     let t1 = clock.now();
     shield(|| {

@@ -9,15 +9,32 @@
 //! every process's next launch), memory limits into the region's
 //! `DeviceState.memory_limit` (the limiter, not the agent, writes the region). A value the block
 //! does not override keeps the environment's.
+//!
+//! A generation that marks the container freezing or frozen (`vgpu-agent freeze --container`)
+//! is answered before the call that noticed it reaches the driver: the limiter stores that
+//! generation as the region's thaw request and waits, sleeping, until the block no longer marks
+//! it (the agent, seeing the request of a frozen container, thaws it and then clears the mark),
+//! at most [`THAW_WAIT`] in all; a new generation that still marks it is requested in turn. The
+//! driver blocks a frozen process's CUDA calls until it is unlocked, so waiting here, where the
+//! agent sees the request, is what keeps a call from waiting for a thaw nobody asked for; past
+//! the bound the call goes on into the driver, which holds it until a thaw as it would without
+//! the limiter (the limiter itself never waits without a bound).
 
 use agent_common::MAX_DEVICES;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use limiter_core::{config::Config, sm::Controller};
-use region::{ControlError, ControlReader, ControlSettings, Region, control_path};
+use region::{ControlError, ControlReader, ControlSettings, FreezeMark, Region, control_path};
 
 use super::qos::Qos;
 use crate::platform::log::{self, Level};
+
+/// The longest a call that found its container frozen waits for the agent's thaw before it goes
+/// on into the driver (which then holds it until the thaw, as it does without the limiter).
+pub(crate) const THAW_WAIT: Duration = Duration::from_secs(10);
+/// How often a call waiting for the thaw looks at the control block.
+const THAW_POLL: Duration = Duration::from_millis(1);
 
 /// The mapped control block and the generation last applied.
 #[derive(Debug)]
@@ -93,15 +110,19 @@ impl Control {
             Ok(Some(snap)) => {
                 apply_settings(&snap.settings, config.sm_period_ms, sm_base, region, sm);
                 qos.set_override(snap.settings.qos);
+                if snap.settings.freeze != FreezeMark::Running {
+                    self.wait_for_thaw(generation, region, config.log_level);
+                }
                 log::write(
                     config.log_level,
                     Level::Info,
                     format_args!(
-                        "control block generation {}: SM {:?}, memory {:?}, QoS tier {}",
+                        "control block generation {}: SM {:?}, memory {:?}, QoS tier {}, frozen {}",
                         snap.generation,
                         &snap.settings.sm_percent[..4],
                         &snap.settings.memory_limit[..4],
                         qos.tier().map_or("none", |t| t.name()),
+                        snap.settings.freeze != FreezeMark::Running,
                     ),
                 );
                 true
@@ -124,6 +145,53 @@ impl Control {
                 false
             }
         }
+    }
+}
+
+impl Control {
+    /// Asks the agent to thaw the container (the region's thaw request: the generation that
+    /// marks it) and waits until the control block no longer marks it, at most [`THAW_WAIT`].
+    /// Without a region nobody can be asked: the call goes on at once.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_thaw(&self, marked: u64, region: Option<&Region>, log_level: Level) {
+        let Some(region) = region else { return };
+        let started = Instant::now();
+        let mut current = marked;
+        region.request_thaw(current);
+        loop {
+            // Relaxed: the generation is only compared; a new one is read under the block's
+            // seqlock (Acquire) before its mark is used.
+            let now = self.reader.generation_word().load(Ordering::Relaxed);
+            if now != current {
+                match self.reader.snapshot() {
+                    Ok(Some(snap)) if snap.settings.freeze != FreezeMark::Running => {
+                        current = snap.generation;
+                        region.request_thaw(current);
+                    }
+                    // A write in progress: look again after the sleep.
+                    Err(ControlError::Busy { .. }) => {}
+                    _ => break,
+                }
+            }
+            if started.elapsed() >= THAW_WAIT {
+                log::write(
+                    log_level,
+                    Level::Warn,
+                    format_args!(
+                        "the container is frozen and no agent thawed it within {} s; the call goes on into the driver, which holds it until a thaw",
+                        THAW_WAIT.as_secs()
+                    ),
+                );
+                return;
+            }
+            std::thread::sleep(THAW_POLL);
+        }
+        log::write(
+            log_level,
+            Level::Info,
+            format_args!("thawed after {} ms", started.elapsed().as_millis()),
+        );
     }
 }
 

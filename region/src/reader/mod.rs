@@ -88,6 +88,13 @@ impl RegionReader {
         self.geometry
     }
 
+    /// The region's thaw request (`RegionHeader::thaw_request`): the generation of the control
+    /// block that marked the container frozen, as a limiter stored it; 0 = none. One `pread`.
+    pub fn thaw_request(&self) -> Result<u64, ReadError> {
+        let offset = offset_of!(RegionHeader, thaw_request) as u64;
+        pread::read_u64(&self.file, offset).map_err(|e| self.pread_error(e))
+    }
+
     /// Reads the region within [`ReadBudget::DEFAULT`] (see [`RegionReader::snapshot_within`]).
     pub fn snapshot(&self) -> Result<RegionSnapshot, ReadError> {
         self.snapshot_within(&ReadBudget::DEFAULT)

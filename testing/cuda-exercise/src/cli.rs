@@ -74,7 +74,9 @@ pub enum Command {
     /// cuInit, context, cuMemAlloc_v2 of B bytes, a pattern of 64-bit words copied in
     /// (cuMemcpyHtoD_v2); prints {"pid","bytes","result","ptr"}. Then for each line `check` on
     /// stdin prints {"checking":true}, copies it back (cuMemcpyDtoH_v2) and prints
-    /// {"result","corrupted"} (words that differ); at stdin EOF frees and prints {"pid","freed"}.
+    /// {"result","corrupted"} (words that differ); for each line `call NAME` prints
+    /// {"calling":NAME}, calls entry point NAME with harmless arguments and a size of 0 and
+    /// prints {"called","result"}; at stdin EOF frees and prints {"pid","freed"}.
     Pattern {
         #[arg(long, value_parser = parse_bytes)]
         bytes: u64,

@@ -119,6 +119,26 @@ mod tests {
         assert!(rank1.contains(" 20%N"), "NVML-sampled: {tree}");
     }
 
+    /// A frozen container says so in the table, beside its name; the others do not.
+    #[test]
+    fn a_frozen_container_is_marked() {
+        let mut m = Model::default();
+        let mut snap = fixture::snapshot();
+        let i = snap
+            .containers
+            .iter()
+            .position(|c| c.name.contains("llm-serve"))
+            .unwrap();
+        snap.containers[i].frozen = Some(crate::model::Frozen {
+            host_bytes: 1 << 30,
+        });
+        m.apply(snap);
+        let text = text_of(&draw(&m, &ViewState::default(), 160, 48));
+        let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap().to_string();
+        assert!(row("llm-serve").contains("llm-serve (frozen)"), "{text}");
+        assert!(!row("notebook").contains("(frozen)"), "{text}");
+    }
+
     /// `u` on the pod: GPU0's busy share by source side by side, how far the limiter's timing
     /// covers the pod, each process, and the top kernels with share, time, calls and mean.
     #[test]

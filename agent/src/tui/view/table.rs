@@ -296,7 +296,8 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, state: &ViewState, t
                         format!(" {}", short_key(&c.key))
                     };
                     let mark = if *expanded { "▾ " } else { "▸ " };
-                    let name = fit(&format!("{mark}{label}{id}"), name_width);
+                    let frozen = if c.frozen.is_some() { " (frozen)" } else { "" };
+                    let name = fit(&format!("{mark}{label}{frozen}{id}"), name_width);
                     let mut cells = vec![Cell::from(name)];
                     cells.extend(figure_cells(
                         &row.figures,

@@ -1,0 +1,423 @@
+//! Thawing a frozen container at its next CUDA call: the daemon's side
+//! (docs/oversubscription.md).
+//!
+//! `vgpu-agent freeze --container` marks the container frozen in its control blocks. The
+//! container's limiter, at its next CUDA call and before the driver holds that call, stores the
+//! marking generation as its region's thaw request and waits. This thread finds the frozen
+//! containers (every [`SCAN_PERIOD`], a walk of `/proc` as `limit` does), looks at each frozen
+//! one's control block and region every [`POLL`] (two `pread`s), and on a request that names the
+//! block's current generation thaws the container's processes through the driver's checkpoint
+//! API and clears the mark, which lets the waiting call go on.
+//!
+//! With `--freeze-after` (`VGPU_FREEZE_AFTER`), the same thread also freezes idle containers:
+//! the daemon hands it each snapshot's containers (the CUDA calls their processes made, the
+//! device bytes the limiter counts for them), `limiter_core::freeze::Freezer` decides (idle for
+//! the TTL, holding device memory, fitting what is left of `--freeze-host-budget`), and the
+//! freeze goes through [`freeze::freeze_container`], marking the container so that its next call
+//! thaws it here.
+//!
+//! Everything read here is the tenant's: the request is acted on only when it equals the
+//! generation the agent's own mark has now, so a forged request thaws only the tenant's own
+//! container, which its next CUDA call would do anyway. A thaw that fails (the GPU has no room
+//! for the memory yet) is tried again at most every [`RETRY_PERIOD`].
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex, mpsc::Receiver},
+    time::{Duration, Instant},
+};
+
+use limiter_core::freeze::{Activity, Freezer, Step};
+
+use region::{FreezeMark, read_control, reader::RegionReader};
+use tenant_fs::{Access, TenantFile};
+
+use crate::{checkpoint::DriverCheckpoint, freeze, limit};
+
+/// How often the frozen containers are looked for.
+const SCAN_PERIOD: Duration = Duration::from_secs(1);
+/// How often a frozen container's thaw request is looked at.
+const POLL: Duration = Duration::from_millis(5);
+/// How long after a failed thaw the same request is tried again.
+const RETRY_PERIOD: Duration = Duration::from_secs(1);
+
+/// How long an idle freeze waits for each process's CUDA calls in flight.
+const IDLE_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The idle freeze's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleFreeze {
+    /// Idle time after which a container is frozen.
+    pub after: Duration,
+    /// Host bytes frozen containers may hold together.
+    pub host_budget: u64,
+}
+
+/// A container as a snapshot shows it: its id, the CUDA calls its processes made in all, and
+/// the device bytes the limiter counts for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub container: String,
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// The containers of a snapshot that the idle freeze looks at: those with a container id and a
+/// process under the limiter.
+pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
+    snap.containers
+        .iter()
+        .filter_map(|c| {
+            let id = c.container_id.clone()?;
+            let processes = snap
+                .processes
+                .iter()
+                .filter(|p| p.alive && c.processes.contains(&p.key));
+            let (mut calls, mut bytes, mut limited) = (0u64, 0u64, false);
+            for p in processes {
+                calls += p.apis.iter().map(|a| a.calls).sum::<u64>();
+                if let Some(b) = p.memory.limiter {
+                    bytes += b;
+                    limited = true;
+                }
+            }
+            limited.then_some(Observed {
+                container: id,
+                calls,
+                bytes,
+            })
+        })
+        .collect()
+}
+
+/// Marks the snapshot's containers that are in `frozen` (container ids), with the device bytes
+/// the limiter counts for their alive processes: what they hold in host memory.
+pub fn mark_frozen(snap: &mut crate::model::Snapshot, frozen: &std::collections::HashSet<String>) {
+    for c in &mut snap.containers {
+        c.frozen = None;
+        if !c
+            .container_id
+            .as_ref()
+            .is_some_and(|id| frozen.contains(id))
+        {
+            continue;
+        }
+        let host_bytes = snap
+            .processes
+            .iter()
+            .filter(|p| p.alive && c.processes.contains(&p.key))
+            .filter_map(|p| p.memory.limiter)
+            .sum();
+        c.frozen = Some(crate::model::Frozen { host_bytes });
+    }
+}
+
+/// The idle freeze's state.
+struct Idle {
+    freezer: Freezer<String>,
+    snapshots: Receiver<Vec<Observed>>,
+    started: Instant,
+    /// The containers the last snapshot showed.
+    known: std::collections::HashSet<String>,
+}
+
+/// A region of a frozen container.
+struct Watched {
+    container: String,
+    control: TenantFile,
+    reader: RegionReader,
+}
+
+/// The watcher's state between ticks.
+pub struct ThawWatch {
+    proc: PathBuf,
+    libcuda: PathBuf,
+    api: Option<DriverCheckpoint>,
+    frozen: Vec<Watched>,
+    next_scan: Instant,
+    /// The last failed thaw of a container: the generation requested and when.
+    failed: HashMap<String, (u64, Instant)>,
+    idle: Option<Idle>,
+    /// The containers marked frozen, as the last scan and thaws left them (for the model).
+    shown: Arc<Mutex<std::collections::HashSet<String>>>,
+}
+
+impl ThawWatch {
+    /// A watcher of the processes under `proc`, thawing through the driver library `libcuda`
+    /// (loaded at the first thaw).
+    pub fn new(proc: PathBuf, libcuda: PathBuf) -> ThawWatch {
+        ThawWatch {
+            proc,
+            libcuda,
+            api: None,
+            frozen: Vec::new(),
+            next_scan: Instant::now(),
+            failed: HashMap::new(),
+            idle: None,
+            shown: Arc::default(),
+        }
+    }
+
+    /// The containers marked frozen, kept up to date by the watcher.
+    pub fn frozen_containers(&self) -> Arc<Mutex<std::collections::HashSet<String>>> {
+        Arc::clone(&self.shown)
+    }
+
+    /// Publishes the containers watched now.
+    fn show(&self) {
+        let now = self.frozen.iter().map(|w| w.container.clone()).collect();
+        // A poisoned lock (a panic while publishing) still holds a set to replace.
+        *self.shown.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+
+    /// Also freezes idle containers, as `settings` say, from the containers each snapshot
+    /// sent on `snapshots` shows.
+    pub fn with_idle_freeze(
+        mut self,
+        settings: IdleFreeze,
+        snapshots: Receiver<Vec<Observed>>,
+    ) -> ThawWatch {
+        self.idle = Some(Idle {
+            freezer: Freezer::new(Some(settings.after.as_nanos() as u64), settings.host_budget),
+            snapshots,
+            started: Instant::now(),
+            known: Default::default(),
+        });
+        self
+    }
+
+    /// Runs until the daemon stops.
+    pub fn run(mut self) {
+        while !crate::signals::stop_requested() {
+            self.tick();
+            crate::signals::sleep(POLL);
+        }
+    }
+
+    /// One look: the idle freeze's decisions on the latest snapshot, a scan if one is due, then
+    /// every frozen container's request.
+    fn tick(&mut self) {
+        self.idle_freeze();
+        if Instant::now() >= self.next_scan {
+            self.scan();
+            self.next_scan = Instant::now() + SCAN_PERIOD;
+        }
+        let mut thawed = Vec::new();
+        for i in 0..self.frozen.len() {
+            let w = &self.frozen[i];
+            let Some(generation) = requested(w) else {
+                continue;
+            };
+            if thawed.contains(&w.container) {
+                continue;
+            }
+            if let Some((g, at)) = self.failed.get(&w.container)
+                && *g == generation
+                && at.elapsed() < RETRY_PERIOD
+            {
+                continue;
+            }
+            let container = w.container.clone();
+            if let Some(idle) = &mut self.idle {
+                idle.freezer.begin_thaw(&container);
+            }
+            let outcome = self.thaw(&container);
+            if let Some(idle) = &mut self.idle {
+                idle.freezer.thaw_done(&container, outcome.is_ok());
+            }
+            match outcome {
+                Ok(lines) => {
+                    log::info!(
+                        "container {container}: thawed at its next CUDA call ({})",
+                        lines.join("; ")
+                    );
+                    self.failed.remove(&container);
+                    thawed.push(container);
+                }
+                Err(e) => {
+                    log::warn!("container {container}: thaw at its next CUDA call failed: {e}");
+                    self.failed.insert(container, (generation, Instant::now()));
+                }
+            }
+        }
+        if !thawed.is_empty() {
+            self.frozen.retain(|w| !thawed.contains(&w.container));
+            self.show();
+        }
+    }
+
+    /// Feeds the snapshots that came to the freezer and carries out its steps.
+    fn idle_freeze(&mut self) {
+        let Some(idle) = &mut self.idle else { return };
+        let Some(latest) = idle.snapshots.try_iter().last() else {
+            return;
+        };
+        let now = idle.started.elapsed().as_nanos() as u64;
+        let mut steps = Vec::new();
+        for o in &latest {
+            let activity = Activity {
+                calls: o.calls,
+                gpu_busy: false,
+            };
+            steps.extend(
+                idle.freezer
+                    .observe(o.container.clone(), activity, o.bytes, now),
+            );
+        }
+        // A container no snapshot shows any more is gone: what it held is returned.
+        let now_known: std::collections::HashSet<String> =
+            latest.iter().map(|o| o.container.clone()).collect();
+        for gone in idle.known.difference(&now_known) {
+            idle.freezer.gone(gone);
+        }
+        idle.known = now_known;
+        steps.extend(idle.freezer.due(now, |a, b| a.cmp(b)));
+        for step in steps {
+            match step {
+                Step::Freeze(c) => self.idle_freeze_one(&c),
+                Step::Thaw(c) => {
+                    let ok = self.thaw(&c).is_ok();
+                    if let Some(idle) = &mut self.idle {
+                        idle.freezer.thaw_done(&c, ok);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Freezes a container the freezer found idle (its bytes reserved already).
+    fn idle_freeze_one(&mut self, container: &str) {
+        let proc = self.proc.clone();
+        let outcome = self
+            .api()
+            .map_err(freeze::FreezeError::from)
+            .and_then(|api| {
+                let pids = freeze::pids(&freeze::Target::Container(container.to_owned()), &proc)?;
+                freeze::freeze_container(api, container, &pids, IDLE_LOCK_TIMEOUT)
+            });
+        let saved = match &outcome {
+            Ok(lines) => {
+                log::info!("container {container}: frozen, idle ({})", lines.join("; "));
+                true
+            }
+            Err(freeze::FreezeError::Failed { done, .. }) if !done.is_empty() => {
+                log::warn!(
+                    "container {container}: partly frozen, idle: {}",
+                    outcome.as_ref().unwrap_err()
+                );
+                true
+            }
+            Err(e) => {
+                log::warn!("container {container}: idle freeze failed: {e}");
+                false
+            }
+        };
+        if let Some(idle) = &mut self.idle {
+            let bytes = idle
+                .freezer
+                .container(&container.to_owned())
+                .map(|c| c.bytes);
+            idle.freezer
+                .freeze_done(&container.to_owned(), saved.then_some(bytes.unwrap_or(0)));
+        }
+        // The mark is there from now: the next scan watches it.
+        self.next_scan = Instant::now();
+    }
+
+    /// The driver's checkpoint API, loaded at its first use.
+    fn api(&mut self) -> Result<&DriverCheckpoint, crate::checkpoint::CheckpointError> {
+        if self.api.is_none() {
+            self.api = Some(DriverCheckpoint::open(&self.libcuda)?);
+        }
+        Ok(self.api.as_ref().expect("set above"))
+    }
+
+    /// Finds the regions whose control block marks their container frozen.
+    fn scan(&mut self) {
+        self.frozen = limit::container_regions(&self.proc, |_| true)
+            .into_iter()
+            .filter_map(|(container, region)| {
+                let control = region.open_control(Access::Read).ok()?;
+                let snap = read_control(&control).ok()??;
+                if snap.settings.freeze != FreezeMark::Frozen {
+                    return None;
+                }
+                let reader = RegionReader::from_file(region.open_region().ok()?).ok()?;
+                Some(Watched {
+                    container,
+                    control,
+                    reader,
+                })
+            })
+            .collect();
+        let frozen: Vec<&String> = self.frozen.iter().map(|w| &w.container).collect();
+        self.failed.retain(|c, _| frozen.contains(&c));
+        self.show();
+    }
+
+    /// Thaws the container's processes and clears its mark.
+    fn thaw(&mut self, container: &str) -> Result<Vec<String>, freeze::FreezeError> {
+        let proc = self.proc.clone();
+        let api = self.api()?;
+        let pids = freeze::pids(&freeze::Target::Container(container.to_owned()), &proc)?;
+        freeze::thaw_container(api, container, &pids)
+    }
+}
+
+/// The generation the region's thaw request names, if it is the one marking the container
+/// frozen now.
+fn requested(w: &Watched) -> Option<u64> {
+    let snap = read_control(&w.control).ok()??;
+    if snap.settings.freeze != FreezeMark::Frozen {
+        return None;
+    }
+    let request = w.reader.thaw_request().ok()?;
+    (request == snap.generation).then_some(snap.generation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use region::{ControlReader, ControlWriter, Region, RegionConfig, control_path};
+
+    /// What the tenant can write (its region's request word, its control block's mark) thaws
+    /// nothing unless the request names the generation of the agent's own frozen mark.
+    #[test]
+    fn only_a_request_naming_the_frozen_generation_asks_for_a_thaw() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.region");
+        let (region, _) = Region::open_or_create(&path, &RegionConfig::unlimited(1)).unwrap();
+        let ctl = control_path(&path);
+        let _reader = ControlReader::open_or_create(&ctl).unwrap();
+        let writer =
+            ControlWriter::new(&tenant_fs::open_no_links(&ctl, Access::ReadWrite).unwrap())
+                .unwrap();
+        let watched = || Watched {
+            container: "c".into(),
+            control: tenant_fs::open_no_links(&ctl, Access::Read).unwrap(),
+            reader: RegionReader::open(&path).unwrap(),
+        };
+        let frozen = writer.update(|s| s.freeze = FreezeMark::Frozen).unwrap();
+        assert_eq!(requested(&watched()), None, "no request yet");
+        region.request_thaw(frozen - 2);
+        assert_eq!(requested(&watched()), None, "an older generation");
+        region.request_thaw(frozen + 2);
+        assert_eq!(requested(&watched()), None, "a generation not written");
+        region.request_thaw(frozen);
+        assert_eq!(requested(&watched()), Some(frozen));
+        // The same request after the mark changed (freezing, then cleared) asks for nothing.
+        let freezing = writer.update(|s| s.freeze = FreezeMark::Freezing).unwrap();
+        region.request_thaw(freezing);
+        assert_eq!(requested(&watched()), None, "a freeze still starting");
+        let running = writer.update(|s| s.freeze = FreezeMark::Running).unwrap();
+        region.request_thaw(running);
+        assert_eq!(requested(&watched()), None, "not frozen");
+        // A mark the tenant corrupted does not decode: nothing to thaw.
+        let words = std::fs::read(&ctl).unwrap();
+        let mut bad = words.clone();
+        bad[320..328].copy_from_slice(&7u64.to_le_bytes());
+        std::fs::write(&ctl, &bad).unwrap();
+        assert_eq!(requested(&watched()), None, "a corrupt mark");
+    }
+}

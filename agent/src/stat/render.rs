@@ -46,6 +46,17 @@ fn api_table(out: &mut String, apis: &[ApiRow]) {
     }
 }
 
+/// `  FROZEN: ...` for a frozen container.
+fn frozen_line(out: &mut String, frozen: Option<&crate::model::Frozen>) {
+    if let Some(f) = frozen {
+        let _ = writeln!(
+            out,
+            "  FROZEN: {} of GPU memory held in host memory until its next CUDA call thaws it",
+            bytes(f.host_bytes)
+        );
+    }
+}
+
 /// `  QoS: GPU0 guaranteed 30%, allocated 70% (held back)` for each device with a tier.
 fn qos_line(out: &mut String, regions: &[crate::model::RegionInfo]) {
     let parts: Vec<String> = regions
@@ -367,6 +378,7 @@ pub fn table(r: &StatReport) -> String {
         gpu_busy_line(&mut out, &c.gpu_busy);
         kernels_line(&mut out, &c.kernels);
         qos_line(&mut out, &c.regions);
+        frozen_line(&mut out, c.frozen.as_ref());
         for reg in &c.regions {
             for problem in &reg.problems {
                 let _ = writeln!(out, "  region {}: {problem}", reg.path);
@@ -457,6 +469,19 @@ mod tests {
         );
         let mut none = String::new();
         qos_line(&mut none, &[]);
+        assert!(none.is_empty());
+        let mut frozen = String::new();
+        frozen_line(
+            &mut frozen,
+            Some(&crate::model::Frozen {
+                host_bytes: 4 << 30,
+            }),
+        );
+        assert_eq!(
+            frozen,
+            "  FROZEN: 4.00 GiB of GPU memory held in host memory until its next CUDA call thaws it\n"
+        );
+        frozen_line(&mut none, None);
         assert!(none.is_empty());
     }
 

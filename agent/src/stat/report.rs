@@ -127,6 +127,10 @@ pub struct ContainerRow {
     pub gpu_use: Vec<WindowUse>,
     /// Per device and source, the container's GPU busy share (as the processes').
     pub gpu_busy: Vec<GpuBusy>,
+    /// Frozen at the end of the window (docs/oversubscription.md): known where the daemon
+    /// answered (its thaw watcher knows the marks); absent while running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<crate::model::Frozen>,
     /// The container's top kernels in the window (its processes' merged by name).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelShare>,
@@ -321,6 +325,7 @@ pub fn build(
                 &window_use(first, last, &c.processes),
             ),
             kernels: top_kernels(first, last, &c.processes),
+            frozen: c.frozen.clone(),
         })
         .filter(|c| !c.pids.is_empty() || !c.regions.is_empty())
         .collect();

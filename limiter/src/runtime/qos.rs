@@ -255,7 +255,8 @@ fn run(plant: QosPlant) {
         // The lease's clock, as the SM feedback's (the same lease): CLOCK_MONOTONIC.
         let lease_ms = now_ms;
         let pid = os::pid() as u32;
-        if devices.is_empty() {
+        // Learnt at a full tick (a latency container's thread wakes every millisecond).
+        if devices.is_empty() && full {
             let n = (plant.driver.device_count() as usize).min(MAX_DEVICES);
             devices = (0..n)
                 .map(|d| Device {

@@ -34,24 +34,20 @@ use std::{
 
 use limiter_core::{
     qos::{Contender, DEVICE_PM, LATENCY_HOLD_NS, Tier, allocate, runs_free},
-    sm::{
-        Controller,
-        gpu_share::{GpuShare, SlotReading},
-    },
+    sm::gpu_share::GpuShare,
 };
 use region::{
-    Region, SmShare,
+    Region,
     qos_board::{Board, BoardEntry, slot_for},
     sm_share::{QosState, decode_qos, qos_word},
 };
 
+use super::sm_feedback::{Plant, container_gpu_time};
 use crate::platform::{
     clock::Clock,
-    driver::Driver,
-    guard::{Panics, Reentry},
+    guard::Reentry,
     log::{self, Level},
     os,
-    thread_words::Tls,
 };
 
 /// How often allocations are recomputed.
@@ -77,21 +73,6 @@ pub(crate) struct Qos {
     /// Per device: until when a latency-tier neighbour's work is in flight (CLOCK_MONOTONIC ns;
     /// 0: none). Written by the thread, read by best-effort launches.
     pub(crate) gates: [AtomicU64; MAX_DEVICES],
-}
-
-/// What the thread works with: all of it lives as long as the process.
-#[derive(Clone, Copy)]
-pub(crate) struct QosPlant {
-    pub(crate) qos: &'static Qos,
-    pub(crate) sm: &'static Controller,
-    pub(crate) windows: &'static [SmShare; MAX_DEVICES],
-    pub(crate) region: Option<&'static Region>,
-    pub(crate) driver: &'static Driver,
-    pub(crate) log: Level,
-    pub(crate) panics: &'static Panics,
-    pub(crate) tls: &'static Tls,
-    /// Whether the limiter samples GPU time.
-    pub(crate) gpu_time: bool,
 }
 
 impl Qos {
@@ -124,7 +105,7 @@ impl Qos {
 
     /// Marks the devices' launches as tiered and starts the thread, if the container has a tier
     /// and this process has none.
-    pub(crate) fn ensure_started(&'static self, plant: QosPlant) {
+    pub(crate) fn ensure_started(&'static self, plant: Plant) {
         let Some(tier) = self.tier() else { return };
         for d in 0..MAX_DEVICES {
             plant.sm.set_tiered(d, true);
@@ -137,7 +118,7 @@ impl Qos {
         let spawned = std::thread::Builder::new()
             .name("vgpu-qos".into())
             .spawn(move || {
-                plant.panics.shield(|| run(plant));
+                plant.panics.shield(|| run(plant, self));
             });
         if let Err(e) = spawned {
             log::write(
@@ -183,10 +164,9 @@ fn decode_tier(word: u64) -> Option<Tier> {
     Tier::decode(word as u8, (word >> 8) as u16)
 }
 
-fn run(plant: QosPlant) {
+fn run(plant: Plant, qos: &'static Qos) {
     // Anything this thread reaches through a hook passes straight to the driver.
     let _inside = Reentry::enter(plant.tls.words());
-    let qos = plant.qos;
     let name = qos.tier().map_or("none", Tier::name);
     let board = qos
         .board
@@ -301,10 +281,10 @@ fn run(plant: QosPlant) {
                             now_ns,
                         );
                     }
-                    follow(plant, tier, d, dev, entries.as_deref(), now_ms);
+                    follow(plant, qos, tier, d, dev, entries.as_deref(), now_ms);
                 }
                 if let Some(b) = &board {
-                    fast_tick(plant, tier, d, dev, b, leader, now_ns);
+                    fast_tick(plant, qos, tier, d, dev, b, leader, now_ns);
                 }
             }
         });
@@ -314,7 +294,7 @@ fn run(plant: QosPlant) {
 /// The lease holder's tick on device `d`: measure, publish, allocate.
 #[allow(clippy::too_many_arguments)]
 fn lead(
-    plant: QosPlant,
+    plant: Plant,
     tier: Tier,
     owner: u64,
     d: usize,
@@ -325,7 +305,7 @@ fn lead(
 ) {
     let share = &plant.windows[d];
     if let Some(region) = plant.region.filter(|_| plant.gpu_time) {
-        dev.gpu.observe(now_ns, &readings(region, d));
+        dev.gpu.observe(now_ns, &container_gpu_time(region, d));
     }
     let last = share.view().last;
     let active = last != 0 && now_ns.saturating_sub(last) < ACTIVE_NS;
@@ -432,8 +412,10 @@ fn lead(
 
 /// Every process's tick on device `d`: apply the container's allocation; find latency
 /// neighbours (best effort).
+#[allow(clippy::too_many_arguments)]
 fn follow(
-    plant: QosPlant,
+    plant: Plant,
+    qos: &Qos,
     tier: Tier,
     d: usize,
     dev: &mut Device,
@@ -472,15 +454,17 @@ fn follow(
         plant.sm.set_gate(d, !dev.latency_slots.is_empty());
         if dev.latency_slots.is_empty() {
             // Relaxed: a value best-effort launches compare with the clock.
-            plant.qos.gates[d].store(0, Ordering::Relaxed);
+            qos.gates[d].store(0, Ordering::Relaxed);
         }
     }
 }
 
 /// Following latency work: publish our own (latency tier, lease holder), or copy the
 /// neighbours' into the gate (best effort).
+#[allow(clippy::too_many_arguments)]
 fn fast_tick(
-    plant: QosPlant,
+    plant: Plant,
+    qos: &Qos,
     tier: Tier,
     d: usize,
     dev: &mut Device,
@@ -512,25 +496,10 @@ fn fast_tick(
                 .max()
                 .unwrap_or(0);
             // Relaxed: a value best-effort launches compare with the clock.
-            plant.qos.gates[d].store(until, Ordering::Relaxed);
+            qos.gates[d].store(until, Ordering::Relaxed);
         }
         _ => {}
     }
-}
-
-/// The container's GPU time on `device`: every live slot of the region.
-fn readings(region: &Region, device: usize) -> Vec<SlotReading> {
-    region
-        .gpu_time(device as u32)
-        .into_iter()
-        .map(|s| SlotReading {
-            slot: s.slot,
-            pid: s.pid,
-            start_time: s.start_time,
-            estimated_ns: s.estimated_ns,
-            samples: s.samples,
-        })
-        .collect()
 }
 
 /// The container's key on the board: its region file (every process of the container maps the

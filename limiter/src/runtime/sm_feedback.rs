@@ -164,8 +164,9 @@ fn resumed_share(target: u8, duty: Option<(u8, u16)>) -> f64 {
     }
 }
 
-/// The container's GPU time on `device`: every live slot of the region.
-fn readings(region: &region::Region, device: usize) -> Vec<SlotReading> {
+/// The container's GPU time on `device`: every live slot of the region (the SM feedback's and the
+/// QoS allocation's measure of what the container used).
+pub(crate) fn container_gpu_time(region: &region::Region, device: usize) -> Vec<SlotReading> {
     region
         .gpu_time(device as u32)
         .into_iter()
@@ -262,7 +263,7 @@ fn run(plant: Plant, mode: SmFeedback) {
                     dev.closes = share.closes();
                 }
                 if let Some(region) = gpu_region {
-                    dev.gpu.observe(now_ns, &readings(region, d));
+                    dev.gpu.observe(now_ns, &container_gpu_time(region, d));
                 }
                 buf.clear();
                 if let Some(sampler) = &sampler {

@@ -18,7 +18,7 @@ use region::{InitOutcome, Region, RegionConfig, SmShare};
 
 use super::{
     control::Control,
-    qos::{Qos, QosPlant},
+    qos::Qos,
     sm_feedback::{Feedback, Plant},
 };
 use crate::platform::{
@@ -144,8 +144,7 @@ impl State {
     /// the container has a tier, the SM feedback thread if some device is limited (again in a
     /// forked child).
     pub(crate) fn start(&'static self) {
-        self.qos.ensure_started(QosPlant {
-            qos: &self.qos,
+        let plant = Plant {
             sm: &self.sm,
             windows: self.sm_windows(),
             region: self.region.as_ref(),
@@ -154,17 +153,9 @@ impl State {
             panics: self.panics,
             tls: self.tls,
             gpu_time: self.config.gpu_time_sample != SampleRate::Off,
-        });
-        self.feedback.ensure_started(Plant {
-            sm: &self.sm,
-            windows: self.sm_windows(),
-            region: self.region.as_ref(),
-            driver: self.driver,
-            log: self.config.log_level,
-            panics: self.panics,
-            tls: self.tls,
-            gpu_time: self.config.gpu_time_sample != SampleRate::Off,
-        });
+        };
+        self.qos.ensure_started(plant);
+        self.feedback.ensure_started(plant);
     }
 
     /// The configured log level.

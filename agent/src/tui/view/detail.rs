@@ -515,27 +515,7 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Them
         ));
     }
     lines.extend(probe_lines(s, &apis, t));
-    let lines: Vec<Line> = lines
-        .into_iter()
-        .map(|l| {
-            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
-            if text.chars().count() > area.width as usize {
-                Line::from(fit(&text, area.width as usize)).style(l.style)
-            } else {
-                l
-            }
-        })
-        .collect();
-    let [facts, table] = Layout::vertical([
-        Constraint::Length(lines.len() as u16 + 1),
-        Constraint::Min(0),
-    ])
-    .areas(area);
-    frame.render_widget(
-        Paragraph::new(lines)
-            .block(Block::new().title_bottom(Line::from(Span::styled("Esc back", t.dim())))),
-        facts,
-    );
+    let table = render_facts(frame, area, lines, t);
     if apis.is_empty() {
         frame.render_widget(
             Paragraph::new("no CUDA API calls seen").style(t.dim()),
@@ -727,6 +707,34 @@ fn kernel_table<'a>(kernels: &[KernelShare], width: u16, rows: usize, t: &Theme)
 /// The GPU-time view of a container or a process: each GPU's busy share by source (the
 /// limiter's timing, NVML's samples), how far the limiter's timing covers the processes, and
 /// the top kernels by GPU time since each process started.
+/// Draws a detail view's facts at the top of `area` (each line cut to its width, `Esc back`
+/// under them); returns the area left below for its table.
+fn render_facts(frame: &mut Frame, area: Rect, lines: Vec<Line>, t: &Theme) -> Rect {
+    // Every line fits in 80 columns; narrower terminals cut them.
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .map(|l| {
+            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
+            if text.chars().count() > area.width as usize {
+                Line::from(fit(&text, area.width as usize)).style(l.style)
+            } else {
+                l
+            }
+        })
+        .collect();
+    let [facts, table] = Layout::vertical([
+        Constraint::Length(lines.len() as u16 + 1),
+        Constraint::Min(0),
+    ])
+    .areas(area);
+    frame.render_widget(
+        Paragraph::new(lines)
+            .block(Block::new().title_bottom(Line::from(Span::styled("Esc back", t.dim())))),
+        facts,
+    );
+    table
+}
+
 pub fn render_gpu_time(frame: &mut Frame, area: Rect, model: &Model, id: &RowId, t: &Theme) {
     let Some(s) = &model.snapshot else {
         return;
@@ -793,28 +801,7 @@ pub fn render_gpu_time(frame: &mut Frame, area: Rect, model: &Model, id: &RowId,
             Span::raw("by GPU time since each process started (limiter, estimated)"),
         ]));
     }
-    // Every line fits in 80 columns; narrower terminals cut them.
-    let lines: Vec<Line> = lines
-        .into_iter()
-        .map(|l| {
-            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
-            if text.chars().count() > area.width as usize {
-                Line::from(fit(&text, area.width as usize)).style(l.style)
-            } else {
-                l
-            }
-        })
-        .collect();
-    let [facts, table] = Layout::vertical([
-        Constraint::Length(lines.len() as u16 + 1),
-        Constraint::Min(0),
-    ])
-    .areas(area);
-    frame.render_widget(
-        Paragraph::new(lines)
-            .block(Block::new().title_bottom(Line::from(Span::styled("Esc back", t.dim())))),
-        facts,
-    );
+    let table = render_facts(frame, area, lines, t);
     if !g.kernels.is_empty() {
         let rows = (table.height as usize).saturating_sub(1);
         frame.render_widget(kernel_table(&g.kernels, area.width, rows, t), table);

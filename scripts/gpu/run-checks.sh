@@ -9,11 +9,19 @@
 #   gpu-time         scripts/gpu/validate-gpu-time.sh (~2 min)
 #   metrics-nvml     scripts/gpu/validate-metrics-nvml.sh (~1 min)
 #   sm-container     scripts/gpu/validate-sm-container.sh
+#   sm-work          scripts/gpu/validate-sm-work.sh (SM shares by completed work, ~6 min)
+#   qos              scripts/gpu/validate-qos.sh (QoS tiers by completed work, ~8 min)
+#   freeze           scripts/gpu/validate-freeze.sh (freeze and thaw, 4 and 16 GiB)
+#   sm               scripts/gpu/validate-sm.sh (the SM share alone, in pairs, at run time, ~6 min)
+#   agent-cost       scripts/gpu/agent-cost.sh (the agent's cost on one GPU, ~5 min)
+#   two-gpu-slowdown PARTS=1 scripts/gpu/two-gpu.sh (two GPUs: the seed's patterns, ~8 min)
 #   memory-figures   scripts/gpu/validate-memory-figures.sh
 #   bench-limiter    scripts/gpu/bench-limiter.sh (previous build from .carry/prev if bundled)
 #   two-gpu-smoke    SMOKE=1 scripts/gpu/two-gpu.sh (one GPU: the script's own check)
 #   screenshot       scripts/gpu/top-screenshot.sh (the README's)
-# LIMIT_S (default 300) bounds each check; the device's own limit bounds the batch.
+# LIMIT_S (default 300) bounds each check; the device's own limit bounds the batch. BACK=DIR
+# copies what should come back from the device (checks.txt, device.txt and one archive per check)
+# into DIR, which holds nothing else (the device returns at most 8 files).
 set -u
 OUT=${OUT:-/tmp/out-checks}
 LIMIT_S=${LIMIT_S:-300}
@@ -31,6 +39,15 @@ for check in "$@"; do
     gpu-time) cmd=(bash scripts/gpu/validate-gpu-time.sh) ;;
     metrics-nvml) cmd=(bash scripts/gpu/validate-metrics-nvml.sh) ;;
     sm-container) cmd=(bash scripts/gpu/validate-sm-container.sh) ;;
+    sm-work) cmd=(bash scripts/gpu/validate-sm-work.sh) ;;
+    qos) cmd=(bash scripts/gpu/validate-qos.sh) ;;
+    freeze) cmd=(bash scripts/gpu/validate-freeze.sh) ;;
+    sm) cmd=(bash scripts/gpu/validate-sm.sh) ;;
+    agent-cost) cmd=(bash scripts/gpu/agent-cost.sh) ;;
+    two-gpu-slowdown)
+      # NVLink multicast off: the lent two-GPU machines cannot use it.
+      cmd=(env PARTS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+           bash scripts/gpu/two-gpu.sh) ;;
     memory-figures) cmd=(bash scripts/gpu/validate-memory-figures.sh) ;;
     bench-limiter)
       prev=.carry/prev/libvgpu_limiter.so
@@ -51,4 +68,8 @@ for check in "$@"; do
   find "$dir" -type f ! -name run.log ! -name '*.txt' ! -name '*.json' -delete
   find "$dir" -mindepth 1 -type d -empty -delete
   tail -n 25 "$dir/run.log"
+  if [ -n "${BACK:-}" ]; then # after each check: a batch cut short by the device keeps the rest
+    mkdir -p "$BACK"
+    cp "$OUT/checks.txt" "$OUT/device.txt" "$OUT/$check.tar.gz" "$BACK"/
+  fi
 done

@@ -4,7 +4,7 @@
 # needs PyTorch. Three parts (validate_qos.py): guaranteed 30/70 shares of each tenant's solo work
 # (3 rotated rounds), the burst when one tenant idles and resumes (per-100 ms work in
 # $OUT/qos-burst.csv), and a batch-1 transformer's P99 in the latency tier beside a best-effort
-# matmul. Results: $OUT/qos.json, $OUT/qos.txt (default OUT=/tmp/out-qos). Takes ~5.5 min;
+# matmul. Results: $OUT/qos.json, $OUT/qos.txt (default OUT=/tmp/out-qos). Takes ~8 min;
 # QOS_PARTS (e.g. shares,burst) and QOS_ROUNDS change it. Exit status 1 if a verdict fails.
 set -u
 OUT=${OUT:-/tmp/out-qos}
@@ -17,7 +17,7 @@ BIN=$PWD/.carry/bin
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-timeout 580 python3 scripts/gpu/validate_qos.py "$BIN/libvgpu_limiter.so" "$OUT"
+timeout 590 python3 scripts/gpu/validate_qos.py "$BIN/libvgpu_limiter.so" "$OUT"
 RC=$?
 [ $RC -eq 0 ] && echo PASS || echo FAIL
 exit $RC

@@ -67,6 +67,17 @@ def gpu_used_mib(pid):
     return 0
 
 
+def device_used_mib():
+    """GPU 0's memory in use (where nvidia-smi lists no processes, as in some containers)."""
+    out = subprocess.run(
+        ["nvidia-smi", "-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True).stdout
+    try:
+        return int(out.split()[0])
+    except (IndexError, ValueError):
+        return 0
+
+
 def timed(cmd):
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -83,16 +94,19 @@ def one(agent, limiter, out, gib):
     env = dict(os.environ, LD_PRELOAD=limiter, CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
                LIBCUDA_LOG_LEVEL="3")
     log = open(os.path.join(out, f"tenant-{gib}g.log"), "w")
+    idle = device_used_mib()
     t = subprocess.Popen([sys.executable, "-c", TENANT, str(gib)], env=env, text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
     try:
         if not t.stdout.readline().startswith("ready"):
             raise RuntimeError(f"tenant {gib} GiB did not start")
         before = gpu_used_mib(t.pid)
+        dev_before = device_used_mib() - idle
         # A host process: named by pid (the driver's checkpoint API, no control-block mark).
         freeze_s, fr = timed([agent, "freeze", "--pid", str(t.pid)])
         time.sleep(2)
         frozen = gpu_used_mib(t.pid)
+        dev_frozen = device_used_mib() - idle
         thaw_s, th = timed([agent, "thaw", "--pid", str(t.pid)])
         t.stdin.write("check\n")
         t.stdin.flush()
@@ -101,6 +115,9 @@ def one(agent, limiter, out, gib):
     finally:
         t.kill()
         t.wait()
+    if not before:
+        # nvidia-smi lists no process of this pid namespace: the device's use above idle.
+        before, frozen = dev_before, max(dev_frozen, 0)
     given_back = (before - frozen) / before if before else 0.0
     ok = (corrupt == 0 and given_back >= 0.95 and freeze_s <= 2 * d2h and thaw_s <= 2 * h2d)
     return {"gib": gib, "pinned_d2h_s": round(d2h, 3), "pinned_h2d_s": round(h2d, 3),

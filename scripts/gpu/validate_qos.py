@@ -8,8 +8,9 @@ Every tenant runs under the limiter with its own region and the same QoS board
 
 shares   Tenants A and B run matmuls launched without a sync per launch (a batch of 16, an event,
          a wait only when 8 batches are in flight), each alone (no tier) and then together,
-         guaranteed 30% and 70%. A tenant's share = its work together / its work alone.
-         Verdict: the median of QOS_ROUNDS (3) rotated rounds within 27-33 and 67-73%.
+         guaranteed 30% and 70%, over QOS_SHARE_S (60) s after 8 s of warm-up. A tenant's share =
+         its work together / its work alone (12 s). Verdict: the median of QOS_ROUNDS (3) rotated
+         rounds within 27-33 and 67-73%.
 burst    A (30%) and B (70%) together; B idles for 3 s (a pause file) and resumes. Each reports
          its work every 100 ms. Verdict: A reaches 90% of its solo rate within 1 s of B's
          pause, and B is back to 90% of its together-rate within 1 s of resuming. The per-100 ms
@@ -33,6 +34,7 @@ PARTS = os.environ.get("QOS_PARTS", "shares,burst,latency").split(",")
 ROUNDS = int(os.environ.get("QOS_ROUNDS", "3"))
 WARM_S = 8.0
 MEASURE_S = 12.0
+SHARE_S = float(os.environ.get("QOS_SHARE_S", "60"))
 
 MATMUL = r"""
 import os, sys, time, collections
@@ -109,13 +111,22 @@ class Tenant:
             env.pop(k, None)
         env.update(env_extra)
         self.log = os.path.join(out, name + ".log")
+        self.name = name
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                                      stderr=open(self.log, "w"), text=True)
+        self.points, self.steps = [], []
+        self.started = False
+
+    def wait_ready(self):
+        """Waits for the tenant's first line (tenants start in parallel, then wait here)."""
+        if self.started:
+            return self
         line = self.proc.stdout.readline()
         if not line.startswith("ready"):
-            raise RuntimeError(f"{name}: did not start ({line!r}); see {self.log}")
-        self.points, self.steps = [], []
+            raise RuntimeError(f"{self.name}: did not start ({line!r}); see {self.log}")
+        self.started = True
         threading.Thread(target=self._read, daemon=True).start()
+        return self
 
     def _read(self):
         for line in self.proc.stdout:
@@ -154,7 +165,7 @@ def fresh_board(out):
 
 def solo_rate(limiter, out, name, tag):
     fresh_board(out)
-    t = Tenant(limiter, out, f"{tag}-{name}-solo", MATMUL, {})
+    t = Tenant(limiter, out, f"{tag}-{name}-solo", MATMUL, {}).wait_ready()
     try:
         t0, t1 = window(4.0)
         return t.rate(t0, t1)
@@ -171,7 +182,9 @@ def shares(limiter, out):
         env = {"A": {"VGPU_QOS_GUARANTEE": "30"}, "B": {"VGPU_QOS_GUARANTEE": "70"}}
         ts = {n: Tenant(limiter, out, f"r{r}-{n}-tier", MATMUL, env[n]) for n in order}
         try:
-            t0, t1 = window()
+            for t in ts.values():
+                t.wait_ready()
+            t0, t1 = window(measure=SHARE_S)
             share = {n: round(100 * ts[n].rate(t0, t1) / solo[n], 1) for n in ts}
         finally:
             for t in ts.values():
@@ -195,6 +208,8 @@ def burst(limiter, out):
     a = Tenant(limiter, out, "burst-A", MATMUL, {"VGPU_QOS_GUARANTEE": "30"})
     b = Tenant(limiter, out, "burst-B", MATMUL, {"VGPU_QOS_GUARANTEE": "70", "PAUSE_FILE": pause})
     try:
+        a.wait_ready()
+        b.wait_ready()
         time.sleep(WARM_S)
         t_before = time.monotonic_ns()
         time.sleep(3)
@@ -245,6 +260,7 @@ def latency(limiter, out):
     fresh_board(out)
     alone = Tenant(limiter, out, "lat-alone", INFER, {"VGPU_QOS_TIER": "latency"})
     try:
+        alone.wait_ready()
         t0, t1 = window(4.0)
         p_alone = p99([s for s in alone.steps if t0 <= s[0] <= t1])
     finally:
@@ -254,6 +270,8 @@ def latency(limiter, out):
     be = Tenant(limiter, out, "lat-be", MATMUL, {"VGPU_QOS_TIER": "best-effort"})
     lat = Tenant(limiter, out, "lat-beside", INFER, {"VGPU_QOS_TIER": "latency"})
     try:
+        be.wait_ready()
+        lat.wait_ready()
         t0, t1 = window()
         p_beside = p99([s for s in lat.steps if t0 <= s[0] <= t1])
         be_rate = be.rate(t0, t1)

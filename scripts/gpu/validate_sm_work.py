@@ -84,10 +84,13 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER], env=env,
                                      stdout=subprocess.PIPE, stderr=open(self.log_path, "w"),
                                      text=True)
+        self.points = []
+
+    def wait_ready(self):
+        """Waits for the worker's first line (workers start in parallel, then wait here)."""
         line = self.proc.stdout.readline()
         if not line.startswith("ready"):
-            raise RuntimeError(f"{name}: worker did not start ({line!r}); see {self.log_path}")
-        self.points = []
+            raise RuntimeError(f"{self.name}: worker did not start ({line!r}); see {self.log_path}")
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -140,6 +143,9 @@ def run_containers(limiter, out, tag, which, limited, feedback):
                        feedback)
                 for i in range(n)
             ]
+        for ws in workers.values():
+            for w in ws:
+                w.wait_ready()
         warm = WARM_S if limited else SOLO_WARM_S
         time.sleep(warm)
         t0 = time.monotonic_ns()
@@ -148,7 +154,10 @@ def run_containers(limiter, out, tag, which, limited, feedback):
         time.sleep(0.3)
         rates = {name: sum(w.count_at(t1) - w.count_at(t0) for w in ws) / ((t1 - t0) / 1e9)
                  for name, ws in workers.items()}
-        sources = {name: sorted({w.source() or "none" for w in ws}) for name, ws in workers.items()}
+        # Only the process holding the container's lease runs the correction and logs its
+        # source; the container's source is what its processes logged ("none" if none did).
+        sources = {name: sorted({w.source() for w in ws} - {None}) or ["none"]
+                   for name, ws in workers.items()}
         return rates, sources
     finally:
         for ws in workers.values():

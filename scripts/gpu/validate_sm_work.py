@@ -73,7 +73,9 @@ class Worker:
             LD_PRELOAD=limiter,
             CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
             CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0"),
-            LIBCUDA_LOG_LEVEL="3",
+            # 4: the source of the correction, and the samples the GPU-time sampler capped
+            # because another context's time slice fell inside them.
+            LIBCUDA_LOG_LEVEL="4",
             VGPU_SM_FEEDBACK=feedback,
         )
         env.pop("CUDA_DEVICE_SM_LIMIT", None)

@@ -14,7 +14,7 @@
 
 use std::ffi::{c_uint, c_void};
 
-use limiter_core::gpu_time::StreamRef;
+use limiter_core::gpu_time::{Shape, StreamRef};
 
 use limiter_core::accounting::Accounting as _;
 
@@ -94,35 +94,56 @@ fn launch<S: Symbol>(
     r
 }
 
-/// The target of a kernel launch on `stream`.
+/// The target of a kernel launch on `stream` with `geometry` (grid, block, dynamic shared
+/// memory).
 #[inline(always)]
-fn kernel(f: CUfunction, stream: CUstream, per_thread: bool) -> Target {
+fn kernel(
+    f: CUfunction,
+    stream: CUstream,
+    per_thread: bool,
+    (grid, block, shared_bytes): ([u32; 3], [u32; 3], u32),
+) -> Target {
     Target {
         launched: Launched::Kernel(f),
         stream: StreamRef {
             handle: stream as u64,
             per_thread,
         },
+        shape: Shape::kernel(f as u64, grid, block, shared_bytes),
     }
 }
 
 /// `CUlaunchConfig::hStream`'s offset: after seven `unsigned int`s, aligned to a pointer.
 const LAUNCH_CONFIG_STREAM: usize = 32;
 
-/// The stream of a `cuLaunchKernelEx` configuration (read at sample points only).
-fn config_stream(config: *const CUlaunchConfig) -> CUstream {
+/// The stream and geometry of a `cuLaunchKernelEx` configuration (read at sample points only).
+fn config_target(f: CUfunction, config: *const CUlaunchConfig, per_thread: bool) -> Target {
     if config.is_null() {
-        return std::ptr::null_mut();
+        return kernel(f, std::ptr::null_mut(), per_thread, ([0; 3], [0; 3], 0));
     }
-    // SAFETY: a non-null configuration the application passed, a `CUlaunchConfig` whose
-    // `hStream` is at this offset (cuda.h); read unaligned in case it is packed.
-    unsafe {
-        config
-            .cast::<u8>()
-            .add(LAUNCH_CONFIG_STREAM)
-            .cast::<CUstream>()
-            .read_unaligned()
-    }
+    // SAFETY: a non-null configuration the application passed, a `CUlaunchConfig` that starts
+    // with seven `unsigned int`s (grid x, y, z, block x, y, z, shared memory bytes) and has
+    // `hStream` at its offset (cuda.h); read unaligned in case it is packed.
+    let (dims, stream) = unsafe {
+        let bytes = config.cast::<u8>();
+        (
+            bytes.cast::<[c_uint; 7]>().read_unaligned(),
+            bytes
+                .add(LAUNCH_CONFIG_STREAM)
+                .cast::<CUstream>()
+                .read_unaligned(),
+        )
+    };
+    kernel(
+        f,
+        stream,
+        per_thread,
+        (
+            [dims[0], dims[1], dims[2]],
+            [dims[3], dims[4], dims[5]],
+            dims[6],
+        ),
+    )
 }
 
 /// `VGPU_DEBUG_HOOK_DELAY_NS`: busy-waits `ns` and returns the time actually spent, which is
@@ -159,7 +180,18 @@ macro_rules! launch_kernel {
             extra: *mut *mut c_void,
         ) -> CUresult {
             launch::<$sym>(
-                || kernel(f, stream, $per_thread),
+                || {
+                    kernel(
+                        f,
+                        stream,
+                        $per_thread,
+                        (
+                            [grid_x, grid_y, grid_z],
+                            [block_x, block_y, block_z],
+                            shared_mem_bytes,
+                        ),
+                    )
+                },
                 |real: PfnLaunchKernel| {
                     // SAFETY: forwards the caller's arguments unchanged to the same variant.
                     unsafe {
@@ -198,7 +230,7 @@ macro_rules! launch_kernel_ex {
             extra: *mut *mut c_void,
         ) -> CUresult {
             launch::<$sym>(
-                || kernel(f, config_stream(config), $per_thread),
+                || config_target(f, config, $per_thread),
                 // SAFETY: forwards the caller's arguments unchanged to the same variant.
                 |real: PfnLaunchKernelEx| unsafe { real(config, f, kernel_params, extra) },
             )
@@ -227,7 +259,18 @@ macro_rules! launch_cooperative {
             kernel_params: *mut *mut c_void,
         ) -> CUresult {
             launch::<$sym>(
-                || kernel(f, stream, $per_thread),
+                || {
+                    kernel(
+                        f,
+                        stream,
+                        $per_thread,
+                        (
+                            [grid_x, grid_y, grid_z],
+                            [block_x, block_y, block_z],
+                            shared_mem_bytes,
+                        ),
+                    )
+                },
                 |real: PfnLaunchCooperativeKernel| {
                     // SAFETY: forwards the caller's arguments unchanged to the same variant.
                     unsafe {
@@ -274,6 +317,7 @@ macro_rules! graph_launch {
                         handle: stream as u64,
                         per_thread: $per_thread,
                     },
+                    shape: Shape::graph(graph as u64),
                 },
                 // SAFETY: forwards the caller's arguments unchanged to the same variant.
                 |real: PfnGraphLaunch| unsafe { real(graph, stream) },

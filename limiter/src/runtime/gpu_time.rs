@@ -11,11 +11,11 @@
 
 use std::cell::RefCell;
 
-use limiter_core::gpu_time::{Begun, Problem, Sample, Samples, StreamRef, ThreadSampler};
+use limiter_core::gpu_time::{Begun, Problem, Sample, Samples, Shape, StreamRef, ThreadSampler};
 use region::{GpuSample, KernelName, SampleProblem, ShardWriter};
 
 use super::{process::Process, state::State};
-use crate::platform::{cuda::CUfunction, driver::DriverEvents, thread_words::ThreadWords};
+use crate::platform::{cuda::CUfunction, driver::DriverEvents, log, thread_words::ThreadWords};
 
 /// What was launched at a sample point.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +31,9 @@ pub(crate) enum Launched {
 pub(crate) struct Target {
     pub(crate) launched: Launched,
     pub(crate) stream: StreamRef,
+    /// The launch's shape (kernel and geometry, or graph), whose recent samples tell another
+    /// context's time slice inside a pair from the launch's own time.
+    pub(crate) shape: Shape,
 }
 
 /// A sampled launch between its two events.
@@ -53,7 +56,12 @@ struct Thread {
     events: Option<DriverEvents>,
     /// Clock reading of the previous sample point.
     last: u64,
+    /// Clock reading of the previous debug line on capped samples.
+    logged: u64,
 }
+
+/// How often a thread logs its capped samples (at `LIBCUDA_LOG_LEVEL=4`).
+const CAPPED_LOG_NS: u64 = 5_000_000_000;
 
 thread_local! {
     /// This thread's sampler; created at its first sample point (its first launch).
@@ -110,6 +118,7 @@ pub(crate) fn begin(
                 ),
                 events: state.driver.events(),
                 last: 0,
+                logged: 0,
             });
             let Some(events) = thread.events.filter(|_| thread.sampler.enabled()) else {
                 stop(words);
@@ -123,6 +132,16 @@ pub(crate) fn begin(
                 state.clock.get().ns_between(thread.last, now)
             };
             thread.last = now;
+            if state.clock.get().ns_between(thread.logged, now) >= CAPPED_LOG_NS {
+                thread.logged = now;
+                let (capped, removed_ns) = thread.sampler.capped();
+                log::debug!(
+                    state.config.log_level,
+                    "GPU time: {capped} samples capped so far on this thread ({} ms of other \
+                     contexts' time slices left out)",
+                    removed_ns / 1_000_000
+                );
+            }
             words
                 .sample_countdown
                 .set(thread.sampler.reschedule(launches, elapsed));
@@ -131,9 +150,10 @@ pub(crate) fn begin(
             events.relaxed(|| {
                 thread.sampler.poll(&events, &sink);
                 let context = events.current_context();
-                let begun = thread
-                    .sampler
-                    .begin(&events, context, target.stream, &sink)?;
+                let begun =
+                    thread
+                        .sampler
+                        .begin(&events, context, (target.stream, target.shape), &sink)?;
                 let label = match target.launched {
                     Launched::Graph => KernelName::new(GRAPH),
                     Launched::Kernel(f) => {

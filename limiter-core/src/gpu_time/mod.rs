@@ -9,6 +9,9 @@
 //! waits); a pair that is done is read (`cuEventElapsedTime`), handed to a [`Samples`] sink and
 //! reused. Nothing here waits for the GPU, and nothing runs on the launches between samples.
 //!
+//! Another context's time slice that falls between a pair's events is not the launch's time:
+//! each sample is checked against the recent samples of the same launch shape ([`slices`]).
+//!
 //! The interval is random around its mean (uniform on `1..=2 * mean - 1`), so a loop that
 //! launches the same few kernels in a fixed order is not sampled on the same kernel every time;
 //! weighting each sample by the launches since the previous one then estimates the total
@@ -16,6 +19,11 @@
 //! [`SampleRate::Adaptive`]'s samples per second, whatever its launch rate.
 
 use std::collections::VecDeque;
+
+pub mod slices;
+
+pub use slices::Shape;
+use slices::SliceFilter;
 
 /// Samples per second of one launching thread by default.
 pub const DEFAULT_SAMPLES_PER_SECOND: u32 = 200;
@@ -184,6 +192,7 @@ pub trait Samples<L> {
 pub struct Begun<E> {
     context: u64,
     stream: StreamRef,
+    shape: Shape,
     start: E,
     end: E,
 }
@@ -191,6 +200,7 @@ pub struct Begun<E> {
 #[derive(Debug)]
 struct InFlight<E, L> {
     context: u64,
+    shape: Shape,
     start: E,
     end: E,
     device: usize,
@@ -210,6 +220,8 @@ pub struct ThreadSampler<E, L> {
     in_flight: VecDeque<InFlight<E, L>>,
     /// Idle pairs and their context.
     pool: Vec<(u64, E, E)>,
+    /// The recent samples of each launch shape.
+    slices: SliceFilter,
 }
 
 impl<E: Copy, L> ThreadSampler<E, L> {
@@ -221,6 +233,7 @@ impl<E: Copy, L> ThreadSampler<E, L> {
             weight: 0,
             in_flight: VecDeque::with_capacity(MAX_PENDING),
             pool: Vec::with_capacity(POOL_PAIRS),
+            slices: SliceFilter::default(),
         }
     }
 
@@ -256,7 +269,7 @@ impl<E: Copy, L> ThreadSampler<E, L> {
                             f.device,
                             &f.label,
                             Sample {
-                                elapsed_ns: ns,
+                                elapsed_ns: self.slices.count(f.shape, ns),
                                 launches: f.launches,
                             },
                         ),
@@ -274,13 +287,13 @@ impl<E: Copy, L> ThreadSampler<E, L> {
         }
     }
 
-    /// Records a pair's first event on `stream` before the launch (after polling), or `None`
-    /// (counted) when the sample cannot be taken: its launches go to the next sample.
+    /// Records a pair's first event on `stream` before the launch of `shape` (after polling),
+    /// or `None` (counted) when the sample cannot be taken: its launches go to the next sample.
     pub fn begin<D: Events<Event = E>>(
         &mut self,
         events: &D,
         context: u64,
-        stream: StreamRef,
+        (stream, shape): (StreamRef, Shape),
         sink: &impl Samples<L>,
     ) -> Option<Begun<E>> {
         if self.in_flight.len() >= MAX_PENDING || events.capturing(stream) != Some(false) {
@@ -314,6 +327,7 @@ impl<E: Copy, L> ThreadSampler<E, L> {
         Some(Begun {
             context,
             stream,
+            shape,
             start,
             end,
         })
@@ -343,6 +357,7 @@ impl<E: Copy, L> ThreadSampler<E, L> {
         }
         self.in_flight.push_back(InFlight {
             context: begun.context,
+            shape: begun.shape,
             start: begun.start,
             end: begun.end,
             device,
@@ -364,6 +379,12 @@ impl<E: Copy, L> ThreadSampler<E, L> {
     /// Pairs in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Samples capped because another context's time slice fell inside them, and the time
+    /// removed from them, ns ([`slices`]).
+    pub fn capped(&self) -> (u64, u64) {
+        self.slices.capped()
     }
 }
 
@@ -457,6 +478,15 @@ mod tests {
         per_thread: false,
     };
 
+    fn shape_of(kernel: &str) -> Shape {
+        Shape::kernel(
+            kernel.len() as u64,
+            [kernel.as_bytes()[0].into(), 1, 1],
+            [1; 3],
+            0,
+        )
+    }
+
     /// Drives a sampler the way the launch hook does: a countdown per launch, and at a sample
     /// point poll, begin, launch, end, reschedule.
     struct Driven {
@@ -483,7 +513,7 @@ mod tests {
             }
             let launches = self.sampler.arrive();
             self.sampler.poll(gpu, sink);
-            let begun = self.sampler.begin(gpu, 1, STREAM, sink);
+            let begun = self.sampler.begin(gpu, 1, (STREAM, shape_of(kernel)), sink);
             gpu.launch(ns);
             if let Some(b) = begun {
                 self.sampler.end(gpu, b, true, (0, kernel), sink);
@@ -630,6 +660,43 @@ mod tests {
         let launches: u64 = samples.iter().map(|s| s.2.launches).sum();
         assert_eq!(launches, 21, "every launch is stood for");
     }
+
+    /// Another context's time slice between a pair's events (one sample in five, 2 ms) is not
+    /// counted as the launch's time once the shape's history is known.
+    #[test]
+    fn another_contexts_slice_inside_a_pair_is_not_the_launchs_time() {
+        let (gpu, sink) = (FakeGpu::default(), Sink::default());
+        let mut sampler: ThreadSampler<u32, &'static str> =
+            ThreadSampler::new(SampleRate::Every(1), 7);
+        for i in 0..200 {
+            sampler.arrive();
+            sampler.poll(&gpu, &sink);
+            let begun = sampler
+                .begin(&gpu, 1, (STREAM, shape_of("k")), &sink)
+                .expect("a pair");
+            if i % 5 == 4 {
+                // The other context's slice runs after the first event, before the launch.
+                gpu.launch(2_000_000);
+            }
+            gpu.launch(30_000);
+            sampler.end(&gpu, begun, true, (0, "k"), &sink);
+            sampler.reschedule(1, 1_000);
+            gpu.advance(3_000_000);
+        }
+        sampler.poll(&gpu, &sink);
+        let samples = sink.samples.borrow();
+        assert_eq!(samples.len(), 200);
+        let counted: u64 = samples
+            .iter()
+            .skip(MIN_HISTORY_SKIP)
+            .map(|s| s.2.elapsed_ns)
+            .sum();
+        assert_eq!(counted, (200 - MIN_HISTORY_SKIP as u64) * 30_000);
+        assert_eq!(sampler.capped().0, 39, "every hit past the first");
+    }
+
+    /// Samples before the history of a shape is long enough: the first hit (sample 4) among them.
+    const MIN_HISTORY_SKIP: usize = slices::MIN_HISTORY;
 
     /// A capturing stream is never given events (they would become graph nodes), and failing
     /// event calls drop the sample without leaking events.

@@ -13,8 +13,9 @@ shares   Tenants A and B run matmuls launched without a sync per launch (a batch
          rounds within 27-33 and 67-73%.
 burst    A (30%) and B (70%) together; B idles for 3 s (a pause file) and resumes. Each reports
          its work every 100 ms. Verdict: A reaches 90% of its solo rate within 1 s of B's
-         pause, and B is back to 90% of its together-rate within 1 s of resuming. The per-100 ms
-         counts are written to OUT/qos-burst.csv (plot them).
+         pause, B is back to 90% of its together-rate within 1 s of resuming, and A is back to
+         90% of its together-rate within 1 s of B's resuming too (it keeps its guarantee). The
+         per-100 ms counts are written to OUT/qos-burst.csv (plot them).
 latency  L: a batch-1 transformer forward pass in a loop with a sync per step, alone, then in the
          latency tier beside a saturating best-effort matmul tenant. Verdict: L's P99 step time
          beside it within +15% of alone; the best-effort tenant's rate is reported.
@@ -225,6 +226,7 @@ def burst(limiter, out):
         a.stop()
         b.stop()
     b_together = b.rate(t_before, t_pause)
+    a_together = a.rate(t_before, t_pause)
 
     def bins(t, start, end):
         out_ = []
@@ -242,13 +244,21 @@ def burst(limiter, out):
             f.write(f"{(s - t_pause) / 1e9:.1f},{ra:.1f},{rb:.1f}\n")
     a_up = next((s for s, r in a_bins if s >= t_pause and r >= 0.9 * solo_a), None)
     b_back = next((s for s, r in b_bins if s >= t_resume and r >= 0.9 * b_together), None)
+    # A after B's resumption: its rate over 300 ms windows (single 100 ms bins can be empty
+    # when a report falls just outside them), back to 90% of what it had beside B.
+    a_back = next((s for s in range(t_resume, t_end - 300_000_000, 100_000_000)
+                   if a.rate(s, s + 300_000_000) >= 0.9 * a_together), None)
     up_s = None if a_up is None else round((a_up - t_pause) / 1e9 + 0.1, 2)
     back_s = None if b_back is None else round((b_back - t_resume) / 1e9 + 0.1, 2)
-    ok = up_s is not None and up_s <= 1.0 and back_s is not None and back_s <= 1.0
-    return {"solo_a": solo_a, "b_together": b_together, "a_reached_90pct_s": up_s,
-            "b_back_90pct_s": back_s, "ok": ok,
+    a_back_s = None if a_back is None else round((a_back - t_resume) / 1e9 + 0.3, 2)
+    ok = (up_s is not None and up_s <= 1.0 and back_s is not None and back_s <= 1.0
+          and a_back_s is not None and a_back_s <= 1.0)
+    return {"solo_a": solo_a, "a_together": a_together, "b_together": b_together,
+            "a_reached_90pct_s": up_s, "b_back_90pct_s": back_s, "a_back_90pct_s": a_back_s,
+            "ok": ok,
             "line": f"burst: A reached 90% of its solo rate {up_s} s after B idled, B was back "
-                    f"to 90% {back_s} s after it resumed (within 1 s each) -> {'ok' if ok else 'MISS'}"}
+                    f"to 90% {back_s} s after it resumed, A back to 90% of its share {a_back_s} s "
+                    f"after B resumed (within 1 s each) -> {'ok' if ok else 'MISS'}"}
 
 
 def p99(steps):

@@ -43,7 +43,7 @@ pub mod samples;
 mod window;
 
 pub use env::{Env, View, Window};
-pub use window::MAX_HOLD_NS;
+pub use window::{MAX_HOLD_NS, note_unlimited};
 
 /// The duty cycle, in per mille, that `target` percent runs at given the window's `duty` word:
 /// the feedback loop's correction if it was made for this target, else the target itself.
@@ -344,6 +344,9 @@ mod tests {
         fn sleep_until(&self, t: u64) {
             // A real sleep overshoots a little.
             self.now.set(self.now.get().max(t) + 60_000);
+        }
+        fn mark_launch(&self, _: usize, now: u64) {
+            note_unlimited(&self.words, now);
         }
     }
 
@@ -895,6 +898,55 @@ mod tests {
         free.set_qos(1, Some(100));
         assert!(!free.active(), "a whole device is no limit");
         free.set_qos(MAX_DEVICES, Some(10));
+    }
+
+    /// A guaranteed container runs unlimited while its neighbour idles (its allocation is the
+    /// whole device), then is allocated 30% again: it is held back within a window of the change,
+    /// by a window's idle time, not for the seconds it ran unlimited, and holds 30% after.
+    #[test]
+    fn a_container_back_under_an_allocation_starts_from_a_fresh_window() {
+        let c = Controller::new();
+        c.set_tiered(0, true);
+        c.set_qos(0, Some(30));
+        let sim = Sim::new(1);
+        let kernel_ns = 100_000;
+        let launch = |until: u64, held_max: &mut u64| {
+            while sim.now.get() < until {
+                *held_max = (*held_max).max(c.admit(|| &sim));
+                let now = sim.now.get();
+                sim.busy_until
+                    .set(sim.busy_until.get().max(now) + kernel_ns);
+                sim.busy.set(sim.busy.get() + kernel_ns);
+                // 8 launches in flight at most, as the validation's workers keep them.
+                sim.now
+                    .set((now + 2_000).max(sim.busy_until.get().saturating_sub(8 * kernel_ns)));
+            }
+        };
+        let mut held = 0;
+        launch(1_000_000_000, &mut held);
+        // The neighbour idles: the whole device, for 3 s.
+        c.set_qos(0, Some(100));
+        assert!(c.active(), "a tiered container's launches are still noted");
+        held = 0;
+        launch(4_000_000_000, &mut held);
+        assert_eq!(held, 0, "nothing is held while the device is not limited");
+        // The neighbour is back.
+        c.set_qos(0, Some(30));
+        let (busy0, t0) = (sim.busy.get(), sim.now.get());
+        launch(4_300_000_000, &mut held);
+        assert!(
+            held < 250_000_000,
+            "held {held} ns at once after the change"
+        );
+        let early = (sim.busy.get() - busy0) as f64 / (sim.now.get() - t0) as f64;
+        assert!(
+            early > 0.15,
+            "{early}: the container ran in the first 300 ms"
+        );
+        let (busy1, t1) = (sim.busy.get(), sim.now.get());
+        launch(7_000_000_000, &mut held);
+        let share = (sim.busy.get() - busy1) as f64 / (sim.now.get() - t1) as f64 * 100.0;
+        assert!((share - 30.0).abs() < 3.0, "{share}");
     }
 
     fn free_on_0(qos: u8) -> Controller {

@@ -23,6 +23,18 @@ pub(crate) fn resume_after(start: u64, end: u64, pm: u64) -> u64 {
     end.saturating_add(idle.min(MAX_HOLD_NS))
 }
 
+/// A launch of a QoS-tiered container while the device is not limited (its allocation is the
+/// whole device): at most once a millisecond, opens a window at `now`. Its launches stay visible
+/// as activity (`last`), and when a limit comes back its first window starts from here: a window
+/// opened before the device went unlimited, kept alive since by the launches, would count all
+/// that time as its busy time and hold the container for `busy * (1000 - pm) / pm` (on an H200,
+/// a guaranteed container stopped for 1.7 s when its neighbour came back from a pause).
+pub fn note_unlimited<W: Window>(w: &W, now: u64) {
+    if now > w.view().last.saturating_add(LAST_RESOLUTION_NS) {
+        w.open(now);
+    }
+}
+
 /// Whether the view's times lie beyond any hold from `now`.
 fn unbelievable(v: &View, now: u64) -> bool {
     let horizon = now.saturating_add(MAX_HOLD_NS);

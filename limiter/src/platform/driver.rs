@@ -848,10 +848,7 @@ impl<'a> sm::Env for DriverEnv<'a> {
 
     fn mark_launch(&self, device: usize, now: u64) {
         if let Some(w) = self.windows.get(device) {
-            // At most once a millisecond, as a window's launches refresh it.
-            if now > w.view().last + 1_000_000 {
-                w.touch(now);
-            }
+            sm::note_unlimited(&SharedWindow(w), now);
         }
     }
 }

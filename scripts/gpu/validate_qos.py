@@ -242,6 +242,10 @@ def burst(limiter, out):
         f.write("t_s,a_per_s,b_per_s\n")
         for (s, ra), (_, rb) in zip(a_bins, b_bins):
             f.write(f"{(s - t_pause) / 1e9:.1f},{ra:.1f},{rb:.1f}\n")
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "plot_qos_burst.py"),
+                    os.path.join(out, "qos-burst.csv"), os.path.join(out, "qos-burst.svg")],
+                   check=False)
     a_up = next((s for s, r in a_bins if s >= t_pause and r >= 0.9 * solo_a), None)
     b_back = next((s for s, r in b_bins if s >= t_resume and r >= 0.9 * b_together), None)
     # A after B's resumption: its rate over 300 ms windows (single 100 ms bins can be empty

@@ -19,6 +19,8 @@ burst    A (30%) and B (70%) together; B idles for 3 s (a pause file) and resume
 latency  L: a batch-1 transformer forward pass in a loop with a sync per step, alone, then in the
          latency tier beside a saturating best-effort matmul tenant. Verdict: L's P99 step time
          beside it within +15% of alone; the best-effort tenant's rate is reported.
+paced    The same with a request every QOS_PACE_MS (10) ms instead of back to back, so that the
+         GPU has idle time between requests for the best-effort tenant (its rate reported).
 
 Writes OUT/qos.json and OUT/qos.txt; exit status 1 if a verdict fails.
 """
@@ -31,7 +33,8 @@ import sys
 import threading
 import time
 
-PARTS = os.environ.get("QOS_PARTS", "shares,burst,latency").split(",")
+PARTS = os.environ.get("QOS_PARTS", "shares,burst,latency,paced").split(",")
+PACE_MS = float(os.environ.get("QOS_PACE_MS", "10"))
 ROUNDS = int(os.environ.get("QOS_ROUNDS", "3"))
 WARM_S = 8.0
 MEASURE_S = 12.0
@@ -74,7 +77,8 @@ while True:
 """
 
 INFER = r"""
-import time, torch
+import os, time, torch
+pace_ns = int(float(os.environ.get("PACE_MS", "0")) * 1e6)
 torch.backends.cuda.matmul.allow_tf32 = True
 layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
 model = torch.nn.TransformerEncoder(layer, 6).cuda().half().eval()
@@ -84,7 +88,16 @@ with torch.no_grad():
         model(x)
     torch.cuda.synchronize()
     print("ready", flush=True)
+    due = time.perf_counter_ns()
     while True:
+        if pace_ns:
+            # A request every PACE_MS: wait for the next one (a late step starts at once).
+            due += pace_ns
+            now = time.perf_counter_ns()
+            if due > now:
+                time.sleep((due - now) / 1e9)
+            else:
+                due = now
         t0 = time.perf_counter_ns()
         model(x)
         torch.cuda.synchronize()
@@ -270,19 +283,21 @@ def p99(steps):
     return xs[int(0.99 * (len(xs) - 1))] / 1e6 if xs else None
 
 
-def latency(limiter, out):
+def latency(limiter, out, pace_ms=None):
+    tag = "lat" if pace_ms is None else "paced"
+    extra = {} if pace_ms is None else {"PACE_MS": str(pace_ms)}
     fresh_board(out)
-    alone = Tenant(limiter, out, "lat-alone", INFER, {"VGPU_QOS_TIER": "latency"})
+    alone = Tenant(limiter, out, f"{tag}-alone", INFER, {"VGPU_QOS_TIER": "latency", **extra})
     try:
         alone.wait_ready()
         t0, t1 = window(4.0)
         p_alone = p99([s for s in alone.steps if t0 <= s[0] <= t1])
     finally:
         alone.stop()
-    solo_be = solo_rate(limiter, out, "BE", "lat")
+    solo_be = solo_rate(limiter, out, "BE", tag)
     fresh_board(out)
-    be = Tenant(limiter, out, "lat-be", MATMUL, {"VGPU_QOS_TIER": "best-effort"})
-    lat = Tenant(limiter, out, "lat-beside", INFER, {"VGPU_QOS_TIER": "latency"})
+    be = Tenant(limiter, out, f"{tag}-be", MATMUL, {"VGPU_QOS_TIER": "best-effort"})
+    lat = Tenant(limiter, out, f"{tag}-beside", INFER, {"VGPU_QOS_TIER": "latency", **extra})
     try:
         be.wait_ready()
         lat.wait_ready()
@@ -293,17 +308,22 @@ def latency(limiter, out):
         lat.stop()
         be.stop()
     ok = p_alone is not None and p_beside is not None and p_beside <= 1.15 * p_alone
-    return {"p99_alone_ms": p_alone, "p99_beside_ms": p_beside,
+    what = "back to back" if pace_ms is None else f"a step every {pace_ms} ms"
+    return {"pace_ms": pace_ms, "p99_alone_ms": p_alone, "p99_beside_ms": p_beside,
             "best_effort_share_of_solo": round(100 * be_rate / solo_be, 1), "ok": ok,
-            "line": f"latency: P99 {p_alone} ms alone, {p_beside} ms beside a best-effort matmul "
-                    f"(within +15%?), best effort got {round(100 * be_rate / solo_be, 1)}% of its "
-                    f"solo work -> {'ok' if ok else 'MISS'}"}
+            "line": f"{'latency' if pace_ms is None else 'paced'}: ({what}) P99 {p_alone} ms alone, {p_beside} ms beside a best-effort "
+                    f"matmul (within +15%?), best effort got {round(100 * be_rate / solo_be, 1)}% "
+                    f"of its solo work -> {'ok' if ok else 'MISS'}"}
+
+
+def paced(limiter, out):
+    return latency(limiter, out, PACE_MS)
 
 
 def main():
     limiter, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    parts = {"shares": shares, "burst": burst, "latency": latency}
+    parts = {"shares": shares, "burst": burst, "latency": latency, "paced": paced}
     summary, lines, ok = {}, [], True
     for name in PARTS:
         res = parts[name](limiter, out)

@@ -395,10 +395,24 @@ fn feedback_measures_with_the_sampled_gpu_time_where_the_container_has_it() {
         r.stderr
     );
     // Without GPU-time samples (sampling off) `auto` falls back to NVML's samples and raises it.
-    let nvml = feedback_run(40, "0.5", &[("VGPU_GPU_TIME_SAMPLE", "off")], 4500, 500);
+    // The limit is set for every ordinal; the process has one device, and only it is corrected
+    // (its NVML samples logged at Debug), no other GPU queried by index.
+    let nvml = feedback_run(
+        40,
+        "0.5",
+        &[("VGPU_GPU_TIME_SAMPLE", "off"), ("LIBCUDA_LOG_LEVEL", "4")],
+        4500,
+        500,
+    );
     assert!(
         nvml.stderr
             .contains("the container's share is measured from NVML's per-process samples"),
+        "{}",
+        nvml.stderr
+    );
+    assert!(
+        nvml.stderr.contains("SM feedback device 0: NVML since")
+            && !nvml.stderr.contains("SM feedback device 1"),
         "{}",
         nvml.stderr
     );

@@ -240,12 +240,16 @@ fn run(plant: Plant, mode: SmFeedback) {
         plant.panics.shield(|| {
             let pid = os::pid() as u32;
             let mut container: Option<Vec<u32>> = None;
+            // Only the devices this process has: a limit set for every ordinal must not make it
+            // correct (and query NVML for, by index: another GPU) ordinals it cannot see.
+            let present = (plant.driver.device_count() as usize).min(MAX_DEVICES);
             for (d, dev) in devices.iter_mut().enumerate() {
                 // What launches run at now: the user's share, or less under a QoS allocation.
                 let target = plant.sm.target(d);
                 let share = &plant.windows[d];
-                if target == 0 || !share.hold_lease(pid, lease_ms) {
-                    // Unlimited, or another process of the container corrects this device.
+                if d >= present || target == 0 || !share.hold_lease(pid, lease_ms) {
+                    // Not a device of this process, unlimited, or another process of the
+                    // container corrects this device.
                     dev.lp = None;
                     continue;
                 }

@@ -469,6 +469,10 @@ enum Command {
         /// Spans waiting for export at most; more are dropped and counted.
         #[arg(long, default_value_t = 4096)]
         otlp_queue: usize,
+        /// How often the containers' GPU time goes to the OTLP endpoint as metrics
+        /// (`vgpu.container.gpu_busy`, `vgpu.container.kernel.time`); 0 sends none.
+        #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
+        otlp_metrics_interval: Duration,
         /// Calls at least this slow become spans (NCCL calls always do); 0 turns it off.
         #[arg(long, default_value = "1ms", value_parser = units::parse_duration)]
         trace_slow: Duration,
@@ -696,6 +700,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             otlp_endpoint,
             otlp_protocol,
             otlp_queue,
+            otlp_metrics_interval,
             trace_slow,
             trace_sample_rate,
             trace_container_rate,
@@ -723,6 +728,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     endpoint,
                     protocol: otlp_protocol,
                     queue: otlp_queue,
+                    metrics_interval: (!otlp_metrics_interval.is_zero())
+                        .then_some(otlp_metrics_interval),
                     container_rate: trace_container_rate,
                     container_event_rate: trace_container_event_rate,
                 }),

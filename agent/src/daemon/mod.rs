@@ -155,6 +155,8 @@ struct Publisher {
     latest: Latest,
     metrics: Option<Metrics>,
     identities: Option<Arc<crate::export::otlp::Identities>>,
+    /// The containers' GPU time as OTLP metrics (`--otlp-endpoint`).
+    gpu_time: Option<crate::export::otlp_metrics::GpuTimeMetrics>,
     interval: Duration,
 }
 
@@ -171,6 +173,9 @@ impl Publisher {
         }
         if new && let Some(ids) = &self.identities {
             ids.refresh(snap);
+        }
+        if new && let Some(g) = &self.gpu_time {
+            g.update(snap);
         }
         match serde_json::to_vec(&*snap) {
             Ok(body) => *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(body),
@@ -260,10 +265,18 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         }
         (None, _) => None,
     };
+    // An endpoint that cannot be set up costs the metrics, not the daemon (as for /metrics).
+    let gpu_time = opts.otlp.as_ref().and_then(|cfg| {
+        let every = cfg.metrics_interval?;
+        crate::export::otlp_metrics::GpuTimeMetrics::start(cfg, &snap.hostname, every)
+            .map_err(|e| log::warn!("no OTLP metrics: {e}"))
+            .ok()
+    });
     let mut publisher = Publisher {
         latest: Arc::clone(&latest),
         metrics,
         identities: opts.otlp.is_some().then_some(identities),
+        gpu_time,
         interval: opts.interval,
     };
     publisher.publish(&mut snap, true);
@@ -379,6 +392,7 @@ mod tests {
                 http: Arc::default(),
             }),
             identities: None,
+            gpu_time: None,
             interval: Duration::from_secs(1),
         };
         let served = |latest: &Latest| -> serde_json::Value {

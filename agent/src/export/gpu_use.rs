@@ -14,23 +14,7 @@ pub(super) fn families(
     labels_of: &dyn Fn(&str) -> ContainerLabels,
     out: &mut Exposition,
 ) {
-    let (mut sm, mut mem) = (vec![], vec![]);
-    for c in &snap.containers {
-        let labels = labels_of(&c.key);
-        for d in snap.gpu_use_of(&c.processes).devices {
-            let l: Vec<String> = labels
-                .iter()
-                .cloned()
-                .chain([d.device.to_string()])
-                .collect();
-            sm.push((l.clone(), Value::Float(d.sm_util_pct / 100.0)));
-            mem.push((l, Value::Float(d.mem_util_pct / 100.0)));
-        }
-    }
-    // Several containers can share labels (two unnamed ones): their shares add up.
-    for v in [&mut sm, &mut mem] {
-        sum_same_labels(v);
-    }
+    let (sm, mem) = nvml_families(snap, labels_of);
     let (mut host_sm, mut host_mem) = (vec![], vec![]);
     for c in snap.containers.iter().filter(|c| !c.containerised) {
         for p in c.processes.iter().filter_map(|k| snap.process(*k)) {
@@ -56,7 +40,44 @@ pub(super) fn families(
     fam(&defs::HOST_PROCESS_MEMORY_BANDWIDTH_UTILIZATION, host_mem);
 }
 
-type Samples = Vec<(Vec<String>, Value)>;
+pub(super) type Samples = Vec<(Vec<String>, Value)>;
+
+/// NVML's SM and memory-bandwidth busy shares per container and device (labels: the
+/// container's, then the device).
+fn nvml_families(
+    snap: &Snapshot,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+) -> (Samples, Samples) {
+    let (mut sm, mut mem) = (vec![], vec![]);
+    for c in &snap.containers {
+        let labels = labels_of(&c.key);
+        for d in snap.gpu_use_of(&c.processes).devices {
+            let l: Vec<String> = labels
+                .iter()
+                .cloned()
+                .chain([d.device.to_string()])
+                .collect();
+            sm.push((l.clone(), Value::Float(d.sm_util_pct / 100.0)));
+            mem.push((l, Value::Float(d.mem_util_pct / 100.0)));
+        }
+    }
+    // Several containers can share labels (two unnamed ones): their shares add up.
+    for v in [&mut sm, &mut mem] {
+        sum_same_labels(v);
+    }
+    (sm, mem)
+}
+
+/// The GPU busy share per container, device and source (labels: the container's, the device,
+/// the source) and the kernel time per container (labels: the container's, the kernel name,
+/// at most 9 a container), as `/metrics` shows them: what OTLP exports too.
+pub(super) fn gpu_time_series(
+    snap: &Snapshot,
+    labels_of: &dyn Fn(&str) -> ContainerLabels,
+) -> (Samples, Samples) {
+    let (sm, _) = nvml_families(snap, labels_of);
+    limiter_families(snap, labels_of, &sm)
+}
 
 /// The GPU busy share per container, device and source (the limiter's, and NVML's beside it
 /// from `nvml_sm`), and the limiter's kernel time per container: its top

@@ -72,7 +72,7 @@ fn process_counters(p: &Process, names: &mut Names, per_api: bool) -> Counters {
     c
 }
 
-fn container_labels(c: Option<&Container>, key: &str) -> ContainerLabels {
+pub(super) fn container_labels(c: Option<&Container>, key: &str) -> ContainerLabels {
     let Some(c) = c else {
         return [key.to_owned(), String::new(), String::new()];
     };

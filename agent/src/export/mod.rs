@@ -9,6 +9,7 @@ mod gpu_use;
 pub mod http;
 pub mod metrics;
 pub mod otlp;
+pub mod otlp_metrics;
 pub mod sampling;
 
 use std::net::SocketAddr;

@@ -64,6 +64,9 @@ pub struct OtlpConfig {
     pub protocol: OtlpProtocol,
     /// Spans waiting for export at most (the bounded queue).
     pub queue: usize,
+    /// How often the containers' GPU time is exported as metrics (`None`: never;
+    /// [`super::otlp_metrics`]).
+    pub metrics_interval: Option<Duration>,
     /// Rate-sampled spans per second per container at most (0: no limit).
     pub container_rate: f64,
     /// NCCL spans, and slow-call spans, per second per container at most (each; 0: no limit).

@@ -376,13 +376,16 @@ fn feedback_measures_with_the_sampled_gpu_time_where_the_container_has_it() {
     // By default the loop measures the container's share from the GPU time its limiter samples
     // (the simulated driver times each kernel as the device runs it): the true share, so the
     // duty cycle stays near the target where the NVML loop above raises it.
-    let r = feedback_run(40, "0.5", &[], 4500, 500);
+    let r = feedback_run(40, "0.5", &[("LIBCUDA_LOG_LEVEL", "4")], 4500, 500);
     assert_eq!(r.extra_threads, ["vgpu-sm"]);
+    let measured = r
+        .stderr
+        .find("the container's share is measured from the GPU time the container's limiters sample")
+        .unwrap_or_else(|| panic!("{}", r.stderr));
+    // From then on NVML is not asked again (each ask is logged at Debug).
     assert!(
-        r.stderr.contains(
-            "the container's share is measured from the GPU time the container's limiters sample"
-        ),
-        "{}",
+        !r.stderr[measured..].contains("NVML since"),
+        "NVML still asked after the GPU time measured:\n{}",
         r.stderr
     );
     assert!(!r.stderr.contains("measured from NVML"), "{}", r.stderr);

@@ -270,7 +270,11 @@ fn run(plant: Plant, mode: SmFeedback) {
                     dev.gpu.observe(now_ns, &container_gpu_time(region, d));
                 }
                 buf.clear();
-                if let Some(sampler) = &sampler {
+                // Once the container's limiters have sampled GPU time, the correction measures
+                // with it for good: NVML is not asked again (a per-process query takes up to
+                // 100 ms on some drivers, 10 times a second).
+                let asked = sampler.is_some() && !dev.gpu.sampled();
+                if let Some(sampler) = sampler.as_ref().filter(|_| asked) {
                     if dev.handle.is_none() {
                         dev.handle = sampler.handle(plant.driver, d);
                     }
@@ -306,17 +310,19 @@ fn run(plant: Plant, mode: SmFeedback) {
                     .collect();
                 // The raw samples behind the measured share, for a correction that does not
                 // settle on some driver (at most 8 a line: the log line is 512 bytes).
-                log::write(
-                    plant.log,
-                    Level::Debug,
-                    format_args!(
-                        "SM feedback device {d}: NVML since {} gave {} sample(s), the \
-                         container's (pid, timestamp us, smUtil): {:?}",
-                        dev.last_seen.saturating_sub(LOOKBACK_US),
-                        buf.len(),
-                        &ours[..ours.len().min(8)],
-                    ),
-                );
+                if asked {
+                    log::write(
+                        plant.log,
+                        Level::Debug,
+                        format_args!(
+                            "SM feedback device {d}: NVML since {} gave {} sample(s), the \
+                             container's (pid, timestamp us, smUtil): {:?}",
+                            dev.last_seen.saturating_sub(LOOKBACK_US),
+                            buf.len(),
+                            &ours[..ours.len().min(8)],
+                        ),
+                    );
+                }
                 // The container's newest sample, not everyone's (another process's newer sample
                 // must not hide one of ours), less the look-back at the next query.
                 dev.last_seen = ours.iter().map(|s| s.1).fold(dev.last_seen, u64::max);

@@ -15,6 +15,8 @@
 #   sm               scripts/gpu/validate-sm.sh (the SM share alone, in pairs, at run time, ~6 min)
 #   agent-cost       scripts/gpu/agent-cost.sh (the agent's cost on one GPU, ~5 min)
 #   two-gpu-slowdown PARTS=1 scripts/gpu/two-gpu.sh (two GPUs: the seed's patterns, ~8 min)
+#   probe-cost       scripts/gpu/probe-cost-breakdown.sh (two GPUs: where the agent's time goes;
+#                    CONFIGS picks configurations)
 #   memory-figures   scripts/gpu/validate-memory-figures.sh
 #   bench-limiter    scripts/gpu/bench-limiter.sh (previous build from .carry/prev if bundled)
 #   two-gpu-smoke    SMOKE=1 scripts/gpu/two-gpu.sh (one GPU: the script's own check)
@@ -44,6 +46,9 @@ for check in "$@"; do
     freeze) cmd=(bash scripts/gpu/validate-freeze.sh) ;;
     sm) cmd=(bash scripts/gpu/validate-sm.sh) ;;
     agent-cost) cmd=(bash scripts/gpu/agent-cost.sh) ;;
+    probe-cost)
+      cmd=(env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+           bash scripts/gpu/probe-cost-breakdown.sh) ;;
     two-gpu-slowdown)
       # NVLink multicast off: the lent two-GPU machines cannot use it.
       cmd=(env PARTS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -75,7 +75,8 @@ pub struct OtlpConfig {
 
 const BATCH: usize = 512;
 const BATCH_DELAY: Duration = Duration::from_secs(1);
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one export (spans or metrics) may take.
+pub(super) const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who a process is, for span resources: pid -> container resource, refreshed from each snapshot.
 #[derive(Default)]
@@ -129,14 +130,28 @@ impl Identities {
         if let Some(r) = self.by_pid.lock().expect("not poisoned").get(&pid) {
             return Arc::clone(r);
         }
-        let r = Resource::builder_empty()
-            .with_attributes([
-                KeyValue::new("service.name", "vgpu-agent"),
-                KeyValue::new("host.name", inert(host).into_owned()),
-            ])
-            .build();
-        Arc::new(("unknown".into(), r))
+        Arc::new(("unknown".into(), agent_resource(host)))
     }
+}
+
+/// The resource of what the agent itself exports (metrics, and spans of no known container).
+pub(super) fn agent_resource(host: &str) -> Resource {
+    Resource::builder_empty()
+        .with_attributes([
+            KeyValue::new("service.name", "vgpu-agent"),
+            KeyValue::new("host.name", inert(host).into_owned()),
+        ])
+        .build()
+}
+
+/// The tokio runtime a tonic exporter's channel runs on: one worker thread of its own.
+pub(super) fn grpc_runtime(name: &str) -> Result<tokio::runtime::Runtime, ExportError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(ExportError::Thread)
 }
 
 /// The running pipeline; stops (flushing what is queued) when dropped.
@@ -165,13 +180,7 @@ fn build_exporter(
     let err = |e: opentelemetry_otlp::ExporterBuildError| ExportError::Otlp(e.to_string());
     match cfg.protocol {
         OtlpProtocol::Grpc => {
-            // tonic needs a tokio runtime: one worker thread of its own.
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("otlp-grpc")
-                .enable_all()
-                .build()
-                .map_err(ExportError::Thread)?;
+            let rt = grpc_runtime("otlp-grpc")?;
             let exporter = {
                 let _guard = rt.enter();
                 opentelemetry_otlp::SpanExporter::builder()
@@ -187,7 +196,7 @@ fn build_exporter(
             let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(http_traces_url(&cfg.endpoint))
+                .with_endpoint(http_url(&cfg.endpoint, "/v1/traces"))
                 .with_timeout(EXPORT_TIMEOUT)
                 .build()
                 .map_err(err)?;
@@ -196,14 +205,15 @@ fn build_exporter(
     }
 }
 
-/// `http://host:4318` -> `http://host:4318/v1/traces`; a URL with a path is kept.
-pub fn http_traces_url(endpoint: &str) -> String {
+/// `http://host:4318` -> `http://host:4318` + `signal` (`/v1/traces`, `/v1/metrics`); a URL with
+/// a path is kept.
+pub(super) fn http_url(endpoint: &str, signal: &str) -> String {
     let trimmed = endpoint.trim_end_matches('/');
     let after_scheme = trimmed.split_once("://").map_or(trimmed, |(_, r)| r);
     if after_scheme.contains('/') {
         trimmed.to_owned()
     } else {
-        format!("{trimmed}/v1/traces")
+        format!("{trimmed}{signal}")
     }
 }
 
@@ -493,12 +503,15 @@ mod tests {
     #[test]
     fn http_endpoints_get_the_traces_path_once() {
         assert_eq!(
-            http_traces_url("http://127.0.0.1:4318"),
+            http_url("http://127.0.0.1:4318", "/v1/traces"),
             "http://127.0.0.1:4318/v1/traces"
         );
-        assert_eq!(http_traces_url("http://c:4318/"), "http://c:4318/v1/traces");
         assert_eq!(
-            http_traces_url("https://c/otlp/v1/traces"),
+            http_url("http://c:4318/", "/v1/traces"),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(
+            http_url("https://c/otlp/v1/traces", "/v1/traces"),
             "https://c/otlp/v1/traces"
         );
     }

@@ -19,21 +19,16 @@ use std::{
 
 use opentelemetry::{KeyValue, metrics::MeterProvider as _};
 use opentelemetry_otlp::{Protocol, WithExportConfig as _};
-use opentelemetry_sdk::{
-    Resource,
-    metrics::{PeriodicReader, SdkMeterProvider},
-};
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
 use super::{
     ExportError,
     exposition::Value,
     gpu_use::{Samples, gpu_time_series},
     metrics::container_labels,
-    otlp::{OtlpConfig, OtlpProtocol},
+    otlp::{EXPORT_TIMEOUT, OtlpConfig, OtlpProtocol, agent_resource, grpc_runtime, http_url},
 };
-use crate::{model::Snapshot, sanitize::inert};
-
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::model::Snapshot;
 
 /// The series of the latest snapshot, as the readers' callbacks observe them.
 #[derive(Debug, Default)]
@@ -50,17 +45,6 @@ pub struct GpuTimeMetrics {
     _runtime: Option<tokio::runtime::Runtime>,
 }
 
-/// `http://host:4318` -> `http://host:4318/v1/metrics`; a URL with a path is kept.
-pub fn http_metrics_url(endpoint: &str) -> String {
-    let trimmed = endpoint.trim_end_matches('/');
-    let after_scheme = trimmed.split_once("://").map_or(trimmed, |(_, r)| r);
-    if after_scheme.contains('/') {
-        trimmed.to_owned()
-    } else {
-        format!("{trimmed}/v1/metrics")
-    }
-}
-
 impl GpuTimeMetrics {
     /// Starts exporting to `cfg`'s endpoint every `interval`.
     pub fn start(
@@ -71,13 +55,7 @@ impl GpuTimeMetrics {
         let err = |e: opentelemetry_otlp::ExporterBuildError| ExportError::Otlp(e.to_string());
         let (exporter, runtime) = match cfg.protocol {
             OtlpProtocol::Grpc => {
-                // tonic's channel runs on a tokio runtime: one worker thread of its own.
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name("otlp-metrics")
-                    .enable_all()
-                    .build()
-                    .map_err(ExportError::Thread)?;
+                let rt = grpc_runtime("otlp-metrics")?;
                 let exporter = {
                     let _guard = rt.enter();
                     opentelemetry_otlp::MetricExporter::builder()
@@ -93,7 +71,7 @@ impl GpuTimeMetrics {
                 opentelemetry_otlp::MetricExporter::builder()
                     .with_http()
                     .with_protocol(Protocol::HttpBinary)
-                    .with_endpoint(http_metrics_url(&cfg.endpoint))
+                    .with_endpoint(http_url(&cfg.endpoint, "/v1/metrics"))
                     .with_timeout(EXPORT_TIMEOUT)
                     .build()
                     .map_err(err)?,
@@ -105,14 +83,7 @@ impl GpuTimeMetrics {
             .build();
         let provider = SdkMeterProvider::builder()
             .with_reader(reader)
-            .with_resource(
-                Resource::builder_empty()
-                    .with_attributes([
-                        KeyValue::new("service.name", "vgpu-agent"),
-                        KeyValue::new("host.name", inert(hostname).into_owned()),
-                    ])
-                    .build(),
-            )
+            .with_resource(agent_resource(hostname))
             .build();
         let readings = Arc::new(Mutex::new(Readings::default()));
         let meter = provider.meter("vgpu-agent");
@@ -270,6 +241,24 @@ mod tests {
         let _ = tx.send((path, req));
     }
 
+    /// Exports the fixture's snapshot now, as `node-1`, to a receiver on `port` (the periodic
+    /// export an hour away).
+    fn export_fixture(protocol: OtlpProtocol, port: u16) -> GpuTimeMetrics {
+        let cfg = OtlpConfig {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            protocol,
+            queue: 16,
+            metrics_interval: Some(Duration::from_secs(3600)),
+            container_rate: 0.0,
+            container_event_rate: 0.0,
+        };
+        let m = GpuTimeMetrics::start(&cfg, "node-1", Duration::from_secs(3600))
+            .expect("the exporter starts");
+        m.update(&crate::tui::fixture::snapshot());
+        m.flush().expect("the export is accepted");
+        m
+    }
+
     fn attr(attrs: &[PbKeyValue], key: &str) -> String {
         attrs
             .iter()
@@ -290,17 +279,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let (tx, rx) = mpsc::channel();
         let receiver = std::thread::spawn(move || receive_one(listener, tx));
-        let cfg = OtlpConfig {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            protocol: OtlpProtocol::Http,
-            queue: 16,
-            metrics_interval: Some(Duration::from_secs(3600)),
-            container_rate: 0.0,
-            container_event_rate: 0.0,
-        };
-        let m = GpuTimeMetrics::start(&cfg, "node-1", Duration::from_secs(3600)).unwrap();
-        m.update(&crate::tui::fixture::snapshot());
-        m.flush().unwrap();
+        let _m = export_fixture(OtlpProtocol::Http, port);
         let (path, req) = rx.recv_timeout(Duration::from_secs(20)).expect("an export");
         receiver.join().unwrap();
         assert_eq!(path, "/v1/metrics");
@@ -391,17 +370,7 @@ mod tests {
                 .add_service(MetricsServiceServer::new(Grpc(tx)))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let cfg = OtlpConfig {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            protocol: OtlpProtocol::Grpc,
-            queue: 16,
-            metrics_interval: Some(Duration::from_secs(3600)),
-            container_rate: 0.0,
-            container_event_rate: 0.0,
-        };
-        let m = GpuTimeMetrics::start(&cfg, "node-1", Duration::from_secs(3600)).unwrap();
-        m.update(&crate::tui::fixture::snapshot());
-        m.flush().unwrap();
+        let m = export_fixture(OtlpProtocol::Grpc, port);
         let req = rx.recv_timeout(Duration::from_secs(20)).expect("an export");
         let names: Vec<&str> = req.resource_metrics[0]
             .scope_metrics
@@ -417,15 +386,15 @@ mod tests {
     #[test]
     fn http_endpoints_get_the_metrics_path_once() {
         assert_eq!(
-            http_metrics_url("http://h:4318"),
+            http_url("http://h:4318", "/v1/metrics"),
             "http://h:4318/v1/metrics"
         );
         assert_eq!(
-            http_metrics_url("http://h:4318/"),
+            http_url("http://h:4318/", "/v1/metrics"),
             "http://h:4318/v1/metrics"
         );
         assert_eq!(
-            http_metrics_url("http://h:4318/custom/path"),
+            http_url("http://h:4318/custom/path", "/v1/metrics"),
             "http://h:4318/custom/path"
         );
     }

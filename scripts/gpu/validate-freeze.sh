@@ -6,18 +6,6 @@
 # the thaw are checked. Run from the repo root after `cargo xtask bundle` (.carry/bin); builds
 # nothing. Results: $OUT/freeze.json, $OUT/freeze.txt (default OUT=/tmp/out-freeze). Exit status 1
 # if a size misses a goal (0 corrupted words, >= 95% given back, each within 2x the pinned copy).
-set -u
 OUT=${OUT:-/tmp/out-freeze}
-mkdir -p "$OUT"
-BIN=$PWD/.carry/bin
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-timeout 580 python3 scripts/gpu/validate_freeze.py "$BIN/vgpu-agent" "$BIN/libvgpu_limiter.so" "$OUT"
-RC=$?
-[ $RC -eq 0 ] && echo PASS || echo FAIL
-exit $RC
+. scripts/gpu/check-common.sh
+verdict 580 python3 scripts/gpu/validate_freeze.py "$BIN/vgpu-agent" "$BIN/libvgpu_limiter.so" "$OUT"

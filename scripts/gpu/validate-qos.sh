@@ -6,18 +6,6 @@
 # $OUT/qos-burst.csv and .svg), and a batch-1 transformer's P99 in the latency tier beside a
 # best-effort matmul, back to back and one request every 10 ms. Results: $OUT/qos.json, $OUT/qos.txt (default OUT=/tmp/out-qos). Takes ~9 min;
 # QOS_PARTS (e.g. shares,burst) and QOS_ROUNDS change it. Exit status 1 if a verdict fails.
-set -u
 OUT=${OUT:-/tmp/out-qos}
-mkdir -p "$OUT"
-BIN=$PWD/.carry/bin
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-timeout 590 python3 scripts/gpu/validate_qos.py "$BIN/libvgpu_limiter.so" "$OUT"
-RC=$?
-[ $RC -eq 0 ] && echo PASS || echo FAIL
-exit $RC
+. scripts/gpu/check-common.sh
+verdict 590 python3 scripts/gpu/validate_qos.py "$BIN/libvgpu_limiter.so" "$OUT"

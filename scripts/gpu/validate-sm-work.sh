@@ -9,18 +9,6 @@
 # Takes ~6 min (3 rounds); SM_ROUNDS, SM_COMPARE=0 (no NVML comparison), SM_WARM_S and
 # SM_MEASURE_S change it. Exit status 1 if a container's median share misses its limit by more
 # than 3 points, or its correction did not measure from GPU time.
-set -u
 OUT=${OUT:-/tmp/out-sm-work}
-mkdir -p "$OUT"
-BIN=$PWD/.carry/bin
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-timeout 580 python3 scripts/gpu/validate_sm_work.py "$BIN/libvgpu_limiter.so" "$OUT"
-RC=$?
-[ $RC -eq 0 ] && echo PASS || echo FAIL
-exit $RC
+. scripts/gpu/check-common.sh
+verdict 580 python3 scripts/gpu/validate_sm_work.py "$BIN/libvgpu_limiter.so" "$OUT"

@@ -30,8 +30,9 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
+
+from tenants import MATMUL, Tenant, fresh_region, limiter_env
 
 PARTS = os.environ.get("QOS_PARTS", "shares,burst,latency,paced").split(",")
 PACE_MS = float(os.environ.get("QOS_PACE_MS", "10"))
@@ -39,42 +40,6 @@ ROUNDS = int(os.environ.get("QOS_ROUNDS", "3"))
 WARM_S = 8.0
 MEASURE_S = 12.0
 SHARE_S = float(os.environ.get("QOS_SHARE_S", "60"))
-
-MATMUL = r"""
-import os, sys, time, collections
-import torch
-n = 2048
-a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-pause = os.environ.get("PAUSE_FILE")
-inflight = collections.deque()
-done = 0
-torch.cuda.synchronize()
-print("ready", flush=True)
-last = time.monotonic()
-while True:
-    if pause and os.path.exists(pause):
-        while inflight:
-            inflight.popleft().synchronize()
-            done += 16
-        time.sleep(0.01)
-    else:
-        for _ in range(16):
-            torch.mm(a, b)
-        e = torch.cuda.Event()
-        e.record()
-        inflight.append(e)
-        while inflight and inflight[0].query():
-            inflight.popleft()
-            done += 16
-        if len(inflight) >= 8:
-            inflight.popleft().synchronize()
-            done += 16
-    now = time.monotonic()
-    if now - last >= 0.1:
-        last = now
-        print("W", time.monotonic_ns(), done, flush=True)
-"""
 
 INFER = r"""
 import os, time, torch
@@ -105,61 +70,14 @@ with torch.no_grad():
 """
 
 
-class Tenant:
-    def __init__(self, limiter, out, name, code, env_extra):
-        region = os.path.join(out, "regions", name + ".region")
-        os.makedirs(os.path.dirname(region), exist_ok=True)
-        for p in (region, region + ".ctl"):
-            if os.path.exists(p):
-                os.remove(p)
-        env = dict(os.environ)
-        env.update(
-            LD_PRELOAD=limiter,
-            CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
-            CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0"),
-            LIBCUDA_LOG_LEVEL="3",
-            VGPU_QOS_BOARD=os.path.join(out, "qos.board"),
-        )
-        for k in ("CUDA_DEVICE_SM_LIMIT", "VGPU_QOS_TIER", "VGPU_QOS_GUARANTEE",
-                  "CUDA_TASK_PRIORITY"):
-            env.pop(k, None)
-        env.update(env_extra)
-        self.log = os.path.join(out, name + ".log")
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                                     stderr=open(self.log, "w"), text=True)
-        self.points, self.steps = [], []
-        self.started = False
-
-    def wait_ready(self):
-        """Waits for the tenant's first line (tenants start in parallel, then wait here)."""
-        if self.started:
-            return self
-        line = self.proc.stdout.readline()
-        if not line.startswith("ready"):
-            raise RuntimeError(f"{self.name}: did not start ({line!r}); see {self.log}")
-        self.started = True
-        threading.Thread(target=self._read, daemon=True).start()
-        return self
-
-    def _read(self):
-        for line in self.proc.stdout:
-            p = line.split()
-            if len(p) == 3 and p[0] == "W":
-                self.points.append((int(p[1]), int(p[2])))
-            elif len(p) == 3 and p[0] == "S":
-                self.steps.append((int(p[1]), int(p[2])))
-
-    def count_at(self, t):
-        c = [n for (ts, n) in self.points if ts <= t]
-        return c[-1] if c else 0
-
-    def rate(self, t0, t1):
-        return (self.count_at(t1) - self.count_at(t0)) / ((t1 - t0) / 1e9)
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
+def tenant(limiter, out, name, code, env_extra):
+    """A tenant in a region of its own, on the run's QoS board."""
+    region = fresh_region(os.path.join(out, "regions", name + ".region"))
+    env = limiter_env(limiter, region, 3,
+                      unset=("CUDA_DEVICE_SM_LIMIT", "VGPU_QOS_TIER", "VGPU_QOS_GUARANTEE",
+                             "CUDA_TASK_PRIORITY"),
+                      VGPU_QOS_BOARD=os.path.join(out, "qos.board"), **env_extra)
+    return Tenant(name, code, env, os.path.join(out, name + ".log"))
 
 
 def window(warm=WARM_S, measure=MEASURE_S):
@@ -179,7 +97,7 @@ def fresh_board(out):
 
 def solo_rate(limiter, out, name, tag):
     fresh_board(out)
-    t = Tenant(limiter, out, f"{tag}-{name}-solo", MATMUL, {}).wait_ready()
+    t = tenant(limiter, out, f"{tag}-{name}-solo", MATMUL, {}).wait_ready()
     try:
         t0, t1 = window(4.0)
         return t.rate(t0, t1)
@@ -194,7 +112,7 @@ def shares(limiter, out):
         solo = {n: solo_rate(limiter, out, n, f"r{r}") for n in order}
         fresh_board(out)
         env = {"A": {"VGPU_QOS_GUARANTEE": "30"}, "B": {"VGPU_QOS_GUARANTEE": "70"}}
-        ts = {n: Tenant(limiter, out, f"r{r}-{n}-tier", MATMUL, env[n]) for n in order}
+        ts = {n: tenant(limiter, out, f"r{r}-{n}-tier", MATMUL, env[n]) for n in order}
         try:
             for t in ts.values():
                 t.wait_ready()
@@ -219,8 +137,8 @@ def burst(limiter, out):
     pause = os.path.join(out, "burst.pause")
     if os.path.exists(pause):
         os.remove(pause)
-    a = Tenant(limiter, out, "burst-A", MATMUL, {"VGPU_QOS_GUARANTEE": "30"})
-    b = Tenant(limiter, out, "burst-B", MATMUL, {"VGPU_QOS_GUARANTEE": "70", "PAUSE_FILE": pause})
+    a = tenant(limiter, out, "burst-A", MATMUL, {"VGPU_QOS_GUARANTEE": "30"})
+    b = tenant(limiter, out, "burst-B", MATMUL, {"VGPU_QOS_GUARANTEE": "70", "PAUSE_FILE": pause})
     try:
         a.wait_ready()
         b.wait_ready()
@@ -287,7 +205,7 @@ def latency(limiter, out, pace_ms=None):
     tag = "lat" if pace_ms is None else "paced"
     extra = {} if pace_ms is None else {"PACE_MS": str(pace_ms)}
     fresh_board(out)
-    alone = Tenant(limiter, out, f"{tag}-alone", INFER, {"VGPU_QOS_TIER": "latency", **extra})
+    alone = tenant(limiter, out, f"{tag}-alone", INFER, {"VGPU_QOS_TIER": "latency", **extra})
     try:
         alone.wait_ready()
         t0, t1 = window(4.0)
@@ -296,8 +214,8 @@ def latency(limiter, out, pace_ms=None):
         alone.stop()
     solo_be = solo_rate(limiter, out, "BE", tag)
     fresh_board(out)
-    be = Tenant(limiter, out, f"{tag}-be", MATMUL, {"VGPU_QOS_TIER": "best-effort"})
-    lat = Tenant(limiter, out, f"{tag}-beside", INFER, {"VGPU_QOS_TIER": "latency", **extra})
+    be = tenant(limiter, out, f"{tag}-be", MATMUL, {"VGPU_QOS_TIER": "best-effort"})
+    lat = tenant(limiter, out, f"{tag}-beside", INFER, {"VGPU_QOS_TIER": "latency", **extra})
     try:
         be.wait_ready()
         lat.wait_ready()

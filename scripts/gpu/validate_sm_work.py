@@ -20,10 +20,10 @@ SM_ROUNDS (default 3). Writes OUT/sm-work.json and OUT/sm-work.txt; exit status 
 import json
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
+
+from tenants import MATMUL, Tenant, fresh_region, limiter_env
 
 ROUNDS = int(os.environ.get("SM_ROUNDS", "3"))
 COMPARE = os.environ.get("SM_COMPARE", "1") != "0"
@@ -33,104 +33,28 @@ SOLO_WARM_S = 4.0
 TOLERANCE = 3.0
 CONTAINERS = (("A", 50, 2), ("B", 30, 1))
 
-WORKER = r"""
-import sys, time, collections
-import torch
-n = 2048
-a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-BATCH = 16
-inflight = collections.deque()
-done = 0
-for _ in range(3):
-    torch.mm(a, b)
-torch.cuda.synchronize()
-print("ready", flush=True)
-last = time.monotonic()
-while True:
-    for _ in range(BATCH):
-        torch.mm(a, b)
-    e = torch.cuda.Event()
-    e.record()
-    inflight.append(e)
-    while inflight and inflight[0].query():
-        inflight.popleft()
-        done += BATCH
-    if len(inflight) >= 8:
-        inflight.popleft().synchronize()
-        done += BATCH
-    now = time.monotonic()
-    if now - last >= 0.1:
-        last = now
-        print("W", time.monotonic_ns(), done, flush=True)
-"""
+def worker(limiter, out, name, region, limit, feedback):
+    """A process of a container (its `region`) at `limit` (None: unlimited) with the correction
+    measuring from `feedback`."""
+    extra = {"CUDA_DEVICE_SM_LIMIT": str(limit)} if limit else {}
+    # Log level 4: the source of the correction, and the samples the GPU-time sampler capped
+    # because another context's time slice fell inside them.
+    env = limiter_env(limiter, region, 4, unset=("CUDA_DEVICE_SM_LIMIT",),
+                      VGPU_SM_FEEDBACK=feedback, **extra)
+    return Tenant(name, MATMUL, env, os.path.join(out, name + ".log"))
 
 
-class Worker:
-    def __init__(self, limiter, out, name, region, limit, feedback):
-        env = dict(os.environ)
-        env.update(
-            LD_PRELOAD=limiter,
-            CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
-            CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", "0"),
-            # 4: the source of the correction, and the samples the GPU-time sampler capped
-            # because another context's time slice fell inside them.
-            LIBCUDA_LOG_LEVEL="4",
-            VGPU_SM_FEEDBACK=feedback,
-        )
-        env.pop("CUDA_DEVICE_SM_LIMIT", None)
-        if limit:
-            env["CUDA_DEVICE_SM_LIMIT"] = str(limit)
-        self.name = name
-        self.log_path = os.path.join(out, name + ".log")
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER], env=env,
-                                     stdout=subprocess.PIPE, stderr=open(self.log_path, "w"),
-                                     text=True)
-        self.points = []
-
-    def wait_ready(self):
-        """Waits for the worker's first line (workers start in parallel, then wait here)."""
-        line = self.proc.stdout.readline()
-        if not line.startswith("ready"):
-            raise RuntimeError(f"{self.name}: worker did not start ({line!r}); see {self.log_path}")
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == "W":
-                self.points.append((int(parts[1]), int(parts[2])))
-
-    def count_at(self, t_ns):
-        """Completed matmuls at the last report at or before t_ns."""
-        before = [c for (t, c) in self.points if t <= t_ns]
-        return before[-1] if before else 0
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def source(self):
-        """The correction source the limiter logged (None if it logged none)."""
-        try:
-            text = open(self.log_path).read()
-        except OSError:
-            return None
-        if "measured from the GPU time" in text:
-            return "gpu-time"
-        if "measured from NVML" in text:
-            return "nvml"
+def source(w):
+    """The correction source a worker's limiter logged (None if it logged none)."""
+    try:
+        text = open(w.log).read()
+    except OSError:
         return None
-
-
-def fresh_region(out, tag):
-    region = os.path.join(out, "regions", tag + ".region")
-    os.makedirs(os.path.dirname(region), exist_ok=True)
-    for p in (region, region + ".ctl"):
-        if os.path.exists(p):
-            os.remove(p)
-    return region
+    if "measured from the GPU time" in text:
+        return "gpu-time"
+    if "measured from NVML" in text:
+        return "nvml"
+    return None
 
 
 def run_containers(limiter, out, tag, which, limited, feedback):
@@ -139,9 +63,9 @@ def run_containers(limiter, out, tag, which, limited, feedback):
         for name, limit, n in CONTAINERS:
             if name not in which:
                 continue
-            region = fresh_region(out, f"{tag}-{name}")
+            region = fresh_region(os.path.join(out, "regions", f"{tag}-{name}.region"))
             workers[name] = [
-                Worker(limiter, out, f"{tag}-{name}{i}", region, limit if limited else None,
+                worker(limiter, out, f"{tag}-{name}{i}", region, limit if limited else None,
                        feedback)
                 for i in range(n)
             ]
@@ -158,7 +82,7 @@ def run_containers(limiter, out, tag, which, limited, feedback):
                  for name, ws in workers.items()}
         # Only the process holding the container's lease runs the correction and logs its
         # source; the container's source is what its processes logged ("none" if none did).
-        sources = {name: sorted({w.source() for w in ws} - {None}) or ["none"]
+        sources = {name: sorted({source(w) for w in ws} - {None}) or ["none"]
                    for name, ws in workers.items()}
         return rates, sources
     finally:

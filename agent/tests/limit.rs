@@ -59,15 +59,7 @@ fn a_run_time_sm_share_reaches_a_running_process() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    // It has started (a bound on a slow start, not a timing).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while live_processes(&region) < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the limiter created no region"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_started(&region, "the limiter created no region");
     let set_at = monotonic_ns();
     let out = limit(&["set", "--region", region.to_str().unwrap(), "--sm", "40"]);
     assert!(out.status.success(), "{out:?}");
@@ -128,6 +120,15 @@ fn a_run_time_sm_share_holds_all_processes_of_the_container() {
 }
 
 /// Live processes in the region at `path` (0 while it does not exist).
+/// Waits until a process lives in `region` (a bound on a slow start, not a timing).
+fn wait_started(region: &Path, failure: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while live_processes(region) < 1 {
+        assert!(std::time::Instant::now() < deadline, "{failure}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn live_processes(path: &Path) -> usize {
     region::reader::RegionReader::open(path)
         .and_then(|r| r.snapshot())
@@ -214,14 +215,7 @@ fn a_run_time_qos_tier_reaches_a_running_container_and_can_be_taken_away() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while live_processes(&region) < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the workload did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_started(&region, "the workload did not start");
     let r = region.to_str().unwrap();
     let out = limit(&[
         "set",

@@ -12,18 +12,6 @@
 # allocatable differ by more than the case's allowed slack (see validate_memory_figures.py).
 set -u
 OUT=${OUT:-/tmp/out-memory-figures}
-mkdir -p "$OUT"
-BIN=$PWD/.carry/bin
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-  python3 -c 'import jax; print("jax", jax.__version__)' 2>&1 | tail -1
-  python3 -c 'import cupy; print("cupy", cupy.__version__)' 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-timeout 230 python3 scripts/gpu/validate_memory_figures.py "$BIN/libvgpu_limiter.so" "$OUT"
-RC=$?
-[ $RC -eq 0 ] && echo PASS || echo FAIL
-exit $RC
+MODULES="jax cupy"
+. scripts/gpu/check-common.sh
+verdict 230 python3 scripts/gpu/validate_memory_figures.py "$BIN/libvgpu_limiter.so" "$OUT"

@@ -12,18 +12,7 @@
 # by 5 points or more.
 set -u
 OUT=${OUT:-/tmp/out-sm-container}
-mkdir -p "$OUT"
-BIN=$PWD/.carry/bin
-{
-  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  git rev-parse HEAD 2>/dev/null | sed 's/^/commit: /'
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-  python3 -c 'import cupy; print("cupy", cupy.__version__)' 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+MODULES="cupy"
+. scripts/gpu/check-common.sh
 RUNS=$(( ${SM_ROUNDS:-2} * ( ${SM_OPEN_LOOP:-1} == 0 ? 1 : 2 ) ))
-timeout $(( RUNS * 60 + 40 )) python3 scripts/gpu/validate_sm_container.py "$BIN/libvgpu_limiter.so" "$OUT"
-RC=$?
-[ $RC -eq 0 ] && echo PASS || echo FAIL
-exit $RC
+verdict $(( RUNS * 60 + 40 )) python3 scripts/gpu/validate_sm_container.py "$BIN/libvgpu_limiter.so" "$OUT"

@@ -5,7 +5,8 @@
 # process in its own region at 30; each a saturating PyTorch matmul loop (CuPy if PyTorch is
 # missing). Per-process SM utilisation from `nvidia-smi pmon` (NVML's process samples) over 20 s
 # after 12 s of warm-up, summed per container; two rounds, each running the NVML correction
-# (default) and the open loop (VGPU_SM_FEEDBACK=0, for comparison) in rotated order.
+# (VGPU_SM_FEEDBACK=nvml) and the open loop (VGPU_SM_FEEDBACK=0, for comparison) in rotated order;
+# CUDA_VISIBLE_DEVICES (one index, default 0) picks the GPU.
 # Results: $OUT/sm-container.json and $OUT/sm-container.txt (default OUT=/tmp/out-sm-container).
 # Takes ~3.5 min (4 runs of ~50 s); SM_ROUNDS and SM_OPEN_LOOP=0 (validate_sm_container.py) change
 # how many runs. Exit status 1 if a container's median share (correction on) misses its limit

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+# The GPU measured: NVML's index of the one GPU the workloads see (CUDA_VISIBLE_DEVICES, default 0).
+GPU = os.environ.get("CUDA_VISIBLE_DEVICES", "0")
 WARM_S = 5
 # The feedback loop converges in about 5 to 10 s (docs/sm-limit.md).
 PAIR_WARM_S = 20
@@ -93,7 +95,7 @@ def stop(*procs):
 def device_util(seconds):
     """(t, util%) samples every 200 ms for `seconds`."""
     p = subprocess.Popen(
-        ["nvidia-smi", "-i", "0", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+        ["nvidia-smi", "-i", GPU, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
          "-lms", "200"],
         stdout=subprocess.PIPE, text=True,
     )
@@ -115,7 +117,7 @@ def device_util(seconds):
 def process_util(pids, seconds):
     """Mean per-process SM utilisation (nvidia-smi pmon, 1 s samples) over `seconds`."""
     out = subprocess.run(
-        ["nvidia-smi", "pmon", "-i", "0", "-s", "u", "-d", "1", "-c", str(seconds)],
+        ["nvidia-smi", "pmon", "-i", GPU, "-s", "u", "-d", "1", "-c", str(seconds)],
         capture_output=True, text=True,
     ).stdout
     per = {pid: [] for pid in pids}
@@ -173,7 +175,7 @@ def runtime(limiter, agent, out, results):
     time.sleep(WARM_S)
     before = device_util(5)
     sampler = subprocess.Popen(
-        ["nvidia-smi", "-i", "0", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+        ["nvidia-smi", "-i", GPU, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
          "-lms", "100"],
         stdout=subprocess.PIPE, text=True,
     )

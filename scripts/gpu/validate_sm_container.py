@@ -7,8 +7,10 @@ Container A is two processes with one region (CUDA_DEVICE_MEMORY_SHARED_CACHE) a
 CUDA_DEVICE_SM_LIMIT=50: together they get 50%, not 50% each. Container B is one process with its
 own region at 30%. The workload and the pmon reader are validate_sm.py's. A container's share is
 the sum of its processes' mean SM utilisation (nvidia-smi pmon -s u, 1 s samples). Each round
-runs the NVML correction ("feedback", the default) and the open loop ("open",
+runs the NVML correction ("feedback", VGPU_SM_FEEDBACK=nvml: the check is of NVML's estimator,
+which the default uses only until the limiters sample GPU time) and the open loop ("open",
 VGPU_SM_FEEDBACK=0), the order rotated between rounds; the verdict is on the feedback medians.
+CUDA_VISIBLE_DEVICES (one index, default 0) picks the GPU, for the workloads and for pmon.
 SM_ROUNDS (default 2) sets the rounds; SM_OPEN_LOOP=0 runs the correction only (the open loop's
 figures are then absent). Writes OUT/sm-container.json and OUT/sm-container.txt.
 """
@@ -40,7 +42,7 @@ def start(limiter, out, name, region, limit, feedback):
         CUDA_DEVICE_SM_LIMIT=str(limit),
         # Debug: the SM loop logs NVML's raw samples each tick (what its measured share is from).
         LIBCUDA_LOG_LEVEL="4",
-        VGPU_SM_FEEDBACK="1" if feedback else "0",
+        VGPU_SM_FEEDBACK="nvml" if feedback else "0",
     )
     log = open(os.path.join(out, name + ".log"), "w")
     p = subprocess.Popen([sys.executable, "-c", WORKLOAD], env=env, stdout=subprocess.PIPE,

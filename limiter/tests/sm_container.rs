@@ -26,6 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use limiter_core::qos::backlog::{EVERY, MARKS};
 use region::reader::{RegionReader, SlotPhase};
 use support::{fake_nvml, fresh_region, paths, preloaded, sm_caller, sm_words};
 
@@ -726,6 +727,96 @@ fn best_effort_waits_for_a_latency_tenant_and_runs_in_its_gaps() {
     stop(be);
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&board);
+}
+
+#[test]
+fn best_effort_work_queued_beside_a_latency_tenant_is_bounded() {
+    use region::qos_board::{Board, BoardEntry};
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (path, device) = DeviceFile::create("qos-backlog");
+    let board_path = qos_board("qos-backlog");
+    // A best-effort container that queues SYNC_EVERY kernels of LAUNCH_US between its
+    // synchronisations (8 ms).
+    let be = Container::start_with(
+        &path,
+        100,
+        1,
+        Loop::Open,
+        12_000,
+        &[
+            ("VGPU_QOS_BOARD", board_path.to_str().unwrap()),
+            ("VGPU_QOS_TIER", "best-effort"),
+        ],
+    );
+    device.wait_launching(&be.pids());
+    let board = Board::open(&board_path).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let gpu = loop {
+        if let Some((_, e)) = board.entries().unwrap().first() {
+            break e.device;
+        }
+        assert!(Instant::now() < deadline, "the container never published");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The most work queued on the device over `span`, ns (the best-effort container is alone on
+    // it), while `during` runs every 100 ms.
+    let most_queued = |span: Duration, during: &dyn Fn()| {
+        let end = Instant::now() + span;
+        let mut most = 0u64;
+        let mut next = Instant::now();
+        while Instant::now() < end {
+            if Instant::now() >= next {
+                during();
+                next += Duration::from_millis(100);
+            }
+            let queued = device.words[W_BUSY_UNTIL]
+                .load(Ordering::Relaxed)
+                .saturating_sub(monotonic_ns());
+            most = most.max(queued);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        most
+    };
+    let alone = most_queued(Duration::from_millis(1500), &|| {});
+    // A latency tenant on the same GPU (an entry like its lease holder's) with no work in flight:
+    // the best-effort launches are not held by the gate, only by their backlog.
+    let neighbour = |now_ms| BoardEntry {
+        owner: 0x1A7,
+        device: gpu,
+        heartbeat_ms: now_ms,
+        tier: 1,
+        guarantee_pm: 0,
+        cap_pm: 1000,
+        active: true,
+        held: false,
+        used_pm: 100,
+        allocated_pm: 1000,
+        latency_until_ns: 0,
+        pid: 1,
+    };
+    let publish = || {
+        board
+            .write(200, &neighbour(monotonic_ns() / 1_000_000))
+            .unwrap();
+    };
+    publish();
+    // Its full tick (100 ms) finds the neighbour; a launch in flight then drains.
+    std::thread::sleep(Duration::from_millis(500));
+    let beside = most_queued(Duration::from_millis(2000), &publish);
+    eprintln!("best effort queued at most {alone} ns alone, {beside} ns beside a latency tenant");
+    let kernel = LAUNCH_US * 1000;
+    assert!(
+        alone >= 6 * kernel,
+        "alone it queues its whole batch: {alone} ns"
+    );
+    let bound = (u64::from(EVERY) * (MARKS as u64 + 1) + 1) * kernel;
+    assert!(
+        beside <= bound,
+        "beside a latency tenant at most {bound} ns queued: {beside} ns"
+    );
+    stop(be);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&board_path);
 }
 
 #[test]

@@ -75,4 +75,8 @@ pub trait Env {
     /// its work is in flight), as a window's launches do. Called only while the controller marks
     /// the device ([`super::Controller::set_tiered`]).
     fn mark_launch(&self, _device: usize, _now: u64) {}
+    /// A launch of this QoS-tiered container on `device`, after the duty cycle let it through:
+    /// a latency-tier container whose work in flight has lapsed on the board publishes it at
+    /// once. Called only while the controller marks the device ([`super::Controller::set_tiered`]).
+    fn tiered_launch(&self, _device: usize) {}
 }

@@ -71,6 +71,9 @@ pub struct Controller {
     /// Per device: a best-effort container beside a latency-tier one; launches wait while the
     /// latency tenant's work is in flight.
     gated: [AtomicBool; MAX_DEVICES],
+    /// Whether any device is gated: the one word a launch reads to know that its thread's
+    /// backlog is bounded (`qos::backlog`).
+    gating: AtomicBool,
     /// Per device: a container with a QoS tier; launches note that it is launching (its
     /// activity, and for the latency tier, that its work is in flight).
     tiered: [AtomicBool; MAX_DEVICES],
@@ -89,6 +92,7 @@ impl Controller {
             marks: [const { AtomicU64::new(0) }; MAX_DEVICES],
             qos: [const { AtomicU8::new(0) }; MAX_DEVICES],
             gated: [const { AtomicBool::new(false) }; MAX_DEVICES],
+            gating: AtomicBool::new(false),
             tiered: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
     }
@@ -125,8 +129,27 @@ impl Controller {
         if let Some(slot) = self.gated.get(device) {
             // Relaxed: as `set_limits`.
             slot.store(gated, Ordering::Relaxed);
+            // Relaxed (both): as `set_limits`.
+            let any = self.gated.iter().any(|g| g.load(Ordering::Relaxed));
+            self.gating.store(any, Ordering::Relaxed);
             self.refresh_active();
         }
+    }
+
+    /// Whether `device`'s launches are gated on a latency-tier neighbour.
+    pub fn gated(&self, device: usize) -> bool {
+        // Relaxed: a configuration flag.
+        self.gated
+            .get(device)
+            .is_some_and(|g| g.load(Ordering::Relaxed))
+    }
+
+    /// Whether any device's launches are gated (their threads' backlogs are bounded).
+    #[inline(always)]
+    pub fn gating(&self) -> bool {
+        // Relaxed: a configuration flag; a launch that sees the old value behaves as just
+        // before the change.
+        self.gating.load(Ordering::Relaxed)
     }
 
     /// Marks `device`'s launches as a QoS-tiered container's (each notes that it launched), or
@@ -200,12 +223,14 @@ impl Controller {
         if self.gated[device].load(Ordering::Relaxed) {
             held = wait_for_latency(env, device);
         }
+        let tiered = self.tiered[device].load(Ordering::Relaxed);
         let target = self.target(device);
         if target == 0 {
             // No window to run in: note the launch for the tier's activity (with a window, its
             // own bookkeeping does, and a note here would hide the gaps that start windows).
-            if self.tiered[device].load(Ordering::Relaxed) {
+            if tiered {
                 env.mark_launch(device, env.now_ns());
+                env.tiered_launch(device);
             }
             return held;
         }
@@ -215,7 +240,11 @@ impl Controller {
         let pm = u64::from(effective_permille(target, w.duty()));
         // Relaxed: a configuration value.
         let period = self.period_ns.load(Ordering::Relaxed);
-        held + window::admit(env, &w, &self.marks[device], pm, period)
+        held += window::admit(env, &w, &self.marks[device], pm, period);
+        if tiered {
+            env.tiered_launch(device);
+        }
+        held
     }
 }
 

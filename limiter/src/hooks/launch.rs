@@ -12,7 +12,10 @@
 //! countdown per launch; at a sample point (about 200 a second per launching thread by default)
 //! an out-of-line call records an event before and one after the launch on its stream.
 
-use std::ffi::{c_uint, c_void};
+use std::{
+    cell::LazyCell,
+    ffi::{c_uint, c_void},
+};
 
 use limiter_core::gpu_time::{Shape, StreamRef};
 
@@ -59,11 +62,21 @@ fn launch<S: Symbol>(
         0
     };
     state.poll_control();
-    let throttled = state.sm.admit(|| DriverEnv {
+    let mut throttled = state.sm.admit(|| DriverEnv {
         driver: state.driver,
         windows: state.sm_windows(),
-        gates: &state.qos.gates,
+        latency: &state.qos.latency,
     });
+    // The launch's stream and shape, worked out only where needed: at a sample point, or for a
+    // best-effort thread's backlog beside a latency tenant.
+    let target = LazyCell::new(target);
+    let gated = if state.sm.gating() {
+        let (gated, waited) = shield(|| runtime::backlog::before(state)).unwrap_or((false, 0));
+        throttled += waited;
+        gated
+    } else {
+        false
+    };
     if throttled != 0 {
         shield(|| {
             process
@@ -73,7 +86,7 @@ fn launch<S: Symbol>(
     }
     let words = rt.words();
     let sampled = if words.sample_due() {
-        shield(|| runtime::gpu_time::begin(state, process, words, target)).flatten()
+        shield(|| runtime::gpu_time::begin(state, process, words, || *target)).flatten()
     } else {
         None
     };
@@ -90,6 +103,9 @@ fn launch<S: Symbol>(
     });
     if let Some(s) = sampled {
         shield(|| runtime::gpu_time::end(process, s, r == CUDA_SUCCESS));
+    }
+    if gated && r == CUDA_SUCCESS {
+        shield(|| runtime::backlog::after(state, target.stream));
     }
     r
 }

@@ -31,7 +31,7 @@ use limiter_core::{
 };
 use region::SmShare;
 
-use super::{clock::Clock, cuda::*};
+use super::{clock::Clock, cuda::*, os::Waker};
 
 /// glibc's `dlsym`.
 pub(crate) type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -767,8 +767,32 @@ impl PoolSizes for Driver {
 pub(crate) struct DriverEnv<'a> {
     pub(crate) driver: &'a Driver,
     pub(crate) windows: &'a [SmShare; agent_common::MAX_DEVICES],
-    /// Per device, until when a latency-tier neighbour's work is in flight (the QoS thread's).
-    pub(crate) gates: &'a [AtomicU64; agent_common::MAX_DEVICES],
+    /// What the QoS thread and the launches of a tiered container tell each other.
+    pub(crate) latency: &'a LatencyWords,
+}
+
+/// The words between the QoS thread (`runtime::qos`) and the launches of a tiered container.
+#[derive(Debug)]
+pub(crate) struct LatencyWords {
+    /// Per device, until when a latency-tier neighbour's work is in flight (CLOCK_MONOTONIC ns;
+    /// 0: none): a best-effort container's launches wait until then.
+    pub(crate) gates: [AtomicU64; agent_common::MAX_DEVICES],
+    /// Per device, until when the QoS thread of this latency-tier container last published its
+    /// work in flight (0: never; only the container's lease holder publishes).
+    pub(crate) published: [AtomicU64; agent_common::MAX_DEVICES],
+    /// The QoS thread: a latency launch after the published horizon has passed wakes it, so that
+    /// the first launch of a request reaches the board within microseconds, not at its next tick.
+    pub(crate) thread: Waker,
+}
+
+impl LatencyWords {
+    pub(crate) const fn new() -> LatencyWords {
+        LatencyWords {
+            gates: [const { AtomicU64::new(0) }; agent_common::MAX_DEVICES],
+            published: [const { AtomicU64::new(0) }; agent_common::MAX_DEVICES],
+            thread: Waker::new(),
+        }
+    }
 }
 
 /// A device's duty-cycle words as the controller sees them.
@@ -841,7 +865,8 @@ impl<'a> sm::Env for DriverEnv<'a> {
     fn latency_until(&self, device: usize) -> u64 {
         // Relaxed: a time compared with the clock; a launch that sees the previous value waits
         // by the previous one.
-        self.gates
+        self.latency
+            .gates
             .get(device)
             .map_or(0, |g| g.load(std::sync::atomic::Ordering::Relaxed))
     }
@@ -849,6 +874,19 @@ impl<'a> sm::Env for DriverEnv<'a> {
     fn mark_launch(&self, device: usize, now: u64) {
         if let Some(w) = self.windows.get(device) {
             sm::note_unlimited(&SharedWindow(w), now);
+        }
+    }
+
+    fn tiered_launch(&self, device: usize) {
+        // Relaxed: a time compared with the clock; a stale value at worst wakes the thread once
+        // more, or leaves the launch to its next tick.
+        let published = self
+            .latency
+            .published
+            .get(device)
+            .map_or(0, |p| p.load(std::sync::atomic::Ordering::Relaxed));
+        if published != 0 && self.now_ns() >= published {
+            self.latency.thread.wake();
         }
     }
 }

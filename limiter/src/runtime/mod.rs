@@ -11,10 +11,11 @@
 //!   a forked child.
 //!
 //! Below this module, the runtime's pieces ([`state`], [`process`], [`ledger`], [`control`],
-//! [`sm_feedback`], [`qos`], [`gpu_time`]) never reach the static: what they need of it is handed to them (the state
+//! [`sm_feedback`], [`qos`], [`gpu_time`], [`backlog`]) never reach the static: what they need of it is handed to them (the state
 //! holds the driver, the panic counter and the thread words' offset). Nothing runs at load time:
 //! no constructor, no thread, no file.
 
+pub(crate) mod backlog;
 pub(crate) mod control;
 pub(crate) mod gpu_time;
 pub(crate) mod ledger;

@@ -45,6 +45,7 @@ use region::{
 use super::sm_feedback::{Plant, container_gpu_time};
 use crate::platform::{
     clock::Clock,
+    driver::LatencyWords,
     guard::Reentry,
     log::{self, Level},
     os,
@@ -52,8 +53,12 @@ use crate::platform::{
 
 /// How often allocations are recomputed.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
-/// How often latency work is followed (see the module documentation).
+/// How often a latency container's thread looks for new work to publish (see the module
+/// documentation); a launch after its published horizon has passed wakes it at once.
 const FAST_TICK: Duration = Duration::from_millis(1);
+/// How often a best-effort container beside a latency one reads its neighbours' work in flight:
+/// what a request shares the GPU with before the gate closes.
+const GATE_TICK: Duration = Duration::from_micros(200);
 /// A container that launched within this long is active (wants its share).
 const ACTIVE_NS: u64 = 300_000_000;
 /// An allocation moves only by this many points or more (or to or from the whole device): the
@@ -70,9 +75,9 @@ pub(crate) struct Qos {
     board: Option<PathBuf>,
     /// The pid whose process runs the thread (0: none): a forked child starts its own.
     started: AtomicI32,
-    /// Per device: until when a latency-tier neighbour's work is in flight (CLOCK_MONOTONIC ns;
-    /// 0: none). Written by the thread, read by best-effort launches.
-    pub(crate) gates: [AtomicU64; MAX_DEVICES],
+    /// What the thread and the launches tell each other: a latency neighbour's work in flight
+    /// (best effort), our own published horizon and the thread's wake-up (latency).
+    pub(crate) latency: LatencyWords,
 }
 
 impl Qos {
@@ -82,7 +87,7 @@ impl Qos {
             tier: AtomicU64::new(encode_tier(tier)),
             board,
             started: AtomicI32::new(0),
-            gates: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            latency: LatencyWords::new(),
         }
     }
 
@@ -192,10 +197,10 @@ fn run(plant: Plant, qos: &'static Qos) {
         );
     }
     let owner = owner_key(plant.region);
+    qos.latency.thread.register_current();
     // Learnt once the driver is initialised (the thread may start before `cuInit`).
     let mut devices: Vec<Device> = Vec::new();
-    let fast_per_tick = (TICK.as_nanos() / FAST_TICK.as_nanos()) as u32;
-    let mut fast_count = 0u32;
+    let mut last_full = 0u64;
     let mut logged_error = false;
     let mut untiered = false;
     loop {
@@ -222,15 +227,25 @@ fn run(plant: Plant, qos: &'static Qos) {
                 plant.sm.set_tiered(d, true);
             }
         }
-        // Every millisecond in a latency container (its first launch after a pause must reach
-        // the board at once: a sporadic request is over before a slower tick would publish it)
-        // and in a best-effort one beside a latency one: about 1,000 wake-ups a second, each a
-        // clock read and at most one 64-byte pread or pwrite.
-        let fast = tier == Tier::Latency || devices.iter().any(|d| !d.latency_slots.is_empty());
-        std::thread::sleep(if fast { FAST_TICK } else { TICK });
-        fast_count = fast_count.wrapping_add(1);
-        let full = !fast || fast_count.is_multiple_of(fast_per_tick);
+        // Every millisecond in a latency container, and woken by its first launch after a pause
+        // (a sporadic request is over before a slower tick would publish it): about 1,000
+        // wake-ups a second, each a clock read and at most one 64-byte pwrite. Every 200 us in
+        // a best-effort one beside a latency one (each a clock read and a 64-byte pread per
+        // neighbour): what a request shares the GPU with before the gate closes.
+        let tick = if tier == Tier::Latency {
+            FAST_TICK
+        } else if devices.iter().any(|d| !d.latency_slots.is_empty()) {
+            GATE_TICK
+        } else {
+            TICK
+        };
+        // A wake-up (or a spurious return) only makes the tick early.
+        std::thread::park_timeout(tick);
         let now_ns = Clock::MONOTONIC.now();
+        let full = now_ns.saturating_sub(last_full) >= TICK.as_nanos() as u64 - 500_000;
+        if full {
+            last_full = now_ns;
+        }
         let now_ms = now_ns / 1_000_000;
         // The lease's clock, as the SM feedback's (the same lease): CLOCK_MONOTONIC.
         let lease_ms = now_ms;
@@ -454,7 +469,7 @@ fn follow(
         plant.sm.set_gate(d, !dev.latency_slots.is_empty());
         if dev.latency_slots.is_empty() {
             // Relaxed: a value best-effort launches compare with the clock.
-            qos.gates[d].store(0, Ordering::Relaxed);
+            qos.latency.gates[d].store(0, Ordering::Relaxed);
         }
     }
 }
@@ -480,7 +495,11 @@ fn fast_tick(
                 dev.published_until = until;
                 if let Some(slot) = dev.slot.filter(|_| dev.entry.owner != 0) {
                     dev.entry.latency_until_ns = until;
-                    let _ = board.write(slot, &dev.entry);
+                    if board.write(slot, &dev.entry).is_ok() {
+                        // Relaxed: a time the launches compare with the clock (a launch past it
+                        // wakes this thread).
+                        qos.latency.published[d].store(until, Ordering::Relaxed);
+                    }
                 }
             }
         }
@@ -496,7 +515,7 @@ fn fast_tick(
                 .max()
                 .unwrap_or(0);
             // Relaxed: a value best-effort launches compare with the clock.
-            qos.gates[d].store(until, Ordering::Relaxed);
+            qos.latency.gates[d].store(until, Ordering::Relaxed);
         }
         _ => {}
     }

@@ -19,7 +19,10 @@
 //! held back within a tick and asks for all of its cap at the next. Work-conserving: a
 //! container alone gets its cap, and what an idle neighbour leaves goes to the others.
 //!
-//! Every figure is in per mille of the device.
+//! Every figure is in per mille of the device. [`backlog`] bounds a best-effort thread's work
+//! in flight while a latency neighbour is on its GPU.
+
+pub mod backlog;
 
 /// The device, per mille.
 pub const DEVICE_PM: u16 = 1000;

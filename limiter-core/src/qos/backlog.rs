@@ -1,0 +1,324 @@
+//! A best-effort thread's work in flight, bounded while a latency-tier neighbour is on its GPU.
+//!
+//! Without MPS the GPU time-slices between contexts: when a latency request arrives, whatever
+//! best-effort work is already queued shares the GPU with it until it has run, whatever the gate
+//! on new launches says (`super::super::sm`: best-effort launches wait while latency work is in
+//! flight). A framework queues as much as it can (PyTorch: hundreds of kernels, seconds of a
+//! training step), so the gate alone cannot keep a request's latency. While a latency neighbour is
+//! on the board, each best-effort launching thread therefore records a marker event after every
+//! [`EVERY`] launches and, before a launch, waits until fewer than [`MARKS`] of its markers are
+//! still ahead of the GPU: at most `EVERY x MARKS` launches of the thread (plus those since its
+//! latest marker) are queued when a request arrives. Markers are plain events queried without
+//! blocking (`cuEventQuery`), one wait at most [`MAX_WAIT_NS`]; a stream being captured into a
+//! graph gets none (the event would become a node of the application's graph).
+//!
+//! This is the logic only; the limiter (`limiter/src/runtime/backlog.rs`) keeps one per thread
+//! over the real driver's events.
+
+use std::collections::VecDeque;
+
+use crate::gpu_time::{Events, Query, StreamRef};
+
+/// A marker after every this many launches.
+pub const EVERY: u32 = 2;
+/// At most this many markers ahead of the GPU before a launch.
+pub const MARKS: usize = 2;
+/// The longest one launch waits for its thread's backlog: a GPU that never passes a marker (a
+/// hung kernel, a lost context) slows best-effort work down, never stops it.
+pub const MAX_WAIT_NS: u64 = 1_000_000_000;
+/// How long a wait sleeps between two queries.
+pub const POLL_NS: u64 = 20_000;
+/// Idle marker events kept for reuse per thread.
+const POOL: usize = 8;
+
+/// The clock and the sleep a wait uses.
+pub trait Pause {
+    /// `CLOCK_MONOTONIC`, ns.
+    fn now_ns(&self) -> u64;
+    /// Sleeps about `ns`.
+    fn sleep_ns(&self, ns: u64);
+}
+
+/// One thread's markers.
+#[derive(Debug)]
+pub struct Backlog<E> {
+    /// Markers recorded and not yet seen passed, oldest first, with their context.
+    ahead: VecDeque<(u64, E)>,
+    /// Idle marker events and their context.
+    pool: Vec<(u64, E)>,
+    /// Launches since the latest marker.
+    since: u32,
+}
+
+impl<E: Copy> Default for Backlog<E> {
+    fn default() -> Self {
+        Backlog {
+            ahead: VecDeque::with_capacity(MARKS + 1),
+            pool: Vec::with_capacity(POOL),
+            since: 0,
+        }
+    }
+}
+
+impl<E: Copy> Backlog<E> {
+    /// Before a launch: waits until fewer than [`MARKS`] markers are ahead of the GPU (at most
+    /// [`MAX_WAIT_NS`]); returns the time waited, ns.
+    pub fn admit<V: Events<Event = E>>(&mut self, events: &V, pause: &impl Pause) -> u64 {
+        self.retire(events);
+        if self.ahead.len() < MARKS {
+            return 0;
+        }
+        let start = pause.now_ns();
+        loop {
+            pause.sleep_ns(POLL_NS);
+            self.retire(events);
+            let waited = pause.now_ns().saturating_sub(start);
+            if self.ahead.len() < MARKS {
+                return waited;
+            }
+            if waited >= MAX_WAIT_NS {
+                // Given up on the oldest: it is forgotten (and its event destroyed), not waited
+                // on again.
+                if let Some((_, e)) = self.ahead.pop_front() {
+                    events.destroy(e);
+                }
+                return waited;
+            }
+        }
+    }
+
+    /// After a launch on `stream` in `context`: every [`EVERY`] launches, records a marker.
+    pub fn launched<V: Events<Event = E>>(&mut self, events: &V, context: u64, stream: StreamRef) {
+        self.since += 1;
+        if self.since < EVERY || events.capturing(stream) != Some(false) {
+            return;
+        }
+        let event = match self.pool.iter().rposition(|p| p.0 == context) {
+            Some(i) => self.pool.swap_remove(i).1,
+            None => match events.create() {
+                Some(e) => e,
+                None => return,
+            },
+        };
+        if events.record(event, stream) {
+            self.since = 0;
+            self.ahead.push_back((context, event));
+        } else {
+            events.destroy(event);
+        }
+    }
+
+    /// The gate is lifted: markers are no longer waited on (their events go back to the pool
+    /// once passed, or are destroyed).
+    pub fn release<V: Events<Event = E>>(&mut self, events: &V) {
+        while let Some((ctx, e)) = self.ahead.pop_front() {
+            self.keep(events, ctx, e);
+        }
+        self.since = 0;
+    }
+
+    /// Markers ahead of the GPU.
+    pub fn ahead(&self) -> usize {
+        self.ahead.len()
+    }
+
+    /// Destroys every event (the thread ends).
+    pub fn clear<V: Events<Event = E>>(&mut self, events: &V) {
+        for (_, e) in self.ahead.drain(..).chain(self.pool.drain(..)) {
+            events.destroy(e);
+        }
+    }
+
+    /// Markers the GPU has passed (or that failed) leave the front.
+    fn retire<V: Events<Event = E>>(&mut self, events: &V) {
+        while let Some(&(ctx, e)) = self.ahead.front() {
+            match events.query(e) {
+                Query::NotReady => return,
+                Query::Done => {
+                    self.ahead.pop_front();
+                    self.keep(events, ctx, e);
+                }
+                Query::Failed => {
+                    self.ahead.pop_front();
+                    events.destroy(e);
+                }
+            }
+        }
+    }
+
+    fn keep<V: Events<Event = E>>(&mut self, events: &V, context: u64, event: E) {
+        if self.pool.len() < POOL {
+            self.pool.push((context, event));
+        } else {
+            events.destroy(event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A best-effort thread on a simulated device queue in virtual time.
+
+    use std::cell::{Cell, RefCell};
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// One device queue: a kernel runs after the work queued before it; an event passes when
+    /// the work queued before it has run. Time moves only when the thread sleeps.
+    #[derive(Default)]
+    struct Queue {
+        now: Cell<u64>,
+        busy_until: Cell<u64>,
+        events: RefCell<HashMap<u32, u64>>,
+        next: Cell<u32>,
+        live: Cell<i32>,
+        capturing: Cell<bool>,
+        hung: Cell<bool>,
+    }
+
+    impl Queue {
+        fn launch(&self, ns: u64) {
+            let start = self.busy_until.get().max(self.now.get());
+            self.busy_until.set(start + ns);
+        }
+        /// Work queued and not yet run, ns.
+        fn queued_ns(&self) -> u64 {
+            self.busy_until.get().saturating_sub(self.now.get())
+        }
+    }
+
+    impl Events for Queue {
+        type Event = u32;
+        fn create(&self) -> Option<u32> {
+            self.next.set(self.next.get() + 1);
+            self.live.set(self.live.get() + 1);
+            Some(self.next.get())
+        }
+        fn record(&self, e: u32, _: StreamRef) -> bool {
+            let at = self.busy_until.get().max(self.now.get());
+            self.events.borrow_mut().insert(e, at);
+            true
+        }
+        fn query(&self, e: u32) -> Query {
+            match self.events.borrow().get(&e) {
+                _ if self.hung.get() => Query::NotReady,
+                Some(&at) if at <= self.now.get() => Query::Done,
+                Some(_) => Query::NotReady,
+                None => Query::Failed,
+            }
+        }
+        fn elapsed_ns(&self, _: u32, _: u32) -> Option<u64> {
+            None
+        }
+        fn destroy(&self, e: u32) {
+            self.live.set(self.live.get() - 1);
+            self.events.borrow_mut().remove(&e);
+        }
+        fn capturing(&self, _: StreamRef) -> Option<bool> {
+            Some(self.capturing.get())
+        }
+    }
+
+    impl Pause for Queue {
+        fn now_ns(&self) -> u64 {
+            self.now.get()
+        }
+        fn sleep_ns(&self, ns: u64) {
+            self.now.set(self.now.get() + ns);
+        }
+    }
+
+    const STREAM: StreamRef = StreamRef {
+        handle: 7,
+        per_thread: false,
+    };
+
+    /// A thread that launches `n` kernels of `kernel_ns` back to back (1 us of CPU each), under
+    /// the bound; returns the most work it ever had queued, ns.
+    fn run(q: &Queue, b: &mut Backlog<u32>, n: usize, kernel_ns: u64) -> u64 {
+        let mut most = 0;
+        for _ in 0..n {
+            b.admit(q, q);
+            q.launch(kernel_ns);
+            b.launched(q, 1, STREAM);
+            most = most.max(q.queued_ns());
+            q.sleep_ns(1_000);
+        }
+        most
+    }
+
+    #[test]
+    fn a_thread_never_has_more_than_its_bound_queued() {
+        let q = Queue::default();
+        let mut b = Backlog::default();
+        // 28 us matmuls, launched in 1 us: unbounded, 2,000 of them would queue 54 ms.
+        let most = run(&q, &mut b, 2_000, 28_000);
+        let bound = u64::from(EVERY) * (MARKS as u64 + 1) * 28_000;
+        assert!(most <= bound, "{most} ns queued, bound {bound}");
+        // The GPU stays fed: the thread's launches kept it busy all along (no gap wider than a
+        // poll).
+        assert!(
+            q.busy_until.get() >= 2_000 * 28_000,
+            "{}",
+            q.busy_until.get()
+        );
+        assert!(q.now.get() <= 2_000 * 28_000 + POLL_NS, "{}", q.now.get());
+    }
+
+    #[test]
+    fn short_kernels_pay_nothing_while_the_gpu_keeps_up() {
+        let q = Queue::default();
+        let mut b = Backlog::default();
+        // Kernels shorter than a launch: the queue never builds up, no launch waits.
+        for _ in 0..1_000 {
+            assert_eq!(b.admit(&q, &q), 0);
+            q.launch(500);
+            b.launched(&q, 1, STREAM);
+            q.sleep_ns(1_000);
+        }
+        assert!(b.ahead() < MARKS);
+    }
+
+    #[test]
+    fn events_are_reused_and_all_destroyed_at_the_end() {
+        let q = Queue::default();
+        let mut b = Backlog::default();
+        run(&q, &mut b, 500, 28_000);
+        assert!(
+            q.live.get() <= (MARKS + 1 + POOL) as i32,
+            "{} events",
+            q.live.get()
+        );
+        b.release(&q);
+        assert_eq!(b.ahead(), 0);
+        b.clear(&q);
+        assert_eq!(q.live.get(), 0);
+    }
+
+    #[test]
+    fn a_capturing_stream_gets_no_marker() {
+        let q = Queue::default();
+        q.capturing.set(true);
+        let mut b = Backlog::default();
+        run(&q, &mut b, 100, 28_000);
+        assert_eq!(b.ahead(), 0);
+        assert_eq!(q.live.get(), 0);
+    }
+
+    #[test]
+    fn a_gpu_that_never_passes_a_marker_slows_launches_down_never_stops_them() {
+        let q = Queue::default();
+        let mut b = Backlog::default();
+        run(&q, &mut b, 2 * EVERY as usize, 28_000);
+        q.hung.set(true);
+        let waited = b.admit(&q, &q);
+        assert!(
+            (MAX_WAIT_NS..MAX_WAIT_NS + POLL_NS).contains(&waited),
+            "{waited}"
+        );
+        // The oldest marker is given up: the next launch has room at once.
+        assert_eq!(b.ahead(), MARKS - 1);
+        assert_eq!(b.admit(&q, &q), 0);
+    }
+}

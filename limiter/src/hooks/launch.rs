@@ -12,10 +12,7 @@
 //! countdown per launch; at a sample point (about 200 a second per launching thread by default)
 //! an out-of-line call records an event before and one after the launch on its stream.
 
-use std::{
-    cell::LazyCell,
-    ffi::{c_uint, c_void},
-};
+use std::ffi::{c_uint, c_void};
 
 use limiter_core::gpu_time::{Shape, StreamRef};
 
@@ -44,7 +41,7 @@ use crate::{
 /// before its first other CUDA call, the guarded path runs.
 #[inline(always)]
 fn launch<S: Symbol>(
-    target: impl FnOnce() -> Target,
+    target: impl Fn() -> Target + Copy,
     call: impl FnOnce(S::Fn) -> CUresult,
 ) -> CUresult {
     let rt = runtime::get();
@@ -67,9 +64,8 @@ fn launch<S: Symbol>(
         windows: state.sm_windows(),
         latency: &state.qos.latency,
     });
-    // The launch's stream and shape, worked out only where needed: at a sample point, or for a
-    // best-effort thread's backlog beside a latency tenant.
-    let target = LazyCell::new(target);
+    // The launch's stream and shape (`target`) are worked out only where needed: at a sample
+    // point, or after the launch of a best-effort thread beside a latency tenant.
     let gated = if state.sm.gating() {
         let (gated, waited) = shield(|| runtime::backlog::before(state)).unwrap_or((false, 0));
         throttled += waited;
@@ -86,7 +82,7 @@ fn launch<S: Symbol>(
     }
     let words = rt.words();
     let sampled = if words.sample_due() {
-        shield(|| runtime::gpu_time::begin(state, process, words, || *target)).flatten()
+        shield(|| runtime::gpu_time::begin(state, process, words, target)).flatten()
     } else {
         None
     };
@@ -105,7 +101,7 @@ fn launch<S: Symbol>(
         shield(|| runtime::gpu_time::end(process, s, r == CUDA_SUCCESS));
     }
     if gated && r == CUDA_SUCCESS {
-        shield(|| runtime::backlog::after(state, target.stream));
+        shield(|| runtime::backlog::after(state, target().stream));
     }
     r
 }

@@ -81,7 +81,7 @@ pub struct SamplingInfo {
     /// Probe cost over all processes as a share of their wall time.
     pub probe_cost_share: f64,
     /// What a hit costs now per prologue class of the probed functions (`push`, `nop5`,
-    /// `endbr64`, `other`), ns: the classes that had probed calls, and the main one.
+    /// `endbr64`, `branch`, `other`), ns: the classes that had probed calls, and the main one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub probe_cost_per_class_ns: BTreeMap<String, f64>,
     /// With a probe budget: the budget (a share of wall time) and what each sampled kind's

@@ -48,6 +48,10 @@ pub enum Prologue {
     /// `endbr64` (CET builds) followed by a push: probed on the push, past the `endbr64` (which
     /// the kernel would single-step), so emulated as a push is.
     Endbr64,
+    /// A jump or conditional jump that every call reaches first, after instructions that
+    /// change only the flags (e.g. Debian's libcuda 5xx: a compare of a RIP-relative word, then
+    /// `je`): probed on the jump, which the kernel emulates.
+    Branch,
     /// Anything else (an `endbr64` followed by anything but a push included): usually
     /// single-stepped.
     Other,

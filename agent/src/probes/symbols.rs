@@ -21,6 +21,12 @@ use crate::{discovery::LibraryFile, model::probing::Prologue};
 /// every call of the function passes the instruction after it, so that is where the probe goes.
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
+/// How far into a function the probe may move past instructions the kernel would single-step.
+const MAX_SKIP: usize = 24;
+/// The bytes of a function read to classify it: room for the skipped instructions and the one
+/// probed.
+const PROLOGUE_BYTES: u64 = 32;
+
 fn is_push(code: &[u8]) -> bool {
     matches!(
         code,
@@ -28,25 +34,64 @@ fn is_push(code: &[u8]) -> bool {
     )
 }
 
+/// A jump the kernel emulates: `jmp rel8/rel32`, `jcc rel8/rel32`.
+fn is_branch(code: &[u8]) -> bool {
+    matches!(
+        code,
+        [0xeb, ..] | [0xe9, ..] | [0x70..=0x7f, ..] | [0x0f, 0x80..=0x8f, ..]
+    )
+}
+
+/// The length of a leading instruction that a probe may be moved past: it falls through to the
+/// next instruction and changes no argument register, no stack pointer and no memory, so the
+/// entry program reads the same arguments after it and a return probe finds the return address
+/// where the call left it. Only these encodings (what the probed libraries start with):
+/// - `cmp dword [rip + d32], imm32` (`81 3d`) and `cmp dword [rip + d32], imm8` (`83 3d`): flags
+///   only (Debian's libcuda 5xx entry points);
+/// - `movabs rax, imm64` (`48 b8`): `rax` only, which carries no argument of a function with a
+///   fixed argument list (NCCL's `ncclCommInitRankConfig` and `ncclCommInitAll`).
+fn skippable(code: &[u8]) -> Option<usize> {
+    match code {
+        [0x81, 0x3d, ..] if code.len() >= 10 => Some(10),
+        [0x83, 0x3d, ..] if code.len() >= 7 => Some(7),
+        [0x48, 0xb8, ..] if code.len() >= 10 => Some(10),
+        _ => None,
+    }
+}
+
 impl Prologue {
-    /// The class of a function that begins with `code`, and how many bytes in its probe goes:
-    /// past a leading `endbr64` (then the class is `Endbr64` if a push follows, which is
-    /// emulated, else `Other`, whatever the kernel single-steps), else on the first byte.
+    /// The class of a function that begins with `code`, and how many bytes in its probe goes.
+    /// Past a leading `endbr64` (the class is then `Endbr64` if a push follows, which is
+    /// emulated); past instructions the kernel would single-step but that change nothing the
+    /// probes read ([`skippable`]), onto the first one it emulates (a push, a 5-byte nop, or a
+    /// jump: `Branch`); else on the first byte (or the one after the `endbr64`), `Other`.
     pub fn classify(code: &[u8]) -> (Prologue, u64) {
-        if let Some(rest) = code.strip_prefix(&ENDBR64) {
-            let class = if is_push(rest) {
-                Prologue::Endbr64
-            } else {
-                Prologue::Other
-            };
-            return (class, ENDBR64.len() as u64);
-        }
-        let class = match code {
-            c if is_push(c) => Prologue::Push,
-            [0x0f, 0x1f, 0x44, 0x00, 0x00, ..] => Prologue::Nop5,
-            _ => Prologue::Other,
+        let (start, after_endbr64) = match code.strip_prefix(&ENDBR64) {
+            Some(_) => (ENDBR64.len(), true),
+            None => (0, false),
         };
-        (class, 0)
+        let mut at = start;
+        while at <= MAX_SKIP && at < code.len() {
+            let rest = &code[at..];
+            let class = match rest {
+                c if is_push(c) => Some(if after_endbr64 && at == start {
+                    Prologue::Endbr64
+                } else {
+                    Prologue::Push
+                }),
+                [0x0f, 0x1f, 0x44, 0x00, 0x00, ..] => Some(Prologue::Nop5),
+                c if is_branch(c) => Some(Prologue::Branch),
+                _ => None,
+            };
+            if let Some(class) = class {
+                return (class, at as u64);
+            }
+            match skippable(rest) {
+                Some(n) => at += n,
+                None => break,
+            }
+        }
+        (Prologue::Other, start as u64)
     }
 }
 
@@ -67,8 +112,8 @@ pub struct SymbolTable {
 }
 
 /// Bytes of a library read at most to resolve its symbols: its headers, symbol and string tables
-/// and 8 bytes per function (measured: 1.1 MB of the NCCL wheel's 398 MB library, 0.6 MB of
-/// Debian's 29 MB libcuda 535). A file that would need more is refused (a tenant's "libcuda" can
+/// and 32 bytes per traced function (measured when it was 8: 1.1 MB of the NCCL wheel's 398 MB
+/// library, 0.6 MB of Debian's 29 MB libcuda 535). A file that would need more is refused (a tenant's "libcuda" can
 /// be anything, e.g. a 16 GB sparse file).
 pub const MAX_SYMBOL_BYTES: u64 = 64 << 20;
 
@@ -348,9 +393,13 @@ pub(crate) fn find_function<'d, R: ReadRef<'d>>(
         .checked_sub(section.address())?
         .checked_add(section_offset)?;
     let len = data.len().ok()?;
-    let code = data
-        .read_bytes_at(offset, len.saturating_sub(offset).min(8))
-        .unwrap_or(&[]);
+    // The function's first bytes, not past its end where the symbol says (the classification
+    // must not wander into the next function).
+    let mut want = len.saturating_sub(offset).min(PROLOGUE_BYTES);
+    if sym.size() > 0 {
+        want = want.min(sym.size());
+    }
+    let code = data.read_bytes_at(offset, want).unwrap_or(&[]);
     let (prologue, skip) = Prologue::classify(code);
     Some((offset + skip, prologue))
 }
@@ -378,6 +427,47 @@ mod tests {
             (Prologue::Other, 4)
         );
         assert_eq!(c(&[0xf3, 0x0f, 0x1e, 0xfa]), (Prologue::Other, 4));
+    }
+
+    #[test]
+    fn probes_move_past_instructions_that_change_nothing_they_read() {
+        let c = Prologue::classify;
+        // Debian's libcuda 535: `cmpl $0x321cba00, d32(%rip)` then `je rel8`: on the `je`.
+        let debian = [
+            0x81, 0x3d, 0x7e, 0x92, 0x8d, 0x01, 0x00, 0xba, 0x1c, 0x32, 0x74, 0x0c, 0xff, 0x25,
+        ];
+        assert_eq!(c(&debian), (Prologue::Branch, 10));
+        // The 8-bit immediate form, then a `jne rel32`.
+        assert_eq!(
+            c(&[0x83, 0x3d, 1, 2, 3, 4, 0, 0x0f, 0x85, 0, 0, 0, 0]),
+            (Prologue::Branch, 7)
+        );
+        // NCCL's ncclCommInitRankConfig: `movabs $0x5919cafebeef, %rax` then `push %rbp`.
+        let nccl = [
+            0x48, 0xb8, 0xef, 0xbe, 0xfe, 0xca, 0x19, 0x59, 0, 0, 0x55, 0x48, 0x89, 0xe5,
+        ];
+        assert_eq!(c(&nccl), (Prologue::Push, 10));
+        // Past an endbr64 too.
+        let mut cet = vec![0xf3, 0x0f, 0x1e, 0xfa];
+        cet.extend_from_slice(&nccl);
+        assert_eq!(c(&cet), (Prologue::Push, 14));
+        // A compare followed by anything else stays where it was: on the first byte.
+        assert_eq!(
+            c(&[0x81, 0x3d, 0, 0, 0, 0, 0, 0, 0, 0, 0x48, 0x8b, 0x07]),
+            (Prologue::Other, 0)
+        );
+        // An instruction that writes an argument register or the stack is never skipped.
+        assert_eq!(c(&[0x48, 0x83, 0xec, 0x10, 0x55]), (Prologue::Other, 0));
+        assert_eq!(c(&[0x48, 0x89, 0xfe, 0x55]), (Prologue::Other, 0));
+        // A truncated instruction (the function's end, or the bytes read) is not skipped over.
+        assert_eq!(c(&[0x48, 0xb8, 1, 2, 3]), (Prologue::Other, 0));
+        // At most MAX_SKIP bytes in: three compares (30 bytes) then a push stay `Other`.
+        let mut long = Vec::new();
+        for _ in 0..3 {
+            long.extend_from_slice(&[0x81, 0x3d, 0, 0, 0, 0, 0, 0, 0, 0]);
+        }
+        long.push(0x55);
+        assert_eq!(c(&long), (Prologue::Other, 0));
     }
 
     #[test]

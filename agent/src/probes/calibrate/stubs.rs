@@ -11,9 +11,10 @@ pub(super) type CalibrationFn = unsafe extern "C" fn(*mut i32) -> i32;
 // One function per prologue class, each starting with an instruction of its class and going on
 // into the common body (`vgpu_calibrate_body`), which returns 0. `vgpu_calibrate_endbr64` starts as
 // CET builds do, an `endbr64` and a push (probed on the push, as a library's functions are: see
-// `Prologue::classify`). `vgpu_calibrate_other` starts like
-// every entry point of NVIDIA's 5xx libcuda in Debian: a compare of a RIP-relative word with an
-// immediate.
+// `Prologue::classify`). `vgpu_calibrate_branch` starts like every entry point of NVIDIA's 5xx
+// libcuda in Debian, a compare of a RIP-relative word with an immediate and a conditional jump
+// (probed on the jump). `vgpu_calibrate_other` starts with a load of a RIP-relative word into an
+// argument register, which no probe can be moved past: single-stepped out of line.
 #[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     ".pushsection .text.vgpu_calibrate,\"ax\",@progbits",
@@ -43,11 +44,21 @@ std::arch::global_asm!(
     "pop rbp",
     "jmp {body}",
     ".size vgpu_calibrate_endbr64, .-vgpu_calibrate_endbr64",
+    ".globl vgpu_calibrate_branch",
+    ".type vgpu_calibrate_branch,@function",
+    ".p2align 4",
+    "vgpu_calibrate_branch:",
+    "cmp dword ptr [rip + vgpu_calibrate_word], 0x321cba00",
+    "je 2f",
+    "jmp {body}",
+    "2:",
+    "jmp {body}",
+    ".size vgpu_calibrate_branch, .-vgpu_calibrate_branch",
     ".globl vgpu_calibrate_other",
     ".type vgpu_calibrate_other,@function",
     ".p2align 4",
     "vgpu_calibrate_other:",
-    "cmp dword ptr [rip + vgpu_calibrate_word], 0x321cba00",
+    "mov esi, dword ptr [rip + vgpu_calibrate_word]",
     "jmp {body}",
     ".size vgpu_calibrate_other, .-vgpu_calibrate_other",
     ".popsection",
@@ -88,18 +99,24 @@ unsafe extern "C" {
     fn vgpu_calibrate_push(v: *mut i32) -> i32;
     fn vgpu_calibrate_nop5(v: *mut i32) -> i32;
     fn vgpu_calibrate_endbr64(v: *mut i32) -> i32;
+    fn vgpu_calibrate_branch(v: *mut i32) -> i32;
     fn vgpu_calibrate_other(v: *mut i32) -> i32;
 }
 
 /// The calibration function of each class: its symbol and a pointer to call it.
 #[cfg(target_arch = "x86_64")]
-pub(super) const STUBS: [(Prologue, &str, CalibrationFn); 4] = [
+pub(super) const STUBS: [(Prologue, &str, CalibrationFn); 5] = [
     (Prologue::Push, "vgpu_calibrate_push", vgpu_calibrate_push),
     (Prologue::Nop5, "vgpu_calibrate_nop5", vgpu_calibrate_nop5),
     (
         Prologue::Endbr64,
         "vgpu_calibrate_endbr64",
         vgpu_calibrate_endbr64,
+    ),
+    (
+        Prologue::Branch,
+        "vgpu_calibrate_branch",
+        vgpu_calibrate_branch,
     ),
     (
         Prologue::Other,

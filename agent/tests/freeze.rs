@@ -382,6 +382,11 @@ fn without_an_agent_the_call_waits_a_bounded_time_then_in_the_driver_until_a_tha
     t.finish();
 }
 
+/// The host bytes the daemon's idle freeze holds reserved, from its model.
+fn reserved_bytes(snap: &Value) -> Option<u64> {
+    snap["agent"]["idle_freeze"]["host_reserved_bytes"].as_u64()
+}
+
 /// The bytes the model says the container `id` holds in host memory while frozen; `None`
 /// while it is not frozen.
 fn frozen_bytes(snap: &Value, id: &str) -> Option<u64> {
@@ -452,6 +457,29 @@ fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
             [(8 * MIB).to_string()],
             "round {round}"
         );
+        // The host budget and what of it the frozen container holds reserved.
+        support::wait_until(
+            Duration::from_secs(30),
+            || reserved_bytes(&daemon.snapshot()) == Some(8 * MIB),
+            "the budget reserved by the frozen container",
+        );
+        let body = daemon.scrape().0;
+        let node = |name: &str| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}{{}} ")))
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        assert_eq!(
+            node("vgpu_freeze_host_budget_bytes"),
+            Some((64 * MIB) as f64),
+            "round {round}"
+        );
+        assert_eq!(
+            node("vgpu_freeze_host_reserved_bytes"),
+            Some((8 * MIB) as f64),
+            "round {round}"
+        );
+        assert_eq!(node("vgpu_freeze_after_seconds"), Some(1.0));
         // Its next call thaws it, on the memory as it was.
         t.send("check");
         assert_eq!(t.line()["checking"], true);
@@ -467,6 +495,12 @@ fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
                 Duration::from_secs(30),
                 || frozen_bytes(&daemon.snapshot(), &id).is_none(),
                 "the model's thawed container",
+            );
+            // A completed thaw returns its reservation.
+            support::wait_until(
+                Duration::from_secs(30),
+                || reserved_bytes(&daemon.snapshot()) == Some(0),
+                "the budget returned after the thaw",
             );
         }
     }

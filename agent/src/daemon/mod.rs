@@ -295,11 +295,12 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     let (snapshots, collector_thread) =
         spawn_collector(collector, opts.interval).map_err(start_error)?;
     let mut idle_snapshots = None;
-    let frozen;
+    let (frozen, reserved);
     {
         let mut watch =
             thaw::ThawWatch::new(PathBuf::from("/proc"), opts.checkpoint_libcuda.clone());
         frozen = watch.frozen_containers();
+        reserved = watch.host_reserved();
         if let Some(settings) = opts.idle_freeze {
             let (tx, rx) = mpsc::channel();
             idle_snapshots = Some(tx);
@@ -333,6 +334,11 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
                     let _ = tx.send(thaw::observed(&snap));
                 }
                 thaw::mark_frozen(&mut snap, &frozen.lock().unwrap_or_else(|e| e.into_inner()));
+                if let Some(settings) = &opts.idle_freeze {
+                    // Relaxed: a figure written by the thaw thread, read on its own.
+                    let held = reserved.load(std::sync::atomic::Ordering::Relaxed);
+                    thaw::mark_idle_freeze(&mut snap, settings, held);
+                }
                 publisher.publish(&mut snap, true);
                 // Half an interval of slack: a collector on time never causes a republish.
                 republish = Instant::now() + opts.interval * 3 / 2;

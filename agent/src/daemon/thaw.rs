@@ -25,7 +25,11 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::{Arc, Mutex, mpsc::Receiver},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc::Receiver,
+    },
     time::{Duration, Instant},
 };
 
@@ -117,6 +121,16 @@ pub fn mark_frozen(snap: &mut crate::model::Snapshot, frozen: &std::collections:
     }
 }
 
+/// Says in the snapshot's agent status that idle containers are frozen after `settings.after`,
+/// and what of the host budget is reserved now.
+pub fn mark_idle_freeze(snap: &mut crate::model::Snapshot, settings: &IdleFreeze, reserved: u64) {
+    snap.agent.idle_freeze = Some(crate::model::IdleFreezeStatus {
+        after_seconds: settings.after.as_secs_f64(),
+        host_budget_bytes: settings.host_budget,
+        host_reserved_bytes: reserved,
+    });
+}
+
 /// The idle freeze's state.
 struct Idle {
     freezer: Freezer<String>,
@@ -145,6 +159,8 @@ pub struct ThawWatch {
     idle: Option<Idle>,
     /// The containers marked frozen, as the last scan and thaws left them (for the model).
     shown: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Host bytes the idle freeze holds reserved after its last tick (for the model).
+    reserved: Arc<AtomicU64>,
 }
 
 impl ThawWatch {
@@ -160,7 +176,13 @@ impl ThawWatch {
             failed: HashMap::new(),
             idle: None,
             shown: Arc::default(),
+            reserved: Arc::default(),
         }
+    }
+
+    /// Host bytes the idle freeze holds reserved, kept up to date by the watcher.
+    pub fn host_reserved(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.reserved)
     }
 
     /// The containers marked frozen, kept up to date by the watcher.
@@ -204,9 +226,18 @@ impl ThawWatch {
     }
 
     /// One look: the idle freeze's decisions on the latest snapshot, a scan if one is due, then
-    /// every frozen container's request.
+    /// every frozen container's request; then what the idle freeze holds, for the model.
     fn tick(&mut self) {
         self.idle_freeze();
+        self.tick_frozen();
+        if let Some(idle) = &self.idle {
+            // Relaxed: a figure for the model, read on its own.
+            self.reserved.store(idle.freezer.held(), Ordering::Relaxed);
+        }
+    }
+
+    /// A scan if one is due, then every frozen container's request.
+    fn tick_frozen(&mut self) {
         if Instant::now() >= self.next_scan {
             self.scan();
             self.next_scan = Instant::now() + SCAN_PERIOD;

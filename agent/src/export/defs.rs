@@ -443,6 +443,33 @@ pub const GPU_INFO: Def = def(
     "A device (value 1).",
     "gpus[]",
 );
+pub const FREEZE_HOST_BUDGET: Def = def(
+    "vgpu_freeze_host_budget",
+    Gauge,
+    Some(Bytes),
+    false,
+    &[],
+    "Host bytes frozen containers may hold together (vgpu-agent run --freeze-host-budget); present while the daemon freezes idle containers (--freeze-after).",
+    "agent.idle_freeze.host_budget_bytes",
+);
+pub const FREEZE_HOST_RESERVED: Def = def(
+    "vgpu_freeze_host_reserved",
+    Gauge,
+    Some(Bytes),
+    false,
+    &[],
+    "Host bytes of the freeze budget reserved now: frozen containers' device memory, freezes under way and thaws not yet completed; present while the daemon freezes idle containers.",
+    "agent.idle_freeze.host_reserved_bytes",
+);
+pub const FREEZE_AFTER: Def = def(
+    "vgpu_freeze_after",
+    Gauge,
+    Some(Seconds),
+    false,
+    &[],
+    "Idle time after which the daemon freezes a container (--freeze-after); present while it does.",
+    "agent.idle_freeze.after_seconds",
+);
 pub const AGENT_UP: Def = def(
     "vgpu_agent_probes_up",
     Gauge,
@@ -786,6 +813,9 @@ pub const ALL: &[Def] = &[
     CONTAINER_PROCESSES,
     CONTAINER_FROZEN,
     CONTAINER_FROZEN_HOST_MEMORY,
+    FREEZE_HOST_BUDGET,
+    FREEZE_HOST_RESERVED,
+    FREEZE_AFTER,
     CONTAINER_DRIFT,
     API_CALLS,
     API_ERRORS,

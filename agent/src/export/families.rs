@@ -352,6 +352,17 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
             .map(|(k, v)| (vec![k.clone()], Value::Int(*v)))
             .collect(),
     );
+    if let Some(f) = &a.idle_freeze {
+        fam(
+            &defs::FREEZE_HOST_BUDGET,
+            one(Value::Int(f.host_budget_bytes)),
+        );
+        fam(
+            &defs::FREEZE_HOST_RESERVED,
+            one(Value::Int(f.host_reserved_bytes)),
+        );
+        fam(&defs::FREEZE_AFTER, one(Value::Float(f.after_seconds)));
+    }
     fam(&defs::AGENT_REGIONS, one(Value::Int(a.regions_read as u64)));
     fam(
         &defs::AGENT_REGION_ERRORS,

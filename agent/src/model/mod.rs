@@ -611,6 +611,21 @@ pub struct AgentStatus {
     /// `/metrics` connections the server dropped, by reason (the daemon only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub http_dropped: BTreeMap<String, u64>,
+    /// The daemon's freeze of idle containers (`--freeze-after`), when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_freeze: Option<IdleFreezeStatus>,
+}
+
+/// The daemon's freeze of idle containers: its TTL and its host-memory budget.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IdleFreezeStatus {
+    /// Idle time after which a container is frozen, seconds.
+    pub after_seconds: f64,
+    /// Host bytes frozen containers may hold together (`--freeze-host-budget`).
+    pub host_budget_bytes: u64,
+    /// Host bytes reserved now: those of frozen containers, of freezes under way, and of thaws
+    /// not yet completed.
+    pub host_reserved_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -656,6 +671,7 @@ impl Default for AgentStatus {
             stale: false,
             age_seconds: 0.0,
             http_dropped: BTreeMap::new(),
+            idle_freeze: None,
         }
     }
 }

@@ -266,6 +266,15 @@ pub fn table(r: &StatReport) -> String {
     for t in &snap.skipped_by_tenant {
         let _ = writeln!(out, "skipped for tenant {}: {}", t.tenant, t.summary());
     }
+    if let Some(f) = &r.idle_freeze {
+        let _ = writeln!(
+            out,
+            "idle freeze: containers idle for {:?} are frozen; host memory {} of {} reserved",
+            std::time::Duration::from_secs_f64(f.after_seconds),
+            crate::units::bytes(f.host_reserved_bytes),
+            crate::units::bytes(f.host_budget_bytes)
+        );
+    }
     for w in &r.warnings {
         let _ = writeln!(out, "warning: {w}");
     }
@@ -533,12 +542,23 @@ mod tests {
                 skipped_by_tenant: vec![],
             },
             nvml_calls: Default::default(),
+            idle_freeze: Some(crate::model::IdleFreezeStatus {
+                after_seconds: 600.0,
+                host_budget_bytes: 64 << 30,
+                host_reserved_bytes: 12 << 30,
+            }),
             processes: vec![],
             cgroups: vec![],
             containers: vec![],
         };
         let t = table(&r);
         assert!(t.contains("STALE: the last snapshot is 7.3s old"), "{t}");
+        assert!(
+            t.contains(
+                "idle freeze: containers idle for 600s are frozen; host memory 12.00 GiB of 64.00 GiB reserved"
+            ),
+            "{t}"
+        );
         assert!(
             t.contains(
                 "probe budget 0.50% of each process's time: sync 25% of the time, copy whole (~: estimated from the calls probed)"

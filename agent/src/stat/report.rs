@@ -194,6 +194,10 @@ pub struct StatReport {
     /// one since the agent started. Absent without NVML.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub nvml_calls: BTreeMap<String, NvmlCallCost>,
+    /// The daemon's freeze of idle containers, as its last snapshot says (absent when it is
+    /// off, or in-process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_freeze: Option<crate::model::IdleFreezeStatus>,
     pub processes: Vec<ProcessRow>,
     pub cgroups: Vec<CgroupRow>,
     pub containers: Vec<ContainerRow>,
@@ -389,6 +393,7 @@ pub fn build(
             skipped_by_tenant: skips::by_tenant(a),
         },
         nvml_calls: window_nvml_calls(first, last),
+        idle_freeze: a.idle_freeze.clone(),
         processes,
         cgroups: cgroups
             .into_iter()

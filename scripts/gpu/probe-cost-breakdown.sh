@@ -13,7 +13,9 @@
 # With kernel.bpf_stats_enabled=1 for the agent configurations, each eBPF program's run count and
 # run time come from the daemon's program descriptors (/proc/PID/fdinfo: run_cnt, run_time_ns),
 # the daemon's CPU time per thread from /proc/PID/task/*/stat, and the daemon's snapshot (its socket)
-# gives the calls per API per rank and the calibrated price of a probe hit per prologue class.
+# gives the calls per API per rank and the calibrated price of a probe hit per prologue class;
+# the workload marks its measured window (MARK_PREFIX), and the counts and programs' run counts
+# are also read at its start and end, so that the per-step figures are the window's.
 # breakdown.txt puts them together per step: probe hits x (trap price + program time), the
 # daemon's CPU, and the added time per step against native.
 # Exit status: 1 if a run produced no figure or a configuration's median is outside native's
@@ -101,13 +103,30 @@ run_config() { # config round
   local cmd=(torchrun --standalone --nproc_per_node=2 "$HERE/hami_slowdown.py")
   case $cfg in
     native) env PATTERNS=all_reduce LABEL="native-$r" $PIN "${cmd[@]}" ;;
-    *)
-      [ "$cfg" != limiter ] && start_daemon "$cfg" "$r"
+    limiter)
       mkdir -p "$TS/regions/$cfg-$r"
       env LD_PRELOAD="$BIN/libvgpu_limiter.so" CUDA_DEVICE_MEMORY_LIMIT=64g \
         CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/regions/$cfg-$r/ctr.cache" \
-        PATTERNS=all_reduce LABEL="$cfg-$r" $PIN "${cmd[@]}"
-      [ "$cfg" != limiter ] && stop_daemon "$cfg" "$r" ;;
+        PATTERNS=all_reduce LABEL="$cfg-$r" $PIN "${cmd[@]}" ;;
+    *)
+      start_daemon "$cfg" "$r"
+      mkdir -p "$TS/regions/$cfg-$r"
+      rm -f "$TS/mark.start" "$TS/mark.end"
+      env LD_PRELOAD="$BIN/libvgpu_limiter.so" CUDA_DEVICE_MEMORY_LIMIT=64g \
+        CUDA_DEVICE_MEMORY_SHARED_CACHE="$TS/regions/$cfg-$r/ctr.cache" MARK_PREFIX="$TS/mark" \
+        PATTERNS=all_reduce LABEL="$cfg-$r" $PIN "${cmd[@]}" &
+      local job=$!
+      # The daemon's counts and the programs' run counts at both ends of the measured window.
+      local at
+      for at in start end; do
+        while [ ! -e "$TS/mark.$at" ] && kill -0 "$job" 2>/dev/null; do sleep 0.05; done
+        if [ -e "$TS/mark.$at" ]; then
+          snapshot "$TS/agent.sock" "$OUT/snapshot-$at-$cfg-$r.json" || echo "no $at snapshot for $cfg-$r"
+          prog_stats "$DAEMON" > "$OUT/progs-$at-$cfg-$r.txt"
+        fi
+      done
+      wait "$job"
+      stop_daemon "$cfg" "$r" ;;
   esac
 }
 : > "$OUT/results.txt"

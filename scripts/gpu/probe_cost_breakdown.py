@@ -88,16 +88,43 @@ def breakdown(out):
                   + ", ".join(f"{k} {v:.0f}" for k, v in sorted(classes.items())))
             for path, pro in libs.items():
                 print(f"  library {path}: prologues {pro}")
-            ranks = [p for p in snap["processes"]
+            # The measured window's counts where the workload marked it (snapshots and program
+            # counts at its start and end), else the daemon's whole life (start-up included).
+            w0 = os.path.join(out, f"snapshot-start-{cfg}-{r}.json")
+            w1 = os.path.join(out, f"snapshot-end-{cfg}-{r}.json")
+            g0 = os.path.join(out, f"progs-start-{cfg}-{r}.txt")
+            g1 = os.path.join(out, f"progs-end-{cfg}-{r}.txt")
+            windowed = all(os.path.exists(x) for x in (w0, w1, g0, g1))
+            base = {}
+            if windowed:
+                for q in json.load(open(w0))["processes"]:
+                    base[q["key"]["pid"]] = {a["api"]: a["calls"] for a in q["apis"]
+                                             if a["source"] == "probes"}
+                snap_w = json.load(open(w1))
+                p0 = {(q["name"], q["id"]): q for q in map(json.loads, open(g0))}
+                progs_ = []
+                for q in map(json.loads, open(g1)):
+                    b = p0.get((q["name"], q["id"]), {"run_cnt": 0, "run_time_ns": 0})
+                    progs_.append(dict(q, run_cnt=q["run_cnt"] - b["run_cnt"],
+                                       run_time_ns=q["run_time_ns"] - b["run_time_ns"]))
+            else:
+                snap_w = snap
+            scope = "in the measured window" if windowed else "over the daemon's life"
+            ranks = [p for p in snap_w["processes"]
                      if any(a["source"] == "probes" and a["kind"] == "nccl" for a in p["apis"])]
+
+            def probed(p):
+                before = base.get(p["key"]["pid"], {})
+                return {a["api"]: a["calls"] - before.get(a["api"], 0)
+                        for a in p["apis"] if a["source"] == "probes"}
+
             for p in ranks:
-                calls = {a["api"]: a["calls"] for a in p["apis"] if a["source"] == "probes"}
-                top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
-                print(f"  pid {p['key']['pid']} ({p['comm']}): probed calls per step "
+                top = sorted(probed(p).items(), key=lambda kv: -kv[1])[:8]
+                print(f"  pid {p['key']['pid']} ({p['comm']}): probed calls per step {scope} "
                       + ", ".join(f"{k} {v / steps:.2f}" for k, v in top))
             hits = sum(q["run_cnt"] for q in progs_ if "entry" in q["name"])
             prog_ns = sum(q["run_time_ns"] for q in progs_)
-            rank_calls = sum(a["calls"] for p in ranks for a in p["apis"] if a["source"] == "probes")
+            rank_calls = sum(v for p in ranks for v in probed(p).values())
             if progs_:
                 print("  eBPF programs (runs, ns per run): " + ", ".join(
                     f"{q['name']} {q['run_cnt']} {q['run_time_ns'] / max(q['run_cnt'], 1):.0f}"
@@ -110,7 +137,7 @@ def breakdown(out):
                 # libnccl): priced at the push class.
                 price = classes.get("push", float("nan"))
                 hit_per_step = rank_calls / len(ranks) / steps
-                print(f"  per rank per step: {hit_per_step:.2f} probe hits; eBPF program time "
+                print(f"  per rank per step {scope}: {hit_per_step:.2f} probe hits; eBPF program time "
                       f"{prog_per_step:.2f} us; at the push class's price {price:.0f} ns: "
                       f"{hit_per_step * price / 1000:.2f} us")
                 per_step_probe.append(hit_per_step * price / 1000)

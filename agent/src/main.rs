@@ -492,7 +492,9 @@ enum Command {
         checkpoint_libcuda: PathBuf,
         /// Freeze a container whose processes under the limiter made no CUDA call for this long
         /// (its device memory to host memory, thawed by its next call); `off`: never. Without
-        /// it, `VGPU_FREEZE_AFTER` in the agent's environment; neither: never.
+        /// it, `VGPU_FREEZE_AFTER` in the agent's environment; neither: only the containers
+        /// that ask for it (their own `VGPU_FREEZE_AFTER`), after their own time. A container
+        /// asking for a shorter time than this gets it; never a longer one.
         #[arg(long, value_name = "DURATION")]
         freeze_after: Option<String>,
         /// Host memory that frozen containers may hold together (e.g. 64g); a container that
@@ -751,10 +753,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     exited_retention,
                 },
                 checkpoint_libcuda,
-                idle_freeze: freeze_after.map(|after| daemon::thaw::IdleFreeze {
-                    after,
+                idle_freeze: daemon::thaw::IdleFreeze {
+                    after: freeze_after,
                     host_budget: freeze_host_budget,
-                }),
+                },
             };
             daemon::run(opts)?;
             Ok(())

@@ -168,11 +168,24 @@ struct Tenant {
 
 impl Tenant {
     fn start(dir: &Path, lib: &Path, gpu: &Path, cgroup: &TestCgroup) -> Tenant {
+        Tenant::start_with(dir, lib, gpu, cgroup, "c.region", &[])
+    }
+
+    /// A tenant with its region at `dir/region` and `env` added to its environment.
+    fn start_with(
+        dir: &Path,
+        lib: &Path,
+        gpu: &Path,
+        cgroup: &TestCgroup,
+        region: &str,
+        env: &[(&str, &str)],
+    ) -> Tenant {
         let mut c = exercise(lib);
         c.args(["pattern", "--bytes", "8m"])
+            .envs(env.iter().copied())
             .env("LD_PRELOAD", limiter_lib())
             .env("VGPU_REAL_LIBCUDA", lib)
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join("c.region"))
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join(region))
             .env("CUDA_DEVICE_MEMORY_LIMIT", "32m")
             .env("VGPU_CONTEXT_BYTES", "0")
             .env("LIBCUDA_LOG_LEVEL", "3")
@@ -505,5 +518,75 @@ fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
         }
     }
     t.finish();
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_container_that_asks_is_frozen_after_its_own_time_the_others_are_left_alone() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    // Container ids are hexadecimal, as docker's.
+    let (cg_asks, asks) = container("a5");
+    let (cg_silent, silent) = container("b0");
+    let mut a = Tenant::start_with(
+        dir.path(),
+        &lib,
+        &gpu,
+        &cg_asks,
+        "asks.region",
+        &[("VGPU_FREEZE_AFTER", "1s")],
+    );
+    let b = Tenant::start_with(dir.path(), &lib, &gpu, &cg_silent, "silent.region", &[]);
+    // No operator TTL: only the container that asks is frozen.
+    let daemon = Daemon::start_with_env(
+        dir.path(),
+        "200ms",
+        &[
+            "--checkpoint-libcuda",
+            lib.to_str().unwrap(),
+            "--freeze-host-budget",
+            "64m",
+        ],
+        Stdio::inherit(),
+        &[
+            ("SIMCUDA_SHARED_DEVICE", gpu.as_os_str()),
+            ("SIMCUDA_CAPACITY", "64m".as_ref()),
+        ],
+    );
+    support::wait_until(
+        Duration::from_secs(60),
+        || frozen_bytes(&daemon.snapshot(), &asks) == Some(8 * MIB),
+        "the freeze of the container that asks",
+    );
+    let snap = daemon.snapshot();
+    let ttl = snap["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["container_id"] == asks.as_str())
+        .map(|c| c["regions"][0]["freeze_after_seconds"].clone());
+    assert_eq!(ttl, Some(serde_json::json!(1.0)), "its region's TTL");
+    assert!(snap["agent"]["idle_freeze"]["after_seconds"].is_null());
+    // The other one, idle as long and longer, keeps its memory on the GPU.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(frozen_bytes(&daemon.snapshot(), &silent), None);
+    assert_eq!(charged(&gpu), 8 * MIB, "the silent container's memory only");
+    // The frozen one's next call thaws it, word for word.
+    a.send("check");
+    assert_eq!(a.line()["checking"], true);
+    let v = a.line();
+    assert_eq!(
+        (v["result"].as_i64(), v["corrupted"].as_u64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
+    assert_eq!(charged(&gpu), 16 * MIB);
+    a.finish();
+    b.finish();
     assert!(daemon.stop().success());
 }

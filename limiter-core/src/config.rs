@@ -27,6 +27,9 @@ pub(crate) const SM_FEEDBACK: &str = "VGPU_SM_FEEDBACK";
 pub(crate) const GPU_TIME_SAMPLE: &str = "VGPU_GPU_TIME_SAMPLE";
 pub(crate) const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 pub(crate) const OOM_WAIT: &str = "VGPU_OOM_WAIT";
+pub(crate) const FREEZE_AFTER: &str = "VGPU_FREEZE_AFTER";
+/// The longest `VGPU_FREEZE_AFTER` accepted (a week).
+pub(crate) const MAX_FREEZE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The longest `VGPU_OOM_WAIT` accepted: an allocation is never held longer than this.
 pub(crate) const MAX_OOM_WAIT: Duration = Duration::from_secs(3600);
@@ -180,6 +183,10 @@ pub struct Config {
     /// (`VGPU_OOM_WAIT`, a duration; unset, `0` or `off`: not at all, the caller gets
     /// `CUDA_ERROR_OUT_OF_MEMORY` at once).
     pub oom_wait: Option<Duration>,
+    /// How long the container may stay idle (no CUDA call) before the agent freezes it
+    /// (`VGPU_FREEZE_AFTER`, a duration; unset, `0` or `off`: the operator's `--freeze-after`
+    /// alone), published in the region for the agent (docs/oversubscription.md).
+    pub freeze_after: Option<Duration>,
     /// The container's QoS tier (`VGPU_QOS_TIER` and `VGPU_QOS_GUARANTEE`, else HAMi's
     /// `CUDA_TASK_PRIORITY`: 0 is latency, 1 best effort); `None`: no tier, the SM limit alone.
     pub qos_tier: Option<Tier>,
@@ -232,6 +239,7 @@ impl Default for Config {
             gpu_time_sample: SampleRate::default(),
             oversubscribe: false,
             oom_wait: None,
+            freeze_after: None,
             qos_tier: None,
             qos_board: None,
         }
@@ -262,16 +270,22 @@ pub fn parse_bytes(s: &str) -> Result<u64, BytesError> {
 /// Why a duration does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {
-    #[error("expected digits followed by a unit: ms, s or m (e.g. 500ms, 30s, 2m)")]
+    #[error("expected digits followed by a unit: ms, s, m or h (e.g. 500ms, 30s, 2m, 1h)")]
     Syntax,
-    #[error("longer than {} s", MAX_OOM_WAIT.as_secs())]
-    TooLong,
+    #[error("longer than {0} s")]
+    TooLong(u64),
 }
 
-/// Parses a duration: decimal digits followed by `ms`, `s` or `m` (`"500ms"`, `"30s"`, `"2m"`),
-/// at most [`MAX_OOM_WAIT`]. Whole numbers only, as byte counts are: the limiter's variables are
-/// written by programs, and one spelling per value keeps them comparable.
+/// Parses a duration: decimal digits followed by `ms`, `s`, `m` or `h` (`"500ms"`, `"30s"`,
+/// `"2m"`, `"1h"`), at most [`MAX_OOM_WAIT`]. Whole numbers only, as byte counts are: the
+/// limiter's variables are written by programs, and one spelling per value keeps them comparable.
 pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    parse_duration_within(s, MAX_OOM_WAIT)
+}
+
+/// [`parse_duration`], at most `max`.
+pub fn parse_duration_within(s: &str, max: Duration) -> Result<Duration, DurationError> {
+    let too_long = DurationError::TooLong(max.as_secs());
     let split = s
         .find(|c: char| !c.is_ascii_digit())
         .ok_or(DurationError::Syntax)?;
@@ -279,15 +293,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     if digits.is_empty() {
         return Err(DurationError::Syntax);
     }
-    let n: u64 = digits.parse().map_err(|_| DurationError::TooLong)?;
+    let n: u64 = digits.parse().map_err(|_| too_long.clone())?;
+    let secs = |per: u64| {
+        n.checked_mul(per)
+            .map(Duration::from_secs)
+            .ok_or(too_long.clone())
+    };
     let d = match unit {
         "ms" => Duration::from_millis(n),
         "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.checked_mul(60).ok_or(DurationError::TooLong)?),
+        "m" => secs(60)?,
+        "h" => secs(3600)?,
         _ => return Err(DurationError::Syntax),
     };
-    if d > MAX_OOM_WAIT {
-        return Err(DurationError::TooLong);
+    if d > max {
+        return Err(too_long);
     }
     Ok(d)
 }
@@ -308,6 +328,7 @@ enum Var {
     GpuTimeSample,
     Oversubscribe,
     OomWait,
+    FreezeAfter,
     QosTier,
     QosGuarantee,
     QosBoard,
@@ -358,6 +379,7 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         GPU_TIME_SAMPLE => return Ok(Some(Var::GpuTimeSample)),
         OVERSUBSCRIBE => return Ok(Some(Var::Oversubscribe)),
         OOM_WAIT => return Ok(Some(Var::OomWait)),
+        FREEZE_AFTER => return Ok(Some(Var::FreezeAfter)),
         QOS_TIER => return Ok(Some(Var::QosTier)),
         QOS_GUARANTEE => return Ok(Some(Var::QosGuarantee)),
         QOS_BOARD => return Ok(Some(Var::QosBoard)),
@@ -508,6 +530,19 @@ impl Config {
                             value: value.clone(),
                             reason: reason.to_string(),
                         })?)
+                        .filter(|d| !d.is_zero()),
+                    };
+                }
+                Var::FreezeAfter => {
+                    cfg.freeze_after = match value.as_str() {
+                        "0" | "off" => None,
+                        v => Some(parse_duration_within(v, MAX_FREEZE_AFTER).map_err(
+                            |reason| ConfigError::Invalid {
+                                var: name.to_owned(),
+                                value: value.clone(),
+                                reason: reason.to_string(),
+                            },
+                        )?)
                         .filter(|d| !d.is_zero()),
                     };
                 }
@@ -933,7 +968,7 @@ mod tests {
             "1.5s",
             "-1s",
             "+1s",
-            "1h",
+            "2h",
             "61m",
             "99999999999999999999s",
         ] {
@@ -943,7 +978,26 @@ mod tests {
                 "{bad:?}: {e}"
             );
         }
-        assert_eq!(parse_duration("3601s"), Err(DurationError::TooLong));
+        assert_eq!(parse_duration("3601s"), Err(DurationError::TooLong(3600)));
         assert_eq!(parse_duration("1x"), Err(DurationError::Syntax));
+    }
+
+    #[test]
+    fn freeze_after_is_off_by_default_and_takes_a_duration_up_to_a_week() {
+        assert_eq!(vars(&[]).unwrap().freeze_after, None);
+        let ttl = |v: &str| vars(&[("VGPU_FREEZE_AFTER", v)]).map(|c| c.freeze_after);
+        assert_eq!(ttl("10m"), Ok(Some(Duration::from_secs(600))));
+        assert_eq!(ttl("2h"), Ok(Some(Duration::from_secs(7200))));
+        assert_eq!(ttl("168h"), Ok(Some(MAX_FREEZE_AFTER)));
+        assert_eq!(ttl("0"), Ok(None));
+        assert_eq!(ttl("off"), Ok(None));
+        assert_eq!(ttl("0s"), Ok(None));
+        for bad in ["", "10", "1d", "169h", "1.5h", "-1m"] {
+            let e = ttl(bad).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { var, .. } if var == "VGPU_FREEZE_AFTER"),
+                "{bad:?}: {e}"
+            );
+        }
     }
 }

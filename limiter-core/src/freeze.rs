@@ -53,6 +53,9 @@ pub struct Container {
     pub bytes: u64,
     /// Since when it has been idle (ns); `None` while active.
     idle_since: Option<u64>,
+    /// The idle time after which the container itself asks to be frozen (ns; its limiter's
+    /// `VGPU_FREEZE_AFTER`), `None`: the freezer's own TTL alone.
+    own_ttl_ns: Option<u64>,
     /// The call counter last seen.
     calls: u64,
     /// Freezes and thaws completed.
@@ -118,6 +121,7 @@ impl<K: Eq + Hash + Clone> Freezer<K> {
             phase: Phase::Running,
             bytes,
             idle_since: None,
+            own_ttl_ns: None,
             calls: activity.calls,
             freezes: 0,
             thaws: 0,
@@ -142,20 +146,36 @@ impl<K: Eq + Hash + Clone> Freezer<K> {
         }
     }
 
-    /// The freezes due at `now`: running containers idle for the TTL whose bytes fit the budget
-    /// (reserved now, in the order given by `order`, so that the result does not depend on the
-    /// map's). A container that does not fit waits for room.
+    /// Sets the idle time after which `key` asks to be frozen itself (`None`: none); a container
+    /// not seen yet is ignored. The shorter of it and the freezer's TTL applies: a container can
+    /// ask to be frozen sooner, never later than the operator's TTL.
+    pub fn set_own_ttl(&mut self, key: &K, ttl_ns: Option<u64>) {
+        if let Some(c) = self.containers.get_mut(key) {
+            c.own_ttl_ns = ttl_ns;
+        }
+    }
+
+    /// The idle time after which `c` is frozen: the shorter of the freezer's TTL and its own.
+    fn ttl_of(&self, c: &Container) -> Option<u64> {
+        match (self.ttl_ns, c.own_ttl_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The freezes due at `now`: running containers idle for their TTL whose bytes fit the
+    /// budget (reserved now, in the order given by `order`, so that the result does not depend
+    /// on the map's). A container that does not fit waits for room.
     pub fn due(&mut self, now: u64, order: impl Fn(&K, &K) -> std::cmp::Ordering) -> Vec<Step<K>> {
-        let Some(ttl) = self.ttl_ns else {
-            return Vec::new();
-        };
         let mut idle: Vec<K> = self
             .containers
             .iter()
             .filter(|(_, c)| {
                 c.phase == Phase::Running
                     && c.bytes > 0
-                    && c.idle_since.is_some_and(|t| now.saturating_sub(t) >= ttl)
+                    && self.ttl_of(c).is_some_and(|ttl| {
+                        c.idle_since.is_some_and(|t| now.saturating_sub(t) >= ttl)
+                    })
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -315,6 +335,33 @@ mod tests {
                 .iter()
                 .all(|s| *s != Step::Freeze("empty"))
         );
+    }
+
+    #[test]
+    fn a_container_may_ask_to_be_frozen_sooner_never_later() {
+        const S: u64 = 1_000_000_000;
+        // No operator TTL: only the container that asks is frozen, after its own TTL.
+        let mut f = Freezer::new(None, 64 * GIB);
+        for k in ["asks", "silent"] {
+            f.observe(k, quiet(1), GIB, 0);
+        }
+        f.set_own_ttl(&"asks", Some(60 * S));
+        assert!(f.due(59 * S, by_name).is_empty());
+        assert_eq!(f.due(60 * S, by_name), vec![Step::Freeze("asks")]);
+        assert!(f.due(3600 * S, by_name).is_empty(), "the silent one stays");
+        // With an operator TTL of 10 minutes, a container asking for an hour is frozen at 10
+        // minutes, one asking for 1 minute at 1 minute.
+        let mut f = Freezer::new(Some(600 * S), 64 * GIB);
+        for k in ["hour", "minute"] {
+            f.observe(k, quiet(1), GIB, 0);
+        }
+        f.set_own_ttl(&"hour", Some(3600 * S));
+        f.set_own_ttl(&"minute", Some(60 * S));
+        assert_eq!(f.due(60 * S, by_name), vec![Step::Freeze("minute")]);
+        assert_eq!(f.due(600 * S, by_name), vec![Step::Freeze("hour")]);
+        // Unknown containers are ignored.
+        f.set_own_ttl(&"unknown", Some(S));
+        assert!(f.container(&"unknown").is_none());
     }
 
     #[test]

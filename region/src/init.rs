@@ -309,6 +309,7 @@ fn write_header(map: &Mapping, config: &RegionConfig, pid: u32, pid_ns: u64, may
     }
     header.last_sweep_ms.store(0, r);
     header.thaw_request.store(0, r);
+    header.freeze_after_ms.store(0, r);
     header
         .spare
         .iter()

@@ -38,8 +38,9 @@ pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// container's SM share per device ([`SmShare`], in what was the header's tail). 2: the bytes
 /// an API copied ([`ApiRecord::bytes_moved`], in what was the record's first spare word). 3: the
 /// GPU time the limiter measured ([`GpuTimeRecord`], [`KernelEntry`], in the records of the
-/// last [`GPU_TIME_RECORDS`] API ids of each shard, which no API had).
-pub const LAYOUT_MINOR: u32 = 3;
+/// last [`GPU_TIME_RECORDS`] API ids of each shard, which no API had). 4: the idle time after
+/// which the container asks to be frozen ([`RegionHeader::freeze_after_ms`]).
+pub const LAYOUT_MINOR: u32 = 4;
 /// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
 pub const MAX_SLOTS: u32 = 1024;
 /// Slots of a region when the configuration does not say.
@@ -173,8 +174,11 @@ pub struct RegionHeader {
     /// stored by a limiter whose CUDA call found the mark (the agent thaws the container when it
     /// equals the block's generation). 0 = none.
     pub thaw_request: AtomicU64,
+    /// The idle time, in ms, after which the container asks the agent to freeze it (its
+    /// limiter's `VGPU_FREEZE_AFTER`; 3.4, in what was the first spare word). 0 = none.
+    pub freeze_after_ms: AtomicU64,
     /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 3],
+    pub spare: [AtomicU64; 2],
     /// Per-device state; entries at and after `device_count` are zero.
     pub devices: [DeviceState; MAX_DEVICES],
     /// Zero: aligns `sm` to a cache line.
@@ -428,6 +432,7 @@ const _: () = assert!(offset_of!(RegionHeader, device_count) == 52);
 const _: () = assert!(offset_of!(RegionHeader, slot_stride) == 56);
 const _: () = assert!(offset_of!(RegionHeader, init_takeovers) == 112);
 const _: () = assert!(offset_of!(RegionHeader, thaw_request) == 128);
+const _: () = assert!(offset_of!(RegionHeader, freeze_after_ms) == 136);
 const _: () = assert!(offset_of!(RegionHeader, devices) == 160);
 // Each device's SM share is one cache line of its own (the mapping is page-aligned).
 const _: () = assert!(size_of::<SmShare>() == 64);
@@ -494,6 +499,7 @@ field_offsets!(
     RegionHeader.init_takeovers,
     RegionHeader.last_sweep_ms,
     RegionHeader.thaw_request,
+    RegionHeader.freeze_after_ms,
     RegionHeader.spare,
     RegionHeader.devices,
     RegionHeader.sm_align,

@@ -253,6 +253,16 @@ impl Region {
             .store(generation, Ordering::Relaxed);
     }
 
+    /// Publishes the idle time after which the container asks to be frozen (`None`: it does
+    /// not ask), in ms.
+    pub fn set_freeze_after(&self, after: Option<std::time::Duration>) {
+        let ms = after.map_or(0, |d| {
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+        });
+        // Relaxed: a word on its own, read by the agent with `pread`.
+        self.header().freeze_after_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// Whether a denial may trigger a dead-slot sweep now: at most one per
     /// [`SWEEP_INTERVAL_MS`] per container, taken by CAS so concurrent deniers do not all sweep.
     fn sweep_due(&self) -> bool {

@@ -391,6 +391,7 @@ impl SlotMatcher<'_, '_> {
             problems: vec![],
             read_retries: 0,
             writable_by_others: writable_by_others.clone(),
+            freeze_after_seconds: None,
         };
         if let Some(why) = shared {
             info.problems.push(why);
@@ -428,6 +429,8 @@ impl SlotMatcher<'_, '_> {
     fn vgpu(&mut self, at: &RegionAt<'_>, s: &RegionSnapshot, info: &mut RegionInfo) {
         info.format = "vgpu".into();
         info.read_retries = s.counters.seqlock_retries;
+        info.freeze_after_seconds =
+            (s.freeze_after_ms > 0).then(|| s.freeze_after_ms as f64 / 1000.0);
         info.devices = vgpu_devices(s, self.gpu_count);
         let shown_devices = info.devices.len();
         if let Some(u) = &s.unread {

@@ -68,7 +68,7 @@ pub struct DaemonOptions {
     /// The driver library whose checkpoint API thaws a frozen container at its next CUDA call.
     pub checkpoint_libcuda: PathBuf,
     /// Freezing idle containers, if wanted.
-    pub idle_freeze: Option<thaw::IdleFreeze>,
+    pub idle_freeze: thaw::IdleFreeze,
 }
 
 /// The latest snapshot, serialised once per refresh and shared with every client.
@@ -294,22 +294,25 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     }
     let (snapshots, collector_thread) =
         spawn_collector(collector, opts.interval).map_err(start_error)?;
-    let mut idle_snapshots = None;
-    let (frozen, reserved);
+    let (frozen, reserved, idle_snapshots);
     {
         let mut watch =
             thaw::ThawWatch::new(PathBuf::from("/proc"), opts.checkpoint_libcuda.clone());
         frozen = watch.frozen_containers();
         reserved = watch.host_reserved();
-        if let Some(settings) = opts.idle_freeze {
-            let (tx, rx) = mpsc::channel();
-            idle_snapshots = Some(tx);
-            watch = watch.with_idle_freeze(settings, rx);
-            log::info!(
-                "freezing containers idle for {:?} (host budget {})",
-                settings.after,
+        let settings = opts.idle_freeze;
+        let (tx, rx) = mpsc::channel();
+        idle_snapshots = tx;
+        watch = watch.with_idle_freeze(settings, rx);
+        match settings.after {
+            Some(after) => log::info!(
+                "freezing containers idle for {after:?}, or for less where they ask (host budget {})",
                 crate::units::bytes(settings.host_budget)
-            );
+            ),
+            None => log::info!(
+                "freezing only the containers that ask for it (their VGPU_FREEZE_AFTER; host budget {})",
+                crate::units::bytes(settings.host_budget)
+            ),
         }
         std::thread::Builder::new()
             .name("thaw".into())
@@ -329,16 +332,12 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         match snapshots.recv_timeout(poll) {
             Ok(new) => {
                 snap = new;
-                if let Some(tx) = &idle_snapshots {
-                    // The thaw thread gone (it never returns before a stop) loses nothing here.
-                    let _ = tx.send(thaw::observed(&snap));
-                }
+                // The thaw thread gone (it never returns before a stop) loses nothing here.
+                let _ = idle_snapshots.send(thaw::observed(&snap));
                 thaw::mark_frozen(&mut snap, &frozen.lock().unwrap_or_else(|e| e.into_inner()));
-                if let Some(settings) = &opts.idle_freeze {
-                    // Relaxed: a figure written by the thaw thread, read on its own.
-                    let held = reserved.load(std::sync::atomic::Ordering::Relaxed);
-                    thaw::mark_idle_freeze(&mut snap, settings, held);
-                }
+                // Relaxed: a figure written by the thaw thread, read on its own.
+                let held = reserved.load(std::sync::atomic::Ordering::Relaxed);
+                thaw::mark_idle_freeze(&mut snap, &opts.idle_freeze, held);
                 publisher.publish(&mut snap, true);
                 // Half an interval of slack: a collector on time never causes a republish.
                 republish = Instant::now() + opts.interval * 3 / 2;

@@ -56,8 +56,9 @@ const IDLE_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The idle freeze's settings.
 #[derive(Debug, Clone, Copy)]
 pub struct IdleFreeze {
-    /// Idle time after which a container is frozen.
-    pub after: Duration,
+    /// Idle time after which a container is frozen (`None`: only containers that ask for it,
+    /// after their own time).
+    pub after: Option<Duration>,
     /// Host bytes frozen containers may hold together.
     pub host_budget: u64,
 }
@@ -69,6 +70,9 @@ pub struct Observed {
     pub container: String,
     pub calls: u64,
     pub bytes: u64,
+    /// The idle time after which the container asks to be frozen (the shortest its regions
+    /// say), if it asks.
+    pub ttl: Option<Duration>,
 }
 
 /// The containers of a snapshot that the idle freeze looks at: those with a container id and a
@@ -90,10 +94,19 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
                     limited = true;
                 }
             }
+            let ttl = c
+                .regions
+                .iter()
+                .filter_map(|r| r.freeze_after_seconds)
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .min_by(f64::total_cmp)
+                // The region's word is the tenant's: a figure past any real TTL saturates.
+                .map(|s| Duration::from_secs_f64(s.min(u64::MAX as f64 / 1e9)));
             limited.then_some(Observed {
                 container: id,
                 calls,
                 bytes,
+                ttl,
             })
         })
         .collect()
@@ -125,7 +138,7 @@ pub fn mark_frozen(snap: &mut crate::model::Snapshot, frozen: &std::collections:
 /// and what of the host budget is reserved now.
 pub fn mark_idle_freeze(snap: &mut crate::model::Snapshot, settings: &IdleFreeze, reserved: u64) {
     snap.agent.idle_freeze = Some(crate::model::IdleFreezeStatus {
-        after_seconds: settings.after.as_secs_f64(),
+        after_seconds: settings.after.map(|d| d.as_secs_f64()),
         host_budget_bytes: settings.host_budget,
         host_reserved_bytes: reserved,
     });
@@ -205,7 +218,10 @@ impl ThawWatch {
         snapshots: Receiver<Vec<Observed>>,
     ) -> ThawWatch {
         self.idle = Some(Idle {
-            freezer: Freezer::new(Some(settings.after.as_nanos() as u64), settings.host_budget),
+            freezer: Freezer::new(
+                settings.after.map(|d| d.as_nanos() as u64),
+                settings.host_budget,
+            ),
             snapshots,
             started: Instant::now(),
             known: Default::default(),
@@ -302,6 +318,11 @@ impl ThawWatch {
             steps.extend(
                 idle.freezer
                     .observe(o.container.clone(), activity, o.bytes, now),
+            );
+            idle.freezer.set_own_ttl(
+                &o.container,
+                o.ttl
+                    .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             );
         }
         // A container no snapshot shows any more is gone: what it held is returned.
@@ -419,6 +440,44 @@ fn requested(w: &Watched) -> Option<u64> {
 mod tests {
     use super::*;
     use region::{ControlReader, ControlWriter, Region, RegionConfig, control_path};
+
+    /// A container's TTL is the shortest its regions ask for; what a tenant writes there that is
+    /// no TTL (not a number, not positive) is ignored, and a figure past any real TTL saturates.
+    #[test]
+    fn a_containers_ttl_is_the_shortest_its_regions_ask_for_and_bounded() {
+        let mut snap = crate::tui::fixture::snapshot();
+        let i = snap
+            .containers
+            .iter()
+            .position(|c| {
+                c.container_id.is_some()
+                    && !c.regions.is_empty()
+                    && observed(&crate::tui::fixture::snapshot())
+                        .iter()
+                        .any(|o| Some(&o.container) == c.container_id.as_ref())
+            })
+            .expect("a container with a region and a process under the limiter");
+        let id = snap.containers[i].container_id.clone().unwrap();
+        let ttl = |snap: &crate::model::Snapshot| {
+            observed(snap)
+                .into_iter()
+                .find(|o| o.container == id)
+                .unwrap()
+                .ttl
+        };
+        assert_eq!(ttl(&snap), None, "a container that does not ask");
+        let template = snap.containers[i].regions[0].clone();
+        snap.containers[i].regions = [f64::NAN, -1.0, 0.0, 1e300, 5.0, f64::INFINITY]
+            .into_iter()
+            .map(|s| crate::model::RegionInfo {
+                freeze_after_seconds: Some(s),
+                ..template.clone()
+            })
+            .collect();
+        assert_eq!(ttl(&snap), Some(Duration::from_secs(5)));
+        snap.containers[i].regions.truncate(4);
+        assert!(ttl(&snap).unwrap() > Duration::from_secs(500 * 365 * 24 * 3600));
+    }
 
     /// What the tenant can write (its region's request word, its control block's mark) thaws
     /// nothing unless the request names the generation of the agent's own frozen mark.

@@ -449,7 +449,7 @@ pub const FREEZE_HOST_BUDGET: Def = def(
     Some(Bytes),
     false,
     &[],
-    "Host bytes frozen containers may hold together (vgpu-agent run --freeze-host-budget); present while the daemon freezes idle containers (--freeze-after).",
+    "Host bytes frozen containers may hold together (vgpu-agent run --freeze-host-budget); set by vgpu-agent run only.",
     "agent.idle_freeze.host_budget_bytes",
 );
 pub const FREEZE_HOST_RESERVED: Def = def(
@@ -458,7 +458,7 @@ pub const FREEZE_HOST_RESERVED: Def = def(
     Some(Bytes),
     false,
     &[],
-    "Host bytes of the freeze budget reserved now: frozen containers' device memory, freezes under way and thaws not yet completed; present while the daemon freezes idle containers.",
+    "Host bytes of the freeze budget reserved now: frozen containers' device memory, freezes under way and thaws not yet completed; set by vgpu-agent run only.",
     "agent.idle_freeze.host_reserved_bytes",
 );
 pub const FREEZE_AFTER: Def = def(
@@ -467,7 +467,7 @@ pub const FREEZE_AFTER: Def = def(
     Some(Seconds),
     false,
     &[],
-    "Idle time after which the daemon freezes a container (--freeze-after); present while it does.",
+    "Idle time after which the daemon freezes any container (--freeze-after); absent without it (only containers that ask, by their own VGPU_FREEZE_AFTER, are frozen).",
     "agent.idle_freeze.after_seconds",
 );
 pub const AGENT_UP: Def = def(

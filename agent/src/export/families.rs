@@ -361,7 +361,9 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
             &defs::FREEZE_HOST_RESERVED,
             one(Value::Int(f.host_reserved_bytes)),
         );
-        fam(&defs::FREEZE_AFTER, one(Value::Float(f.after_seconds)));
+        if let Some(after) = f.after_seconds {
+            fam(&defs::FREEZE_AFTER, one(Value::Float(after)));
+        }
     }
     fam(&defs::AGENT_REGIONS, one(Value::Int(a.regions_read as u64)));
     fam(

@@ -534,6 +534,7 @@ pub(super) mod tests {
             problems: vec![],
             read_retries: 0,
             writable_by_others: None,
+            freeze_after_seconds: None,
         });
         let e = view().update(&snapshot(vec![c], vec![p]));
         assert_eq!(int(&e, &defs::CONTAINER_MEMORY_LIMIT, &["p", "0"]), 4 << 30);
@@ -635,6 +636,7 @@ pub(super) mod tests {
                 problems: vec![],
                 read_retries: 0,
                 writable_by_others: None,
+                freeze_after_seconds: None,
             });
         }
         for p in &mut s.processes {
@@ -686,6 +688,11 @@ pub(super) mod tests {
                 max_seconds: 0.0125,
             },
         )]);
+        s.agent.idle_freeze = Some(crate::model::IdleFreezeStatus {
+            after_seconds: Some(600.0),
+            host_budget_bytes: 64 << 30,
+            host_reserved_bytes: 12 << 30,
+        });
         let pod = "pod=\"train-000-7d9f8c6b5-x2k4p\",namespace=\"ml\"";
         let names = defs::metric_names();
         for per_api in [false, true] {
@@ -697,6 +704,9 @@ pub(super) mod tests {
                 "{text}"
             );
             for line in [
+                "vgpu_freeze_host_budget_bytes{} 68719476736\n",
+                "vgpu_freeze_host_reserved_bytes{} 12884901888\n",
+                "vgpu_freeze_after_seconds{} 600.0\n",
                 "vgpu_agent_nvml_calls_total{call=\"process_utilization\"} 40\n",
                 "vgpu_agent_nvml_call_duration_seconds_total{call=\"process_utilization\"} 0.25\n",
                 "vgpu_agent_nvml_call_max_duration_seconds{call=\"process_utilization\"} 0.0125\n",

@@ -297,6 +297,10 @@ pub struct RegionInfo {
     /// the container's own. `None`: only its owner could.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writable_by_others: Option<String>,
+    /// The idle time after which the container asks to be frozen (its limiter's
+    /// `VGPU_FREEZE_AFTER`), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_after_seconds: Option<f64>,
 }
 
 /// A part of a region directory (a subdirectory, one container's in HAMi's layout, or the
@@ -619,8 +623,9 @@ pub struct AgentStatus {
 /// The daemon's freeze of idle containers: its TTL and its host-memory budget.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IdleFreezeStatus {
-    /// Idle time after which a container is frozen, seconds.
-    pub after_seconds: f64,
+    /// Idle time after which a container is frozen, seconds (`None`: only containers that ask
+    /// for it, after their own time).
+    pub after_seconds: Option<f64>,
     /// Host bytes frozen containers may hold together (`--freeze-host-budget`).
     pub host_budget_bytes: u64,
     /// Host bytes reserved now: those of frozen containers, of freezes under way, and of thaws

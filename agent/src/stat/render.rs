@@ -267,10 +267,16 @@ pub fn table(r: &StatReport) -> String {
         let _ = writeln!(out, "skipped for tenant {}: {}", t.tenant, t.summary());
     }
     if let Some(f) = &r.idle_freeze {
+        let who = match f.after_seconds {
+            Some(s) => format!(
+                "containers idle for {:?} (or less where they ask) are frozen",
+                std::time::Duration::from_secs_f64(s)
+            ),
+            None => "containers that ask for it are frozen when idle".into(),
+        };
         let _ = writeln!(
             out,
-            "idle freeze: containers idle for {:?} are frozen; host memory {} of {} reserved",
-            std::time::Duration::from_secs_f64(f.after_seconds),
+            "idle freeze: {who}; host memory {} of {} reserved",
             crate::units::bytes(f.host_reserved_bytes),
             crate::units::bytes(f.host_budget_bytes)
         );
@@ -469,6 +475,7 @@ mod tests {
             problems: vec![],
             read_retries: 0,
             writable_by_others: None,
+            freeze_after_seconds: None,
         };
         let mut out = String::new();
         qos_line(&mut out, &[region]);
@@ -543,7 +550,7 @@ mod tests {
             },
             nvml_calls: Default::default(),
             idle_freeze: Some(crate::model::IdleFreezeStatus {
-                after_seconds: 600.0,
+                after_seconds: Some(600.0),
                 host_budget_bytes: 64 << 30,
                 host_reserved_bytes: 12 << 30,
             }),
@@ -555,7 +562,7 @@ mod tests {
         assert!(t.contains("STALE: the last snapshot is 7.3s old"), "{t}");
         assert!(
             t.contains(
-                "idle freeze: containers idle for 600s are frozen; host memory 12.00 GiB of 64.00 GiB reserved"
+                "idle freeze: containers idle for 600s (or less where they ask) are frozen; host memory 12.00 GiB of 64.00 GiB reserved"
             ),
             "{t}"
         );

@@ -131,6 +131,7 @@ fn region(limit: u64, reserved: u64, denied: u64) -> RegionInfo {
         problems: vec![],
         read_retries: 0,
         writable_by_others: None,
+        freeze_after_seconds: None,
     }
 }
 
@@ -528,6 +529,7 @@ pub fn with_errors() -> Snapshot {
         problems: vec!["not a regular file (a FIFO): not read".into()],
         read_retries: 0,
         writable_by_others: None,
+        freeze_after_seconds: None,
     });
     s.agent.region_errors = 1;
     s.agent.warnings = vec![

@@ -313,6 +313,10 @@ fn open_region(config: &Config) -> Option<Region> {
                 );
             }
             log::debug!(level, "region {}: {outcome:?}", path.display());
+            if config.freeze_after.is_some() {
+                // The container's processes share its environment: each publishes the same TTL.
+                region.set_freeze_after(config.freeze_after);
+            }
             Some(region)
         }
         Err(e) => {

@@ -194,6 +194,7 @@ impl RegionReader {
             same_pid_namespace: my_ns != 0 && my_ns == creator_pid_ns,
             created_at_unix_ns: header.created_at_unix_ns.load(r),
             init_takeovers: header.init_takeovers.load(r),
+            freeze_after_ms: header.freeze_after_ms.load(r),
             devices,
             slots,
             counters,

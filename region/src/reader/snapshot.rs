@@ -228,6 +228,8 @@ pub struct RegionSnapshot {
     pub created_at_unix_ns: u64,
     /// Initialiser takeovers.
     pub init_takeovers: u64,
+    /// The idle time, in ms, after which the container asks to be frozen (0: none).
+    pub freeze_after_ms: u64,
     /// Per device (`device_count` entries).
     pub devices: Vec<DeviceSnapshot>,
     /// Non-free slots.

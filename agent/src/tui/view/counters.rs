@@ -199,6 +199,7 @@ mod tests {
             problems: vec!["not a region".into()],
             read_retries: 0,
             writable_by_others: None,
+            freeze_after_seconds: None,
         });
         s.agent.region_errors = 1;
         let e = errors(&s);

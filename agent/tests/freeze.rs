@@ -227,6 +227,19 @@ impl Tenant {
         writeln!(self.child.stdin.as_mut().unwrap(), "{request}").unwrap();
     }
 
+    /// Asks the tenant to check its pattern (its next CUDA calls, which thaw it if frozen):
+    /// every call succeeded and no word is corrupted.
+    fn check_intact(&mut self, what: &str) {
+        self.send("check");
+        assert_eq!(self.line()["checking"], true, "{what}");
+        let v = self.line();
+        assert_eq!(
+            (v["result"].as_i64(), v["corrupted"].as_u64()),
+            (Some(0), Some(0)),
+            "{what}: {v}"
+        );
+    }
+
     /// Waits for a line of the limiter's log that contains `text`.
     fn wait_log(&mut self, text: &str) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -494,14 +507,7 @@ fn an_idle_container_is_frozen_after_freeze_after_and_its_next_call_thaws_it() {
         );
         assert_eq!(node("vgpu_freeze_after_seconds"), Some(1.0));
         // Its next call thaws it, on the memory as it was.
-        t.send("check");
-        assert_eq!(t.line()["checking"], true);
-        let v = t.line();
-        assert_eq!(
-            (v["result"].as_i64(), v["corrupted"].as_u64()),
-            (Some(0), Some(0)),
-            "round {round}: {v}"
-        );
+        t.check_intact(&format!("round {round}"));
         assert_eq!(charged(&gpu), 8 * MIB, "round {round}");
         if round == 0 {
             support::wait_until(
@@ -577,14 +583,7 @@ fn a_container_that_asks_is_frozen_after_its_own_time_the_others_are_left_alone(
     assert_eq!(frozen_bytes(&daemon.snapshot(), &silent), None);
     assert_eq!(charged(&gpu), 8 * MIB, "the silent container's memory only");
     // The frozen one's next call thaws it, word for word.
-    a.send("check");
-    assert_eq!(a.line()["checking"], true);
-    let v = a.line();
-    assert_eq!(
-        (v["result"].as_i64(), v["corrupted"].as_u64()),
-        (Some(0), Some(0)),
-        "{v}"
-    );
+    a.check_intact("the container that asked");
     assert_eq!(charged(&gpu), 16 * MIB);
     a.finish();
     b.finish();

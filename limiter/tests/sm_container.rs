@@ -729,6 +729,18 @@ fn best_effort_waits_for_a_latency_tenant_and_runs_in_its_gaps() {
     let _ = std::fs::remove_file(&board);
 }
 
+/// The GPU a container's first entry on `board` names, once it has published one (within 4 s).
+fn published_gpu(board: &region::qos_board::Board) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(4);
+    loop {
+        if let Some((_, e)) = board.entries().unwrap().first() {
+            return e.device;
+        }
+        assert!(Instant::now() < deadline, "the container never published");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn best_effort_work_queued_beside_a_latency_tenant_is_bounded() {
     use region::qos_board::{Board, BoardEntry};
@@ -750,14 +762,7 @@ fn best_effort_work_queued_beside_a_latency_tenant_is_bounded() {
     );
     device.wait_launching(&be.pids());
     let board = Board::open(&board_path).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(4);
-    let gpu = loop {
-        if let Some((_, e)) = board.entries().unwrap().first() {
-            break e.device;
-        }
-        assert!(Instant::now() < deadline, "the container never published");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let gpu = published_gpu(&board);
     // The most work queued on the device over `span`, ns (the best-effort container is alone on
     // it), while `during` runs every 100 ms.
     let most_queued = |span: Duration, during: &dyn Fn()| {
@@ -839,14 +844,7 @@ fn a_forged_board_entry_cannot_take_a_guaranteed_container_under_its_guarantee()
     device.wait_launching(&a.pids());
     // The container's own entry names the GPU; a hostile tenant claims the whole of it.
     let board = Board::open(&board_path).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(4);
-    let gpu = loop {
-        if let Some((_, e)) = board.entries().unwrap().first() {
-            break e.device;
-        }
-        assert!(Instant::now() < deadline, "the container never published");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let gpu = published_gpu(&board);
     let forge = |now_ms| BoardEntry {
         owner: 0xBAD,
         device: gpu,

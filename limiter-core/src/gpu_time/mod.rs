@@ -389,70 +389,14 @@ impl<E: Copy, L> ThreadSampler<E, L> {
 }
 
 #[cfg(test)]
+pub(crate) mod fake_gpu;
+
+#[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
-    use std::collections::HashMap;
 
+    use super::fake_gpu::FakeGpu;
     use super::*;
-
-    /// A fake device: one queue whose clock the test moves; an event records the time at which
-    /// the work queued before it ends.
-    #[derive(Default)]
-    struct FakeGpu {
-        now: Cell<u64>,
-        busy_until: Cell<u64>,
-        events: RefCell<HashMap<u32, u64>>,
-        next: Cell<u32>,
-        live: Cell<i32>,
-        capturing: Cell<bool>,
-        fail_records: Cell<bool>,
-    }
-
-    impl FakeGpu {
-        fn launch(&self, ns: u64) {
-            let start = self.busy_until.get().max(self.now.get());
-            self.busy_until.set(start + ns);
-        }
-        fn advance(&self, ns: u64) {
-            self.now.set(self.now.get() + ns);
-        }
-    }
-
-    impl Events for FakeGpu {
-        type Event = u32;
-        fn create(&self) -> Option<u32> {
-            self.next.set(self.next.get() + 1);
-            self.live.set(self.live.get() + 1);
-            self.events.borrow_mut().insert(self.next.get(), u64::MAX);
-            Some(self.next.get())
-        }
-        fn record(&self, e: u32, _: StreamRef) -> bool {
-            if self.fail_records.get() {
-                return false;
-            }
-            let at = self.busy_until.get().max(self.now.get());
-            self.events.borrow_mut().insert(e, at);
-            true
-        }
-        fn query(&self, e: u32) -> Query {
-            match self.events.borrow().get(&e) {
-                Some(&at) if at <= self.now.get() => Query::Done,
-                Some(_) => Query::NotReady,
-                None => Query::Failed,
-            }
-        }
-        fn elapsed_ns(&self, s: u32, e: u32) -> Option<u64> {
-            let ev = self.events.borrow();
-            Some(ev.get(&e)? - ev.get(&s)?)
-        }
-        fn destroy(&self, e: u32) {
-            self.live.set(self.live.get() - 1);
-            self.events.borrow_mut().remove(&e);
-        }
-        fn capturing(&self, _: StreamRef) -> Option<bool> {
-            Some(self.capturing.get())
-        }
-    }
 
     #[derive(Default)]
     struct Sink {

@@ -12,8 +12,11 @@
 #   sm-work          scripts/gpu/validate-sm-work.sh (SM shares by completed work, ~6 min)
 #   qos              scripts/gpu/validate-qos.sh (QoS tiers by completed work, ~8 min)
 #   freeze           scripts/gpu/validate-freeze.sh (freeze and thaw, 4 and 16 GiB)
+#   freeze-frameworks scripts/gpu/validate-freeze-frameworks.sh (freeze by container, thaw at the
+#                    next CUDA call: PyTorch, JAX, CuPy, two processes; ~2 min)
 #   sm               scripts/gpu/validate-sm.sh (the SM share alone, in pairs, at run time, ~6 min)
-#   agent-cost       scripts/gpu/agent-cost.sh (the agent's cost on one GPU, ~5 min)
+#   agent-cost       scripts/gpu/agent-cost.sh (the agent's cost on one GPU, ~5 min; RUNS=5 of
+#                    one pattern needs LIMIT_S=420)
 #   two-gpu-slowdown PARTS=1 scripts/gpu/two-gpu.sh (two GPUs: the seed's patterns, ~8 min)
 #   probe-cost       scripts/gpu/probe-cost-breakdown.sh (two GPUs: where the agent's time goes;
 #                    CONFIGS picks configurations)
@@ -44,6 +47,7 @@ for check in "$@"; do
     sm-work) cmd=(bash scripts/gpu/validate-sm-work.sh) ;;
     qos) cmd=(bash scripts/gpu/validate-qos.sh) ;;
     freeze) cmd=(bash scripts/gpu/validate-freeze.sh) ;;
+    freeze-frameworks) cmd=(bash scripts/gpu/validate-freeze-frameworks.sh) ;;
     sm) cmd=(bash scripts/gpu/validate-sm.sh) ;;
     agent-cost) cmd=(bash scripts/gpu/agent-cost.sh) ;;
     probe-cost)

@@ -366,9 +366,19 @@ impl TestCgroup {
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
-        // Remove the leaf and the empty parents the test created.
+        // Remove the leaf and the empty parents the test created. A cgroup whose last process
+        // was just killed stays busy for a moment after its `cgroup.procs` reads empty (the
+        // task is still exiting): the leaf is retried for up to 2 s, or it is left behind.
         let root = cgroup2_root();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while std::fs::remove_dir(&self.0).is_err() && self.0.exists() {
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let mut p = self.0.clone();
+        p.pop();
         while p != root && std::fs::remove_dir(&p).is_ok() {
             p.pop();
         }

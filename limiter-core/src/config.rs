@@ -284,7 +284,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
 }
 
 /// [`parse_duration`], at most `max`.
-pub fn parse_duration_within(s: &str, max: Duration) -> Result<Duration, DurationError> {
+pub(crate) fn parse_duration_within(s: &str, max: Duration) -> Result<Duration, DurationError> {
     let too_long = DurationError::TooLong(max.as_secs());
     let split = s
         .find(|c: char| !c.is_ascii_digit())

@@ -446,13 +446,13 @@ mod tests {
     #[test]
     fn a_containers_ttl_is_the_shortest_its_regions_ask_for_and_bounded() {
         let mut snap = crate::tui::fixture::snapshot();
+        let seen = observed(&snap);
         let i = snap
             .containers
             .iter()
             .position(|c| {
-                c.container_id.is_some()
-                    && !c.regions.is_empty()
-                    && observed(&crate::tui::fixture::snapshot())
+                !c.regions.is_empty()
+                    && seen
                         .iter()
                         .any(|o| Some(&o.container) == c.container_id.as_ref())
             })

@@ -120,7 +120,8 @@ impl<E: Copy> Backlog<E> {
 
     /// The gate is lifted: markers are no longer waited on (their events go back to the pool
     /// once passed, or are destroyed).
-    pub fn release<V: Events<Event = E>>(&mut self, events: &V) {
+    #[cfg(test)]
+    pub(crate) fn release<V: Events<Event = E>>(&mut self, events: &V) {
         while let Some((ctx, e)) = self.ahead.pop_front() {
             self.keep(events, ctx, e);
         }
@@ -128,12 +129,14 @@ impl<E: Copy> Backlog<E> {
     }
 
     /// Markers ahead of the GPU.
-    pub fn ahead(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn ahead(&self) -> usize {
         self.ahead.len()
     }
 
     /// Destroys every event (the thread ends).
-    pub fn clear<V: Events<Event = E>>(&mut self, events: &V) {
+    #[cfg(test)]
+    pub(crate) fn clear<V: Events<Event = E>>(&mut self, events: &V) {
         for (_, e) in self.ahead.drain(..).chain(self.pool.drain(..)) {
             events.destroy(e);
         }

@@ -95,10 +95,11 @@ for pattern in sorted({p for p, _ in data}):
         if not v:
             print(f"  {cfg}: no runs"); ok = False; continue
         med = statistics.median(v)
-        within = min(n) <= med <= max(n)
+        # Slower than native's slowest is a cost; faster than its fastest is noise in our favour.
+        within = med <= max(n)
         ok = ok and within
         print(f"  {cfg}: median {med:.3f} ({(med / statistics.median(n) - 1) * 100:+.1f}%), runs {v}; "
-              f"within native's spread: {'yes' if within else 'NO'}")
+              f"within native's spread (or faster): {'yes' if within else 'NO'}")
 print("PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY

@@ -45,12 +45,13 @@ for pattern in ["balanced", "combined"]:
         # Runs are interleaved (native i, limiter i): the ratio of each pair cancels slow drift.
         pairs = sorted(b / a for a, b in zip(n, l))
         q = lambda f: pairs[min(len(pairs) - 1, int(f * len(pairs)))]
-        within = min(n) <= ml <= max(n)
+        # Slower than native's slowest is a cost; faster than its fastest is noise in our favour.
+        within = ml <= max(n)
         ok = ok and within
         print(f"{pattern}: native {mn:.2f} ms/step {n}, limiter {ml:.2f} ms/step {l}, ratio of medians {ml / mn:.4f} "
               f"({(ml / mn - 1) * 100:+.2f}%); paired ratios median {statistics.median(pairs):.4f}, "
               f"quartiles {q(0.25):.4f}..{q(0.75):.4f}, range {pairs[0]:.4f}..{pairs[-1]:.4f}; "
-              f"limiter median within native's spread: {'yes' if within else 'NO'}")
+              f"limiter median within native's spread (or faster): {'yes' if within else 'NO'}")
     else:
         ok = False
         print(f"{pattern}: missing runs")

@@ -672,7 +672,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             libcuda,
         } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
-            let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
+            let api = checkpoint::room::open(&libcuda, Path::new("/proc"))?;
             report_each(match &target.container {
                 Some(id) => freeze::freeze_container(&api, id, &pids, lock_timeout),
                 None => freeze::freeze(&api, &pids, lock_timeout),
@@ -680,7 +680,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Thaw { target, libcuda } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
-            let api = checkpoint::DriverCheckpoint::open(&libcuda)?;
+            let api = checkpoint::room::open(&libcuda, Path::new("/proc"))?;
             report_each(match &target.container {
                 Some(id) => freeze::thaw_container(&api, id, &pids),
                 None => freeze::thaw(&api, &pids),

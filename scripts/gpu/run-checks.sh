@@ -12,8 +12,12 @@
 #   sm-work          scripts/gpu/validate-sm-work.sh (SM shares by completed work, ~6 min)
 #   qos              scripts/gpu/validate-qos.sh (QoS tiers by completed work, ~8 min)
 #   freeze           scripts/gpu/validate-freeze.sh (freeze and thaw, 4 and 16 GiB)
+#   thaw-no-room     FREEZE_NO_ROOM=1 scripts/gpu/validate-freeze.sh (a thaw that finds no room,
+#                    then one with room: the process thaws intact; ~1 min)
 #   freeze-frameworks scripts/gpu/validate-freeze-frameworks.sh (freeze by container, thaw at the
 #                    next CUDA call: PyTorch, JAX, CuPy, two processes; ~2 min)
+#   host-link        scripts/gpu/host_link_costs.py (what moving 16 GiB to host memory and back
+#                    costs, piece by piece: pinning, pinned and pageable copies, VMM; ~2 min)
 #   sm               scripts/gpu/validate-sm.sh (the SM share alone, in pairs, at run time, ~6 min)
 #   agent-cost       scripts/gpu/agent-cost.sh (the agent's cost on one GPU, ~5 min; RUNS=5 of
 #                    one pattern needs LIMIT_S=420)
@@ -47,7 +51,9 @@ for check in "$@"; do
     sm-work) cmd=(bash scripts/gpu/validate-sm-work.sh) ;;
     qos) cmd=(bash scripts/gpu/validate-qos.sh) ;;
     freeze) cmd=(bash scripts/gpu/validate-freeze.sh) ;;
+    thaw-no-room) cmd=(env FREEZE_NO_ROOM=1 bash scripts/gpu/validate-freeze.sh) ;;
     freeze-frameworks) cmd=(bash scripts/gpu/validate-freeze-frameworks.sh) ;;
+    host-link) cmd=(bash -c 'python3 scripts/gpu/host_link_costs.py "${HOST_LINK_GIB:-16}" >"$OUT/host-link.json"') ;;
     sm) cmd=(bash scripts/gpu/validate-sm.sh) ;;
     agent-cost) cmd=(bash scripts/gpu/agent-cost.sh) ;;
     probe-cost)

@@ -27,16 +27,22 @@ TENANT = r"""
 import sys, torch
 n = int(sys.argv[1]) << 30
 words = n // 8
-x = torch.arange(words, device="cuda", dtype=torch.int64)
-x.mul_(2654435761).remainder_(1 << 31)
+# The pattern is made and checked 128 Mi words (1 GiB) at a time, so that the tenant holds little
+# more than its n bytes (a 48 GiB tenant must not need 48 GiB more to check itself).
+step = 1 << 27
+def pattern(i, j):
+    return torch.arange(i, j, device="cuda", dtype=torch.int64).mul_(2654435761).remainder_(1 << 31)
+x = torch.empty(words, device="cuda", dtype=torch.int64)
+for i in range(0, words, step):
+    x[i:i + step] = pattern(i, min(i + step, words))
 torch.cuda.synchronize()
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() == "check":
-        y = torch.arange(words, device="cuda", dtype=torch.int64)
-        y.mul_(2654435761).remainder_(1 << 31)
-        bad = int((x != y).sum().item())
-        del y
+        bad = 0
+        for i in range(0, words, step):
+            j = min(i + step, words)
+            bad += int((x[i:j] != pattern(i, j)).sum().item())
         torch.cuda.synchronize()
         print("corrupt", bad, flush=True)
 """
@@ -127,9 +133,80 @@ def one(agent, limiter, out, gib):
             "freeze_out": fr.stdout + fr.stderr, "thaw_out": th.stdout + th.stderr, "ok": ok}
 
 
+FILL = r"""
+import sys, torch
+free, _ = torch.cuda.mem_get_info()
+x = torch.empty(max(free - (int(sys.argv[1]) << 20), 0), dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def no_room(agent, limiter, out, gib=4):
+    """A thaw that finds no room, then one after the room is back: does the process thaw intact?
+
+    The driver's restore needs room for the process's memory; docs/oversubscription.md says a
+    thaw without room fails and keeps the memory, and a later one finishes it. A driver on which
+    a restore that failed for lack of room leaves the process unrestorable
+    (NVIDIA/cuda-checkpoint#44, reported on 580.95.05) fails this check.
+    """
+    region = os.path.join(out, "no-room.region")
+    env = dict(os.environ, LD_PRELOAD=limiter, CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
+               LIBCUDA_LOG_LEVEL="3")
+    log = open(os.path.join(out, "no-room-tenant.log"), "w")
+    t = subprocess.Popen([sys.executable, "-c", TENANT, str(gib)], env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    fill = None
+    r = {"gib": gib}
+    try:
+        if not t.stdout.readline().startswith("ready"):
+            raise RuntimeError("tenant did not start")
+        _, fr = timed([agent, "freeze", "--pid", str(t.pid)])
+        r["freeze_rc"] = fr.returncode
+        # Everything but 1 GiB taken by another process: the restore of 4 GiB cannot fit.
+        fill = subprocess.Popen([sys.executable, "-c", FILL, "1024"], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if not fill.stdout.readline().startswith("ready"):
+            raise RuntimeError("filler did not start")
+        _, th1 = timed([agent, "thaw", "--pid", str(t.pid)])
+        r["thaw_without_room_rc"] = th1.returncode
+        r["thaw_without_room_out"] = th1.stdout + th1.stderr
+        fill.kill()
+        fill.wait()
+        time.sleep(1)
+        thaw_s, th2 = timed([agent, "thaw", "--pid", str(t.pid)])
+        r["thaw_after_room_rc"] = th2.returncode
+        r["thaw_after_room_out"] = th2.stdout + th2.stderr
+        r["thaw_after_room_s"] = round(thaw_s, 3)
+        if th2.returncode == 0:
+            t.stdin.write("check\n")
+            t.stdin.flush()
+            line = t.stdout.readline().split()
+            r["corrupted_words"] = int(line[1]) if len(line) == 2 else None
+    finally:
+        if fill:
+            fill.kill()
+        t.kill()
+        t.wait()
+    r["ok"] = (r.get("thaw_without_room_rc") != 0 and r.get("thaw_after_room_rc") == 0
+               and r.get("corrupted_words") == 0)
+    return r
+
+
 def main():
     agent, limiter, out = sys.argv[1], sys.argv[2], sys.argv[3]
     os.makedirs(out, exist_ok=True)
+    if os.environ.get("FREEZE_NO_ROOM") == "1":
+        r = no_room(agent, limiter, out)
+        verdict = "PASS" if r["ok"] else "FAIL"
+        r["verdict"] = verdict
+        with open(os.path.join(out, "no-room.json"), "w") as f:
+            json.dump(r, f, indent=1)
+        print(json.dumps(r, indent=1))
+        print(f"verdict: {verdict} (a thaw without room fails and keeps the memory; the next one, "
+              "with room, thaws with 0 corrupted words)")
+        return 0 if r["ok"] else 1
     results, lines = [], []
     for gib in SIZES:
         r = one(agent, limiter, out, gib)

@@ -199,6 +199,10 @@ def one(agent, limiter, out, cg_root, name):
     region = os.path.join(out, f"{name}.region")
     env = dict(os.environ, LD_PRELOAD=limiter, CUDA_DEVICE_MEMORY_SHARED_CACHE=region,
                LIBCUDA_LOG_LEVEL="3")
+    # One GPU per container, as a shared node gives it: a JAX process that sees two GPUs opens
+    # a context on each, and the driver's restore of such a process failed (CUDA error 304 on
+    # two H200s, driver 580.159.04, 2026-11-28).
+    env.setdefault("CUDA_VISIBLE_DEVICES", "0")
     if SIM:
         sim_env(out, env)
         env.update(VGPU_CONTEXT_BYTES="0", VGPU_REAL_LIBCUDA=sim_paths()[1])

@@ -12,6 +12,8 @@
 
 use std::{ffi::c_int, ffi::c_void, path::Path, time::Duration};
 
+pub mod room;
+
 /// `CUresult`.
 type CuResult = c_int;
 
@@ -29,6 +31,20 @@ pub enum CheckpointError {
         call: &'static str,
         pid: u32,
         code: CuResult,
+    },
+    #[error(
+        "pid {pid} is not restored yet: it held {} on {gpu} and {} is free there (with {} to \
+         spare); a restore that fails for lack of room leaves the process unrestorable \
+         (driver 580, NVIDIA/cuda-checkpoint#44), so it waits, frozen, until the GPU has room",
+        crate::units::bytes(*.need),
+        crate::units::bytes(*.free),
+        crate::units::bytes(room::MARGIN)
+    )]
+    NoRoom {
+        pid: u32,
+        gpu: String,
+        need: u64,
+        free: u64,
     },
     #[error("pid {pid} is {state:?}, not {expected}")]
     State {
@@ -101,8 +117,10 @@ pub fn freeze(
 }
 
 /// Thaws `pid` from whatever step it is at: restore if checkpointed, then unlock; a running
-/// process is left alone. A restore that fails (the GPU has no room for the memory yet) leaves
-/// it checkpointed and locked, its memory still held in host memory, for a later thaw.
+/// process is left alone. A restore that fails leaves it checkpointed and locked, its memory
+/// still held in host memory. Whether a later thaw can finish it is the driver's: after a restore
+/// that failed for lack of room, driver 580 never restores the process again, which is why the
+/// agent's API ([`room::RoomChecked`]) does not call the restore without room.
 pub fn thaw(api: &impl CheckpointApi, pid: u32) -> Result<ProcessState, CheckpointError> {
     match api.state(pid)? {
         ProcessState::Running => return Ok(ProcessState::Running),

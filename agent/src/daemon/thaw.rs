@@ -38,7 +38,7 @@ use limiter_core::freeze::{Activity, Freezer, Step};
 use region::{FreezeMark, read_control, reader::RegionReader};
 use tenant_fs::{Access, TenantFile};
 
-use crate::{checkpoint::DriverCheckpoint, freeze, limit};
+use crate::{checkpoint::room, freeze, limit};
 
 /// How often the frozen containers are looked for.
 const SCAN_PERIOD: Duration = Duration::from_secs(1);
@@ -112,26 +112,16 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
         .collect()
 }
 
-/// Marks the snapshot's containers that are in `frozen` (container ids), with the device bytes
-/// the limiter counts for their alive processes: what they hold in host memory.
+/// Marks the snapshot's containers that are in `frozen` (container ids), beside those the
+/// collector found marked in their control blocks, with the device bytes the limiter counts for
+/// their alive processes: what they hold in host memory.
 pub fn mark_frozen(snap: &mut crate::model::Snapshot, frozen: &std::collections::HashSet<String>) {
-    for c in &mut snap.containers {
-        c.frozen = None;
-        if !c
-            .container_id
-            .as_ref()
-            .is_some_and(|id| frozen.contains(id))
-        {
-            continue;
-        }
-        let host_bytes = snap
-            .processes
-            .iter()
-            .filter(|p| p.alive && c.processes.contains(&p.key))
-            .filter_map(|p| p.memory.limiter)
-            .sum();
-        c.frozen = Some(crate::model::Frozen { host_bytes });
-    }
+    snap.mark_frozen(|c| {
+        c.frozen.is_some()
+            || c.container_id
+                .as_ref()
+                .is_some_and(|id| frozen.contains(id))
+    });
 }
 
 /// Says in the snapshot's agent status that idle containers are frozen after `settings.after`,
@@ -164,7 +154,7 @@ struct Watched {
 pub struct ThawWatch {
     proc: PathBuf,
     libcuda: PathBuf,
-    api: Option<DriverCheckpoint>,
+    api: Option<room::Checked>,
     frozen: Vec<Watched>,
     next_scan: Instant,
     /// The last failed thaw of a container: the generation requested and when.
@@ -386,9 +376,9 @@ impl ThawWatch {
     }
 
     /// The driver's checkpoint API, loaded at its first use.
-    fn api(&mut self) -> Result<&DriverCheckpoint, crate::checkpoint::CheckpointError> {
+    fn api(&mut self) -> Result<&room::Checked, crate::checkpoint::CheckpointError> {
         if self.api.is_none() {
-            self.api = Some(DriverCheckpoint::open(&self.libcuda)?);
+            self.api = Some(room::open(&self.libcuda, &self.proc)?);
         }
         Ok(self.api.as_ref().expect("set above"))
     }

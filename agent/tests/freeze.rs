@@ -408,6 +408,72 @@ fn without_an_agent_the_call_waits_a_bounded_time_then_in_the_driver_until_a_tha
     t.finish();
 }
 
+/// `stat --no-daemon` (its own collector, no daemon on the host) on the container `id`: its
+/// JSON row and the table's text.
+fn stat_alone(id: &str, lib: &Path, gpu: &Path) -> (Value, String) {
+    let run = |json: bool| {
+        let mut args = vec![
+            "stat",
+            "--no-daemon",
+            "--no-calibrate",
+            "--no-nvml",
+            "--duration",
+            "1s",
+            "--poll-interval",
+            "200ms",
+        ];
+        if json {
+            args.push("--json");
+        }
+        stdout_ok(&agent(&args, lib, gpu))
+    };
+    let report: Value = serde_json::from_str(&run(true)).unwrap();
+    let row = report["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["key"] == id)
+        .unwrap_or_else(|| panic!("container {id} in {report}"))
+        .clone();
+    (row, run(false))
+}
+
+/// Without `vgpu-agent run`, `stat` collecting for itself sees the container that `freeze
+/// --container` marked in its control block: `FROZEN` with the bytes held in host memory, in
+/// the table and the JSON; after `thaw --container`, neither.
+#[test]
+fn stat_without_a_daemon_shows_a_container_frozen_in_its_control_block() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (cg, id) = container("d");
+    let mut t = Tenant::start(dir.path(), &lib, &gpu, &cg);
+    let (row, _) = stat_alone(&id, &lib, &gpu);
+    assert!(row.get("frozen").is_none(), "running: {row}");
+
+    stdout_ok(&agent(&["freeze", "--container", &id], &lib, &gpu));
+    assert_eq!(charged(&gpu), 0);
+    let (row, table) = stat_alone(&id, &lib, &gpu);
+    assert_eq!(row["frozen"]["host_bytes"], 8 * MIB, "{row}");
+    assert!(
+        table.contains(
+            "FROZEN: 8.00 MiB of GPU memory held in host memory until its next CUDA call thaws it"
+        ),
+        "{table}"
+    );
+
+    stdout_ok(&agent(&["thaw", "--container", &id], &lib, &gpu));
+    let (row, table) = stat_alone(&id, &lib, &gpu);
+    assert!(row.get("frozen").is_none(), "thawed: {row}");
+    assert!(!table.contains("FROZEN"), "{table}");
+    t.check_intact("after the thaw");
+    t.finish();
+}
+
 /// The host bytes the daemon's idle freeze holds reserved, from its model.
 fn reserved_bytes(snap: &Value) -> Option<u64> {
     snap["agent"]["idle_freeze"]["host_reserved_bytes"].as_u64()

@@ -17,7 +17,7 @@ use region::{
 
 use super::{
     processes::ProcessTable,
-    regions::{RegionRead, RegionReading},
+    regions::{ControlRead, RegionRead, RegionReading},
 };
 use crate::{
     discovery::FileId,
@@ -27,9 +27,9 @@ use crate::{
         runtime_names::RuntimeNames,
     },
     model::{
-        AllocSizes, ApiUsage, Communicator, Container, GpuDevice, LimiterProcess, MemoryViews,
-        NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionQos, RegionUnread,
-        Snapshot, Source,
+        AllocSizes, ApiUsage, Communicator, Container, Frozen, GpuDevice, LimiterProcess,
+        MemoryViews, NvmlProcess, Process, ProcessKey, RegionDevice, RegionInfo, RegionQos,
+        RegionUnread, Snapshot, Source,
         gpu_use::{KernelTime, LimiterGpuTime, OTHER_KERNELS},
         probing::ProbeLosses,
     },
@@ -309,12 +309,20 @@ fn gpu_pids(inp: &Inputs<'_>) -> HashSet<u32> {
     pids
 }
 
+/// A region's summary, with the container that owns it and whether its control block marks
+/// that container freezing or frozen.
+struct OwnedRegion {
+    info: RegionInfo,
+    owner: Option<String>,
+    frozen: bool,
+}
+
 /// The regions of a snapshot, their slots matched to host processes.
 struct RegionMatch {
     /// The slots that count, by host pid.
     slots: HashMap<u32, SlotView>,
     /// Each region's summary, with the container that owns it.
-    regions: Vec<(RegionInfo, Option<String>)>,
+    regions: Vec<OwnedRegion>,
     region_errors: usize,
     regions_unread: Vec<RegionUnread>,
     claims: ClaimsRefused,
@@ -379,6 +387,7 @@ impl SlotMatcher<'_, '_> {
         let RegionReading {
             path,
             read,
+            control,
             writable_by_others,
             mapped_by,
         } = reading;
@@ -422,7 +431,20 @@ impl SlotMatcher<'_, '_> {
             RegionRead::Vgpu(s) => self.vgpu(&at, s, &mut info),
             RegionRead::Hami(h) => self.hami(&at, h, &mut info),
         }
-        self.out.regions.push((info, owner));
+        if let ControlRead::Failed(why) = control {
+            // Counted as the region's error once, whatever else was wrong with it.
+            if !matches!(read, RegionRead::Failed(..)) {
+                self.out.region_errors += 1;
+            }
+            info.problems.push(format!(
+                "control block not read (a freeze it marks is not shown): {why}"
+            ));
+        }
+        self.out.regions.push(OwnedRegion {
+            info,
+            owner,
+            frozen: control.frozen(),
+        });
     }
 
     /// A region of this project's format: its devices, what its read missed, and its slots.
@@ -1090,7 +1112,7 @@ fn alloc_sizes(reading: &RawReading, pid: u32) -> Vec<AllocSizes> {
 fn containers(
     processes: &[Process],
     identities: &HashMap<ProcessKey, ContainerIdentity>,
-    regions: Vec<(RegionInfo, Option<String>)>,
+    regions: Vec<OwnedRegion>,
     names: &mut RuntimeNames,
     now: Instant,
 ) -> Vec<Container> {
@@ -1106,12 +1128,22 @@ fn containers(
         entry.processes.push(p.key);
         entry.probe_losses.add(&p.probe_losses);
     }
-    for (info, owner_container) in regions {
-        let key = owner_container.unwrap_or_else(|| format!("region:{}", info.path));
+    for OwnedRegion {
+        info,
+        owner,
+        frozen,
+    } in regions
+    {
+        let key = owner.unwrap_or_else(|| format!("region:{}", info.path));
         let entry = containers
             .entry(key.clone())
             .or_insert_with(|| region_container(key, &info.path));
         entry.regions.push(info);
+        if frozen {
+            // Its bytes are the processes' final figures: `Snapshot::mark_frozen` counts them
+            // once the collector has them all.
+            entry.frozen = Some(Frozen { host_bytes: 0 });
+        }
     }
     containers.into_values().collect()
 }
@@ -1339,6 +1371,7 @@ mod tests {
         RegionReading {
             path,
             read: RegionRead::Vgpu(Box::new(snap)),
+            control: ControlRead::Absent,
             writable_by_others: None,
             mapped_by,
         }
@@ -1546,5 +1579,93 @@ mod tests {
             "{:?}",
             snap.agent.claims_refused
         );
+    }
+
+    /// A container is frozen where a control block of one of its regions marks it (as `freeze
+    /// --container` writes it), read by the collector's region scan, with the limiter's count
+    /// of all of its alive processes' memory (across its regions); a container whose block says
+    /// running is not, and one whose block is garbage is not either: its region says why and
+    /// counts as a region error, and the snapshot is built all the same.
+    #[test]
+    fn a_container_is_frozen_where_its_control_block_marks_it() {
+        use super::super::{region_scan::RegionScan, regions::write_mark};
+        use region::FreezeMark;
+        let mut w = world();
+        let host_ns = tenant_fs::own_pid_namespace().expect("the agent's pid namespace");
+        let docker = |id: &str| format!("/docker/{id}");
+        const THIRD: &str = "3333333333333333333333333333333333333333333333333333333333333333";
+        fake_process(&w.proc, 100, 5000, &docker(VICTIM), VICTIM_NS, 7);
+        fake_process(&w.proc, 101, 5001, &docker(VICTIM), VICTIM_NS, 8);
+        fake_process(&w.proc, 200, 6000, &docker(ATTACKER), host_ns, 200);
+        fake_process(&w.proc, 201, 6001, &docker(THIRD), host_ns, 201);
+        // Each region with one slot holding its bytes, claimed while the scan reads it; its
+        // owner (ns, pid, start) and the processes that map it, as the scan would list them.
+        let regions = [
+            ("frozen.cache", GIB, (VICTIM_NS, 7, 5000), 100),
+            ("second.cache", GIB / 2, (VICTIM_NS, 8, 5001), 101),
+            ("running.cache", 2 * GIB, (host_ns, 200, 6000), 200),
+            ("garbage.cache", 3 * GIB, (host_ns, 201, 6001), 201),
+        ];
+        let _held: Vec<_> = regions
+            .iter()
+            .map(|(name, held, _, _)| {
+                let (region, _) = region::Region::open_or_create(
+                    &w.regions.join(name),
+                    &RegionConfig::unlimited(1),
+                )
+                .unwrap();
+                let slot = region.claim_slot().unwrap();
+                region.try_reserve(&slot, 0, *held).unwrap();
+                (region, slot)
+            })
+            .collect();
+        write_mark(&w.regions.join("frozen.cache"), FreezeMark::Frozen);
+        write_mark(&w.regions.join("running.cache"), FreezeMark::Frozen);
+        write_mark(&w.regions.join("running.cache"), FreezeMark::Running);
+        std::fs::write(
+            region::control_path(&w.regions.join("garbage.cache")),
+            [0x5au8; region::control::CONTROL_SIZE],
+        )
+        .unwrap();
+
+        let mut scan = RegionScan::new(vec![w.regions.clone()], Path::new("/proc"));
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let mut readings = scan.scan(&[], far).regions;
+        assert_eq!(readings.len(), regions.len(), "{readings:?}");
+        for r in &mut readings {
+            let (_, _, (ns, pid, start), host_pid) = regions
+                .iter()
+                .find(|(name, ..)| r.path.ends_with(name))
+                .unwrap();
+            let RegionRead::Vgpu(snap) = &mut r.read else {
+                panic!("{:?}", r.read)
+            };
+            own(snap, *ns, *pid, *start);
+            r.mapped_by = vec![*host_pid];
+        }
+        let (mut snap, to_list) = assemble_listed(&mut w, &readings, &[100, 101, 200, 201]);
+        assert_eq!(to_list, [] as [u32; 0]);
+        // As `Collector::collect` does once the processes' figures are final.
+        snap.mark_frozen(|c| c.frozen.is_some());
+
+        let container = |id: &str| snap.containers.iter().find(|c| c.key == id).unwrap();
+        assert_eq!(
+            container(VICTIM).frozen,
+            Some(Frozen {
+                host_bytes: GIB + GIB / 2
+            }),
+            "both of its processes' memory, one region marked"
+        );
+        assert_eq!(container(ATTACKER).frozen, None, "marked, then thawed");
+        assert_eq!(container(THIRD).frozen, None, "a corrupt mark is no mark");
+        let problems = &container(THIRD).regions[0].problems;
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("control block not read") && p.contains("magic")),
+            "{problems:?}"
+        );
+        assert_eq!(snap.agent.region_errors, 1);
+        assert_eq!(held(&snap, 201).map(|(_, h)| h), Some(vec![3 * GIB]));
     }
 }

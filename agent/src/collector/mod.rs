@@ -291,6 +291,9 @@ impl Collector {
 
         estimates::apply(&mut snap, self.previous.as_ref().map(|(_, s)| s));
         self.carry_limiter_figures(&mut snap);
+        // The containers whose control blocks mark them frozen, with their processes' final
+        // figures.
+        snap.mark_frozen(|c| c.frozen.is_some());
         gpu_use::accumulate(self.previous.as_ref().map(|(_, s)| s), &mut snap);
         gpu_use::limiter_busy(self.previous.as_ref().map(|(_, s)| s), &mut snap);
         snap.agent.warnings.extend(gpu_use::pid_namespace_warning(
@@ -440,6 +443,65 @@ mod tests {
         // No longer than the snapshots': every one, however they jitter.
         assert!(nvml_read_gap(Some(s(1)), s(1)) < ms(990));
         assert_eq!(nvml_read_gap(Some(ms(200)), s(1)), Duration::ZERO);
+    }
+
+    /// `stat --no-daemon` and `top` without the daemon: the collector's own snapshot marks a
+    /// container frozen where its region's control block says so (written as `freeze
+    /// --container` writes it), not where the block says running, and a corrupt block marks
+    /// nothing, says why and does not stop the snapshot.
+    #[test]
+    fn the_collectors_snapshot_marks_frozen_containers_from_their_control_blocks() {
+        use region::FreezeMark;
+        let dir = tempfile::tempdir().unwrap();
+        let regions = dir.path().join("regions");
+        let config = region::RegionConfig::unlimited(1);
+        let _regions: Vec<_> = ["frozen", "running", "corrupt"]
+            .iter()
+            .map(|n| {
+                let sub = regions.join(format!("pod_{n}"));
+                std::fs::create_dir_all(&sub).unwrap();
+                region::Region::open_or_create(&sub.join("r.cache"), &config).unwrap()
+            })
+            .collect();
+        let region = |n: &str| regions.join(format!("pod_{n}/r.cache"));
+        regions::write_mark(&region("frozen"), FreezeMark::Frozen);
+        regions::write_mark(&region("running"), FreezeMark::Running);
+        std::fs::write(region::control_path(&region("corrupt")), [1u8; 7]).unwrap();
+        // A host of its own: no processes, no runtimes.
+        let root = dir.path().join("host");
+        std::fs::create_dir_all(root.join("proc")).unwrap();
+        let host = HostPaths {
+            proc: root.join("proc"),
+            driver_dirs: vec![],
+            ..HostPaths::system().with_root(root.clone())
+        };
+        let mut collector = Collector::start(CollectorOptions {
+            trace: None,
+            region_dirs: vec![regions.clone()],
+            host,
+            nvml: false,
+            nvml_interval: None,
+            exited_retention: EXITED_RETENTION,
+        });
+        let snap = collector.collect();
+        let frozen = |n: &str| {
+            let path = region(n).display().to_string();
+            snap.containers
+                .iter()
+                .find(|c| c.regions.iter().any(|r| r.path == path))
+                .unwrap_or_else(|| panic!("{n}: {:?}", snap.containers))
+                .frozen
+                .clone()
+        };
+        // No process of its own: nothing of its memory is counted.
+        assert_eq!(
+            frozen("frozen"),
+            Some(crate::model::Frozen { host_bytes: 0 })
+        );
+        assert_eq!(frozen("running"), None);
+        assert_eq!(frozen("corrupt"), None);
+        assert_eq!(snap.agent.regions_read, 3);
+        assert_eq!(snap.agent.region_errors, 1);
     }
 
     #[test]

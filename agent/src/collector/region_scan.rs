@@ -31,7 +31,9 @@ use region::{
 };
 use tenant_fs::{FileKey, TenantFile};
 
-use super::regions::{self, Candidate, Format, ListingCut, RegionRead, RegionReading};
+use super::regions::{
+    self, Candidate, ControlFile, ControlRead, Format, ListingCut, RegionRead, RegionReading,
+};
 use crate::pool::Pool;
 
 /// Worker threads at most. A blocked read holds one until it returns; past this many, jobs wait
@@ -55,8 +57,8 @@ enum Done {
     /// The region files a listing found, opened and sniffed, and the parts of a region
     /// directory it did not look at whole.
     Listed(Listing, Vec<Candidate>, Vec<ListingCut>),
-    /// A region file's read, and its reader to keep.
-    File(FileKey, Option<Reader>, RegionRead),
+    /// A region file's read with its control block's, and its reader to keep.
+    File(FileKey, Option<Reader>, RegionRead, ControlRead),
 }
 
 /// A listing: the region files it found at its last completed run, and since when a job runs it.
@@ -120,8 +122,8 @@ pub struct RegionScan {
     listings: HashMap<Listing, ListingState>,
     files: HashMap<FileKey, FileState>,
     /// Reads that came back and were not shown yet (a read that outlasts a scan is shown by the
-    /// next one).
-    reads: HashMap<FileKey, RegionRead>,
+    /// next one), each with its control block's.
+    reads: HashMap<FileKey, (RegionRead, ControlRead)>,
 }
 
 impl RegionScan {
@@ -194,18 +196,29 @@ impl RegionScan {
                 None => match c.file.try_clone() {
                     Ok(f) => ReadFrom::File(f, c.format),
                     Err(e) => {
-                        self.reads
-                            .insert(key, RegionRead::Failed(c.format, e.to_string()));
+                        let failed = RegionRead::Failed(c.format, e.to_string());
+                        self.reads.insert(key, (failed, ControlRead::Absent));
                         continue;
                     }
                 },
+            };
+            // The control block is read on the worker too: a tenant's file may block.
+            let control = match &c.control {
+                ControlFile::Absent => Ok(None),
+                ControlFile::Opened(f) => f.try_clone().map(Some).map_err(|e| e.to_string()),
+                ControlFile::Refused(why) => Err(why.clone()),
             };
             state.busy_since = Some(Instant::now());
             let (path, budget, tx) = (c.path.clone(), self.budget, self.done_tx.clone());
             let read_region = Arc::clone(&self.read);
             self.pool.run(move || {
+                let control = match control {
+                    Ok(None) => ControlRead::Absent,
+                    Ok(Some(f)) => regions::read_mark(&f),
+                    Err(why) => ControlRead::Failed(why),
+                };
                 let (reader, read) = read_region(&path, from, &budget);
-                let _ = tx.send(Done::File(key, reader, read));
+                let _ = tx.send(Done::File(key, reader, read, control));
             });
             asked.push(key);
         }
@@ -295,17 +308,18 @@ impl RegionScan {
         let mut out = Vec::with_capacity(found.len());
         for (path, format, key, writable_by_others) in found {
             let state = self.files.entry(key).or_default();
-            let read = match (self.reads.remove(&key), state.busy_since) {
-                (Some(read), _) => {
+            let (read, control) = match (self.reads.remove(&key), state.busy_since) {
+                (Some((read, control)), _) => {
                     state.troubled = matches!(&read, RegionRead::Vgpu(s) if s.unread.is_some());
-                    read
+                    (read, control)
                 }
                 (None, Some(since)) => {
                     state.troubled = true;
-                    RegionRead::Blocked {
+                    let blocked = RegionRead::Blocked {
                         format,
                         seconds: since.elapsed().as_secs_f64(),
-                    }
+                    };
+                    (blocked, ControlRead::Absent)
                 }
                 (None, None) => continue,
             };
@@ -314,6 +328,7 @@ impl RegionScan {
             out.push(RegionReading {
                 path,
                 read,
+                control,
                 writable_by_others,
                 mapped_by,
             });
@@ -376,11 +391,11 @@ impl RegionScan {
                 }
                 None
             }
-            Done::File(key, reader, read) => {
+            Done::File(key, reader, read, control) => {
                 let state = self.files.entry(key).or_default();
                 state.busy_since = None;
                 state.reader = reader;
-                self.reads.insert(key, read);
+                self.reads.insert(key, (read, control));
                 Some(key)
             }
         }
@@ -568,6 +583,85 @@ mod tests {
             }
         });
         assert!(both_read, "the region was never read again");
+    }
+
+    /// Each region's control block is read with it: a freezing or frozen mark is seen, a block
+    /// never written or cleared is running, and none is absent. A control block the tenant made
+    /// hostile (garbage, too short, a link to a frozen block elsewhere, a FIFO, a directory) is
+    /// read as no mark with the reason, never followed or waited on, and its region is still
+    /// read.
+    #[test]
+    fn control_blocks_are_read_with_their_regions_and_hostile_ones_are_not_trusted() {
+        use region::FreezeMark;
+        use regions::write_mark as mark;
+        let dir = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let config = region::RegionConfig::unlimited(1);
+        let names = [
+            "frozen", "freezing", "thawed", "never", "none", "garbage", "short", "link", "fifo",
+            "dir",
+        ];
+        let _regions: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let sub = dir.path().join(format!("pod_{n}"));
+                std::fs::create_dir_all(&sub).unwrap();
+                region::Region::open_or_create(&sub.join("r.cache"), &config).unwrap()
+            })
+            .collect();
+        let region = |n: &str| dir.path().join(format!("pod_{n}/r.cache"));
+        let ctl = |n: &str| region::control_path(&region(n));
+        mark(&region("frozen"), FreezeMark::Frozen);
+        mark(&region("freezing"), FreezeMark::Freezing);
+        mark(&region("thawed"), FreezeMark::Frozen);
+        mark(&region("thawed"), FreezeMark::Running);
+        drop(region::ControlReader::open_or_create(&ctl("never")).unwrap());
+        // Garbage with an even generation word (a complete copy that does not validate).
+        std::fs::write(ctl("garbage"), [0x5au8; region::control::CONTROL_SIZE]).unwrap();
+        std::fs::write(ctl("short"), [0u8; 100]).unwrap();
+        let elsewhere = host.path().join("r.cache");
+        mark(&elsewhere, FreezeMark::Frozen);
+        std::os::unix::fs::symlink(region::control_path(&elsewhere), ctl("link")).unwrap();
+        let fifo =
+            std::ffi::CString::new(ctl("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+        std::fs::create_dir(ctl("dir")).unwrap();
+
+        let mut scan = RegionScan::new(vec![dir.path().to_owned()], Path::new("/proc"));
+        let started = Instant::now();
+        let result = scan.scan(&[], Instant::now() + Duration::from_secs(30));
+        assert!(started.elapsed() < Duration::from_secs(5), "nothing blocks");
+        let control = |n: &str| {
+            let r = result
+                .regions
+                .iter()
+                .find(|r| r.path == region(n))
+                .unwrap_or_else(|| panic!("region {n} read: {:?}", result.regions));
+            assert!(matches!(r.read, RegionRead::Vgpu(_)), "{n}: {:?}", r.read);
+            r.control.clone()
+        };
+        assert_eq!(control("frozen"), ControlRead::Mark(FreezeMark::Frozen));
+        assert_eq!(control("freezing"), ControlRead::Mark(FreezeMark::Freezing));
+        assert_eq!(control("thawed"), ControlRead::Mark(FreezeMark::Running));
+        assert_eq!(control("never"), ControlRead::Mark(FreezeMark::Running));
+        assert_eq!(control("none"), ControlRead::Absent);
+        assert!(control("frozen").frozen() && control("freezing").frozen());
+        for n in ["thawed", "never", "none"] {
+            assert!(!control(n).frozen(), "{n}");
+        }
+        for (n, why) in [
+            ("garbage", "magic"),
+            ("short", "shorter"),
+            ("link", "symbolic link"),
+            ("fifo", "FIFO"),
+            ("dir", "not a regular file"),
+        ] {
+            match control(n) {
+                ControlRead::Failed(e) => assert!(e.contains(why), "{n}: {e}"),
+                other => panic!("{n}: {other:?}"),
+            }
+        }
     }
 
     /// Finding the regions a process maps that blocks (its maps, or a file it maps, do not

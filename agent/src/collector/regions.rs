@@ -12,11 +12,13 @@ use std::{
 };
 
 use region::{
+    FreezeMark,
     hami::{HAMI_MAGIC, HamiSnapshot},
     layout::{REGION_MAGIC, RegionHeader},
+    read_control,
     reader::RegionSnapshot,
 };
-use tenant_fs::{Access, EntryKind, Root, TenantFile};
+use tenant_fs::{Access, EntryKind, FileKey, Root, TenantFile, TenantFsError};
 
 use tenant_fs::maps::MappedFile;
 
@@ -91,6 +93,19 @@ pub fn magic_prefix() -> Vec<u8> {
     let mut v = vec![0u8; MAGIC_OFFSET];
     v.extend(REGION_MAGIC.to_le_bytes());
     v
+}
+
+/// Writes `mark` into a control block beside `region`, as the limiter creates it (zero-filled)
+/// and `vgpu-agent freeze` marks it (`limit::set_mark`), for tests.
+#[cfg(test)]
+pub fn write_mark(region: &Path, mark: FreezeMark) {
+    let ctl = region::control_path(region);
+    let _created = region::ControlReader::open_or_create(&ctl).unwrap();
+    let file = tenant_fs::open_no_links(&ctl, Access::ReadWrite).unwrap();
+    region::ControlWriter::new(&file)
+        .unwrap()
+        .update(|s| s.freeze = mark)
+        .unwrap();
 }
 
 /// A part of a region directory (one of its subdirectories, or the files directly in it) whose
@@ -242,6 +257,67 @@ pub struct Candidate {
     pub file: TenantFile,
     /// Uid of a process found mapping it.
     pub user_uid: Option<u32>,
+    /// Its control block, opened beside it.
+    pub control: ControlFile,
+}
+
+/// The control block beside a region (`<region>.ctl`, `region::control`), as its listing found
+/// it. The agent only reads it here: `vgpu-agent freeze` and `limit set` write it.
+#[derive(Debug)]
+pub enum ControlFile {
+    /// None there: the limiter creates it when it starts, and a region of HAMi's format has
+    /// none.
+    Absent,
+    Opened(TenantFile),
+    /// There, but not a file the agent reads as one (a link, a FIFO, a device, a file mounted
+    /// over it from another filesystem): why, for people.
+    Refused(String),
+}
+
+/// What a region's control block said this time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControlRead {
+    /// No control block, or not read this time (its region's read has not returned).
+    Absent,
+    /// Its freeze mark (`Running` for a block never written).
+    Mark(FreezeMark),
+    /// It could not be read or did not validate (the tenant can write it): why. Not frozen.
+    Failed(String),
+}
+
+impl ControlRead {
+    /// The container is being frozen or is frozen (`vgpu-agent freeze --container`).
+    pub fn frozen(&self) -> bool {
+        matches!(
+            self,
+            ControlRead::Mark(FreezeMark::Freezing | FreezeMark::Frozen)
+        )
+    }
+}
+
+/// Opens the control block of the region at `region` (a path inside `root`, its identity
+/// `key`) read-only inside `root`, as `limit` opens it: never following a link, never opening
+/// anything but a regular file, and only on the region's own filesystem (a block mounted over
+/// it is another file).
+fn open_control(root: &Root, region: &Path, key: FileKey) -> ControlFile {
+    match root.open(&region::control_path(region), Access::Read) {
+        Ok(f) if f.key().dev != key.dev => ControlFile::Refused(format!(
+            "{} is on another filesystem than its region (mounted over)",
+            f.path().display()
+        )),
+        Ok(f) => ControlFile::Opened(f),
+        Err(TenantFsError::NotFound { .. }) => ControlFile::Absent,
+        Err(e) => ControlFile::Refused(e.to_string()),
+    }
+}
+
+/// Reads a control block's freeze mark: two `pread`s of its 384 bytes (a bounded number more
+/// while a writer is in the middle of a write), never a mapping, never a write.
+pub fn read_mark(control: &TenantFile) -> ControlRead {
+    match read_control(control) {
+        Ok(snap) => ControlRead::Mark(snap.map_or(FreezeMark::Running, |s| s.settings.freeze)),
+        Err(e) => ControlRead::Failed(e.to_string()),
+    }
 }
 
 /// One region as read this time.
@@ -249,6 +325,8 @@ pub struct Candidate {
 pub struct RegionReading {
     pub path: PathBuf,
     pub read: RegionRead,
+    /// Its control block's freeze mark, read with it.
+    pub control: ControlRead,
     /// Why a uid other than its users' could have written it (`None`: only its owner could).
     pub writable_by_others: Option<String>,
     /// Host pids of the GPU processes whose maps name this file (its device and inode), in
@@ -288,11 +366,16 @@ pub fn dir_candidates(dir: &Path) -> (Vec<Candidate>, Vec<ListingCut>) {
         .filter_map(|rel| {
             let file = root.open(&rel, Access::Read).ok()?;
             let format = sniff(&file)?;
+            let control = match format {
+                Format::Vgpu => open_control(&root, &rel, file.key()),
+                Format::Hami => ControlFile::Absent,
+            };
             Some(Candidate {
                 path: dir.join(&rel),
                 format,
                 file,
                 user_uid: None,
+                control,
             })
         })
         .collect();
@@ -325,6 +408,8 @@ pub fn process_candidates(proc: &Path, pid: u32) -> (Vec<Candidate>, Vec<Listing
         entries_unread: false,
     };
     let mut found = Vec::new();
+    // The process's root, where its control blocks are opened (once, at its first region).
+    let mut root: Option<Result<Root, String>> = None;
     for MappedRegion { proc, pid, map } in mapped.into_iter().take(MAX_PROCESS_FILES_SNIFFED) {
         let Ok(file) =
             tenant_fs::open_mapped(&proc, pid, map.range(), &map.path, map.key(), Access::Read)
@@ -342,11 +427,23 @@ pub fn process_candidates(proc: &Path, pid: u32) -> (Vec<Candidate>, Vec<Listing
             .join(pid.to_string())
             .join("root")
             .join(map.path.strip_prefix("/").unwrap_or(&map.path));
+        let control = match format {
+            Format::Vgpu => {
+                match root
+                    .get_or_insert_with(|| Root::process(&proc, pid).map_err(|e| e.to_string()))
+                {
+                    Ok(root) => open_control(root, &map.path, file.key()),
+                    Err(why) => ControlFile::Refused(why.clone()),
+                }
+            }
+            Format::Hami => ControlFile::Absent,
+        };
         found.push(Candidate {
             path,
             format,
             file,
             user_uid,
+            control,
         });
     }
     let cuts = if cut.files_skipped > 0 {

@@ -287,7 +287,7 @@ pub const CONTAINER_FROZEN: Def = def(
     None,
     true,
     &[],
-    "1 while the container is frozen (vgpu-agent freeze --container, or the daemon's --freeze-after): its device memory is in host memory and its next CUDA call thaws it; 0 for the other containers with a limiter region. Set by vgpu-agent run only.",
+    "1 while the container is frozen (vgpu-agent freeze --container, or the daemon's --freeze-after), as a control block of its regions marks it: its device memory is in host memory and its next CUDA call thaws it; 0 for the other containers with a limiter region.",
     "containers[].frozen (present: 1)",
 );
 pub const CONTAINER_FROZEN_HOST_MEMORY: Def = def(

@@ -439,8 +439,9 @@ pub struct Container {
     /// while not empty.
     #[serde(default, skip_serializing_if = "probing::ProbeLosses::is_empty")]
     pub probe_losses: probing::ProbeLosses,
-    /// Frozen (`vgpu-agent freeze --container`, or the daemon's idle freeze), as the daemon
-    /// sees it; absent while running (docs/oversubscription.md).
+    /// Frozen (`vgpu-agent freeze --container`, or the daemon's idle freeze): a control block
+    /// of one of its regions marks it freezing or frozen, or the daemon's thaw watcher found it
+    /// frozen; absent while running (docs/oversubscription.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen: Option<Frozen>,
 }
@@ -715,6 +716,23 @@ impl Snapshot {
     pub fn is_stale_at(&self, now_unix_ms: u64, interval: std::time::Duration) -> bool {
         let period = interval.as_secs_f64().max(self.interval_seconds);
         self.agent.stale || self.age_at(now_unix_ms) > 2.0 * period
+    }
+
+    /// Marks frozen the containers `frozen` names, the others not, each with the device bytes
+    /// the limiter counts for its alive processes: what the freeze moved to host memory. The
+    /// one place those bytes are counted, for the collector (from the control blocks' marks)
+    /// and the daemon (from its thaw watcher) alike.
+    pub fn mark_frozen(&mut self, frozen: impl Fn(&Container) -> bool) {
+        for c in &mut self.containers {
+            c.frozen = frozen(c).then(|| Frozen {
+                host_bytes: self
+                    .processes
+                    .iter()
+                    .filter(|p| p.alive && c.processes.contains(&p.key))
+                    .filter_map(|p| p.memory.limiter)
+                    .sum(),
+            });
+        }
     }
 }
 

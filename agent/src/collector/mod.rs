@@ -187,6 +187,29 @@ impl Collector {
         self.tracer.as_mut()
     }
 
+    /// Sleeps until `until` (or a stop request), attaching and detaching the sampled probes as
+    /// their windows open and close in between. A probe budget's windows (100 ms) are shorter
+    /// than a collection interval (1 s): switched only at each collection, a window stayed open
+    /// for the whole interval and the budget was not held (on two H200s, the all_reduce loop's
+    /// collectives were probed in 87% of its steps under a 0.5% budget).
+    pub fn sleep_until(&mut self, until: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= until || crate::signals::stop_requested() {
+                return;
+            }
+            let switch = self.tracer.as_ref().and_then(|t| t.next_switch());
+            let wake = switch.map_or(until, |s| s.min(until));
+            crate::signals::sleep(wake.saturating_duration_since(now));
+            if let Some(t) = &mut self.tracer
+                && t.next_switch().is_some_and(|s| s <= Instant::now())
+                && let Err(e) = t.switch_due()
+            {
+                log::warn!("switching sampled probes: {e}");
+            }
+        }
+    }
+
     /// Takes a snapshot.
     pub fn collect(&mut self) -> Snapshot {
         let started = Instant::now();

@@ -74,15 +74,7 @@ pub fn record(opts: WindowOptions) -> Result<Window, WindowError> {
     let mut next_poll = Instant::now() + opts.poll_interval;
     while Instant::now() < deadline && !crate::signals::stop_requested() {
         // Sampling windows open and close on their own schedule, between polls.
-        let switch = collector.tracer_mut().and_then(|t| t.next_switch());
-        let wake = switch.map_or(next_poll, |s| s.min(next_poll)).min(deadline);
-        crate::signals::sleep(wake.saturating_duration_since(Instant::now()));
-        if let Some(t) = collector.tracer_mut()
-            && t.next_switch().is_some_and(|s| s <= Instant::now())
-            && let Err(e) = t.switch_due()
-        {
-            log::warn!("switching sampled probes: {e}");
-        }
+        collector.sleep_until(next_poll.min(deadline));
         if Instant::now() >= next_poll.min(deadline) {
             collector.collect();
             next_poll = Instant::now() + opts.poll_interval;

@@ -17,6 +17,11 @@ use crate::{
 pub trait SnapshotSource {
     /// Takes (or fetches) the next snapshot; an error is shown in the header and reading goes on.
     fn next(&mut self) -> Result<Snapshot, String>;
+    /// Waits until `until` for the next snapshot (a collector switches its sampled probes in
+    /// between).
+    fn wait(&mut self, until: Instant) {
+        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    }
 }
 
 /// A running `vgpu-agent run`.
@@ -36,6 +41,10 @@ pub struct CollectorSource(pub Collector);
 impl SnapshotSource for CollectorSource {
     fn next(&mut self) -> Result<Snapshot, String> {
         Ok(self.0.collect())
+    }
+
+    fn wait(&mut self, until: Instant) {
+        self.0.sleep_until(until);
     }
 }
 
@@ -81,7 +90,7 @@ pub fn spawn(
                 if tx.send(source.next()).is_err() {
                     return;
                 }
-                std::thread::sleep(interval.saturating_sub(started.elapsed()));
+                source.wait(started + interval);
             }
         })?;
     Ok(rx)

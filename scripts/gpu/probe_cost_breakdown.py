@@ -120,10 +120,15 @@ def breakdown(out):
 
             for p in ranks:
                 top = sorted(probed(p).items(), key=lambda kv: -kv[1])[:8]
-                print(f"  pid {p['key']['pid']} ({p['comm']}): probed calls per step {scope} "
+                # The agent's counts from its probes: where a budget sampled a kind, the calls
+                # it estimates (all of them), not the probe hits (the programs' runs, below).
+                print(f"  pid {p['key']['pid']} ({p['comm']}): calls per step counted by the probes {scope} "
                       + ", ".join(f"{k} {v / steps:.2f}" for k, v in top))
-            hits = sum(q["run_cnt"] for q in progs_ if "entry" in q["name"])
-            prog_ns = sum(q["run_time_ns"] for q in progs_)
+            # Probe hits are the entry programs' runs; the agent's own calibration runs are not
+            # the workload's.
+            workload = [q for q in progs_ if not q["name"].startswith("calib")]
+            hits = sum(q["run_cnt"] for q in workload if "entry" in q["name"])
+            prog_ns = sum(q["run_time_ns"] for q in workload)
             rank_calls = sum(v for p in ranks for v in probed(p).values())
             if progs_:
                 print("  eBPF programs (runs, ns per run): " + ", ".join(
@@ -132,14 +137,17 @@ def breakdown(out):
             if rank_calls and ranks:
                 # Per step and per rank: the programs' own time and the hits at the class price
                 # of the library's main class.
-                prog_per_step = prog_ns * (rank_calls / max(hits, 1)) / len(ranks) / steps / 1000
+                prog_per_step = prog_ns / len(ranks) / steps / 1000
                 # The ranks' hits are nearly all on push-class functions (libcuda 580, PyTorch's
                 # libnccl): priced at the push class.
                 price = classes.get("push", float("nan"))
-                hit_per_step = rank_calls / len(ranks) / steps
-                print(f"  per rank per step {scope}: {hit_per_step:.2f} probe hits; eBPF program time "
-                      f"{prog_per_step:.2f} us; at the push class's price {price:.0f} ns: "
-                      f"{hit_per_step * price / 1000:.2f} us")
+                hit_per_step = hits / len(ranks) / steps
+                calls_per_step = rank_calls / len(ranks) / steps
+                print(f"  per rank per step {scope}: {calls_per_step:.2f} calls counted, {hit_per_step:.2f} "
+                      f"probe hits ({100 * hit_per_step / max(calls_per_step, 1e-9):.0f}% of them); eBPF "
+                      f"program time {prog_per_step:.2f} us; at the push class's price {price:.0f} ns: "
+                      f"{hit_per_step * price / 1000:.2f} us ({hit_per_step * price / 1e3 / (ms * 1e3) * 100:.2f}% "
+                      "of the step)")
                 per_step_probe.append(hit_per_step * price / 1000)
                 per_step_prog.append(prog_per_step)
             nv = snap["agent"].get("nvml_calls") or {}

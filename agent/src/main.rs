@@ -296,7 +296,7 @@ enum LimitAction {
     },
 }
 
-/// `--freeze-after`: a duration, or `off` (also `0`) for none.
+/// `--freeze-after`, `--freeze-on-demand`: a duration, or `off` (also `0`) for none.
 fn parse_freeze_after(s: &str) -> Result<Option<Duration>, String> {
     match s {
         "off" | "0" => Ok(None),
@@ -497,6 +497,12 @@ enum Command {
         /// asking for a shorter time than this gets it; never a longer one.
         #[arg(long, value_name = "DURATION")]
         freeze_after: Option<String>,
+        /// While a container's allocation waits for device memory the GPU has no room for (its
+        /// `VGPU_OOM_WAIT`), freeze other containers idle for this long, largest first, until
+        /// they give back as much; `off`: never. Without it, `VGPU_FREEZE_ON_DEMAND` in the
+        /// agent's environment; neither: off.
+        #[arg(long, value_name = "DURATION")]
+        freeze_on_demand: Option<String>,
         /// Host memory that frozen containers may hold together (e.g. 64g); a container that
         /// does not fit what is left stays running.
         #[arg(long, default_value = "16g", value_parser = limit::parse_memory)]
@@ -709,6 +715,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             trace_container_event_rate,
             checkpoint_libcuda,
             freeze_after,
+            freeze_on_demand,
             freeze_host_budget,
             collect,
         } => {
@@ -716,6 +723,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 match freeze_after.or_else(|| std::env::var("VGPU_FREEZE_AFTER").ok()) {
                     Some(s) => parse_freeze_after(&s)
                         .map_err(|e| anyhow::anyhow!("--freeze-after / VGPU_FREEZE_AFTER: {e}"))?,
+                    None => None,
+                };
+            let freeze_on_demand =
+                match freeze_on_demand.or_else(|| std::env::var("VGPU_FREEZE_ON_DEMAND").ok()) {
+                    Some(s) => parse_freeze_after(&s).map_err(|e| {
+                        anyhow::anyhow!("--freeze-on-demand / VGPU_FREEZE_ON_DEMAND: {e}")
+                    })?,
                     None => None,
                 };
             let mut trace = collect.trace_options(&WATCH)?;
@@ -756,6 +770,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 idle_freeze: daemon::thaw::IdleFreeze {
                     after: freeze_after,
                     host_budget: freeze_host_budget,
+                    on_demand: freeze_on_demand,
                 },
             };
             daemon::run(opts)?;

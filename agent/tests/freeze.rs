@@ -171,8 +171,23 @@ impl Tenant {
         Tenant::start_with(dir, lib, gpu, cgroup, "c.region", &[])
     }
 
-    /// A tenant with its region at `dir/region` and `env` added to its environment.
+    /// A tenant with its region at `dir/region` and `env` added to its environment (over the
+    /// defaults: `SIMCUDA_CAPACITY` may be changed).
     fn start_with(
+        dir: &Path,
+        lib: &Path,
+        gpu: &Path,
+        cgroup: &TestCgroup,
+        region: &str,
+        env: &[(&str, &str)],
+    ) -> Tenant {
+        let mut t = Tenant::spawn_with(dir, lib, gpu, cgroup, region, env);
+        assert_eq!(t.line()["result"], 0);
+        t
+    }
+
+    /// [`Tenant::start_with`] without waiting for its allocation's result (its first line).
+    fn spawn_with(
         dir: &Path,
         lib: &Path,
         gpu: &Path,
@@ -182,7 +197,6 @@ impl Tenant {
     ) -> Tenant {
         let mut c = exercise(lib);
         c.args(["pattern", "--bytes", "8m"])
-            .envs(env.iter().copied())
             .env("LD_PRELOAD", limiter_lib())
             .env("VGPU_REAL_LIBCUDA", lib)
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join(region))
@@ -191,6 +205,7 @@ impl Tenant {
             .env("LIBCUDA_LOG_LEVEL", "3")
             .env("SIMCUDA_SHARED_DEVICE", gpu)
             .env("SIMCUDA_CAPACITY", "64m")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -207,9 +222,7 @@ impl Tenant {
         };
         let out = lines(Box::new(child.stdout.take().unwrap()));
         let err = lines(Box::new(child.stderr.take().unwrap()));
-        let mut t = Tenant { child, out, err };
-        assert_eq!(t.line()["result"], 0);
-        t
+        Tenant { child, out, err }
     }
 
     fn line(&mut self) -> Value {
@@ -653,5 +666,129 @@ fn a_container_that_asks_is_frozen_after_its_own_time_the_others_are_left_alone(
     assert_eq!(charged(&gpu), 16 * MIB);
     a.finish();
     b.finish();
+    assert!(daemon.stop().success());
+}
+
+/// One simulated GPU of 12 MiB: container A holds a pattern of 8 MiB and stays idle; B (its own
+/// container) asks for 8 MiB under `VGPU_OOM_WAIT`, more than the 4 MiB free. Returns the
+/// daemon (run with `extra` arguments), A, A's container cgroup and its id.
+fn a_full_gpu(
+    dir: &Path,
+    lib: &Path,
+    gpu: &Path,
+    extra: &[&str],
+) -> (Daemon, Tenant, TestCgroup, String) {
+    let (cg_a, a_id) = container("a1");
+    let a = Tenant::start_with(
+        dir,
+        lib,
+        gpu,
+        &cg_a,
+        "a.region",
+        &[("SIMCUDA_CAPACITY", "12m")],
+    );
+    let mut args = vec![
+        "--checkpoint-libcuda",
+        lib.to_str().unwrap(),
+        "--freeze-host-budget",
+        "64m",
+    ];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::start_with_env(
+        dir,
+        "200ms",
+        &args,
+        Stdio::inherit(),
+        &[
+            ("SIMCUDA_SHARED_DEVICE", gpu.as_os_str()),
+            ("SIMCUDA_CAPACITY", "12m".as_ref()),
+        ],
+    );
+    assert_eq!(charged(gpu), 8 * MIB);
+    // A is idle for longer than the 1 s the daemon may be asked to wait for.
+    std::thread::sleep(Duration::from_millis(1500));
+    (daemon, a, cg_a, a_id)
+}
+
+#[test]
+fn a_waiting_allocation_gets_an_idle_container_frozen_on_demand() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (daemon, mut a, _cg_a, a_id) =
+        a_full_gpu(dir.path(), &lib, &gpu, &["--freeze-on-demand", "1s"]);
+    let (cg_b, _) = container("b2");
+    let t0 = Instant::now();
+    let mut b = Tenant::spawn_with(
+        dir.path(),
+        &lib,
+        &gpu,
+        &cg_b,
+        "b.region",
+        &[("SIMCUDA_CAPACITY", "12m"), ("VGPU_OOM_WAIT", "30s")],
+    );
+    assert_eq!(b.line()["result"], 0, "B's allocation got the room");
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    // A was frozen for it: its memory is in host memory, B's on the GPU.
+    let show = stdout_ok(&agent_plain(&["limit", "show", "--container", &a_id]));
+    assert!(show.contains(": frozen"), "{show}");
+    assert_eq!(charged(&gpu), 8 * MIB, "B's memory only");
+    support::wait_until(
+        Duration::from_secs(30),
+        || frozen_bytes(&daemon.snapshot(), &a_id) == Some(8 * MIB),
+        "the model's frozen container",
+    );
+    let snap = daemon.snapshot();
+    assert_eq!(snap["agent"]["idle_freeze"]["on_demand_seconds"], 1.0);
+    let body = daemon.scrape().0;
+    assert!(
+        body.contains("vgpu_freeze_on_demand_seconds{} 1.0\n"),
+        "{body}"
+    );
+    // B frees its memory; A's next call thaws it, word for word.
+    b.finish();
+    assert_eq!(charged(&gpu), 0);
+    a.check_intact("A after the freeze on demand");
+    assert_eq!(charged(&gpu), 8 * MIB);
+    a.finish();
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn without_freeze_on_demand_a_waiting_allocation_times_out_and_no_one_is_frozen() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (daemon, mut a, _cg_a, a_id) = a_full_gpu(dir.path(), &lib, &gpu, &[]);
+    let (cg_b, _) = container("b3");
+    let t0 = Instant::now();
+    let mut b = Tenant::spawn_with(
+        dir.path(),
+        &lib,
+        &gpu,
+        &cg_b,
+        "b.region",
+        &[("SIMCUDA_CAPACITY", "12m"), ("VGPU_OOM_WAIT", "2s")],
+    );
+    assert_eq!(
+        b.line()["result"],
+        2,
+        "CUDA_ERROR_OUT_OF_MEMORY at the timeout"
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(!b.child.wait().unwrap().success());
+    assert_eq!(charged(&gpu), 8 * MIB, "A keeps its memory on the GPU");
+    assert_eq!(frozen_bytes(&daemon.snapshot(), &a_id), None);
+    assert!(daemon.snapshot()["agent"]["idle_freeze"]["on_demand_seconds"].is_null());
+    a.check_intact("A, never frozen");
+    a.finish();
     assert!(daemon.stop().success());
 }

@@ -12,8 +12,14 @@
 //! thaw never needs host memory it does not already hold; a container whose processes are gone
 //! (killed while frozen) gives its reservation back at once.
 //!
+//! On demand ([`Freezer::on_demand`]): while a tenant's allocation waits for device memory the
+//! GPU has no room for (`VGPU_OOM_WAIT`), other containers idle for the demand's idle time are
+//! frozen, largest first, until what they give back covers the bytes it waits for. What the
+//! waiting tenant claims is trusted for nothing else: it can only get containers frozen that
+//! are idle for that time, which the operator chose to freeze on demand.
+//!
 //! ```text
-//!   Running --(idle for the TTL, or by hand; bytes fit the budget)--> Freezing
+//!   Running --(idle for the TTL, or on demand, or by hand; bytes fit the budget)--> Freezing
 //!   Freezing --(done)--> Frozen        Freezing --(failed)--> Running (reservation returned)
 //!   Frozen --(a CUDA call, or by hand)--> Thawing
 //!   Thawing --(done)--> Running (reservation returned)
@@ -83,11 +89,27 @@ pub enum Step<K> {
     Thaw(K),
 }
 
+/// An allocation waiting for device memory (a tenant's claim, from its slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Demand<K> {
+    /// The container it is in: never frozen for it (nor for another demand).
+    pub waiter: K,
+    /// Which wait it is (the caller's number for the process's wait): what was frozen for it is
+    /// counted per wait.
+    pub wait: u64,
+    /// Bytes it waits for (any value: `u64::MAX` is never covered).
+    pub bytes: u64,
+}
+
 /// Every container's freeze state and the host budget: see the module documentation.
 #[derive(Debug)]
 pub struct Freezer<K> {
     /// Idle time after which a container is frozen (`None`: only by hand).
     ttl_ns: Option<u64>,
+    /// Idle time after which a container may be frozen for a waiting allocation (`None`: never).
+    demand_idle_ns: Option<u64>,
+    /// The containers frozen for each wait still seen (its waiter and number).
+    answered: HashMap<(K, u64), Vec<K>>,
     /// Host bytes frozen containers may hold together.
     budget: u64,
     /// Host bytes reserved now (the sum of the bytes of containers not Running).
@@ -99,10 +121,19 @@ impl<K: Eq + Hash + Clone> Freezer<K> {
     pub fn new(ttl_ns: Option<u64>, budget: u64) -> Freezer<K> {
         Freezer {
             ttl_ns,
+            demand_idle_ns: None,
+            answered: HashMap::new(),
             budget,
             held: 0,
             containers: HashMap::new(),
         }
+    }
+
+    /// Also freezes containers idle for `idle_ns` when an allocation waits for memory
+    /// ([`Freezer::on_demand`]).
+    pub fn with_on_demand(mut self, idle_ns: Option<u64>) -> Freezer<K> {
+        self.demand_idle_ns = idle_ns;
+        self
     }
 
     /// Host bytes held by frozen (or freezing, or thawing) containers.
@@ -184,6 +215,72 @@ impl<K: Eq + Hash + Clone> Freezer<K> {
             .filter(|k| self.begin_freeze(k).is_ok())
             .map(Step::Freeze)
             .collect()
+    }
+
+    /// The freezes that make room at `now` for the allocations waiting in `demands` (every wait
+    /// seen now: a wait not in it has ended). For each wait, in the order of its waiter by
+    /// `order` then its number: running containers holding device memory, idle for the demand's
+    /// idle time, none of them a waiter, largest first (then by `order`), until the bytes of
+    /// those frozen for the wait (this time and before, still frozen or freezing) cover what it
+    /// waits for, or none is left. Each freeze is admitted and reserved as [`Freezer::due`]'s
+    /// are (a container that does not fit the budget is passed over). Nothing without
+    /// [`Freezer::with_on_demand`].
+    pub fn on_demand(
+        &mut self,
+        demands: &[Demand<K>],
+        now: u64,
+        order: impl Fn(&K, &K) -> std::cmp::Ordering,
+    ) -> Vec<Step<K>> {
+        let Some(idle_ns) = self.demand_idle_ns else {
+            return Vec::new();
+        };
+        self.answered.retain(|(waiter, wait), _| {
+            demands
+                .iter()
+                .any(|d| d.waiter == *waiter && d.wait == *wait)
+        });
+        let mut waits: Vec<&Demand<K>> = demands.iter().collect();
+        waits.sort_by(|a, b| order(&a.waiter, &b.waiter).then(a.wait.cmp(&b.wait)));
+        let mut steps = Vec::new();
+        for d in waits {
+            let key = (d.waiter.clone(), d.wait);
+            let mut frozen_for = self.answered.remove(&key).unwrap_or_default();
+            // What still gives room: freezes under way or done, not those that failed or thawed.
+            frozen_for.retain(|k| {
+                self.containers
+                    .get(k)
+                    .is_some_and(|c| matches!(c.phase, Phase::Freezing | Phase::Frozen))
+            });
+            let mut given = frozen_for
+                .iter()
+                .filter_map(|k| self.containers.get(k))
+                .fold(0u64, |sum, c| sum.saturating_add(c.bytes));
+            let mut idle: Vec<(K, u64)> = self
+                .containers
+                .iter()
+                .filter(|(k, c)| {
+                    c.phase == Phase::Running
+                        && c.bytes > 0
+                        && c.idle_since
+                            .is_some_and(|t| now.saturating_sub(t) >= idle_ns)
+                        && !demands.iter().any(|d| d.waiter == **k)
+                })
+                .map(|(k, c)| (k.clone(), c.bytes))
+                .collect();
+            idle.sort_by(|(a, ab), (b, bb)| bb.cmp(ab).then_with(|| order(a, b)));
+            for (k, bytes) in idle {
+                if given >= d.bytes {
+                    break;
+                }
+                if self.begin_freeze(&k).is_ok() {
+                    given = given.saturating_add(bytes);
+                    frozen_for.push(k.clone());
+                    steps.push(Step::Freeze(k));
+                }
+            }
+            self.answered.insert(key, frozen_for);
+        }
+        steps
     }
 
     /// Starts a freeze (by hand, or from [`Freezer::due`]): reserves the container's bytes.
@@ -425,6 +522,141 @@ mod tests {
         f.freeze_done(&"a", Some(GIB));
         assert_eq!(f.container(&"a").unwrap().phase, Phase::Running);
         assert_eq!(f.held(), 0);
+    }
+
+    fn wants(waiter: &'static str, wait: u64, bytes: u64) -> Demand<&'static str> {
+        Demand {
+            waiter,
+            wait,
+            bytes,
+        }
+    }
+
+    /// Containers a 1 (1 GiB), b (4 GiB), c (2 GiB), all idle since 0, and the waiter w (which
+    /// looks idle too: its waiting allocation is recorded only when it returns).
+    fn idle_three(budget: u64) -> Freezer<&'static str> {
+        let mut f = Freezer::new(None, budget).with_on_demand(Some(10 * S));
+        for (k, bytes) in [("a", GIB), ("b", 4 * GIB), ("c", 2 * GIB), ("w", GIB)] {
+            f.observe(k, quiet(0), bytes, 0);
+        }
+        f
+    }
+
+    #[test]
+    fn a_waiting_allocation_gets_the_largest_idle_containers_frozen_until_it_is_covered() {
+        let mut f = idle_three(64 * GIB);
+        assert!(f.on_demand(&[], 10 * S, by_name).is_empty(), "no one waits");
+        assert!(
+            f.on_demand(&[wants("w", 1, 5 * GIB)], 9 * S, by_name)
+                .is_empty(),
+            "idle for 9 s only"
+        );
+        // b (4) then c (2) cover 5; a is left alone.
+        assert_eq!(
+            f.on_demand(&[wants("w", 1, 5 * GIB)], 10 * S, by_name),
+            [Step::Freeze("b"), Step::Freeze("c")]
+        );
+        assert_eq!(f.held(), 6 * GIB);
+        f.freeze_done(&"b", Some(4 * GIB));
+        f.freeze_done(&"c", Some(2 * GIB));
+        // The same wait seen again is covered already: nothing more.
+        assert!(
+            f.on_demand(&[wants("w", 1, 5 * GIB)], 11 * S, by_name)
+                .is_empty()
+        );
+        // b thawed by its own call: its memory is back on the GPU, so the wait needs more.
+        assert_eq!(f.observe("b", quiet(1), 0, 12 * S), Some(Step::Thaw("b")));
+        f.thaw_done(&"b", true);
+        assert_eq!(
+            f.on_demand(&[wants("w", 1, 5 * GIB)], 12 * S, by_name),
+            [Step::Freeze("a")]
+        );
+        // Nothing is frozen without the setting.
+        let mut off = Freezer::new(Some(S), 64 * GIB);
+        off.observe("a", quiet(0), GIB, 0);
+        assert!(
+            off.on_demand(&[wants("w", 1, GIB)], 100 * S, by_name)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn busy_containers_and_waiters_are_never_frozen_on_demand() {
+        let mut f = Freezer::new(None, 64 * GIB).with_on_demand(Some(10 * S));
+        for t in 0..=20 {
+            f.observe("busy", quiet(t), 8 * GIB, t * S);
+            f.observe(
+                "kernel",
+                Activity {
+                    calls: 0,
+                    gpu_busy: true,
+                },
+                8 * GIB,
+                t * S,
+            );
+            f.observe("w", quiet(0), 8 * GIB, t * S);
+            f.observe("v", quiet(0), 8 * GIB, t * S);
+        }
+        f.observe("empty", quiet(0), 0, 0);
+        let demands = [wants("w", 1, 4 * GIB), wants("v", 7, u64::MAX)];
+        assert!(f.on_demand(&demands, 20 * S, by_name).is_empty());
+        assert_eq!(f.held(), 0);
+    }
+
+    #[test]
+    fn a_demand_respects_the_host_budget_and_a_hostile_claim_is_bounded() {
+        // a (1), c (2) fit in 3 GiB; b (4) does not.
+        let mut f = idle_three(3 * GIB);
+        assert_eq!(
+            f.on_demand(&[wants("w", 1, 5 * GIB)], 10 * S, by_name),
+            [Step::Freeze("c"), Step::Freeze("a")]
+        );
+        assert_eq!(f.held(), 3 * GIB);
+        // A claim of every byte there is freezes only what is idle and fits, once, and ends.
+        let mut f = idle_three(64 * GIB);
+        let steps = f.on_demand(&[wants("w", u64::MAX, u64::MAX)], 10 * S, by_name);
+        assert_eq!(
+            steps,
+            [Step::Freeze("b"), Step::Freeze("c"), Step::Freeze("a")]
+        );
+        for k in ["a", "b", "c"] {
+            f.freeze_done(&k, Some(u64::MAX));
+        }
+        assert!(
+            f.on_demand(&[wants("w", u64::MAX, u64::MAX)], 11 * S, by_name)
+                .is_empty()
+        );
+        assert_eq!(f.held(), 7 * GIB);
+        // A waiter the freezer never saw (a device index out of range is the caller's to
+        // ignore: it is not part of the decision) gets only idle containers frozen.
+        let mut f = idle_three(64 * GIB);
+        f.observe("a", quiet(5), GIB, 9 * S);
+        assert_eq!(
+            f.on_demand(&[wants("nobody", 0, 3 * GIB)], 10 * S, by_name),
+            [Step::Freeze("b")]
+        );
+    }
+
+    #[test]
+    fn a_wait_that_ends_is_forgotten() {
+        let mut f = idle_three(64 * GIB);
+        assert_eq!(
+            f.on_demand(&[wants("w", 1, GIB)], 10 * S, by_name),
+            [Step::Freeze("b")]
+        );
+        f.freeze_done(&"b", Some(4 * GIB));
+        assert!(f.on_demand(&[], 11 * S, by_name).is_empty());
+        // The process's next wait is a new one: what b gave back was the last wait's.
+        assert_eq!(
+            f.on_demand(&[wants("w", 2, GIB)], 12 * S, by_name),
+            [Step::Freeze("c")]
+        );
+        // A failed freeze gave nothing: the wait asks for the next one.
+        f.freeze_done(&"c", None);
+        assert_eq!(
+            f.on_demand(&[wants("w", 2, GIB)], 13 * S, by_name),
+            [Step::Freeze("a")]
+        );
     }
 
     #[test]

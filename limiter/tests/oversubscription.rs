@@ -16,7 +16,7 @@ use std::{
 };
 
 use agent_common::api::ApiId;
-use region::reader::{RegionReader, SlotPhase};
+use region::reader::{OomWait, RegionReader, SlotPhase};
 use support::{cc, fresh_region, paths, preloaded};
 
 /// The simulated GPU: 8 GiB for everyone.
@@ -108,6 +108,20 @@ fn recorded(region: &Path) -> ((u64, u64, u64), u64) {
     ((a.calls, a.errors, a.denied), slot.throttled_ns)
 }
 
+/// What the container's live process publishes in its slot about an allocation waiting for
+/// device memory.
+fn waiting(region: &Path) -> Option<OomWait> {
+    let snap = RegionReader::open(region)
+        .expect("open region")
+        .snapshot()
+        .expect("snapshot");
+    snap.slots
+        .iter()
+        .find(|s| s.phase == SlotPhase::Live)
+        .expect("a live slot")
+        .oom_wait
+}
+
 #[test]
 fn the_tenant_asking_past_the_gpu_fails_at_once_and_the_holder_keeps_its_memory() {
     let gpu = gpu();
@@ -186,8 +200,20 @@ fn an_opted_in_tenant_waits_until_memory_frees() {
         log.read_to_string(&mut rest).unwrap();
         rest
     });
+    // While it waits, its slot says for what (the agent's --freeze-on-demand reads it).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let wait = loop {
+        match waiting(&second) {
+            Some(w) => break w,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            None => panic!("the wait was not published"),
+        }
+    };
+    assert_eq!((wait.device, wait.bytes), (0, 4 * GIB));
+    assert!(wait.seq > 0);
     release(a);
     assert_eq!(held(&mut b), 0, "the wait got the memory that freed");
+    assert_eq!(waiting(&second), None, "cleared when the wait succeeded");
     let ((calls, errors, denied), waited) = recorded(&second);
     assert_eq!((calls, errors, denied), (1, 0, 0));
     assert!(waited > 0);
@@ -210,6 +236,7 @@ fn a_wait_ends_at_its_timeout_with_out_of_memory() {
     let ((calls, errors, denied), waited) = recorded(&second);
     assert_eq!((calls, errors, denied), (1, 1, 0));
     assert!(waited >= 300_000_000, "{waited}");
+    assert_eq!(waiting(&second), None, "cleared when the wait timed out");
     release(b);
     // Its reservation went back: the container can use its whole limit once the GPU has room.
     release(a);

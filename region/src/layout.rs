@@ -39,8 +39,11 @@ pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// an API copied ([`ApiRecord::bytes_moved`], in what was the record's first spare word). 3: the
 /// GPU time the limiter measured ([`GpuTimeRecord`], [`KernelEntry`], in the records of the
 /// last [`GPU_TIME_RECORDS`] API ids of each shard, which no API had). 4: the idle time after
-/// which the container asks to be frozen ([`RegionHeader::freeze_after_ms`]).
-pub const LAYOUT_MINOR: u32 = 4;
+/// which the container asks to be frozen ([`RegionHeader::freeze_after_ms`]). 5: the device
+/// memory a process's allocation waits for under `VGPU_OOM_WAIT` ([`SlotHeader::oom_wait_bytes`],
+/// [`SlotHeader::oom_wait_device`], [`SlotHeader::oom_wait_seq`], in what were the slot header's
+/// first spare words).
+pub const LAYOUT_MINOR: u32 = 5;
 /// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
 pub const MAX_SLOTS: u32 = 1024;
 /// Slots of a region when the configuration does not say.
@@ -362,8 +365,18 @@ pub struct SlotHeader {
     /// Thread shards: kernel tid of each shard's owning thread, 0 = free (the overflow shard's
     /// entry stays 0).
     pub shard_owner: [AtomicU64; SHARDS_PER_SLOT],
+    /// Bytes an allocation of this process waits for under `VGPU_OOM_WAIT` (the GPU refused it;
+    /// never a denial by the limit), 0 = none (3.5). Stored last, with `Release`, when the wait
+    /// starts; set to 0 when it ends. The tenant's word: the agent only decides from it which
+    /// idle containers it may freeze (`--freeze-on-demand`).
+    pub oom_wait_bytes: AtomicU64,
+    /// The device index of that allocation (3.5; meaningful while `oom_wait_bytes` is not 0).
+    pub oom_wait_device: AtomicU64,
+    /// Waits this process has started, the last one's number (3.5): it tells one wait from the
+    /// next, so that the agent counts what it froze for each wait apart.
+    pub oom_wait_seq: AtomicU64,
     /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 12],
+    pub spare: [AtomicU64; 9],
 }
 
 /// One process slot: its header and its shards. Slots never move.
@@ -445,6 +458,10 @@ const _: () = assert!(offset_of!(SlotHeader, intent) == 8);
 const _: () = assert!(offset_of!(SlotHeader, intent_bytes) == 16);
 const _: () = assert!(offset_of!(SlotHeader, held) == 24);
 const _: () = assert!(offset_of!(SlotHeader, shard_owner) == 344);
+const _: () = assert!(offset_of!(SlotHeader, oom_wait_bytes) == 416);
+const _: () = assert!(offset_of!(SlotHeader, oom_wait_device) == 424);
+const _: () = assert!(offset_of!(SlotHeader, oom_wait_seq) == 432);
+const _: () = assert!(offset_of!(SlotHeader, spare) == 440);
 const _: () = assert!(offset_of!(SlotRecord, shards) == 512);
 // A call's section touches the record's first line (sequence and the counters a call bumps).
 const _: () = assert!(offset_of!(ApiRecord, throttled_ns) + 8 == 64);
@@ -535,6 +552,9 @@ field_offsets!(
     SlotHeader.name,
     SlotHeader.used_shards,
     SlotHeader.shard_owner,
+    SlotHeader.oom_wait_bytes,
+    SlotHeader.oom_wait_device,
+    SlotHeader.oom_wait_seq,
     SlotHeader.spare,
     Shard.apis,
     Shard.gpu_time,

@@ -298,6 +298,49 @@ impl Region {
         }
     }
 
+    /// Publishes in the process's slot that an allocation of `bytes` on `device` waits for the
+    /// GPU to have room (`VGPU_OOM_WAIT`), and returns the wait's number for
+    /// [`Region::end_oom_wait`]; 0 when the slot is no longer the process's (nothing published).
+    pub fn begin_oom_wait(&self, slot: &Slot, device: u32, bytes: u64) -> u64 {
+        let Some(record) = self.slot_record(slot.index()) else {
+            return 0;
+        };
+        if !self.owns(slot, record) {
+            return 0;
+        }
+        let h = &record.header;
+        // Relaxed: the number and the device are ordered before the bytes by their Release
+        // store below; the process's threads take numbers apart with the RMW alone.
+        let seq = h
+            .oom_wait_seq
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1);
+        h.oom_wait_device
+            .store(u64::from(device), Ordering::Relaxed);
+        // Release: makes the device and the number visible before the bytes that give them a
+        // meaning; pairs with the Acquire fence after the agent's copy of the slot header
+        // (`reader::read_slot`).
+        h.oom_wait_bytes.store(bytes.max(1), Ordering::Release);
+        seq
+    }
+
+    /// Clears the wait published by [`Region::begin_oom_wait`] (number `seq`), unless a later
+    /// wait of another thread replaced it (that one clears its own).
+    pub fn end_oom_wait(&self, slot: &Slot, seq: u64) {
+        let Some(record) = self.slot_record(slot.index()) else {
+            return;
+        };
+        let h = &record.header;
+        // Relaxed: only compared with this thread's own number. A wait of another thread that
+        // starts between the load and the store is hidden for the rest of it: the agent then
+        // freezes nothing for it, as without `--freeze-on-demand`.
+        if seq != 0 && self.owns(slot, record) && h.oom_wait_seq.load(Ordering::Relaxed) == seq {
+            // Release: orders the wait's end after the process's use of the slot before it;
+            // pairs with the same Acquire fence of the agent's reader as the start.
+            h.oom_wait_bytes.store(0, Ordering::Release);
+        }
+    }
+
     /// Records that the context charge of `bytes` on `device` was refused to the process (the
     /// limit has no room for it): `context_bytes` then holds `bytes | CONTEXT_REFUSED` until a
     /// later charge succeeds.

@@ -163,6 +163,8 @@ impl Region {
         // `held` and the intent are left alone: the last reclaim returned the holdings through
         // the protocol, and the tickets in them must keep counting (see `reserve`).
         h.context_bytes.iter().for_each(|w| w.store(0, r));
+        // A dead owner's wait for memory ended with it.
+        h.oom_wait_bytes.store(0, r);
         // A dead owner's threads never dropped their writers.
         h.shard_owner.iter().for_each(|w| w.store(0, r));
         let used = h.used_shards.load(r);

@@ -651,3 +651,40 @@ fn overflow_writers_share_kernel_entries_without_mixing_names() {
     }
     assert!(!reading.load(std::sync::atomic::Ordering::Relaxed));
 }
+
+/// An allocation's wait for device memory, as the reader shows it: published while it lasts,
+/// a later wait of another thread replaces it (the earlier one's end leaves it alone), cleared
+/// when the last ends, and gone with the slot's owner.
+#[test]
+fn a_wait_for_memory_is_published_while_it_lasts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("region");
+    let (region, _) = Region::open_or_create(&path, &config(0, 4)).unwrap();
+    let slot = region.claim_slot().unwrap();
+    let wait = || {
+        let snap = RegionReader::open(&path).unwrap().snapshot().unwrap();
+        snap.slots[0].oom_wait.map(|w| (w.device, w.bytes, w.seq))
+    };
+    assert_eq!(wait(), None);
+    let first = region.begin_oom_wait(&slot, 1, 3 << 30);
+    assert_eq!(wait(), Some((1, 3 << 30, first)));
+    let second = region.begin_oom_wait(&slot, 0, 1 << 20);
+    assert_ne!(first, second);
+    assert_eq!(wait(), Some((0, 1 << 20, second)));
+    region.end_oom_wait(&slot, first);
+    assert_eq!(
+        wait(),
+        Some((0, 1 << 20, second)),
+        "not the first's to clear"
+    );
+    region.end_oom_wait(&slot, second);
+    assert_eq!(wait(), None);
+    // A wait its owner never ended (killed) is not the next owner's.
+    region.begin_oom_wait(&slot, 0, 1 << 20);
+    let index = slot.index();
+    region.retire_slot(slot);
+    let slot = region.claim_slot().unwrap();
+    assert_eq!(slot.index(), index, "the same slot, another owner");
+    assert_eq!(wait(), None);
+    region.retire_slot(slot);
+}

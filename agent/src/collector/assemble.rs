@@ -75,6 +75,7 @@ struct SlotView {
     kernels: Vec<KernelTime>,
     sample_errors: u64,
     samples_skipped: u64,
+    waiting_for_memory: Option<crate::model::WaitingForMemory>,
 }
 
 /// Claims shown at most in [`crate::model::AgentStatus::claims_refused`] (each refused slot is
@@ -569,6 +570,11 @@ impl SlotMatcher<'_, '_> {
                 kernels: limiter_kernels(slot),
                 sample_errors: slot.sample_errors,
                 samples_skipped: slot.samples_skipped,
+                waiting_for_memory: slot.oom_wait.map(|w| crate::model::WaitingForMemory {
+                    device: w.device,
+                    bytes: w.bytes,
+                    wait: w.seq,
+                }),
             },
         );
     }
@@ -627,6 +633,7 @@ impl SlotMatcher<'_, '_> {
                     kernels: vec![],
                     sample_errors: 0,
                     samples_skipped: 0,
+                    waiting_for_memory: None,
                 },
             );
         }
@@ -937,6 +944,7 @@ impl ProcessRows<'_, '_> {
                 kernels: s.kernels,
                 sample_errors: s.sample_errors,
                 samples_skipped: s.samples_skipped,
+                waiting_for_memory: s.waiting_for_memory,
             }
         });
         let process = Process {

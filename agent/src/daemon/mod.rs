@@ -195,7 +195,8 @@ fn spawn_collector(
         .spawn(move || {
             let mut next = Instant::now() + interval;
             while !crate::signals::stop_requested() {
-                crate::signals::sleep(next.saturating_duration_since(Instant::now()));
+                // Sampled probes switch on their own schedule in between.
+                collector.sleep_until(next);
                 if crate::signals::stop_requested() {
                     return;
                 }
@@ -313,6 +314,11 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
                 "freezing only the containers that ask for it (their VGPU_FREEZE_AFTER; host budget {})",
                 crate::units::bytes(settings.host_budget)
             ),
+        }
+        if let Some(idle) = settings.on_demand {
+            log::info!(
+                "freezing containers idle for {idle:?} while another's allocation waits for device memory"
+            );
         }
         std::thread::Builder::new()
             .name("thaw".into())

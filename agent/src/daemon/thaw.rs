@@ -17,6 +17,12 @@
 //! freeze goes through [`freeze::freeze_container`], marking the container so that its next call
 //! thaws it here.
 //!
+//! With `--freeze-on-demand` (`VGPU_FREEZE_ON_DEMAND`), a container's allocation waiting for
+//! device memory (`VGPU_OOM_WAIT`; its slot says for how many bytes, read with the snapshot)
+//! gets other containers idle for that long frozen the same way, largest first, until they give
+//! back as much ([`Freezer::on_demand`]). The bytes are the tenant's claim: they only choose
+//! among the containers the operator let be frozen on demand.
+//!
 //! Everything read here is the tenant's: the request is acted on only when it equals the
 //! generation the agent's own mark has now, so a forged request thaws only the tenant's own
 //! container, which its next CUDA call would do anyway. A thaw that fails (the GPU has no room
@@ -33,7 +39,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_core::freeze::{Activity, Freezer, Step};
+use limiter_core::freeze::{Activity, Demand, Freezer, Step};
 
 use region::{FreezeMark, read_control, reader::RegionReader};
 use tenant_fs::{Access, TenantFile};
@@ -61,6 +67,9 @@ pub struct IdleFreeze {
     pub after: Option<Duration>,
     /// Host bytes frozen containers may hold together.
     pub host_budget: u64,
+    /// Idle time after which a container may be frozen to make room for another's allocation
+    /// waiting for device memory (`None`: never).
+    pub on_demand: Option<Duration>,
 }
 
 /// A container as a snapshot shows it: its id, the CUDA calls its processes made in all, and
@@ -73,6 +82,19 @@ pub struct Observed {
     /// The idle time after which the container asks to be frozen (the shortest its regions
     /// say), if it asks.
     pub ttl: Option<Duration>,
+    /// Its processes' allocations waiting for device memory, as their slots say.
+    pub waits: Vec<Wait>,
+}
+
+/// An allocation waiting for device memory, as a process's slot says (the tenant's words).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wait {
+    /// The process (host pid) and its number for the wait: one wait apart from the next.
+    pub pid: u32,
+    pub wait: u64,
+    /// The device index the tenant wrote (shown in the log only).
+    pub device: u64,
+    pub bytes: u64,
 }
 
 /// The containers of a snapshot that the idle freeze looks at: those with a container id and a
@@ -87,11 +109,20 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
                 .iter()
                 .filter(|p| p.alive && c.processes.contains(&p.key));
             let (mut calls, mut bytes, mut limited) = (0u64, 0u64, false);
+            let mut waits = Vec::new();
             for p in processes {
                 calls += p.apis.iter().map(|a| a.calls).sum::<u64>();
                 if let Some(b) = p.memory.limiter {
                     bytes += b;
                     limited = true;
+                }
+                if let Some(w) = p.limiter.as_ref().and_then(|l| l.waiting_for_memory) {
+                    waits.push(Wait {
+                        pid: p.key.pid,
+                        wait: w.wait,
+                        device: w.device,
+                        bytes: w.bytes,
+                    });
                 }
             }
             let ttl = c
@@ -107,6 +138,7 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
                 calls,
                 bytes,
                 ttl,
+                waits,
             })
         })
         .collect()
@@ -131,6 +163,7 @@ pub fn mark_idle_freeze(snap: &mut crate::model::Snapshot, settings: &IdleFreeze
         after_seconds: settings.after.map(|d| d.as_secs_f64()),
         host_budget_bytes: settings.host_budget,
         host_reserved_bytes: reserved,
+        on_demand_seconds: settings.on_demand.map(|d| d.as_secs_f64()),
     });
 }
 
@@ -211,6 +244,11 @@ impl ThawWatch {
             freezer: Freezer::new(
                 settings.after.map(|d| d.as_nanos() as u64),
                 settings.host_budget,
+            )
+            .with_on_demand(
+                settings
+                    .on_demand
+                    .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             ),
             snapshots,
             started: Instant::now(),
@@ -322,10 +360,54 @@ impl ThawWatch {
             idle.freezer.gone(gone);
         }
         idle.known = now_known;
+        // Each wait is told apart by its process and the process's number for it.
+        let demands: Vec<Demand<String>> = latest
+            .iter()
+            .flat_map(|o| {
+                o.waits.iter().map(|w| Demand {
+                    waiter: o.container.clone(),
+                    wait: u64::from(w.pid) << 32 ^ w.wait,
+                    bytes: w.bytes,
+                })
+            })
+            .collect();
+        let on_demand = idle.freezer.on_demand(&demands, now, |a, b| a.cmp(b));
+        // For the log: the waits it was frozen for (a few; the rest counted).
+        let waits: Vec<String> = latest
+            .iter()
+            .flat_map(|o| {
+                o.waits.iter().map(|w| {
+                    format!(
+                        "container {} waits for {} bytes on device {}",
+                        o.container, w.bytes, w.device
+                    )
+                })
+            })
+            .collect();
+        let shown = waits.len().min(4);
+        let mut why = format!("idle, for memory: {}", waits[..shown].join(", "));
+        if waits.len() > shown {
+            why += &format!(" and {} more", waits.len() - shown);
+        }
+        let for_memory: std::collections::HashSet<String> = on_demand
+            .iter()
+            .filter_map(|s| match s {
+                Step::Freeze(c) => Some(c.clone()),
+                Step::Thaw(_) => None,
+            })
+            .collect();
+        steps.extend(on_demand);
         steps.extend(idle.freezer.due(now, |a, b| a.cmp(b)));
         for step in steps {
             match step {
-                Step::Freeze(c) => self.idle_freeze_one(&c),
+                Step::Freeze(c) => {
+                    let why = if for_memory.contains(&c) {
+                        &why
+                    } else {
+                        "idle"
+                    };
+                    self.idle_freeze_one(&c, why)
+                }
                 Step::Thaw(c) => {
                     let ok = self.thaw(&c).is_ok();
                     if let Some(idle) = &mut self.idle {
@@ -336,8 +418,9 @@ impl ThawWatch {
         }
     }
 
-    /// Freezes a container the freezer found idle (its bytes reserved already).
-    fn idle_freeze_one(&mut self, container: &str) {
+    /// Freezes a container the freezer found idle (its bytes reserved already); `why` is said
+    /// in the log.
+    fn idle_freeze_one(&mut self, container: &str, why: &str) {
         let proc = self.proc.clone();
         let outcome = self
             .api()
@@ -348,18 +431,21 @@ impl ThawWatch {
             });
         let saved = match &outcome {
             Ok(lines) => {
-                log::info!("container {container}: frozen, idle ({})", lines.join("; "));
+                log::info!(
+                    "container {container}: frozen, {why} ({})",
+                    lines.join("; ")
+                );
                 true
             }
             Err(freeze::FreezeError::Failed { done, .. }) if !done.is_empty() => {
                 log::warn!(
-                    "container {container}: partly frozen, idle: {}",
+                    "container {container}: partly frozen, {why}: {}",
                     outcome.as_ref().unwrap_err()
                 );
                 true
             }
             Err(e) => {
-                log::warn!("container {container}: idle freeze failed: {e}");
+                log::warn!("container {container}: freeze ({why}) failed: {e}");
                 false
             }
         };
@@ -467,6 +553,84 @@ mod tests {
         assert_eq!(ttl(&snap), Some(Duration::from_secs(5)));
         snap.containers[i].regions.truncate(4);
         assert!(ttl(&snap).unwrap() > Duration::from_secs(500 * 365 * 24 * 3600));
+    }
+
+    /// A slot's wait for device memory (the tenant's words, any value) reaches the freezer as
+    /// the container's, from its live processes only; an exited process's slot asks nothing.
+    #[test]
+    fn a_slots_wait_reaches_the_freezer_only_from_a_live_process() {
+        let mut snap = crate::tui::fixture::snapshot();
+        let seen = observed(&snap);
+        let o = seen.first().expect("a container under the limiter");
+        assert!(seen.iter().all(|o| o.waits.is_empty()), "no one waits");
+        let id = o.container.clone();
+        let c = snap
+            .containers
+            .iter()
+            .find(|c| c.container_id.as_ref() == Some(&id))
+            .unwrap();
+        let key = c.processes[0];
+        let p = snap.processes.iter_mut().find(|p| p.key == key).unwrap();
+        let hostile = crate::model::WaitingForMemory {
+            device: u64::MAX,
+            bytes: u64::MAX,
+            wait: 7,
+        };
+        p.limiter.as_mut().unwrap().waiting_for_memory = Some(hostile);
+        let waits = |snap: &crate::model::Snapshot| {
+            observed(snap)
+                .into_iter()
+                .find(|o| o.container == id)
+                .map(|o| o.waits)
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            waits(&snap),
+            [Wait {
+                pid: key.pid,
+                wait: 7,
+                device: u64::MAX,
+                bytes: u64::MAX,
+            }]
+        );
+        // The freezer takes it as a claim that can freeze only containers idle for the time.
+        let mut f = Freezer::new(None, 1 << 40).with_on_demand(Some(1));
+        f.observe(
+            "idle".to_owned(),
+            Activity {
+                calls: 0,
+                gpu_busy: false,
+            },
+            1 << 20,
+            0,
+        );
+        f.observe(
+            id.clone(),
+            Activity {
+                calls: 0,
+                gpu_busy: false,
+            },
+            1 << 20,
+            0,
+        );
+        let demands = [Demand {
+            waiter: id.clone(),
+            wait: 7,
+            bytes: u64::MAX,
+        }];
+        assert_eq!(
+            f.on_demand(&demands, 10, |a, b| a.cmp(b)),
+            [Step::Freeze("idle".to_owned())]
+        );
+        snap.processes
+            .iter_mut()
+            .find(|p| p.key == key)
+            .unwrap()
+            .alive = false;
+        assert!(
+            waits(&snap).is_empty(),
+            "an exited process waits for nothing"
+        );
     }
 
     /// What the tenant can write (its region's request word, its control block's mark) thaws

@@ -470,6 +470,15 @@ pub const FREEZE_AFTER: Def = def(
     "Idle time after which the daemon freezes any container (--freeze-after); absent without it (only containers that ask, by their own VGPU_FREEZE_AFTER, are frozen).",
     "agent.idle_freeze.after_seconds",
 );
+pub const FREEZE_ON_DEMAND: Def = def(
+    "vgpu_freeze_on_demand",
+    Gauge,
+    Some(Seconds),
+    false,
+    &[],
+    "Idle time after which the daemon may freeze a container to make room for another's allocation waiting for device memory (--freeze-on-demand); absent without it.",
+    "agent.idle_freeze.on_demand_seconds",
+);
 pub const AGENT_UP: Def = def(
     "vgpu_agent_probes_up",
     Gauge,
@@ -816,6 +825,7 @@ pub const ALL: &[Def] = &[
     FREEZE_HOST_BUDGET,
     FREEZE_HOST_RESERVED,
     FREEZE_AFTER,
+    FREEZE_ON_DEMAND,
     CONTAINER_DRIFT,
     API_CALLS,
     API_ERRORS,

@@ -364,6 +364,9 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
         if let Some(after) = f.after_seconds {
             fam(&defs::FREEZE_AFTER, one(Value::Float(after)));
         }
+        if let Some(idle) = f.on_demand_seconds {
+            fam(&defs::FREEZE_ON_DEMAND, one(Value::Float(idle)));
+        }
     }
     fam(&defs::AGENT_REGIONS, one(Value::Int(a.regions_read as u64)));
     fam(

@@ -692,6 +692,7 @@ pub(super) mod tests {
             after_seconds: Some(600.0),
             host_budget_bytes: 64 << 30,
             host_reserved_bytes: 12 << 30,
+            on_demand_seconds: Some(30.0),
         });
         let pod = "pod=\"train-000-7d9f8c6b5-x2k4p\",namespace=\"ml\"";
         let names = defs::metric_names();
@@ -707,6 +708,7 @@ pub(super) mod tests {
                 "vgpu_freeze_host_budget_bytes{} 68719476736\n",
                 "vgpu_freeze_host_reserved_bytes{} 12884901888\n",
                 "vgpu_freeze_after_seconds{} 600.0\n",
+                "vgpu_freeze_on_demand_seconds{} 30.0\n",
                 "vgpu_agent_nvml_calls_total{call=\"process_utilization\"} 40\n",
                 "vgpu_agent_nvml_call_duration_seconds_total{call=\"process_utilization\"} 0.25\n",
                 "vgpu_agent_nvml_call_max_duration_seconds{call=\"process_utilization\"} 0.0125\n",

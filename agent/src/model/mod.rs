@@ -186,6 +186,21 @@ pub struct LimiterProcess {
     pub sample_errors: u64,
     #[serde(default)]
     pub samples_skipped: u64,
+    /// An allocation of the process waiting for device memory the GPU has no room for
+    /// (`VGPU_OOM_WAIT`), as its slot says (the tenant's words); absent when none waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for_memory: Option<WaitingForMemory>,
+}
+
+/// An allocation waiting for device memory, as the process's slot says (the tenant's words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingForMemory {
+    /// The device index the limiter wrote (the process's CUDA ordinal; unchecked).
+    pub device: u64,
+    /// Bytes it waits for.
+    pub bytes: u64,
+    /// The process's number for the wait: another wait has another number.
+    pub wait: u64,
 }
 
 /// Successful allocations of one API in one size class (cumulative, from the probes).
@@ -632,6 +647,10 @@ pub struct IdleFreezeStatus {
     /// Host bytes reserved now: those of frozen containers, of freezes under way, and of thaws
     /// not yet completed.
     pub host_reserved_bytes: u64,
+    /// Idle time after which a container may be frozen to make room for another's allocation
+    /// waiting for device memory, seconds (`--freeze-on-demand`; `None`: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_demand_seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -274,9 +274,15 @@ pub fn table(r: &StatReport) -> String {
             ),
             None => "containers that ask for it are frozen when idle".into(),
         };
+        let demand = f.on_demand_seconds.map_or(String::new(), |s| {
+            format!(
+                "; containers idle for {:?} are frozen for an allocation waiting for memory",
+                std::time::Duration::from_secs_f64(s)
+            )
+        });
         let _ = writeln!(
             out,
-            "idle freeze: {who}; host memory {} of {} reserved",
+            "idle freeze: {who}{demand}; host memory {} of {} reserved",
             crate::units::bytes(f.host_reserved_bytes),
             crate::units::bytes(f.host_budget_bytes)
         );
@@ -553,6 +559,7 @@ mod tests {
                 after_seconds: Some(600.0),
                 host_budget_bytes: 64 << 30,
                 host_reserved_bytes: 12 << 30,
+                on_demand_seconds: Some(30.0),
             }),
             processes: vec![],
             cgroups: vec![],
@@ -562,7 +569,7 @@ mod tests {
         assert!(t.contains("STALE: the last snapshot is 7.3s old"), "{t}");
         assert!(
             t.contains(
-                "idle freeze: containers idle for 600s (or less where they ask) are frozen; host memory 12.00 GiB of 64.00 GiB reserved"
+                "idle freeze: containers idle for 600s (or less where they ask) are frozen; containers idle for 30s are frozen for an allocation waiting for memory; host memory 12.00 GiB of 64.00 GiB reserved"
             ),
             "{t}"
         );

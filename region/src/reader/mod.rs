@@ -43,8 +43,8 @@ pub use budget::ReadBudget;
 use budget::Spend;
 pub use file::{Geometry, ReadError, RegionReader};
 pub use snapshot::{
-    ApiStats, BudgetLimit, DeviceSnapshot, GpuTimeStats, KernelStats, ReadCounters, RegionSnapshot,
-    ShardProblem, ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
+    ApiStats, BudgetLimit, DeviceSnapshot, GpuTimeStats, KernelStats, OomWait, ReadCounters,
+    RegionSnapshot, ShardProblem, ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
 };
 pub(crate) use validate::validate_header;
 
@@ -326,6 +326,11 @@ impl RegionReader {
                     })
                     .collect(),
                 dropped_records: h.dropped_records,
+                oom_wait: (h.oom_wait_bytes != 0).then_some(OomWait {
+                    device: h.oom_wait_device,
+                    bytes: h.oom_wait_bytes,
+                    seq: h.oom_wait_seq,
+                }),
                 throttled_ns: totals.throttled_ns,
                 apis: totals.merged.into_iter().flatten().collect(),
                 shard_problems: totals.problems,
@@ -389,13 +394,17 @@ struct HeaderFields {
     held: [u64; MAX_DEVICES],
     context_bytes: [u64; MAX_DEVICES],
     dropped_records: u64,
+    /// The wait for device memory (layout 3.5; zero in layouts 1 and 2).
+    oom_wait_bytes: u64,
+    oom_wait_device: u64,
+    oom_wait_seq: u64,
     used_shards: u64,
     /// Owning thread of each shard (layout 3; layouts 1 and 2 keep it in the shard).
     shard_owner: [u64; SHARDS_PER_SLOT],
 }
 
 macro_rules! header_fields {
-    ($h:expr, $owner:expr) => {{
+    ($h:expr, $owner:expr, $oom_wait:expr) => {{
         let h = $h;
         // Relaxed: loads from a private copy.
         let r = Ordering::Relaxed;
@@ -410,6 +419,9 @@ macro_rules! header_fields {
             held: std::array::from_fn(|d| h.held[d].load(r)),
             context_bytes: std::array::from_fn(|d| h.context_bytes[d].load(r)),
             dropped_records: h.dropped_records.load(r),
+            oom_wait_bytes: $oom_wait[0],
+            oom_wait_device: $oom_wait[1],
+            oom_wait_seq: $oom_wait[2],
             used_shards: h.used_shards.load(r),
             shard_owner: $owner,
         }
@@ -418,14 +430,21 @@ macro_rules! header_fields {
 
 impl HeaderFields {
     fn of(h: &SlotHeader) -> HeaderFields {
+        // Relaxed: loads from a private copy.
+        let r = Ordering::Relaxed;
         header_fields!(
             h,
-            std::array::from_fn(|i| h.shard_owner[i].load(Ordering::Relaxed))
+            std::array::from_fn(|i| h.shard_owner[i].load(r)),
+            [
+                h.oom_wait_bytes.load(r),
+                h.oom_wait_device.load(r),
+                h.oom_wait_seq.load(r)
+            ]
         )
     }
 
     fn of_v2(h: &SlotHeaderV2) -> HeaderFields {
-        header_fields!(h, [0; SHARDS_PER_SLOT])
+        header_fields!(h, [0; SHARDS_PER_SLOT], [0; 3])
     }
 }
 

@@ -136,6 +136,17 @@ pub enum SlotPhase {
 }
 
 /// One non-free slot.
+/// An allocation waiting for device memory, as a slot says (the tenant's words, unchecked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OomWait {
+    /// The device index the tenant wrote (not checked against the region's devices).
+    pub device: u64,
+    /// Bytes it waits for (not 0).
+    pub bytes: u64,
+    /// The wait's number: tells one wait of the process from the next.
+    pub seq: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotSnapshot {
     /// Slot index.
@@ -161,6 +172,9 @@ pub struct SlotSnapshot {
     pub context_refused: Vec<u64>,
     /// Records dropped because the overflow shard was busy.
     pub dropped_records: u64,
+    /// The allocation the process waits for device memory for (`VGPU_OOM_WAIT`), if any
+    /// (layout 3.5). The tenant's words, unchecked.
+    pub oom_wait: Option<OomWait>,
     /// Time throttled, ns, over consistent shards.
     pub throttled_ns: u64,
     /// Per-API statistics over consistent shards (APIs with any activity only).

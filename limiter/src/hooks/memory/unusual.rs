@@ -106,6 +106,8 @@ pub(super) fn out_of_device_memory<F: Copy>(
         );
     });
     let timeout = timeout?;
+    // Cleared when the wait ends, however it ends (a panic unwinding through it included).
+    let _published = charge.and_then(|c| shield(|| WaitPublished::begin(h.process, c)).flatten());
     let started = Instant::now();
     let elapsed_ns = || u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
     let mut wait = OomWait::start(0, timeout);
@@ -120,6 +122,29 @@ pub(super) fn out_of_device_memory<F: Copy>(
     let waited = elapsed_ns();
     shield(|| h.process.ledger.record_throttled(sym.api(), waited));
     Some((r, state.clock.now()))
+}
+
+/// An allocation's wait for device memory, published in the process's slot while it lasts
+/// (docs/region.md, `oom_wait_bytes`): what `vgpu-agent run --freeze-on-demand` reads to free
+/// room by freezing idle containers. Only a process accounting in a region publishes.
+struct WaitPublished {
+    ledger: &'static crate::runtime::ledger::RegionLedger,
+    seq: u64,
+}
+
+impl WaitPublished {
+    fn begin(process: &'static Process, c: Charge) -> Option<WaitPublished> {
+        let ledger = process.ledger.region()?;
+        let device = u32::try_from(c.device).ok()?;
+        let seq = ledger.region.begin_oom_wait(&ledger.slot, device, c.bytes);
+        Some(WaitPublished { ledger, seq })
+    }
+}
+
+impl Drop for WaitPublished {
+    fn drop(&mut self) {
+        self.ledger.region.end_oom_wait(&self.ledger.slot, self.seq);
+    }
 }
 
 /// `settle_allocation` of a pool allocation (its pool is settled), or of a plain one that

@@ -99,6 +99,9 @@ pub struct Demand<K> {
     pub wait: u64,
     /// Bytes it waits for (any value: `u64::MAX` is never covered).
     pub bytes: u64,
+    /// The containers whose freeze gives back memory on the GPU it waits on (those holding
+    /// memory there); `None`: not known (no per-GPU figures), any container may.
+    pub near: Option<Vec<K>>,
 }
 
 /// Every container's freeze state and the host budget: see the module documentation.
@@ -219,8 +222,9 @@ impl<K: Eq + Hash + Clone> Freezer<K> {
 
     /// The freezes that make room at `now` for the allocations waiting in `demands` (every wait
     /// seen now: a wait not in it has ended). For each wait, in the order of its waiter by
-    /// `order` then its number: running containers holding device memory, idle for the demand's
-    /// idle time, none of them a waiter, largest first (then by `order`), until the bytes of
+    /// `order` then its number: running containers holding device memory on its GPU (where
+    /// known, [`Demand::near`]), idle for the demand's idle time, none of them a waiter, largest
+    /// first (then by `order`), until the bytes of
     /// those frozen for the wait (this time and before, still frozen or freezing) cover what it
     /// waits for, or none is left. Each freeze is admitted and reserved as [`Freezer::due`]'s
     /// are (a container that does not fit the budget is passed over). Nothing without
@@ -264,6 +268,7 @@ impl<K: Eq + Hash + Clone> Freezer<K> {
                         && c.idle_since
                             .is_some_and(|t| now.saturating_sub(t) >= idle_ns)
                         && !demands.iter().any(|d| d.waiter == **k)
+                        && d.near.as_ref().is_none_or(|near| near.contains(k))
                 })
                 .map(|(k, c)| (k.clone(), c.bytes))
                 .collect();
@@ -529,7 +534,27 @@ mod tests {
             waiter,
             wait,
             bytes,
+            near: None,
         }
+    }
+
+    #[test]
+    fn only_containers_on_the_waiters_gpu_are_frozen_for_it() {
+        let mut f = idle_three(64 * GIB);
+        // b (4 GiB, the largest) is on another GPU: a and c, on the waiter's, are frozen.
+        let on_its_gpu = Demand {
+            near: Some(vec!["a", "c"]),
+            ..wants("w", 1, 5 * GIB)
+        };
+        assert_eq!(
+            f.on_demand(std::slice::from_ref(&on_its_gpu), 10 * S, by_name),
+            [Step::Freeze("c"), Step::Freeze("a")]
+        );
+        // Nothing on its GPU is left: b is still not frozen for it.
+        f.freeze_done(&"c", Some(2 * GIB));
+        f.freeze_done(&"a", Some(GIB));
+        assert!(f.on_demand(&[on_its_gpu], 11 * S, by_name).is_empty());
+        assert_eq!(f.container(&"b").unwrap().phase, Phase::Running);
     }
 
     /// Containers a 1 (1 GiB), b (4 GiB), c (2 GiB), all idle since 0, and the waiter w (which

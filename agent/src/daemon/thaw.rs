@@ -84,6 +84,9 @@ pub struct Observed {
     pub ttl: Option<Duration>,
     /// Its processes' allocations waiting for device memory, as their slots say.
     pub waits: Vec<Wait>,
+    /// The GPUs (NVML indices) where its processes hold memory, as NVML lists them (empty
+    /// without NVML).
+    pub gpus: std::collections::BTreeSet<u32>,
 }
 
 /// An allocation waiting for device memory, as a process's slot says (the tenant's words).
@@ -92,9 +95,13 @@ pub struct Wait {
     /// The process (host pid) and its number for the wait: one wait apart from the next.
     pub pid: u32,
     pub wait: u64,
-    /// The device index the tenant wrote (shown in the log only).
+    /// The device index the tenant wrote (shown in the log only: it is the container's CUDA
+    /// ordinal, not a GPU of the host).
     pub device: u64,
     pub bytes: u64,
+    /// The GPUs (NVML indices) the waiting process has a context on, as NVML lists them: the
+    /// GPU it waits on is one of them (empty without NVML: not known).
+    pub gpus: std::collections::BTreeSet<u32>,
 }
 
 /// The containers of a snapshot that the idle freeze looks at: those with a container id and a
@@ -110,8 +117,15 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
                 .filter(|p| p.alive && c.processes.contains(&p.key));
             let (mut calls, mut bytes, mut limited) = (0u64, 0u64, false);
             let mut waits = Vec::new();
+            let mut gpus = std::collections::BTreeSet::new();
             for p in processes {
                 calls += p.apis.iter().map(|a| a.calls).sum::<u64>();
+                gpus.extend(
+                    p.nvml
+                        .iter()
+                        .filter(|n| n.used_memory.is_some_and(|b| b > 0))
+                        .map(|n| n.device),
+                );
                 if let Some(b) = p.memory.limiter {
                     bytes += b;
                     limited = true;
@@ -122,6 +136,7 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
                         wait: w.wait,
                         device: w.device,
                         bytes: w.bytes,
+                        gpus: p.nvml.iter().map(|n| n.device).collect(),
                     });
                 }
             }
@@ -139,9 +154,23 @@ pub fn observed(snap: &crate::model::Snapshot) -> Vec<Observed> {
                 bytes,
                 ttl,
                 waits,
+                gpus,
             })
         })
         .collect()
+}
+
+/// The containers whose freeze gives back memory where `wait` waits: those holding memory on a
+/// GPU the waiting process uses. Where NVML does not say (no NVML, or no figure for the waiter or
+/// for a container), any container may (`None`, or that container included).
+fn near(observed: &[Observed], wait: &Wait) -> Option<Vec<String>> {
+    (!wait.gpus.is_empty()).then(|| {
+        observed
+            .iter()
+            .filter(|c| c.gpus.is_empty() || !c.gpus.is_disjoint(&wait.gpus))
+            .map(|c| c.container.clone())
+            .collect()
+    })
 }
 
 /// Marks the snapshot's containers that are in `frozen` (container ids), beside those the
@@ -368,6 +397,7 @@ impl ThawWatch {
                     waiter: o.container.clone(),
                     wait: u64::from(w.pid) << 32 ^ w.wait,
                     bytes: w.bytes,
+                    near: near(&latest, w),
                 })
             })
             .collect();
@@ -591,6 +621,15 @@ mod tests {
                 wait: 7,
                 device: u64::MAX,
                 bytes: u64::MAX,
+                gpus: snap
+                    .processes
+                    .iter()
+                    .find(|p| p.key == key)
+                    .unwrap()
+                    .nvml
+                    .iter()
+                    .map(|n| n.device)
+                    .collect(),
             }]
         );
         // The freezer takes it as a claim that can freeze only containers idle for the time.
@@ -617,6 +656,7 @@ mod tests {
             waiter: id.clone(),
             wait: 7,
             bytes: u64::MAX,
+            near: None,
         }];
         assert_eq!(
             f.on_demand(&demands, 10, |a, b| a.cmp(b)),
@@ -631,6 +671,38 @@ mod tests {
             waits(&snap).is_empty(),
             "an exited process waits for nothing"
         );
+    }
+
+    /// A wait on GPU 1 gets only containers holding memory on GPU 1 frozen (and those NVML says
+    /// nothing of); without NVML figures for the waiter, any container.
+    #[test]
+    fn a_wait_is_answered_from_the_containers_on_its_gpu() {
+        let container = |name: &str, gpus: &[u32]| Observed {
+            container: name.into(),
+            calls: 0,
+            bytes: 1 << 30,
+            ttl: None,
+            waits: Vec::new(),
+            gpus: gpus.iter().copied().collect(),
+        };
+        let observed = [
+            container("on-0", &[0]),
+            container("on-1", &[1]),
+            container("on-0-and-1", &[0, 1]),
+            container("unknown", &[]),
+        ];
+        let wait = |gpus: &[u32]| Wait {
+            pid: 1,
+            wait: 1,
+            device: 0,
+            bytes: 1 << 30,
+            gpus: gpus.iter().copied().collect(),
+        };
+        assert_eq!(
+            near(&observed, &wait(&[1])).unwrap(),
+            ["on-1", "on-0-and-1", "unknown"]
+        );
+        assert_eq!(near(&observed, &wait(&[])), None);
     }
 
     /// What the tenant can write (its region's request word, its control block's mark) thaws

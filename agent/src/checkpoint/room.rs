@@ -45,6 +45,8 @@ pub const MARGIN: u64 = 512 << 20;
 const MAX_RECORD_BYTES: u64 = 64 << 10;
 /// Bytes of `/proc/<pid>/stat` read.
 const MAX_STAT_BYTES: usize = 4 << 10;
+/// Records looked at by one [`RoomChecked::prune`] (one per frozen process).
+const MAX_RECORDS: usize = 4096;
 
 /// The host's checkpoint API with the room check.
 pub type Checked = RoomChecked<DriverCheckpoint, NvmlMemory<NvmlLibrary>>;
@@ -56,7 +58,9 @@ pub fn open(libcuda: &Path, proc: &Path) -> Result<Checked, CheckpointError> {
     let memory = NvmlLibrary::open(Path::new(DEFAULT_LIBRARY))
         .ok()
         .map(NvmlMemory);
-    Ok(RoomChecked::new(api, memory, Path::new(DEFAULT_DIR), proc))
+    let checked = RoomChecked::new(api, memory, Path::new(DEFAULT_DIR), proc);
+    checked.prune();
+    Ok(checked)
 }
 
 /// What a process held on one GPU before its freeze.
@@ -194,6 +198,23 @@ impl<A: CheckpointApi, M: DeviceMemory> RoomChecked<A, M> {
 
     fn forget(&self, pid: u32) {
         let _ = std::fs::remove_file(self.record_path(pid));
+    }
+
+    /// Removes the records of processes that are gone (killed while frozen: nothing of them is
+    /// left behind) or whose pid now names another process; at most [`MAX_RECORDS`] looked at.
+    pub fn prune(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten().take(MAX_RECORDS) {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if self.recorded(pid).is_none() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// `pid`'s record, if there is one for this very process.
@@ -435,6 +456,36 @@ mod tests {
                 .is_symlink()
         );
         assert_eq!(api.recorded(7).unwrap().held[0].bytes, 4 << 30);
+    }
+
+    #[test]
+    fn the_records_of_processes_gone_are_pruned_and_the_others_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path().join("proc");
+        proc_with(&proc, 7, 4242);
+        proc_with(&proc, 8, 100);
+        proc_with(&proc, 9, 100);
+        let gpu = Gpu {
+            free: RefCell::new(0),
+            held: 1 << 30,
+        };
+        let dir = tmp.path().join("frozen");
+        let api = RoomChecked::new(Driver::default(), Some(&gpu), &dir, &proc);
+        for pid in [7, 8, 9] {
+            api.remember(pid);
+        }
+        std::fs::write(dir.join("not-a-pid"), b"x").unwrap();
+        // 8 was killed while frozen; 9's pid now names a later process.
+        std::fs::remove_dir_all(proc.join("8")).unwrap();
+        proc_with(&proc, 9, 200);
+        api.prune();
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(left, ["7", "not-a-pid"]);
     }
 
     #[test]

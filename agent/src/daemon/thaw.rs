@@ -501,6 +501,10 @@ impl ThawWatch {
 
     /// Finds the regions whose control block marks their container frozen.
     fn scan(&mut self) {
+        // Records of frozen processes that were killed go with them.
+        if let Some(api) = &self.api {
+            api.prune();
+        }
         self.frozen = limit::container_regions(&self.proc, |_| true)
             .into_iter()
             .filter_map(|(container, region)| {

@@ -55,6 +55,29 @@ const POLL: Duration = Duration::from_millis(5);
 const IDLE_POLL: Duration = Duration::from_millis(100);
 /// How long after a failed thaw the same request is tried again.
 const RETRY_PERIOD: Duration = Duration::from_secs(1);
+/// How often the same failure of a container's thaw is logged again while it is retried (a
+/// container waiting for room is retried every second, maybe for hours).
+const REPEAT_LOG_PERIOD: Duration = Duration::from_secs(60);
+
+/// A container's last failed thaw.
+struct FailedThaw {
+    /// The generation requested.
+    generation: u64,
+    at: Instant,
+    /// What was logged, and when.
+    logged: String,
+    logged_at: Instant,
+}
+
+impl FailedThaw {
+    /// Whether `message` should be logged now: a new failure, or the same one after
+    /// [`REPEAT_LOG_PERIOD`].
+    fn should_log(last: Option<&FailedThaw>, message: &str, now: Instant) -> bool {
+        last.is_none_or(|f| {
+            f.logged != message || now.duration_since(f.logged_at) >= REPEAT_LOG_PERIOD
+        })
+    }
+}
 
 /// How long an idle freeze waits for each process's CUDA calls in flight.
 const IDLE_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -219,8 +242,8 @@ pub struct ThawWatch {
     api: Option<room::Checked>,
     frozen: Vec<Watched>,
     next_scan: Instant,
-    /// The last failed thaw of a container: the generation requested and when.
-    failed: HashMap<String, (u64, Instant)>,
+    /// The last failed thaw of each container.
+    failed: HashMap<String, FailedThaw>,
     idle: Option<Idle>,
     /// The containers marked frozen, as the last scan and thaws left them (for the model).
     shown: Arc<Mutex<std::collections::HashSet<String>>>,
@@ -324,9 +347,9 @@ impl ThawWatch {
             if thawed.contains(&w.container) {
                 continue;
             }
-            if let Some((g, at)) = self.failed.get(&w.container)
-                && *g == generation
-                && at.elapsed() < RETRY_PERIOD
+            if let Some(f) = self.failed.get(&w.container)
+                && f.generation == generation
+                && f.at.elapsed() < RETRY_PERIOD
             {
                 continue;
             }
@@ -348,8 +371,30 @@ impl ThawWatch {
                     thawed.push(container);
                 }
                 Err(e) => {
-                    log::warn!("container {container}: thaw at its next CUDA call failed: {e}");
-                    self.failed.insert(container, (generation, Instant::now()));
+                    let message = e.to_string();
+                    let now = Instant::now();
+                    let last = self.failed.get(&container);
+                    let (logged, logged_at) = if FailedThaw::should_log(last, &message, now) {
+                        log::warn!(
+                            "container {container}: thaw at its next CUDA call failed: {message} \
+                                 (tried again every second; the same failure is logged again \
+                                 after {} s)",
+                            REPEAT_LOG_PERIOD.as_secs()
+                        );
+                        (message, now)
+                    } else {
+                        let f = last.expect("should_log logs a first failure");
+                        (f.logged.clone(), f.logged_at)
+                    };
+                    self.failed.insert(
+                        container,
+                        FailedThaw {
+                            generation,
+                            at: now,
+                            logged,
+                            logged_at,
+                        },
+                    );
                 }
             }
         }
@@ -675,6 +720,34 @@ mod tests {
             waits(&snap).is_empty(),
             "an exited process waits for nothing"
         );
+    }
+
+    /// A thaw failing the same way every second is logged once a minute; a new failure at once.
+    #[test]
+    fn a_thaw_failing_again_the_same_way_is_logged_once_a_minute() {
+        let t0 = Instant::now();
+        assert!(FailedThaw::should_log(None, "no room", t0));
+        let last = FailedThaw {
+            generation: 1,
+            at: t0,
+            logged: "no room".into(),
+            logged_at: t0,
+        };
+        assert!(!FailedThaw::should_log(
+            Some(&last),
+            "no room",
+            t0 + Duration::from_secs(59)
+        ));
+        assert!(FailedThaw::should_log(
+            Some(&last),
+            "no room",
+            t0 + REPEAT_LOG_PERIOD
+        ));
+        assert!(FailedThaw::should_log(
+            Some(&last),
+            "error 304",
+            t0 + Duration::from_secs(1)
+        ));
     }
 
     /// A wait on GPU 1 gets only containers holding memory on GPU 1 frozen (and those NVML says

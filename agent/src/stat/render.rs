@@ -316,6 +316,14 @@ pub fn table(r: &StatReport) -> String {
                 .map(|d| format!("  DRIFT {} ({})", bytes(d.bytes), d.between))
                 .unwrap_or_default(),
         );
+        if let Some(w) = &proc.waiting_for_memory {
+            let _ = writeln!(
+                out,
+                "  WAITING: an allocation of {} on its device {} waits for GPU memory (VGPU_OOM_WAIT)",
+                bytes(w.bytes),
+                w.device
+            );
+        }
         memory_by_device_line(&mut out, &proc.memory_by_device);
         gpu_use_line(&mut out, &proc.gpu_use);
         gpu_busy_line(&mut out, &proc.gpu_busy);
@@ -416,6 +424,42 @@ pub fn table(r: &StatReport) -> String {
 mod tests {
     use super::*;
     use crate::stat::report::{ProbeInfo, SnapshotStatus};
+
+    /// A process whose allocation waits for GPU memory says so under its line; the others do not.
+    #[test]
+    fn a_process_waiting_for_memory_says_so() {
+        let mut last = crate::tui::fixture::two_gpus::snapshot();
+        let p = last
+            .processes
+            .iter_mut()
+            .find(|p| p.key.pid == 7200)
+            .unwrap();
+        p.limiter.as_mut().unwrap().waiting_for_memory = Some(crate::model::WaitingForMemory {
+            device: 0,
+            bytes: 4 << 30,
+            wait: 1,
+        });
+        let r = crate::stat::report::build(&last, &last, "daemon", 10.0, |_| None);
+        let t = table(&r);
+        let line = "  WAITING: an allocation of 4.00 GiB on its device 0 waits for GPU memory (VGPU_OOM_WAIT)";
+        let proc_of = |pid: &str| {
+            t.split("\nPROCESS ")
+                .find(|p| p.starts_with(pid))
+                .unwrap_or_else(|| panic!("no process {pid} in {t}"))
+                .to_string()
+        };
+        assert!(proc_of("7200 ").contains(line), "{t}");
+        assert_eq!(t.matches("WAITING:").count(), 1, "{t}");
+        let json = serde_json::to_value(&r).unwrap();
+        let rows = json["processes"].as_array().unwrap();
+        let waiting: Vec<&serde_json::Value> = rows
+            .iter()
+            .filter(|p| p.get("waiting_for_memory").is_some())
+            .collect();
+        assert_eq!(waiting.len(), 1, "{json}");
+        assert_eq!(waiting[0]["pid"], 7200);
+        assert_eq!(waiting[0]["waiting_for_memory"]["bytes"], 4u64 << 30);
+    }
 
     #[test]
     fn gpu_use_and_memory_by_gpu_are_in_the_table() {

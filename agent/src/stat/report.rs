@@ -99,6 +99,10 @@ pub struct ProcessRow {
     /// probe figures are incomplete, not exact.
     #[serde(skip_serializing_if = "crate::model::probing::ProbeLosses::is_empty")]
     pub probe_losses: crate::model::probing::ProbeLosses,
+    /// An allocation of the process waiting for GPU memory under `VGPU_OOM_WAIT` at the end of
+    /// the window (its limiter's slot says so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for_memory: Option<crate::model::WaitingForMemory>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -302,6 +306,7 @@ pub fn build(
             gpu_use: nvml_use,
             kernels: top_kernels(first, last, &[p.key]),
             probe_losses: p.probe_losses,
+            waiting_for_memory: p.limiter.as_ref().and_then(|l| l.waiting_for_memory),
         });
     }
     let reported: Vec<u32> = processes.iter().map(|p| p.pid).collect();

@@ -139,6 +139,32 @@ mod tests {
         assert!(!row("notebook").contains("(frozen)"), "{text}");
     }
 
+    /// A process whose allocation waits for GPU memory says so in the tree; the others do not.
+    #[test]
+    fn a_process_waiting_for_memory_is_marked() {
+        let mut m = Model::default();
+        let mut snap = fixture::snapshot();
+        let p = snap
+            .processes
+            .iter_mut()
+            .find(|p| p.alive && p.limiter.is_some())
+            .expect("a process under the limiter in the fixture");
+        let pid = p.key.pid.to_string();
+        p.limiter.as_mut().unwrap().waiting_for_memory = Some(crate::model::WaitingForMemory {
+            device: 0,
+            bytes: 1 << 30,
+            wait: 1,
+        });
+        m.apply(snap);
+        let text = text_of(&draw(&m, &with(&m, &[Action::ToggleTree]), 160, 48));
+        let row = text
+            .lines()
+            .find(|l| l.contains(&format!(" {pid} (")))
+            .unwrap_or_else(|| panic!("no row of {pid} in {text}"));
+        assert!(row.contains("(waits for memory)"), "{text}");
+        assert_eq!(text.matches("(waits for memory)").count(), 1, "{text}");
+    }
+
     /// `u` on the pod: GPU0's busy share by source side by side, how far the limiter's timing
     /// covers the pod, each process, and the top kernels with share, time, calls and mean.
     #[test]

@@ -315,13 +315,23 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, state: &ViewState, t
                 } => {
                     let corner = if *last { " └ " } else { " ├ " };
                     let dead = if process.alive { "" } else { " (exited)" };
+                    // Beside the pid, where a long command line cannot cut it off.
+                    let waits = if process
+                        .limiter
+                        .as_ref()
+                        .is_some_and(|l| l.waiting_for_memory.is_some())
+                    {
+                        " (waits for memory)"
+                    } else {
+                        ""
+                    };
                     let cmd = if process.cmdline.is_empty() {
                         &process.comm
                     } else {
                         &process.cmdline
                     };
                     let name = fit(
-                        &format!("{corner}{} {cmd}{dead}", process.key.pid),
+                        &format!("{corner}{}{waits} {cmd}{dead}", process.key.pid),
                         name_width,
                     );
                     let mut cells = vec![Cell::from(name)];

@@ -970,6 +970,7 @@ impl ProcessRows<'_, '_> {
             alloc_sizes: alloc_sizes(inp.reading, pid),
             rates: None,
             probe_losses,
+            probe_seconds: self.inp.tracer.and_then(|t| t.probe_seconds(pid)),
         };
         (process, identity)
     }

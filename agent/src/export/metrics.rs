@@ -245,6 +245,7 @@ pub(super) mod tests {
             alloc_sizes: vec![],
             rates: None,
             probe_losses: Default::default(),
+            probe_seconds: None,
         }
     }
 

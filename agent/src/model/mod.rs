@@ -293,6 +293,11 @@ pub struct Process {
     /// incomplete (`memory.probes_complete` is false once an allocation went untracked).
     #[serde(default, skip_serializing_if = "probing::ProbeLosses::is_empty")]
     pub probe_losses: probing::ProbeLosses,
+    /// What the probes' hits cost it since the agent first saw it, seconds: its probed calls
+    /// (hits, not the estimates of a budget) times the calibrated price of a hit in its library
+    /// (cumulative; absent while never hit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_seconds: Option<f64>,
 }
 
 /// A container's region (limiter or HAMi-core).
@@ -785,6 +790,7 @@ impl Process {
             alloc_sizes: vec![],
             rates: None,
             probe_losses: Default::default(),
+            probe_seconds: None,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod calibrate;
 mod error;
 pub mod monotonic;
 pub mod privileges;
+mod probe_time;
 mod release;
 pub mod sampling;
 pub mod session;

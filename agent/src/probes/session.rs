@@ -98,6 +98,8 @@ pub struct Tracer {
     /// Processes whose launches, synchronisations and copies their limiter records (see
     /// [`Tracer::set_limited`]).
     limited: BTreeSet<u32>,
+    /// What the probes' hits cost each process.
+    probe_time: super::probe_time::ProbeTime,
 }
 
 impl Tracer {
@@ -127,6 +129,7 @@ impl Tracer {
             edge_returns: 0,
             floors: Default::default(),
             limited: BTreeSet::new(),
+            probe_time: Default::default(),
         };
         if t.opts.launches == LaunchProbes::On {
             let r = t.set_launches(true);
@@ -432,6 +435,7 @@ impl Tracer {
                 self.seen_processes.insert(pid, f);
             }
         }
+        self.account_probe_time();
         if self.schedule.is_some() {
             self.switch_due()?;
             if let Some(s) = &mut self.schedule {
@@ -506,22 +510,8 @@ impl Tracer {
         let Some(mut schedule) = self.schedule.take() else {
             return Ok(());
         };
-        // Each process at the cost of its own library's class (known from the symbol table as
-        // soon as the library is attached).
-        let classes: HashMap<u32, Prologue> = self
-            .pid_files
-            .keys()
-            .filter_map(|pid| Some((*pid, self.library_prologue(*pid)?)))
-            .collect();
-        let cost = self.calibrator.as_ref().map(|c| &c.cost);
-        let per_hit = |pid: u32| {
-            cost.and_then(|c| match classes.get(&pid) {
-                Some(p) => c.class(*p),
-                None => c.class_of(pid),
-            })
-            .map(|c| c.last_per_hit_ns)
-            .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS)
-        };
+        let prices = self.hit_prices();
+        let per_hit = |pid: u32| prices.price(pid);
         let read = sampled_calls(&self.probes);
         let calls = |kind| calls_of_kind(&read, kind);
         let switches = schedule.due(Instant::now(), per_hit, calls);
@@ -537,6 +527,31 @@ impl Tracer {
         }
         self.schedule = Some(schedule);
         result
+    }
+
+    /// The price of a hit in each process: its own library's class (known from the symbol table
+    /// as soon as the library is attached) at the calibrated cost.
+    fn hit_prices(&self) -> HitPrices {
+        HitPrices {
+            classes: self
+                .pid_files
+                .keys()
+                .filter_map(|pid| Some((*pid, self.library_prologue(*pid)?)))
+                .collect(),
+            cost: self.calibrator.as_ref().map(|c| c.cost.clone()),
+        }
+    }
+
+    /// Adds the hits since the last look to each process's probe time.
+    fn account_probe_time(&mut self) {
+        let hits = super::probe_time::hits_per_process(&sampled_calls(&self.probes));
+        let prices = self.hit_prices();
+        self.probe_time.account(hits, |pid| prices.price(pid));
+    }
+
+    /// What the probes' hits cost `pid` so far, seconds (`None`: never hit).
+    pub fn probe_seconds(&self, pid: u32) -> Option<f64> {
+        self.probe_time.seconds(pid)
     }
 
     /// What the sampling schedule did (with a budget).
@@ -643,6 +658,7 @@ impl Tracer {
             self.seen_processes.remove(pid);
             self.pid_files.remove(pid);
         }
+        self.probe_time.forget(pids);
         if let Some(c) = &mut self.calibrator {
             c.forget(pids);
         }
@@ -804,6 +820,25 @@ fn scope_for(users: &BTreeSet<u32>, limited: &BTreeSet<u32>) -> ProcessScope {
         ProcessScope::All
     } else {
         ProcessScope::Only(rest)
+    }
+}
+
+/// The price of a hit per process (see [`Tracer::hit_prices`]).
+struct HitPrices {
+    classes: HashMap<u32, Prologue>,
+    cost: Option<crate::model::probing::ProbeCost>,
+}
+
+impl HitPrices {
+    fn price(&self, pid: u32) -> f64 {
+        self.cost
+            .as_ref()
+            .and_then(|c| match self.classes.get(&pid) {
+                Some(p) => c.class(*p),
+                None => c.class_of(pid),
+            })
+            .map(|c| c.last_per_hit_ns)
+            .unwrap_or(crate::probes::sampling::UNCALIBRATED_PER_HIT_NS)
     }
 }
 

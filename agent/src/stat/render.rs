@@ -324,6 +324,19 @@ pub fn table(r: &StatReport) -> String {
                 w.device
             );
         }
+        if let Some(share) = proc.probe_share {
+            let budget = r
+                .probes
+                .budget
+                .as_ref()
+                .map(|b| format!(" (budget {:.2}%)", b.share * 100.0))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  probes: {:.2}% of the window, its hits at the calibrated price{budget}",
+                share * 100.0
+            );
+        }
         memory_by_device_line(&mut out, &proc.memory_by_device);
         gpu_use_line(&mut out, &proc.gpu_use);
         gpu_busy_line(&mut out, &proc.gpu_busy);
@@ -424,6 +437,38 @@ pub fn table(r: &StatReport) -> String {
 mod tests {
     use super::*;
     use crate::stat::report::{ProbeInfo, SnapshotStatus};
+
+    /// What the probes' hits cost a process in the window is said under it, beside the budget.
+    #[test]
+    fn a_processs_probe_share_is_said_beside_the_budget() {
+        let mut first = crate::tui::fixture::two_gpus::snapshot();
+        let mut last = first.clone();
+        last.taken_at_unix_ms = first.taken_at_unix_ms + 10_000;
+        let set = |snap: &mut crate::model::Snapshot, s: f64| {
+            let p = snap
+                .processes
+                .iter_mut()
+                .find(|p| p.key.pid == 7200)
+                .unwrap();
+            p.probe_seconds = Some(s);
+        };
+        set(&mut first, 0.01);
+        set(&mut last, 0.06);
+        let r = crate::stat::report::build(&first, &last, "daemon", 10.0, |_| None);
+        let row = r.processes.iter().find(|p| p.pid == 7200).unwrap();
+        assert!((row.probe_share.unwrap() - 0.005).abs() < 1e-9, "{row:?}");
+        assert!(
+            r.processes
+                .iter()
+                .filter(|p| p.pid != 7200)
+                .all(|p| p.probe_share.is_none())
+        );
+        let t = table(&r);
+        assert!(
+            t.contains("  probes: 0.50% of the window, its hits at the calibrated price"),
+            "{t}"
+        );
+    }
 
     /// A process whose allocation waits for GPU memory says so under its line; the others do not.
     #[test]

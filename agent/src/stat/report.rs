@@ -103,6 +103,11 @@ pub struct ProcessRow {
     /// the window (its limiter's slot says so).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_for_memory: Option<crate::model::WaitingForMemory>,
+    /// The share of the window the probes' hits cost the process (its hits in the window at the
+    /// calibrated price of a hit in its library: what a probe budget is held to); absent when
+    /// the probes never hit it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_share: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -307,6 +312,15 @@ pub fn build(
             kernels: top_kernels(first, last, &[p.key]),
             probe_losses: p.probe_losses,
             waiting_for_memory: p.limiter.as_ref().and_then(|l| l.waiting_for_memory),
+            probe_share: p.probe_seconds.map(|now| {
+                let before = first
+                    .processes
+                    .iter()
+                    .find(|q| q.key == p.key)
+                    .and_then(|q| q.probe_seconds)
+                    .unwrap_or(0.0);
+                (now - before).max(0.0) / seconds.max(1e-9)
+            }),
         });
     }
     let reported: Vec<u32> = processes.iter().map(|p| p.pid).collect();
@@ -466,6 +480,7 @@ mod tests {
             alloc_sizes: vec![],
             rates: None,
             probe_losses: Default::default(),
+            probe_seconds: None,
         }
     }
 

@@ -99,6 +99,7 @@ fn process(pid: u32, comm: &str, cmdline: &str, container: &str) -> Process {
         alloc_sizes: vec![],
         rates: Some(Rates::default()),
         probe_losses: Default::default(),
+        probe_seconds: None,
     }
 }
 

@@ -328,6 +328,8 @@ fn a_frozen_containers_next_call_of_every_kind_is_thawed_by_the_running_agent() 
         "call cuMemAlloc_v2",
         "call cuGraphLaunch",
         "call cuCtxSynchronize",
+        "call cuMemsetD8_v2",
+        "call cuMemsetD32Async",
         "call cuStreamSynchronize",
     ];
     for request in requests {

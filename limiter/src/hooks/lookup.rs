@@ -21,6 +21,7 @@ use super::{
     init::*,
     launch::*,
     memory::*,
+    memset::*,
     timed::*,
 };
 use crate::platform::{
@@ -98,6 +99,30 @@ pub(crate) fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         Sym::MemcpyBatchAsyncPtsz => cuMemcpyBatchAsync_ptsz as *const (),
         Sym::MemcpyBatchAsyncV2 => cuMemcpyBatchAsync_v2 as *const (),
         Sym::MemcpyBatchAsyncV2Ptsz => cuMemcpyBatchAsync_v2_ptsz as *const (),
+        Sym::MemsetD8V2 => cuMemsetD8_v2 as *const (),
+        Sym::MemsetD8V2Ptds => cuMemsetD8_v2_ptds as *const (),
+        Sym::MemsetD2D8V2 => cuMemsetD2D8_v2 as *const (),
+        Sym::MemsetD2D8V2Ptds => cuMemsetD2D8_v2_ptds as *const (),
+        Sym::MemsetD8Async => cuMemsetD8Async as *const (),
+        Sym::MemsetD8AsyncPtsz => cuMemsetD8Async_ptsz as *const (),
+        Sym::MemsetD2D8Async => cuMemsetD2D8Async as *const (),
+        Sym::MemsetD2D8AsyncPtsz => cuMemsetD2D8Async_ptsz as *const (),
+        Sym::MemsetD16V2 => cuMemsetD16_v2 as *const (),
+        Sym::MemsetD16V2Ptds => cuMemsetD16_v2_ptds as *const (),
+        Sym::MemsetD2D16V2 => cuMemsetD2D16_v2 as *const (),
+        Sym::MemsetD2D16V2Ptds => cuMemsetD2D16_v2_ptds as *const (),
+        Sym::MemsetD16Async => cuMemsetD16Async as *const (),
+        Sym::MemsetD16AsyncPtsz => cuMemsetD16Async_ptsz as *const (),
+        Sym::MemsetD2D16Async => cuMemsetD2D16Async as *const (),
+        Sym::MemsetD2D16AsyncPtsz => cuMemsetD2D16Async_ptsz as *const (),
+        Sym::MemsetD32V2 => cuMemsetD32_v2 as *const (),
+        Sym::MemsetD32V2Ptds => cuMemsetD32_v2_ptds as *const (),
+        Sym::MemsetD2D32V2 => cuMemsetD2D32_v2 as *const (),
+        Sym::MemsetD2D32V2Ptds => cuMemsetD2D32_v2_ptds as *const (),
+        Sym::MemsetD32Async => cuMemsetD32Async as *const (),
+        Sym::MemsetD32AsyncPtsz => cuMemsetD32Async_ptsz as *const (),
+        Sym::MemsetD2D32Async => cuMemsetD2D32Async as *const (),
+        Sym::MemsetD2D32AsyncPtsz => cuMemsetD2D32Async_ptsz as *const (),
         Sym::CtxGetDevice
         | Sym::MemPoolGetAttribute
         | Sym::DeviceGetMemPool

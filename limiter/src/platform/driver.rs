@@ -170,6 +170,29 @@ pub(crate) type PfnMemcpyBatchAsyncV2 = unsafe extern "C" fn(
     CUstream,
 ) -> CUresult;
 
+/// `cuMemsetD8/16/32` (`_v2`, `_v2_ptds`), their 2D and asynchronous (`_ptsz`) forms.
+pub(crate) type PfnMemsetD8 = unsafe extern "C" fn(CUdeviceptr, u8, usize) -> CUresult;
+pub(crate) type PfnMemsetD2D8 =
+    unsafe extern "C" fn(CUdeviceptr, usize, u8, usize, usize) -> CUresult;
+pub(crate) type PfnMemsetD8Async =
+    unsafe extern "C" fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemsetD2D8Async =
+    unsafe extern "C" fn(CUdeviceptr, usize, u8, usize, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemsetD16 = unsafe extern "C" fn(CUdeviceptr, u16, usize) -> CUresult;
+pub(crate) type PfnMemsetD2D16 =
+    unsafe extern "C" fn(CUdeviceptr, usize, u16, usize, usize) -> CUresult;
+pub(crate) type PfnMemsetD16Async =
+    unsafe extern "C" fn(CUdeviceptr, u16, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemsetD2D16Async =
+    unsafe extern "C" fn(CUdeviceptr, usize, u16, usize, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemsetD32 = unsafe extern "C" fn(CUdeviceptr, c_uint, usize) -> CUresult;
+pub(crate) type PfnMemsetD2D32 =
+    unsafe extern "C" fn(CUdeviceptr, usize, c_uint, usize, usize) -> CUresult;
+pub(crate) type PfnMemsetD32Async =
+    unsafe extern "C" fn(CUdeviceptr, c_uint, usize, CUstream) -> CUresult;
+pub(crate) type PfnMemsetD2D32Async =
+    unsafe extern "C" fn(CUdeviceptr, usize, c_uint, usize, usize, CUstream) -> CUresult;
+
 pub(crate) type PfnEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 pub(crate) type PfnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 pub(crate) type PfnEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
@@ -300,6 +323,32 @@ driver_symbols! {
     MemcpyBatchAsyncPtsz = c"cuMemcpyBatchAsync_ptsz": PfnMemcpyBatchAsync, hooked: true;
     MemcpyBatchAsyncV2 = c"cuMemcpyBatchAsync_v2": PfnMemcpyBatchAsyncV2, hooked: true;
     MemcpyBatchAsyncV2Ptsz = c"cuMemcpyBatchAsync_v2_ptsz": PfnMemcpyBatchAsyncV2, hooked: true;
+    // Memsets: hooked so that a frozen container's next memset asks for its thaw (not recorded:
+    // no API id of the shared table names them).
+    MemsetD8V2 = c"cuMemsetD8_v2": PfnMemsetD8, hooked: true;
+    MemsetD8V2Ptds = c"cuMemsetD8_v2_ptds": PfnMemsetD8, hooked: true;
+    MemsetD2D8V2 = c"cuMemsetD2D8_v2": PfnMemsetD2D8, hooked: true;
+    MemsetD2D8V2Ptds = c"cuMemsetD2D8_v2_ptds": PfnMemsetD2D8, hooked: true;
+    MemsetD8Async = c"cuMemsetD8Async": PfnMemsetD8Async, hooked: true;
+    MemsetD8AsyncPtsz = c"cuMemsetD8Async_ptsz": PfnMemsetD8Async, hooked: true;
+    MemsetD2D8Async = c"cuMemsetD2D8Async": PfnMemsetD2D8Async, hooked: true;
+    MemsetD2D8AsyncPtsz = c"cuMemsetD2D8Async_ptsz": PfnMemsetD2D8Async, hooked: true;
+    MemsetD16V2 = c"cuMemsetD16_v2": PfnMemsetD16, hooked: true;
+    MemsetD16V2Ptds = c"cuMemsetD16_v2_ptds": PfnMemsetD16, hooked: true;
+    MemsetD2D16V2 = c"cuMemsetD2D16_v2": PfnMemsetD2D16, hooked: true;
+    MemsetD2D16V2Ptds = c"cuMemsetD2D16_v2_ptds": PfnMemsetD2D16, hooked: true;
+    MemsetD16Async = c"cuMemsetD16Async": PfnMemsetD16Async, hooked: true;
+    MemsetD16AsyncPtsz = c"cuMemsetD16Async_ptsz": PfnMemsetD16Async, hooked: true;
+    MemsetD2D16Async = c"cuMemsetD2D16Async": PfnMemsetD2D16Async, hooked: true;
+    MemsetD2D16AsyncPtsz = c"cuMemsetD2D16Async_ptsz": PfnMemsetD2D16Async, hooked: true;
+    MemsetD32V2 = c"cuMemsetD32_v2": PfnMemsetD32, hooked: true;
+    MemsetD32V2Ptds = c"cuMemsetD32_v2_ptds": PfnMemsetD32, hooked: true;
+    MemsetD2D32V2 = c"cuMemsetD2D32_v2": PfnMemsetD2D32, hooked: true;
+    MemsetD2D32V2Ptds = c"cuMemsetD2D32_v2_ptds": PfnMemsetD2D32, hooked: true;
+    MemsetD32Async = c"cuMemsetD32Async": PfnMemsetD32Async, hooked: true;
+    MemsetD32AsyncPtsz = c"cuMemsetD32Async_ptsz": PfnMemsetD32Async, hooked: true;
+    MemsetD2D32Async = c"cuMemsetD2D32Async": PfnMemsetD2D32Async, hooked: true;
+    MemsetD2D32AsyncPtsz = c"cuMemsetD2D32Async_ptsz": PfnMemsetD2D32Async, hooked: true;
     /// Used to charge pools their reserved size; not hooked.
     MemPoolGetAttribute = c"cuMemPoolGetAttribute": PfnMemPoolGetAttribute, hooked: false;
     /// Used to find the pool of `cuMemAllocAsync`; not hooked.

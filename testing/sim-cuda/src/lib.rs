@@ -22,7 +22,7 @@
 //! 1. base: `config`, `types`. The configuration from the environment and the CUDA types.
 //! 2. state: `procaddr`, `shared`, `state`, `runtime`. The simulated device's state, the file that
 //!    processes share and the symbol lookup.
-//! 3. entry points: `copy`, `device`, `launch`, `memory`, `checkpoint`. The exported driver
+//! 3. entry points: `copy`, `device`, `launch`, `memory`, `memset`, `checkpoint`. The exported driver
 //!    functions.
 
 mod config;
@@ -153,6 +153,7 @@ mod copy;
 mod device;
 mod launch;
 mod memory;
+mod memset;
 
 /// Creates an object of kind `o` and writes its handle (converted by `make`) to `p`.
 fn create<T>(p: *mut T, o: Obj, make: impl FnOnce(u64) -> T) -> CUresult {
@@ -203,6 +204,7 @@ const EXPORTED_BY_MODULE: &[&[&str]] = &[
     launch::EXPORTED,
     memory::EXPORTED,
     copy::EXPORTED,
+    memset::EXPORTED,
     checkpoint::EXPORTED,
 ];
 
@@ -215,6 +217,7 @@ fn export_address(name: &str) -> Option<*mut c_void> {
         .or_else(|| launch::export_address(name))
         .or_else(|| memory::export_address(name))
         .or_else(|| copy::export_address(name))
+        .or_else(|| memset::export_address(name))
         .or_else(|| checkpoint::export_address(name))
 }
 
@@ -224,6 +227,7 @@ fn own_address(name: &str) -> Option<*mut c_void> {
         .or_else(|| launch::own_address(name))
         .or_else(|| memory::own_address(name))
         .or_else(|| copy::own_address(name))
+        .or_else(|| memset::own_address(name))
         .or_else(|| checkpoint::own_address(name))
 }
 

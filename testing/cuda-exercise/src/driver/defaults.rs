@@ -97,6 +97,54 @@ impl Driver {
                 0,
                 0
             ),
+            "cuMemsetD8_v2" | "cuMemsetD8_v2_ptds" => {
+                call!(self, name, fn(u64, u8, usize), 0, 0, size)
+            }
+            "cuMemsetD16_v2" | "cuMemsetD16_v2_ptds" => {
+                call!(self, name, fn(u64, u16, usize), 0, 0, size / 2)
+            }
+            "cuMemsetD32_v2" | "cuMemsetD32_v2_ptds" => {
+                call!(self, name, fn(u64, c_uint, usize), 0, 0, size / 4)
+            }
+            "cuMemsetD8Async" | "cuMemsetD8Async_ptsz" => {
+                call!(self, name, fn(u64, u8, usize, Handle), 0, 0, size, st)
+            }
+            "cuMemsetD32Async" | "cuMemsetD32Async_ptsz" => {
+                call!(
+                    self,
+                    name,
+                    fn(u64, c_uint, usize, Handle),
+                    0,
+                    0,
+                    size / 4,
+                    st
+                )
+            }
+            "cuMemsetD2D8_v2" | "cuMemsetD2D8_v2_ptds" => {
+                call!(
+                    self,
+                    name,
+                    fn(u64, usize, u8, usize, usize),
+                    0,
+                    size,
+                    0,
+                    size,
+                    1
+                )
+            }
+            "cuMemsetD2D32Async" | "cuMemsetD2D32Async_ptsz" => {
+                call!(
+                    self,
+                    name,
+                    fn(u64, usize, c_uint, usize, usize, Handle),
+                    0,
+                    size,
+                    0,
+                    size / 4,
+                    1,
+                    st
+                )
+            }
             "cuMemFree_v2" => call!(self, name, fn(u64), 0),
             "cuMemFreeAsync" | "cuMemFreeAsync_ptsz" => call!(self, name, fn(u64, Handle), 0, st),
             "cuMemRelease" => call!(self, name, fn(u64), 0),

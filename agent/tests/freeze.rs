@@ -330,6 +330,8 @@ fn a_frozen_containers_next_call_of_every_kind_is_thawed_by_the_running_agent() 
         "call cuCtxSynchronize",
         "call cuMemsetD8_v2",
         "call cuMemsetD32Async",
+        "call cuMemcpy2D_v2",
+        "call cuMemcpy2DAsync_v2",
         "call cuStreamSynchronize",
     ];
     for request in requests {

@@ -5,8 +5,8 @@
 //! - [`memory`]: allocations and frees, exact enforcement; [`info`]: memory information under
 //!   the limit; [`launch`]: kernel and graph launches, counted, timed and paced; [`init`]:
 //!   `cuInit`; [`context`]: context creation, where the context's memory is charged; [`timed`]:
-//!   synchronisations, copies and host functions, counted and timed; [`memset`]: memsets,
-//!   passed on (a frozen container's next memset asks for its thaw).
+//!   synchronisations, copies and host functions, counted and timed; [`passed`]: memsets and
+//!   2D/3D copies, passed on (a frozen container's next one asks for its thaw).
 //! - [`nvml`]: NVML's memory information and process list under the limit.
 //! - [`lookup`]: the table of our hooks and `cuGetProcAddress`, which hands them out;
 //!   [`dlsym`]: the `dlsym` override, which hands them out too.
@@ -19,6 +19,6 @@ pub(crate) mod init;
 pub(crate) mod launch;
 pub(crate) mod lookup;
 pub(crate) mod memory;
-pub(crate) mod memset;
 pub(crate) mod nvml;
+pub(crate) mod passed;
 pub(crate) mod timed;

@@ -170,6 +170,10 @@ pub(crate) type PfnMemcpyBatchAsyncV2 = unsafe extern "C" fn(
     CUstream,
 ) -> CUresult;
 
+/// `cuMemcpy2D*`, `cuMemcpy3D*` (`CUDA_MEMCPY2D/3D/3D_PEER` descriptor), synchronous and
+/// asynchronous.
+pub(crate) type PfnMemcpyDesc = unsafe extern "C" fn(*const c_void) -> CUresult;
+pub(crate) type PfnMemcpyDescAsync = unsafe extern "C" fn(*const c_void, CUstream) -> CUresult;
 /// `cuMemsetD8/16/32` (`_v2`, `_v2_ptds`), their 2D and asynchronous (`_ptsz`) forms.
 pub(crate) type PfnMemsetD8 = unsafe extern "C" fn(CUdeviceptr, u8, usize) -> CUresult;
 pub(crate) type PfnMemsetD2D8 =
@@ -323,8 +327,22 @@ driver_symbols! {
     MemcpyBatchAsyncPtsz = c"cuMemcpyBatchAsync_ptsz": PfnMemcpyBatchAsync, hooked: true;
     MemcpyBatchAsyncV2 = c"cuMemcpyBatchAsync_v2": PfnMemcpyBatchAsyncV2, hooked: true;
     MemcpyBatchAsyncV2Ptsz = c"cuMemcpyBatchAsync_v2_ptsz": PfnMemcpyBatchAsyncV2, hooked: true;
-    // Memsets: hooked so that a frozen container's next memset asks for its thaw (not recorded:
-    // no API id of the shared table names them).
+    // Memsets and 2D/3D copies: hooked so that a frozen container's next one asks for its thaw
+    // (not recorded: the shared API table has no room for them).
+    Memcpy2DV2 = c"cuMemcpy2D_v2": PfnMemcpyDesc, hooked: true;
+    Memcpy2DV2Ptds = c"cuMemcpy2D_v2_ptds": PfnMemcpyDesc, hooked: true;
+    Memcpy2DUnalignedV2 = c"cuMemcpy2DUnaligned_v2": PfnMemcpyDesc, hooked: true;
+    Memcpy2DUnalignedV2Ptds = c"cuMemcpy2DUnaligned_v2_ptds": PfnMemcpyDesc, hooked: true;
+    Memcpy2DAsyncV2 = c"cuMemcpy2DAsync_v2": PfnMemcpyDescAsync, hooked: true;
+    Memcpy2DAsyncV2Ptsz = c"cuMemcpy2DAsync_v2_ptsz": PfnMemcpyDescAsync, hooked: true;
+    Memcpy3DV2 = c"cuMemcpy3D_v2": PfnMemcpyDesc, hooked: true;
+    Memcpy3DV2Ptds = c"cuMemcpy3D_v2_ptds": PfnMemcpyDesc, hooked: true;
+    Memcpy3DAsyncV2 = c"cuMemcpy3DAsync_v2": PfnMemcpyDescAsync, hooked: true;
+    Memcpy3DAsyncV2Ptsz = c"cuMemcpy3DAsync_v2_ptsz": PfnMemcpyDescAsync, hooked: true;
+    Memcpy3DPeer = c"cuMemcpy3DPeer": PfnMemcpyDesc, hooked: true;
+    Memcpy3DPeerPtds = c"cuMemcpy3DPeer_ptds": PfnMemcpyDesc, hooked: true;
+    Memcpy3DPeerAsync = c"cuMemcpy3DPeerAsync": PfnMemcpyDescAsync, hooked: true;
+    Memcpy3DPeerAsyncPtsz = c"cuMemcpy3DPeerAsync_ptsz": PfnMemcpyDescAsync, hooked: true;
     MemsetD8V2 = c"cuMemsetD8_v2": PfnMemsetD8, hooked: true;
     MemsetD8V2Ptds = c"cuMemsetD8_v2_ptds": PfnMemsetD8, hooked: true;
     MemsetD2D8V2 = c"cuMemsetD2D8_v2": PfnMemsetD2D8, hooked: true;

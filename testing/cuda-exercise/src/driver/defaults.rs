@@ -145,6 +145,21 @@ impl Driver {
                     st
                 )
             }
+            // A descriptor of nothing (every field zero: no rows), as large as CUDA_MEMCPY3D_PEER.
+            "cuMemcpy2D_v2" | "cuMemcpy2D_v2_ptds" | "cuMemcpy3D_v2" | "cuMemcpy3D_v2_ptds" => {
+                let desc = [0u64; 32];
+                call!(self, name, fn(*const c_void), desc.as_ptr().cast())
+            }
+            "cuMemcpy2DAsync_v2" | "cuMemcpy2DAsync_v2_ptsz" => {
+                let desc = [0u64; 32];
+                call!(
+                    self,
+                    name,
+                    fn(*const c_void, Handle),
+                    desc.as_ptr().cast(),
+                    st
+                )
+            }
             "cuMemFree_v2" => call!(self, name, fn(u64), 0),
             "cuMemFreeAsync" | "cuMemFreeAsync_ptsz" => call!(self, name, fn(u64, Handle), 0, st),
             "cuMemRelease" => call!(self, name, fn(u64), 0),

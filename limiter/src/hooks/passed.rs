@@ -1,18 +1,19 @@
-//! Memsets: passed on, the control block looked at when due (a limit change, a freeze), as the
-//! copies' hooks do ([`super::timed`]). They are not recorded: the shared API table has no room
-//! for their 24 variants (`agent_common::api::API_SLOTS`). Hooked so that a frozen container whose next call is a memset (CuPy's `zeros`, a
+//! Memsets and 2D/3D copies: passed on, the control block looked at when due (a limit change, a
+//! freeze), as the copies' hooks do ([`super::timed`]). They are not recorded: the shared API
+//! table has no room for their 38 variants (`agent_common::api::API_SLOTS`). Hooked so that a frozen container whose next call is a memset (CuPy's `zeros`, a
 //! JAX zero fill) asks for its thaw before the driver holds the call, as every other kind does.
 
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
 
 use super::gate::passthrough;
 use crate::{
     platform::{
         cuda::*,
         driver::{
-            PfnMemsetD2D8, PfnMemsetD2D8Async, PfnMemsetD2D16, PfnMemsetD2D16Async, PfnMemsetD2D32,
-            PfnMemsetD2D32Async, PfnMemsetD8, PfnMemsetD8Async, PfnMemsetD16, PfnMemsetD16Async,
-            PfnMemsetD32, PfnMemsetD32Async, Symbol, sym,
+            PfnMemcpyDesc, PfnMemcpyDescAsync, PfnMemsetD2D8, PfnMemsetD2D8Async, PfnMemsetD2D16,
+            PfnMemsetD2D16Async, PfnMemsetD2D32, PfnMemsetD2D32Async, PfnMemsetD8,
+            PfnMemsetD8Async, PfnMemsetD16, PfnMemsetD16Async, PfnMemsetD32, PfnMemsetD32Async,
+            Symbol, sym,
         },
     },
     runtime,
@@ -378,4 +379,148 @@ pub(crate) unsafe extern "C" fn cuMemsetD2D32Async_ptsz(
     let forward =
         |real: PfnMemsetD2D32Async| unsafe { real(dst, pitch, value, width, height, stream) };
     passed_on::<sym::MemsetD2D32AsyncPtsz>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy2D_v2(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy2DV2>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy2D_v2_ptds(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy2DV2Ptds>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy2DUnaligned_v2(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy2DUnalignedV2>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy2DUnaligned_v2_ptds(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy2DUnalignedV2Ptds>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy2DAsync_v2(
+    desc: *const c_void,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
+    passed_on::<sym::Memcpy2DAsyncV2>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy2DAsync_v2_ptsz(
+    desc: *const c_void,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
+    passed_on::<sym::Memcpy2DAsyncV2Ptsz>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3D_v2(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy3DV2>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3D_v2_ptds(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy3DV2Ptds>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3DAsync_v2(
+    desc: *const c_void,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
+    passed_on::<sym::Memcpy3DAsyncV2>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3DAsync_v2_ptsz(
+    desc: *const c_void,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
+    passed_on::<sym::Memcpy3DAsyncV2Ptsz>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3DPeer(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy3DPeer>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3DPeer_ptds(desc: *const c_void) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
+    passed_on::<sym::Memcpy3DPeerPtds>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3DPeerAsync(
+    desc: *const c_void,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
+    passed_on::<sym::Memcpy3DPeerAsync>(forward)
+}
+
+/// # Safety
+/// The caller follows the contract of the driver function of the same name.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn cuMemcpy3DPeerAsync_ptsz(
+    desc: *const c_void,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: forwards the caller's arguments unchanged to the same variant.
+    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
+    passed_on::<sym::Memcpy3DPeerAsyncPtsz>(forward)
 }

@@ -1,7 +1,8 @@
 //! Memsets and 2D/3D copies: passed on, the control block looked at when due (a limit change, a
 //! freeze), as the copies' hooks do ([`super::timed`]). They are not recorded: the shared API
-//! table has no room for their 38 variants (`agent_common::api::API_SLOTS`). Hooked so that a frozen container whose next call is a memset (CuPy's `zeros`, a
-//! JAX zero fill) asks for its thaw before the driver holds the call, as every other kind does.
+//! table has no room for their 38 variants (`agent_common::api::API_SLOTS`). Hooked so that a
+//! frozen container whose next call is a memset (CuPy's `zeros`, a JAX zero fill) or a 2D/3D
+//! copy asks for its thaw before the driver holds the call, as every other kind does.
 
 use std::ffi::{c_uint, c_void};
 
@@ -9,12 +10,7 @@ use super::gate::passthrough;
 use crate::{
     platform::{
         cuda::*,
-        driver::{
-            PfnMemcpyDesc, PfnMemcpyDescAsync, PfnMemsetD2D8, PfnMemsetD2D8Async, PfnMemsetD2D16,
-            PfnMemsetD2D16Async, PfnMemsetD2D32, PfnMemsetD2D32Async, PfnMemsetD8,
-            PfnMemsetD8Async, PfnMemsetD16, PfnMemsetD16Async, PfnMemsetD32, PfnMemsetD32Async,
-            Symbol, sym,
-        },
+        driver::{Symbol, sym},
     },
     runtime,
 };
@@ -30,497 +26,67 @@ fn passed_on<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
     let Some(real) = state.driver.get::<S>() else {
         return passthrough::<S>(call);
     };
-    // A frozen container's memset asks for its thaw here, before the driver holds the call.
+    // A frozen container's call asks for its thaw here, before the driver holds it.
     state.poll_control_due(state.clock.now());
     call(real)
 }
 
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD8| unsafe { real(dst, value, n) };
-    passed_on::<sym::MemsetD8V2>(forward)
+/// One hook per line: `name(args) = Sym`, each forwarding its arguments unchanged to the real
+/// function of the same name through [`passed_on`].
+macro_rules! passed_on_hooks {
+    ($($name:ident($($arg:ident: $ty:ty),*) = $sym:ident;)*) => {
+        $(
+            /// # Safety
+            /// The caller follows the contract of the driver function of the same name.
+            #[unsafe(no_mangle)]
+            pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                passed_on::<sym::$sym>(|real| {
+                    // SAFETY: forwards the caller's arguments unchanged to the same variant,
+                    // whose signature `sym::$sym` names.
+                    unsafe { real($($arg),*) }
+                })
+            }
+        )*
+    };
 }
 
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD8_v2_ptds(
-    dst: CUdeviceptr,
-    value: u8,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD8| unsafe { real(dst, value, n) };
-    passed_on::<sym::MemsetD8V2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D8_v2(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u8,
-    width: usize,
-    height: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD2D8| unsafe { real(dst, pitch, value, width, height) };
-    passed_on::<sym::MemsetD2D8V2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D8_v2_ptds(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u8,
-    width: usize,
-    height: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD2D8| unsafe { real(dst, pitch, value, width, height) };
-    passed_on::<sym::MemsetD2D8V2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD8Async(
-    dst: CUdeviceptr,
-    value: u8,
-    n: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD8Async| unsafe { real(dst, value, n, stream) };
-    passed_on::<sym::MemsetD8Async>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD8Async_ptsz(
-    dst: CUdeviceptr,
-    value: u8,
-    n: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD8Async| unsafe { real(dst, value, n, stream) };
-    passed_on::<sym::MemsetD8AsyncPtsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D8Async(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u8,
-    width: usize,
-    height: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward =
-        |real: PfnMemsetD2D8Async| unsafe { real(dst, pitch, value, width, height, stream) };
-    passed_on::<sym::MemsetD2D8Async>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D8Async_ptsz(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u8,
-    width: usize,
-    height: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward =
-        |real: PfnMemsetD2D8Async| unsafe { real(dst, pitch, value, width, height, stream) };
-    passed_on::<sym::MemsetD2D8AsyncPtsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD16| unsafe { real(dst, value, n) };
-    passed_on::<sym::MemsetD16V2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD16_v2_ptds(
-    dst: CUdeviceptr,
-    value: u16,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD16| unsafe { real(dst, value, n) };
-    passed_on::<sym::MemsetD16V2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D16_v2(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u16,
-    width: usize,
-    height: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD2D16| unsafe { real(dst, pitch, value, width, height) };
-    passed_on::<sym::MemsetD2D16V2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D16_v2_ptds(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u16,
-    width: usize,
-    height: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD2D16| unsafe { real(dst, pitch, value, width, height) };
-    passed_on::<sym::MemsetD2D16V2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD16Async(
-    dst: CUdeviceptr,
-    value: u16,
-    n: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD16Async| unsafe { real(dst, value, n, stream) };
-    passed_on::<sym::MemsetD16Async>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD16Async_ptsz(
-    dst: CUdeviceptr,
-    value: u16,
-    n: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD16Async| unsafe { real(dst, value, n, stream) };
-    passed_on::<sym::MemsetD16AsyncPtsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D16Async(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u16,
-    width: usize,
-    height: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward =
-        |real: PfnMemsetD2D16Async| unsafe { real(dst, pitch, value, width, height, stream) };
-    passed_on::<sym::MemsetD2D16Async>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D16Async_ptsz(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: u16,
-    width: usize,
-    height: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward =
-        |real: PfnMemsetD2D16Async| unsafe { real(dst, pitch, value, width, height, stream) };
-    passed_on::<sym::MemsetD2D16AsyncPtsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD32_v2(
-    dst: CUdeviceptr,
-    value: c_uint,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD32| unsafe { real(dst, value, n) };
-    passed_on::<sym::MemsetD32V2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD32_v2_ptds(
-    dst: CUdeviceptr,
-    value: c_uint,
-    n: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD32| unsafe { real(dst, value, n) };
-    passed_on::<sym::MemsetD32V2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D32_v2(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: c_uint,
-    width: usize,
-    height: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD2D32| unsafe { real(dst, pitch, value, width, height) };
-    passed_on::<sym::MemsetD2D32V2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D32_v2_ptds(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: c_uint,
-    width: usize,
-    height: usize,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD2D32| unsafe { real(dst, pitch, value, width, height) };
-    passed_on::<sym::MemsetD2D32V2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD32Async(
-    dst: CUdeviceptr,
-    value: c_uint,
-    n: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD32Async| unsafe { real(dst, value, n, stream) };
-    passed_on::<sym::MemsetD32Async>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD32Async_ptsz(
-    dst: CUdeviceptr,
-    value: c_uint,
-    n: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemsetD32Async| unsafe { real(dst, value, n, stream) };
-    passed_on::<sym::MemsetD32AsyncPtsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D32Async(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: c_uint,
-    width: usize,
-    height: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward =
-        |real: PfnMemsetD2D32Async| unsafe { real(dst, pitch, value, width, height, stream) };
-    passed_on::<sym::MemsetD2D32Async>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemsetD2D32Async_ptsz(
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: c_uint,
-    width: usize,
-    height: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward =
-        |real: PfnMemsetD2D32Async| unsafe { real(dst, pitch, value, width, height, stream) };
-    passed_on::<sym::MemsetD2D32AsyncPtsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy2D_v2(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy2DV2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy2D_v2_ptds(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy2DV2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy2DUnaligned_v2(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy2DUnalignedV2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy2DUnaligned_v2_ptds(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy2DUnalignedV2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy2DAsync_v2(
-    desc: *const c_void,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
-    passed_on::<sym::Memcpy2DAsyncV2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy2DAsync_v2_ptsz(
-    desc: *const c_void,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
-    passed_on::<sym::Memcpy2DAsyncV2Ptsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3D_v2(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy3DV2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3D_v2_ptds(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy3DV2Ptds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3DAsync_v2(
-    desc: *const c_void,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
-    passed_on::<sym::Memcpy3DAsyncV2>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3DAsync_v2_ptsz(
-    desc: *const c_void,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
-    passed_on::<sym::Memcpy3DAsyncV2Ptsz>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3DPeer(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy3DPeer>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3DPeer_ptds(desc: *const c_void) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDesc| unsafe { real(desc) };
-    passed_on::<sym::Memcpy3DPeerPtds>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3DPeerAsync(
-    desc: *const c_void,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
-    passed_on::<sym::Memcpy3DPeerAsync>(forward)
-}
-
-/// # Safety
-/// The caller follows the contract of the driver function of the same name.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn cuMemcpy3DPeerAsync_ptsz(
-    desc: *const c_void,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged to the same variant.
-    let forward = |real: PfnMemcpyDescAsync| unsafe { real(desc, stream) };
-    passed_on::<sym::Memcpy3DPeerAsyncPtsz>(forward)
+passed_on_hooks! {
+    cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) = MemsetD8V2;
+    cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize) = MemsetD8V2Ptds;
+    cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) = MemsetD2D8V2;
+    cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize) = MemsetD2D8V2Ptds;
+    cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) = MemsetD8Async;
+    cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream) = MemsetD8AsyncPtsz;
+    cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) = MemsetD2D8Async;
+    cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream) = MemsetD2D8AsyncPtsz;
+    cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize) = MemsetD16V2;
+    cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, n: usize) = MemsetD16V2Ptds;
+    cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) = MemsetD2D16V2;
+    cuMemsetD2D16_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize) = MemsetD2D16V2Ptds;
+    cuMemsetD16Async(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) = MemsetD16Async;
+    cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, n: usize, stream: CUstream) = MemsetD16AsyncPtsz;
+    cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) = MemsetD2D16Async;
+    cuMemsetD2D16Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize, stream: CUstream) = MemsetD2D16AsyncPtsz;
+    cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, n: usize) = MemsetD32V2;
+    cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, n: usize) = MemsetD32V2Ptds;
+    cuMemsetD2D32_v2(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) = MemsetD2D32V2;
+    cuMemsetD2D32_v2_ptds(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize) = MemsetD2D32V2Ptds;
+    cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) = MemsetD32Async;
+    cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream) = MemsetD32AsyncPtsz;
+    cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) = MemsetD2D32Async;
+    cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, value: c_uint, width: usize, height: usize, stream: CUstream) = MemsetD2D32AsyncPtsz;
+    cuMemcpy2D_v2(desc: *const c_void) = Memcpy2DV2;
+    cuMemcpy2D_v2_ptds(desc: *const c_void) = Memcpy2DV2Ptds;
+    cuMemcpy2DUnaligned_v2(desc: *const c_void) = Memcpy2DUnalignedV2;
+    cuMemcpy2DUnaligned_v2_ptds(desc: *const c_void) = Memcpy2DUnalignedV2Ptds;
+    cuMemcpy2DAsync_v2(desc: *const c_void, stream: CUstream) = Memcpy2DAsyncV2;
+    cuMemcpy2DAsync_v2_ptsz(desc: *const c_void, stream: CUstream) = Memcpy2DAsyncV2Ptsz;
+    cuMemcpy3D_v2(desc: *const c_void) = Memcpy3DV2;
+    cuMemcpy3D_v2_ptds(desc: *const c_void) = Memcpy3DV2Ptds;
+    cuMemcpy3DAsync_v2(desc: *const c_void, stream: CUstream) = Memcpy3DAsyncV2;
+    cuMemcpy3DAsync_v2_ptsz(desc: *const c_void, stream: CUstream) = Memcpy3DAsyncV2Ptsz;
+    cuMemcpy3DPeer(desc: *const c_void) = Memcpy3DPeer;
+    cuMemcpy3DPeer_ptds(desc: *const c_void) = Memcpy3DPeerPtds;
+    cuMemcpy3DPeerAsync(desc: *const c_void, stream: CUstream) = Memcpy3DPeerAsync;
+    cuMemcpy3DPeerAsync_ptsz(desc: *const c_void, stream: CUstream) = Memcpy3DPeerAsyncPtsz;
 }

@@ -435,13 +435,14 @@ impl Tracer {
                 self.seen_processes.insert(pid, f);
             }
         }
-        self.account_probe_time();
         if self.schedule.is_some() {
             self.switch_due()?;
-            if let Some(s) = &mut self.schedule {
-                let calls = sampled_calls(&self.probes);
-                s.poll(Instant::now(), |kind| calls_of_kind(&calls, kind));
-            }
+        }
+        // One read of the aggregation maps for the probe time and the schedule's poll.
+        let calls = sampled_calls(&self.probes);
+        self.account_probe_time(&calls);
+        if let Some(s) = &mut self.schedule {
+            s.poll(Instant::now(), |kind| calls_of_kind(&calls, kind));
         } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
             let period_ns = period.as_nanos().max(1);
             let within = self.started.elapsed().as_nanos() % period_ns;
@@ -542,9 +543,10 @@ impl Tracer {
         }
     }
 
-    /// Adds the hits since the last look to each process's probe time.
-    fn account_probe_time(&mut self) {
-        let hits = super::probe_time::hits_per_process(&sampled_calls(&self.probes));
+    /// Adds the hits since the last look (`calls`: the aggregation maps' rows) to each
+    /// process's probe time.
+    fn account_probe_time(&mut self, calls: &[(u32, u16, u64)]) {
+        let hits = super::probe_time::hits_per_process(calls);
         let prices = self.hit_prices();
         self.probe_time.account(hits, |pid| prices.price(pid));
     }

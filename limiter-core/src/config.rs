@@ -28,6 +28,7 @@ pub(crate) const GPU_TIME_SAMPLE: &str = "VGPU_GPU_TIME_SAMPLE";
 pub(crate) const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 pub(crate) const OOM_WAIT: &str = "VGPU_OOM_WAIT";
 pub(crate) const FREEZE_AFTER: &str = "VGPU_FREEZE_AFTER";
+pub(crate) const FREEZE_IN_PROCESS: &str = "VGPU_FREEZE_IN_PROCESS";
 /// The longest `VGPU_FREEZE_AFTER` accepted (a week).
 pub(crate) const MAX_FREEZE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -187,6 +188,12 @@ pub struct Config {
     /// (`VGPU_FREEZE_AFTER`, a duration; unset, `0` or `off`: the operator's `--freeze-after`
     /// alone), published in the region for the agent (docs/oversubscription.md).
     pub freeze_after: Option<Duration>,
+    /// Whether a freeze of this container moves its memory itself, in-process
+    /// (`VGPU_FREEZE_IN_PROCESS`: `1` or `on`; unset, `0` or `off`: the driver's checkpoint API
+    /// alone): the limiter backs the allocations of `cuMemAlloc` with the virtual memory API so
+    /// that it can release their physical memory and map it again at the same addresses
+    /// (docs/oversubscription.md).
+    pub freeze_in_process: bool,
     /// The container's QoS tier (`VGPU_QOS_TIER` and `VGPU_QOS_GUARANTEE`, else HAMi's
     /// `CUDA_TASK_PRIORITY`: 0 is latency, 1 best effort); `None`: no tier, the SM limit alone.
     pub qos_tier: Option<Tier>,
@@ -240,6 +247,7 @@ impl Default for Config {
             oversubscribe: false,
             oom_wait: None,
             freeze_after: None,
+            freeze_in_process: false,
             qos_tier: None,
             qos_board: None,
         }
@@ -329,6 +337,7 @@ enum Var {
     Oversubscribe,
     OomWait,
     FreezeAfter,
+    FreezeInProcess,
     QosTier,
     QosGuarantee,
     QosBoard,
@@ -380,6 +389,7 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         OVERSUBSCRIBE => return Ok(Some(Var::Oversubscribe)),
         OOM_WAIT => return Ok(Some(Var::OomWait)),
         FREEZE_AFTER => return Ok(Some(Var::FreezeAfter)),
+        FREEZE_IN_PROCESS => return Ok(Some(Var::FreezeInProcess)),
         QOS_TIER => return Ok(Some(Var::QosTier)),
         QOS_GUARANTEE => return Ok(Some(Var::QosGuarantee)),
         QOS_BOARD => return Ok(Some(Var::QosBoard)),
@@ -544,6 +554,19 @@ impl Config {
                             },
                         )?)
                         .filter(|d| !d.is_zero()),
+                    };
+                }
+                Var::FreezeInProcess => {
+                    cfg.freeze_in_process = match value.as_str() {
+                        "1" | "on" => true,
+                        "0" | "off" | "" => false,
+                        _ => {
+                            return Err(ConfigError::Invalid {
+                                var: name.to_owned(),
+                                value: value.clone(),
+                                reason: "expected 1 (or on) or 0 (or off)".into(),
+                            });
+                        }
                     };
                 }
                 Var::SmFeedback => {
@@ -980,6 +1003,22 @@ mod tests {
         }
         assert_eq!(parse_duration("3601s"), Err(DurationError::TooLong(3600)));
         assert_eq!(parse_duration("1x"), Err(DurationError::Syntax));
+    }
+
+    #[test]
+    fn the_in_process_freeze_is_off_by_default_and_a_malformed_value_is_an_error() {
+        assert!(!vars(&[]).unwrap().freeze_in_process);
+        let on = |v: &str| vars(&[("VGPU_FREEZE_IN_PROCESS", v)]).map(|c| c.freeze_in_process);
+        assert_eq!(on("1"), Ok(true));
+        assert_eq!(on("on"), Ok(true));
+        assert_eq!(on("0"), Ok(false));
+        assert_eq!(on("off"), Ok(false));
+        for bad in ["yes", "2", "true"] {
+            assert!(
+                matches!(on(bad), Err(ConfigError::Invalid { var, .. }) if var == "VGPU_FREEZE_IN_PROCESS"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //!    tables: thread words, clock, log, guards. No process-wide state.
 //! 2. runtime: `runtime`. The process-wide state, in one static reached one way
 //!    (`runtime::get`): the state, this process's accounting and its ledger, the control block,
-//!    the SM feedback thread.
+//!    the SM feedback thread, the in-process freeze (its gate and watcher thread).
 //! 3. hints: `hints`. The cache hints of the allocation and free paths, in one place.
 //! 4. hooks: `hooks`. The exported hooks and the `dlsym` override; each hook's common path reads
 //!    as reserve, call, keep or return, record.

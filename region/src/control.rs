@@ -109,6 +109,72 @@ pub enum FreezeMark {
     /// Frozen (word 2): a CUDA call asks the agent for the thaw (the region's `thaw_request`)
     /// and waits for it.
     Frozen,
+    /// Frozen by each process itself (word 3), the limiter's in-process path
+    /// (`VGPU_FREEZE_IN_PROCESS`): every process moves the device memory it backs to host memory
+    /// and answers in its slot ([`OwnFreeze`]); a CUDA call thaws its own process before it goes
+    /// on and asks the agent (the region's `thaw_request`) to thaw the container's others. A
+    /// process without the path treats it as `Frozen`.
+    InProcess,
+}
+
+/// A process's in-process freeze, as its limiter publishes it in its slot (`own_freeze`, layout
+/// 3.6): whether the path is on, where the process stands, and the control block generation it
+/// last answered. Word: bit 0 the path is on, bits 1-2 the [`OwnFreezeState`], bits 8-63 the
+/// generation (truncated to 56 bits). Word 0: the path is off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnFreeze {
+    pub state: OwnFreezeState,
+    /// The generation of the mark answered (56 bits), 0 = none yet.
+    pub generation: u64,
+}
+
+/// Where a process's in-process freeze stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OwnFreezeState {
+    /// Its memory is on the GPU.
+    #[default]
+    Running,
+    /// The memory it backs is in host memory.
+    Frozen,
+    /// It could not freeze for the generation answered (its memory stayed on the GPU).
+    Failed,
+}
+
+const OWN_GENERATION_BITS: u32 = 56;
+
+impl OwnFreeze {
+    /// The slot word; never 0 (bit 0: the path is on).
+    pub fn encode(self) -> u64 {
+        let state = match self.state {
+            OwnFreezeState::Running => 0,
+            OwnFreezeState::Frozen => 1,
+            OwnFreezeState::Failed => 2,
+        };
+        1 | state << 1 | (self.generation & ((1 << OWN_GENERATION_BITS) - 1)) << 8
+    }
+
+    /// The word's meaning; `None` for 0 (the path is off) or a word no limiter writes (a
+    /// tenant's: read as off).
+    pub fn decode(word: u64) -> Option<OwnFreeze> {
+        if word & 1 == 0 || word & 0xF8 != 0 {
+            return None;
+        }
+        let state = match (word >> 1) & 3 {
+            0 => OwnFreezeState::Running,
+            1 => OwnFreezeState::Frozen,
+            2 => OwnFreezeState::Failed,
+            _ => return None,
+        };
+        Some(OwnFreeze {
+            state,
+            generation: word >> 8,
+        })
+    }
+
+    /// Whether this answers the mark of control generation `generation`.
+    pub fn answers(self, generation: u64) -> bool {
+        self.generation == generation & ((1 << OWN_GENERATION_BITS) - 1)
+    }
 }
 /// The spare words a minor version gave a meaning, which `encode` writes (the others are left as
 /// they are: a newer writer's).
@@ -264,6 +330,7 @@ pub fn decode(words: &[u64]) -> Result<Option<ControlSnapshot>, ControlError> {
         0 => FreezeMark::Running,
         1 => FreezeMark::Freezing,
         2 => FreezeMark::Frozen,
+        3 => FreezeMark::InProcess,
         found => return Err(ControlError::Frozen { found }),
     };
     Ok(Some(ControlSnapshot {
@@ -314,6 +381,7 @@ pub(crate) fn encode(settings: &ControlSettings, words: &mut [u64; CONTROL_WORDS
         FreezeMark::Running => 0,
         FreezeMark::Freezing => 1,
         FreezeMark::Frozen => 2,
+        FreezeMark::InProcess => 3,
     };
     words[W_QOS] = settings.qos.map_or(0, |(tier, guarantee)| {
         QOS_SET | u64::from(tier) | u64::from(guarantee) << 8
@@ -381,15 +449,19 @@ mod tests {
             assert_eq!(snap.settings.qos, Some(qos));
         }
         s.qos = None;
-        for (mark, word) in [(FreezeMark::Freezing, 1), (FreezeMark::Frozen, 2)] {
+        for (mark, word) in [
+            (FreezeMark::Freezing, 1),
+            (FreezeMark::Frozen, 2),
+            (FreezeMark::InProcess, 3),
+        ] {
             s.freeze = mark;
             let snap = decode(&written(&s, 6)).unwrap().unwrap();
             assert!(snap.settings.freeze == mark && !snap.settings.is_empty());
             assert_eq!(written(&s, 6)[W_FROZEN], word, "the first spare word");
         }
         let mut w = written(&s, 6);
-        w[W_FROZEN] = 3;
-        assert_eq!(decode(&w), Err(ControlError::Frozen { found: 3 }));
+        w[W_FROZEN] = 4;
+        assert_eq!(decode(&w), Err(ControlError::Frozen { found: 4 }));
         s.freeze = FreezeMark::Running;
         assert_eq!(written(&s, 6)[W_FROZEN], 0);
         assert!(ControlSettings::default().is_empty());
@@ -441,6 +513,43 @@ mod tests {
             decode_bytes(&[0u8; 17]),
             Err(ControlError::TooShort { len: 17 })
         );
+    }
+
+    #[test]
+    fn the_own_freeze_word_round_trips_and_zero_is_off() {
+        assert_eq!(OwnFreeze::decode(0), None);
+        for state in [
+            OwnFreezeState::Running,
+            OwnFreezeState::Frozen,
+            OwnFreezeState::Failed,
+        ] {
+            for generation in [0, 1, 7, (1 << 56) - 1] {
+                let o = OwnFreeze { state, generation };
+                assert_ne!(o.encode(), 0);
+                assert_eq!(OwnFreeze::decode(o.encode()), Some(o));
+                assert!(o.answers(generation));
+                assert!(!o.answers(generation ^ 1));
+            }
+        }
+        // The generation is kept to 56 bits, and compared so.
+        let o = OwnFreeze {
+            state: OwnFreezeState::Frozen,
+            generation: 1 << 56 | 5,
+        };
+        assert!(OwnFreeze::decode(o.encode()).unwrap().answers(1 << 56 | 5));
+        // Words no limiter writes read as off.
+        assert_eq!(OwnFreeze::decode(0b111), None, "state 3");
+        assert_eq!(OwnFreeze::decode(1 | 1 << 4), None, "a reserved bit");
+        assert_eq!(OwnFreeze::decode(2), None, "the path bit clear");
+    }
+
+    proptest! {
+        #[test]
+        fn any_own_freeze_word_decodes_or_reads_as_off(w in any::<u64>()) {
+            if let Some(o) = OwnFreeze::decode(w) {
+                prop_assert_eq!(o.encode(), w);
+            }
+        }
     }
 
     proptest! {

@@ -42,8 +42,9 @@ pub const OLDEST_READABLE_MAJOR: u32 = 1;
 /// which the container asks to be frozen ([`RegionHeader::freeze_after_ms`]). 5: the device
 /// memory a process's allocation waits for under `VGPU_OOM_WAIT` ([`SlotHeader::oom_wait_bytes`],
 /// [`SlotHeader::oom_wait_device`], [`SlotHeader::oom_wait_seq`], in what were the slot header's
-/// first spare words).
-pub const LAYOUT_MINOR: u32 = 5;
+/// first spare words). 6: the in-process freeze of a process ([`SlotHeader::own_freeze`],
+/// [`SlotHeader::own_freeze_bytes`], in what were the next two).
+pub const LAYOUT_MINOR: u32 = 6;
 /// Most slots a region may be created with (as HAMi-core's `SHARED_REGION_MAX_PROCESS_NUM`).
 pub const MAX_SLOTS: u32 = 1024;
 /// Slots of a region when the configuration does not say.
@@ -375,8 +376,15 @@ pub struct SlotHeader {
     /// Waits this process has started, the last one's number (3.5): it tells one wait from the
     /// next, so that the agent counts what it froze for each wait apart.
     pub oom_wait_seq: AtomicU64,
+    /// The process's in-process freeze (3.6; `VGPU_FREEZE_IN_PROCESS`), an [`OwnFreeze`]
+    /// encoded by [`OwnFreeze::encode`]: 0 = the path is off in this process. The tenant's word:
+    /// the agent only uses it to choose the path and to see the freeze answered.
+    pub own_freeze: AtomicU64,
+    /// Device bytes the limiter backs so that it can move them itself (3.6): what an in-process
+    /// freeze gives back while running, what is held in host memory while frozen.
+    pub own_freeze_bytes: AtomicU64,
     /// Room for growth (minor versions).
-    pub spare: [AtomicU64; 9],
+    pub spare: [AtomicU64; 7],
 }
 
 /// One process slot: its header and its shards. Slots never move.
@@ -461,7 +469,9 @@ const _: () = assert!(offset_of!(SlotHeader, shard_owner) == 344);
 const _: () = assert!(offset_of!(SlotHeader, oom_wait_bytes) == 416);
 const _: () = assert!(offset_of!(SlotHeader, oom_wait_device) == 424);
 const _: () = assert!(offset_of!(SlotHeader, oom_wait_seq) == 432);
-const _: () = assert!(offset_of!(SlotHeader, spare) == 440);
+const _: () = assert!(offset_of!(SlotHeader, own_freeze) == 440);
+const _: () = assert!(offset_of!(SlotHeader, own_freeze_bytes) == 448);
+const _: () = assert!(offset_of!(SlotHeader, spare) == 456);
 const _: () = assert!(offset_of!(SlotRecord, shards) == 512);
 // A call's section touches the record's first line (sequence and the counters a call bumps).
 const _: () = assert!(offset_of!(ApiRecord, throttled_ns) + 8 == 64);
@@ -555,6 +565,8 @@ field_offsets!(
     SlotHeader.oom_wait_bytes,
     SlotHeader.oom_wait_device,
     SlotHeader.oom_wait_seq,
+    SlotHeader.own_freeze,
+    SlotHeader.own_freeze_bytes,
     SlotHeader.spare,
     Shard.apis,
     Shard.gpu_time,

@@ -53,7 +53,10 @@ mod sync;
 mod words;
 
 pub use config::{ConfigMismatch, InitOutcome, RegionConfig};
-pub use control::{ControlError, ControlSettings, ControlSnapshot, FreezeMark, control_path};
+pub use control::{
+    ControlError, ControlSettings, ControlSnapshot, FreezeMark, OwnFreeze, OwnFreezeState,
+    control_path,
+};
 pub use control_file::{ControlReader, ControlWriter, read_control};
 pub use error::{RegionError, ReserveError};
 pub use handle::Region;

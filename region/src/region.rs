@@ -341,6 +341,25 @@ impl Region {
         }
     }
 
+    /// Publishes the process's in-process freeze in its slot (`own_freeze`, layout 3.6) and the
+    /// device bytes it backs or holds in host memory (`own_freeze_bytes`). Nothing when the slot
+    /// is no longer the process's.
+    pub fn publish_own_freeze(&self, slot: &Slot, own: crate::OwnFreeze, bytes: u64) {
+        let Some(record) = self.slot_record(slot.index()) else {
+            return;
+        };
+        if !self.owns(slot, record) {
+            return;
+        }
+        let h = &record.header;
+        // Relaxed: a figure; the state word's Release below orders it before the state.
+        h.own_freeze_bytes.store(bytes, Ordering::Relaxed);
+        // Release: the bytes and the process's work before the answer are visible with it;
+        // pairs with the Acquire fence after the agent's copy of the slot header
+        // (`reader::read_slot`).
+        h.own_freeze.store(own.encode(), Ordering::Release);
+    }
+
     /// Records that the context charge of `bytes` on `device` was refused to the process (the
     /// limit has no room for it): `context_bytes` then holds `bytes | CONTEXT_REFUSED` until a
     /// later charge succeeds.

@@ -165,6 +165,9 @@ impl Region {
         h.context_bytes.iter().for_each(|w| w.store(0, r));
         // A dead owner's wait for memory ended with it.
         h.oom_wait_bytes.store(0, r);
+        // A dead owner's in-process freeze ended with it (its host memory went with it).
+        h.own_freeze.store(0, r);
+        h.own_freeze_bytes.store(0, r);
         // A dead owner's threads never dropped their writers.
         h.shard_owner.iter().for_each(|w| w.store(0, r));
         let used = h.used_shards.load(r);

@@ -20,7 +20,7 @@ use crate::{
         guard::Reentry,
         nvml::Nvml,
     },
-    runtime::{self, Runtime, process::Process, state::State},
+    runtime::{self, Runtime, own_freeze::Admitted, process::Process, state::State},
 };
 
 /// How a hook proceeds.
@@ -39,6 +39,8 @@ pub(crate) struct Hooked<F> {
     pub(crate) process: &'static Process,
     /// Clock reading at entry, for the hook's self-time.
     pub(crate) entered: u64,
+    /// Counted in the in-process freeze's gate until the call ends (`VGPU_FREEZE_IN_PROCESS`).
+    _admitted: Option<Admitted>,
     _guard: Reentry,
 }
 
@@ -102,6 +104,7 @@ impl<F> Hooked<F> {
             state,
             process,
             entered: state.clock.now(),
+            _admitted: None,
             _guard: Reentry::enter(state.tls.words()).expect("a test enters once"),
         }
     }
@@ -122,6 +125,16 @@ pub(crate) fn enter<S: Symbol>() -> Gate<S::Fn> {
     hooked::<S>(state, process, guard)
 }
 
+/// Counts the call in the in-process freeze's gate, if the path is on (thawing the process
+/// first if it is frozen): every hook that calls the driver holds this until the driver
+/// returns. Off, one predictable branch on a field of the state's first line.
+#[inline(always)]
+pub(crate) fn admit(state: &'static State, process: &'static Process) -> Option<Admitted> {
+    state
+        .own_freeze
+        .map(|own| own.admit(|| runtime::own_freeze_tenant(state, process)))
+}
+
 /// The rest of [`enter`] once the state and the process are at hand.
 #[inline(always)]
 fn hooked<S: Symbol>(
@@ -129,6 +142,8 @@ fn hooked<S: Symbol>(
     process: &'static Process,
     guard: Reentry,
 ) -> Gate<S::Fn> {
+    // While the process is frozen in-process, the call thaws it here, before it is timed.
+    let admitted = admit(state, process);
     let entered = state.clock.now();
     // Allocations and other calls notice limit changes too (a process that does not launch).
     state.poll_control_due(entered);
@@ -138,6 +153,7 @@ fn hooked<S: Symbol>(
             state,
             process,
             entered,
+            _admitted: admitted,
             _guard: guard,
         }),
         None => Gate::Fail(CUDA_ERROR_NOT_FOUND),

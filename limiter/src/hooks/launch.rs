@@ -18,7 +18,7 @@ use limiter_core::gpu_time::{Shape, StreamRef};
 
 use limiter_core::accounting::Accounting as _;
 
-use super::gate::{passthrough, shield};
+use super::gate::{admit, passthrough, shield};
 use crate::{
     platform::{
         clock::Clock,
@@ -59,6 +59,7 @@ fn launch<S: Symbol>(
         0
     };
     state.poll_control();
+    let _admitted = admit(state, process);
     let mut throttled = state.sm.admit(|| DriverEnv {
         driver: state.driver,
         windows: state.sm_windows(),

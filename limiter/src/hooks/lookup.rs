@@ -137,6 +137,30 @@ pub(crate) fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         Sym::MemsetD32AsyncPtsz => cuMemsetD32Async_ptsz as *const (),
         Sym::MemsetD2D32Async => cuMemsetD2D32Async as *const (),
         Sym::MemsetD2D32AsyncPtsz => cuMemsetD2D32Async_ptsz as *const (),
+        Sym::StreamWaitValue32 => cuStreamWaitValue32 as *const (),
+        Sym::StreamWaitValue32Ptsz => cuStreamWaitValue32_ptsz as *const (),
+        Sym::StreamWaitValue32V2 => cuStreamWaitValue32_v2 as *const (),
+        Sym::StreamWaitValue32V2Ptsz => cuStreamWaitValue32_v2_ptsz as *const (),
+        Sym::StreamWaitValue64 => cuStreamWaitValue64 as *const (),
+        Sym::StreamWaitValue64Ptsz => cuStreamWaitValue64_ptsz as *const (),
+        Sym::StreamWaitValue64V2 => cuStreamWaitValue64_v2 as *const (),
+        Sym::StreamWaitValue64V2Ptsz => cuStreamWaitValue64_v2_ptsz as *const (),
+        Sym::StreamWriteValue32 => cuStreamWriteValue32 as *const (),
+        Sym::StreamWriteValue32Ptsz => cuStreamWriteValue32_ptsz as *const (),
+        Sym::StreamWriteValue32V2 => cuStreamWriteValue32_v2 as *const (),
+        Sym::StreamWriteValue32V2Ptsz => cuStreamWriteValue32_v2_ptsz as *const (),
+        Sym::StreamWriteValue64 => cuStreamWriteValue64 as *const (),
+        Sym::StreamWriteValue64Ptsz => cuStreamWriteValue64_ptsz as *const (),
+        Sym::StreamWriteValue64V2 => cuStreamWriteValue64_v2 as *const (),
+        Sym::StreamWriteValue64V2Ptsz => cuStreamWriteValue64_v2_ptsz as *const (),
+        Sym::StreamBatchMemOp => cuStreamBatchMemOp as *const (),
+        Sym::StreamBatchMemOpPtsz => cuStreamBatchMemOp_ptsz as *const (),
+        Sym::StreamBatchMemOpV2 => cuStreamBatchMemOp_v2 as *const (),
+        Sym::StreamBatchMemOpV2Ptsz => cuStreamBatchMemOp_v2_ptsz as *const (),
+        Sym::MemcpyAtoDV2 => cuMemcpyAtoD_v2 as *const (),
+        Sym::MemcpyAtoDV2Ptds => cuMemcpyAtoD_v2_ptds as *const (),
+        Sym::MemcpyDtoAV2 => cuMemcpyDtoA_v2 as *const (),
+        Sym::MemcpyDtoAV2Ptds => cuMemcpyDtoA_v2_ptds as *const (),
         Sym::CtxGetDevice
         | Sym::MemPoolGetAttribute
         | Sym::DeviceGetMemPool
@@ -151,7 +175,15 @@ pub(crate) fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         | Sym::KernelGetName
         | Sym::StreamIsCapturing
         | Sym::ThreadExchangeStreamCaptureMode
-        | Sym::CtxGetCurrent => return None,
+        | Sym::CtxGetCurrent
+        | Sym::CtxSetCurrent
+        | Sym::MemAddressReserve
+        | Sym::MemAddressFree
+        | Sym::MemSetAccess
+        | Sym::MemUnmap
+        | Sym::MemGetAllocationGranularity
+        | Sym::MemHostRegisterV2
+        | Sym::MemHostUnregister => return None,
     };
     Some(address(f))
 }

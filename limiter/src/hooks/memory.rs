@@ -40,6 +40,8 @@ use crate::{
         driver::{PfnMemAllocPitch, Symbol, sym},
     },
     runtime::{
+        self,
+        own_freeze::{MIN_BACKED, OwnFreeze},
         process::{Process, Space},
         state::State,
     },
@@ -264,10 +266,47 @@ fn at_location(
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.hot.vgpu")]
 pub(crate) unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged.
-    allocate::<sym::MemAllocV2>(dptr, Space::Ptr, on_current(bytesize), |real| unsafe {
-        real(dptr, bytesize)
+    allocate::<sym::MemAllocV2>(dptr, Space::Ptr, on_current(bytesize), |real| {
+        if bytesize as u64 >= MIN_BACKED
+            && let Some(own) = own_freeze()
+        {
+            return allocate_backed(own, dptr, bytesize);
+        }
+        // SAFETY: forwards the caller's arguments unchanged.
+        unsafe { real(dptr, bytesize) }
     })
+}
+
+/// The in-process freeze's state and the bound driver, when the path is on.
+#[inline]
+fn own_freeze() -> Option<(&'static OwnFreeze, &'static State)> {
+    let state = runtime::get().state()?;
+    Some((state.own_freeze?, state))
+}
+
+/// `cuMemAlloc_v2` backed by the in-process freeze (`runtime::own_freeze`): the same contract,
+/// an address the application frees with `cuMemFree_v2`.
+#[cold]
+#[inline(never)]
+fn allocate_backed(
+    (own, state): (&'static OwnFreeze, &'static State),
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match own.backing.allocate(state.driver, bytesize as u64) {
+        Ok(p) => {
+            // SAFETY: checked non-null; the caller's out-pointer.
+            unsafe { dptr.write(p) };
+            if let Some(process) = runtime::get().process() {
+                own.republish(process.region_slot());
+            }
+            CUDA_SUCCESS
+        }
+        Err(code) => code,
+    }
 }
 
 /// # Safety
@@ -413,8 +452,18 @@ pub(crate) unsafe extern "C" fn cuMemCreate(
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.hot.vgpu")]
 pub(crate) unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    // SAFETY: forwards the caller's argument unchanged.
-    free::<sym::MemFreeV2>(dptr, Space::Ptr, |real| unsafe { real(dptr) })
+    free::<sym::MemFreeV2>(dptr, Space::Ptr, |real| {
+        if let Some((own, state)) = own_freeze()
+            && let Some(r) = own.backing.free(state.driver, dptr)
+        {
+            if let Some(process) = runtime::get().process() {
+                own.republish(process.region_slot());
+            }
+            return r.err().unwrap_or(CUDA_SUCCESS);
+        }
+        // SAFETY: forwards the caller's argument unchanged.
+        unsafe { real(dptr) }
+    })
 }
 
 macro_rules! free_async {

@@ -1,12 +1,14 @@
-//! Memsets and 2D/3D copies: passed on, the control block looked at when due (a limit change, a
-//! freeze), as the copies' hooks do ([`super::timed`]). They are not recorded: the shared API
-//! table has no room for their 38 variants (`agent_common::api::API_SLOTS`). Hooked so that a
-//! frozen container whose next call is a memset (CuPy's `zeros`, a JAX zero fill) or a 2D/3D
-//! copy asks for its thaw before the driver holds the call, as every other kind does.
+//! Memsets, 2D/3D copies, copies between arrays and linear memory, and stream memory operations:
+//! passed on, the control block looked at when due (a limit change, a freeze), as the copies'
+//! hooks do ([`super::timed`]). They are not recorded: the shared API table has no room for their
+//! 62 variants (`agent_common::api::API_SLOTS`). Hooked so that a frozen container whose next
+//! call is one of them (CuPy's `zeros`, a JAX zero fill, a pitched copy, NCCL's stream
+//! write) asks for its thaw before the driver holds the call, and so that the in-process
+//! freeze's gate holds it while the memory is away, as every other kind is.
 
 use std::ffi::{c_uint, c_void};
 
-use super::gate::passthrough;
+use super::gate::{admit, passthrough};
 use crate::{
     platform::{
         cuda::*,
@@ -20,7 +22,7 @@ use crate::{
 #[inline(always)]
 fn passed_on<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
     let rt = runtime::get();
-    let Some(state) = rt.state() else {
+    let (Some(state), Some(process)) = (rt.state(), rt.process()) else {
         return passthrough::<S>(call);
     };
     let Some(real) = state.driver.get::<S>() else {
@@ -28,6 +30,7 @@ fn passed_on<S: Symbol>(call: impl FnOnce(S::Fn) -> CUresult) -> CUresult {
     };
     // A frozen container's call asks for its thaw here, before the driver holds it.
     state.poll_control_due(state.clock.now());
+    let _admitted = admit(state, process);
     call(real)
 }
 
@@ -89,4 +92,28 @@ passed_on_hooks! {
     cuMemcpy3DPeer_ptds(desc: *const c_void) = Memcpy3DPeerPtds;
     cuMemcpy3DPeerAsync(desc: *const c_void, stream: CUstream) = Memcpy3DPeerAsync;
     cuMemcpy3DPeerAsync_ptsz(desc: *const c_void, stream: CUstream) = Memcpy3DPeerAsyncPtsz;
+    cuStreamWaitValue32(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWaitValue32;
+    cuStreamWaitValue32_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWaitValue32Ptsz;
+    cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWaitValue32V2;
+    cuStreamWaitValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWaitValue32V2Ptsz;
+    cuStreamWaitValue64(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWaitValue64;
+    cuStreamWaitValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWaitValue64Ptsz;
+    cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWaitValue64V2;
+    cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWaitValue64V2Ptsz;
+    cuStreamWriteValue32(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWriteValue32;
+    cuStreamWriteValue32_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWriteValue32Ptsz;
+    cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWriteValue32V2;
+    cuStreamWriteValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint) = StreamWriteValue32V2Ptsz;
+    cuStreamWriteValue64(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWriteValue64;
+    cuStreamWriteValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWriteValue64Ptsz;
+    cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWriteValue64V2;
+    cuStreamWriteValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) = StreamWriteValue64V2Ptsz;
+    cuStreamBatchMemOp(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = StreamBatchMemOp;
+    cuStreamBatchMemOp_ptsz(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = StreamBatchMemOpPtsz;
+    cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = StreamBatchMemOpV2;
+    cuStreamBatchMemOp_v2_ptsz(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint) = StreamBatchMemOpV2Ptsz;
+    cuMemcpyAtoD_v2(dst: CUdeviceptr, src: *mut c_void, offset: usize, n: usize) = MemcpyAtoDV2;
+    cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: *mut c_void, offset: usize, n: usize) = MemcpyAtoDV2Ptds;
+    cuMemcpyDtoA_v2(dst: *mut c_void, offset: usize, src: CUdeviceptr, n: usize) = MemcpyDtoAV2;
+    cuMemcpyDtoA_v2_ptds(dst: *mut c_void, offset: usize, src: CUdeviceptr, n: usize) = MemcpyDtoAV2Ptds;
 }

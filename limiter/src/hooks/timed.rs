@@ -13,7 +13,7 @@ use std::ffi::{c_uint, c_void};
 
 use limiter_core::accounting::{Accounting as _, Call};
 
-use super::gate::{passthrough, shield};
+use super::gate::{admit, passthrough, shield};
 use crate::{
     platform::{
         cuda::*,
@@ -46,6 +46,7 @@ fn timed<S: Symbol>(
     // Copies and synchronisations notice limit changes and a freeze too (a process that only
     // waits on its streams), before the driver holds the call.
     state.poll_control_due(t0);
+    let _admitted = admit(state, process);
     let r = call(real);
     let t1 = clock.now();
     shield(|| {

@@ -39,8 +39,10 @@ pub(crate) type CUmemcpyAttributes = c_void;
 pub(crate) type CUdriverProcAddressQueryResult = c_int;
 
 pub(crate) const CUDA_SUCCESS: CUresult = 0;
+pub(crate) const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub(crate) const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub(crate) const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub(crate) const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub(crate) const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 
 /// `CU_MEM_LOCATION_TYPE_DEVICE` of `CUmemLocationType`.
@@ -48,7 +50,7 @@ pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 /// `CUmemLocation`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CUmemLocation {
     /// `CUmemLocationType`.
     pub(crate) kind: c_int,
@@ -69,3 +71,34 @@ pub(crate) struct CUmemAllocationProp {
 }
 
 const _: () = assert!(std::mem::offset_of!(CUmemAllocationProp, location) == 8);
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED` of `CUmemAllocationType`.
+pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE` of `CUmemAccess_flags`.
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+
+/// The whole `CUmemAllocationProp` (cuda.h 12.x), for the allocations the limiter itself
+/// creates: the driver reads all 32 bytes.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub(crate) struct CUmemAllocationPropFull {
+    pub(crate) kind: c_uint,
+    pub(crate) requested_handle_types: c_uint,
+    pub(crate) location: CUmemLocation,
+    pub(crate) win32_handle_meta_data: usize,
+    /// `allocFlags`: compression type, GPUDirect RDMA capable, usage, 4 reserved bytes.
+    pub(crate) alloc_flags: [u8; 8],
+}
+
+const _: () = assert!(size_of::<CUmemAllocationPropFull>() == 32);
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct CUmemAccessDesc {
+    pub(crate) location: CUmemLocation,
+    /// `CUmemAccess_flags`.
+    pub(crate) flags: c_int,
+}
+
+const _: () = assert!(size_of::<CUmemAccessDesc>() == 12);

@@ -207,6 +207,27 @@ pub(crate) type PfnGetName = unsafe extern "C" fn(*mut *const c_char, *mut c_voi
 pub(crate) type PfnStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
 pub(crate) type PfnThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 pub(crate) type PfnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+pub(crate) type PfnStreamValue32 =
+    unsafe extern "C" fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
+pub(crate) type PfnStreamValue64 =
+    unsafe extern "C" fn(CUstream, CUdeviceptr, u64, c_uint) -> CUresult;
+pub(crate) type PfnStreamBatchMemOp =
+    unsafe extern "C" fn(CUstream, c_uint, *mut c_void, c_uint) -> CUresult;
+pub(crate) type PfnMemcpyAtoD =
+    unsafe extern "C" fn(CUdeviceptr, *mut c_void, usize, usize) -> CUresult;
+pub(crate) type PfnMemcpyDtoA =
+    unsafe extern "C" fn(*mut c_void, usize, CUdeviceptr, usize) -> CUresult;
+pub(crate) type PfnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+pub(crate) type PfnMemAddressReserve =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) -> CUresult;
+pub(crate) type PfnMemAddressFree = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+pub(crate) type PfnMemSetAccess =
+    unsafe extern "C" fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult;
+pub(crate) type PfnMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+pub(crate) type PfnMemGetAllocationGranularity =
+    unsafe extern "C" fn(*mut usize, *const CUmemAllocationPropFull, c_int) -> CUresult;
+pub(crate) type PfnMemHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult;
+pub(crate) type PfnMemHostUnregister = unsafe extern "C" fn(*mut c_void) -> CUresult;
 
 /// A driver symbol with its function-pointer type, so that the slot and the signature of a symbol
 /// are named together once, in [`driver_symbols!`].
@@ -367,6 +388,32 @@ driver_symbols! {
     MemsetD32AsyncPtsz = c"cuMemsetD32Async_ptsz": PfnMemsetD32Async, hooked: true;
     MemsetD2D32Async = c"cuMemsetD2D32Async": PfnMemsetD2D32Async, hooked: true;
     MemsetD2D32AsyncPtsz = c"cuMemsetD2D32Async_ptsz": PfnMemsetD2D32Async, hooked: true;
+    // Stream memory operations and copies between arrays and linear memory: hooked like the
+    // memsets (they write or read device memory), not recorded.
+    StreamWaitValue32 = c"cuStreamWaitValue32": PfnStreamValue32, hooked: true;
+    StreamWaitValue32Ptsz = c"cuStreamWaitValue32_ptsz": PfnStreamValue32, hooked: true;
+    StreamWaitValue32V2 = c"cuStreamWaitValue32_v2": PfnStreamValue32, hooked: true;
+    StreamWaitValue32V2Ptsz = c"cuStreamWaitValue32_v2_ptsz": PfnStreamValue32, hooked: true;
+    StreamWaitValue64 = c"cuStreamWaitValue64": PfnStreamValue64, hooked: true;
+    StreamWaitValue64Ptsz = c"cuStreamWaitValue64_ptsz": PfnStreamValue64, hooked: true;
+    StreamWaitValue64V2 = c"cuStreamWaitValue64_v2": PfnStreamValue64, hooked: true;
+    StreamWaitValue64V2Ptsz = c"cuStreamWaitValue64_v2_ptsz": PfnStreamValue64, hooked: true;
+    StreamWriteValue32 = c"cuStreamWriteValue32": PfnStreamValue32, hooked: true;
+    StreamWriteValue32Ptsz = c"cuStreamWriteValue32_ptsz": PfnStreamValue32, hooked: true;
+    StreamWriteValue32V2 = c"cuStreamWriteValue32_v2": PfnStreamValue32, hooked: true;
+    StreamWriteValue32V2Ptsz = c"cuStreamWriteValue32_v2_ptsz": PfnStreamValue32, hooked: true;
+    StreamWriteValue64 = c"cuStreamWriteValue64": PfnStreamValue64, hooked: true;
+    StreamWriteValue64Ptsz = c"cuStreamWriteValue64_ptsz": PfnStreamValue64, hooked: true;
+    StreamWriteValue64V2 = c"cuStreamWriteValue64_v2": PfnStreamValue64, hooked: true;
+    StreamWriteValue64V2Ptsz = c"cuStreamWriteValue64_v2_ptsz": PfnStreamValue64, hooked: true;
+    StreamBatchMemOp = c"cuStreamBatchMemOp": PfnStreamBatchMemOp, hooked: true;
+    StreamBatchMemOpPtsz = c"cuStreamBatchMemOp_ptsz": PfnStreamBatchMemOp, hooked: true;
+    StreamBatchMemOpV2 = c"cuStreamBatchMemOp_v2": PfnStreamBatchMemOp, hooked: true;
+    StreamBatchMemOpV2Ptsz = c"cuStreamBatchMemOp_v2_ptsz": PfnStreamBatchMemOp, hooked: true;
+    MemcpyAtoDV2 = c"cuMemcpyAtoD_v2": PfnMemcpyAtoD, hooked: true;
+    MemcpyAtoDV2Ptds = c"cuMemcpyAtoD_v2_ptds": PfnMemcpyAtoD, hooked: true;
+    MemcpyDtoAV2 = c"cuMemcpyDtoA_v2": PfnMemcpyDtoA, hooked: true;
+    MemcpyDtoAV2Ptds = c"cuMemcpyDtoA_v2_ptds": PfnMemcpyDtoA, hooked: true;
     /// Used to charge pools their reserved size; not hooked.
     MemPoolGetAttribute = c"cuMemPoolGetAttribute": PfnMemPoolGetAttribute, hooked: false;
     /// Used to find the pool of `cuMemAllocAsync`; not hooked.
@@ -388,6 +435,17 @@ driver_symbols! {
     StreamIsCapturing = c"cuStreamIsCapturing": PfnStreamIsCapturing, hooked: false;
     ThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode": PfnThreadExchangeStreamCaptureMode, hooked: false;
     CtxGetCurrent = c"cuCtxGetCurrent": PfnCtxGetCurrent, hooked: false;
+    // The in-process freeze (`platform::vmm`, `platform::host_memory`): the virtual memory API
+    // behind the allocations it backs, host memory registered for what it saves, and the
+    // contexts it works in. Not hooked.
+    CtxSetCurrent = c"cuCtxSetCurrent": PfnCtxSetCurrent, hooked: false;
+    MemAddressReserve = c"cuMemAddressReserve": PfnMemAddressReserve, hooked: false;
+    MemAddressFree = c"cuMemAddressFree": PfnMemAddressFree, hooked: false;
+    MemSetAccess = c"cuMemSetAccess": PfnMemSetAccess, hooked: false;
+    MemUnmap = c"cuMemUnmap": PfnMemUnmap, hooked: false;
+    MemGetAllocationGranularity = c"cuMemGetAllocationGranularity": PfnMemGetAllocationGranularity, hooked: false;
+    MemHostRegisterV2 = c"cuMemHostRegister_v2": PfnMemHostRegister, hooked: false;
+    MemHostUnregister = c"cuMemHostUnregister": PfnMemHostUnregister, hooked: false;
 }
 
 /// An id that no API has: records against it are dropped by the backend's bounds check.

@@ -16,6 +16,9 @@
 //! - [`log`]: stderr diagnostics without allocation.
 //! - [`os`]: process identity and the fork and exit handlers.
 //! - [`direct`]: PC-relative addresses of the runtime's static.
+//! - [`vmm`]: the driver calls of the in-process freeze (virtual memory, copies, contexts).
+//! - [`host_memory`]: the host memory it saves into (huge pages, populated by threads,
+//!   registered with the driver).
 
 pub(crate) mod clock;
 pub(crate) mod cuda;
@@ -23,7 +26,9 @@ pub(crate) mod cuda;
 pub(crate) mod direct;
 pub(crate) mod driver;
 pub(crate) mod guard;
+pub(crate) mod host_memory;
 pub(crate) mod log;
 pub(crate) mod nvml;
 pub(crate) mod os;
 pub(crate) mod thread_words;
+pub(crate) mod vmm;

@@ -110,7 +110,10 @@ impl Control {
             Ok(Some(snap)) => {
                 apply_settings(&snap.settings, config.sm_period_ms, sm_base, region, sm);
                 qos.set_override(snap.settings.qos);
-                if snap.settings.freeze != FreezeMark::Running {
+                // With the in-process path on, the process freezes itself at that mark (its
+                // watcher) and the gate holds the calls: nothing to wait for here.
+                let own = snap.settings.freeze == FreezeMark::InProcess && config.freeze_in_process;
+                if snap.settings.freeze != FreezeMark::Running && !own {
                     self.wait_for_thaw(generation, region, config.log_level);
                 }
                 log::write(
@@ -149,6 +152,28 @@ impl Control {
 }
 
 impl Control {
+    /// The freeze mark and its generation, if the generation differs from `*seen` (which then
+    /// becomes it); `None` without a change, or while a write is in progress (looked at again
+    /// next time).
+    pub(crate) fn freeze_mark_since(&self, seen: &mut u64) -> Option<(u64, FreezeMark)> {
+        // Relaxed: compared only; the mark is read under the block's seqlock (Acquire).
+        let generation = self.reader.generation_word().load(Ordering::Relaxed);
+        if generation == *seen {
+            return None;
+        }
+        match self.reader.snapshot() {
+            Ok(Some(snap)) => {
+                *seen = snap.generation;
+                Some((snap.generation, snap.settings.freeze))
+            }
+            Ok(None) => {
+                *seen = generation;
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
     /// Asks the agent to thaw the container (the region's thaw request: the generation that
     /// marks it) and waits until the control block no longer marks it, at most [`THAW_WAIT`].
     /// Without a region nobody can be asked: the call goes on at once.

@@ -11,7 +11,7 @@
 //!   a forked child.
 //!
 //! Below this module, the runtime's pieces ([`state`], [`process`], [`ledger`], [`control`],
-//! [`sm_feedback`], [`qos`], [`gpu_time`], [`backlog`]) never reach the static: what they need of it is handed to them (the state
+//! [`sm_feedback`], [`qos`], [`gpu_time`], [`backlog`], [`own_freeze`]) never reach the static: what they need of it is handed to them (the state
 //! holds the driver, the panic counter and the thread words' offset). Nothing runs at load time:
 //! no constructor, no thread, no file.
 
@@ -19,6 +19,7 @@ pub(crate) mod backlog;
 pub(crate) mod control;
 pub(crate) mod gpu_time;
 pub(crate) mod ledger;
+pub(crate) mod own_freeze;
 pub(crate) mod process;
 pub(crate) mod qos;
 pub(crate) mod sm_feedback;
@@ -35,6 +36,7 @@ use std::{
 use limiter_core::config::Config;
 
 use self::{
+    own_freeze::Tenant,
     process::Process,
     state::{Services, State},
 };
@@ -48,6 +50,17 @@ use crate::platform::{
     os,
     thread_words::{ThreadWords, Tls},
 };
+
+/// What the in-process freeze needs of this process (`own_freeze::Tenant`).
+pub(crate) fn own_freeze_tenant(state: &'static State, process: &'static Process) -> Tenant {
+    Tenant {
+        driver: state.driver,
+        region: process.region_slot(),
+        control: state.control(),
+        held: process,
+        log: state.log_level(),
+    }
+}
 
 /// The one cache line every hook reads first. Each field says what pairs with what.
 #[repr(C, align(64))]
@@ -271,6 +284,9 @@ impl Runtime {
                 }
                 // A forked child gets its own SM feedback thread (threads do not survive fork).
                 state.start();
+                if let Some(own) = state.own_freeze {
+                    own.start(own_freeze_tenant(state, process));
+                }
                 process
             }
             Err(winner) => {

@@ -25,6 +25,7 @@ use region::{Region, Slot};
 
 use super::{
     ledger::{Ledger, RegionLedger},
+    own_freeze::Held,
     state::State,
 };
 use crate::platform::{clock, log};
@@ -129,7 +130,23 @@ impl Process {
             })
             .map_err(|denied| self.context_refused(denied))
     }
+}
 
+impl Held for Process {
+    /// The bytes this process holds in its region beyond its contexts' charges, over every
+    /// device: what its allocations hold. `None` without a region (nothing to compare with).
+    fn allocated_bytes(&self) -> Option<u64> {
+        let (region, slot) = self.region_slot()?;
+        let held: u64 = (0..MAX_DEVICES as u32).map(|d| region.held(slot, d)).sum();
+        let contexts: u64 = (0..MAX_DEVICES)
+            .filter(|&d| self.context.charged(d))
+            .map(|_| self.context.bytes())
+            .sum();
+        Some(held.saturating_sub(contexts))
+    }
+}
+
+impl Process {
     /// This process's context charge on `device` if it was refused and is still not held,
     /// else 0: free memory leaves it out, as the first allocation would reserve it first.
     pub(crate) fn context_pending(&self, device: usize) -> u64 {

@@ -18,6 +18,7 @@ use region::{InitOutcome, Region, RegionConfig, SmShare};
 
 use super::{
     control::Control,
+    own_freeze::OwnFreeze,
     qos::Qos,
     sm_feedback::{Feedback, Plant},
 };
@@ -49,6 +50,9 @@ pub(crate) struct State {
     panic_in: Option<Sym>,
     /// `VGPU_DEBUG_HOOK_DELAY_NS`: a known self-time added to every launch hook (tests).
     pub(crate) hook_delay_ns: u64,
+    /// The in-process freeze (`VGPU_FREEZE_IN_PROCESS`): every hooked call passes its gate.
+    /// Leaked with the state (both live for the process).
+    pub(crate) own_freeze: Option<&'static OwnFreeze>,
     /// The control block beside the region (run-time limit changes).
     control: Option<Control>,
     /// The container's region (it stays mapped for the life of the process, inside the runtime's
@@ -78,6 +82,7 @@ const _: () = assert!(
     std::mem::offset_of!(State, panic_in) + size_of::<Option<Sym>>() <= 64
         && std::mem::offset_of!(State, device_count) < 64
         && std::mem::offset_of!(State, hook_delay_ns) + 8 <= 64
+        && std::mem::offset_of!(State, own_freeze) + 8 <= 64
 );
 
 /// What the state is built from besides the configuration: the process-wide services the runtime
@@ -127,6 +132,9 @@ impl State {
                 .as_deref()
                 .and_then(|n| Sym::hooked_by_name(n.as_bytes())),
             hook_delay_ns: config.debug_hook_delay_ns,
+            own_freeze: config
+                .freeze_in_process
+                .then(|| &*Box::leak(Box::new(OwnFreeze::new()))),
             control,
             region,
             feedback: Feedback::new(config.sm_feedback),
@@ -192,6 +200,11 @@ impl State {
             Some(r) => r.sm_shares(),
             None => &self.local_sm,
         }
+    }
+
+    /// The control block beside the region, if there is one.
+    pub(crate) fn control(&self) -> Option<&Control> {
+        self.control.as_ref()
     }
 
     /// Applies a run-time limit change if the control block has one (see `control.rs`).
@@ -337,8 +350,9 @@ mod tests {
     use crate::platform::driver::Sym;
 
     /// Every hooked symbol has an id in the shared API table (append missing ones there), but
-    /// the memsets and 2D/3D copies: hooked only to look at the control block, not recorded (the
-    /// table has no room for their 38 variants).
+    /// the memsets, 2D/3D and array copies and stream memory operations: hooked only to look at
+    /// the control block and pass the freeze's gate, not recorded (the table has no room for
+    /// their 62 variants).
     #[test]
     fn hooked_symbols_have_api_ids() {
         for &s in Sym::ALL.iter().filter(|s| s.hooked()) {
@@ -346,6 +360,11 @@ mod tests {
             if name.starts_with("cuMemset")
                 || name.starts_with("cuMemcpy2D")
                 || name.starts_with("cuMemcpy3D")
+                || name.starts_with("cuMemcpyAtoD")
+                || name.starts_with("cuMemcpyDtoA")
+                || name.starts_with("cuStreamWaitValue")
+                || name.starts_with("cuStreamWriteValue")
+                || name.starts_with("cuStreamBatchMemOp")
             {
                 assert!(ApiId::from_name(name).is_none(), "{name}");
                 continue;

@@ -43,8 +43,8 @@ pub use budget::ReadBudget;
 use budget::Spend;
 pub use file::{Geometry, ReadError, RegionReader};
 pub use snapshot::{
-    ApiStats, BudgetLimit, DeviceSnapshot, GpuTimeStats, KernelStats, OomWait, ReadCounters,
-    RegionSnapshot, ShardProblem, ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
+    ApiStats, BudgetLimit, DeviceSnapshot, GpuTimeStats, KernelStats, OomWait, OwnFreezeSlot,
+    ReadCounters, RegionSnapshot, ShardProblem, ShardProblemKind, SlotPhase, SlotSnapshot, Unread,
 };
 pub(crate) use validate::validate_header;
 
@@ -331,6 +331,10 @@ impl RegionReader {
                     bytes: h.oom_wait_bytes,
                     seq: h.oom_wait_seq,
                 }),
+                own_freeze: crate::OwnFreeze::decode(h.own_freeze).map(|state| OwnFreezeSlot {
+                    state,
+                    bytes: h.own_freeze_bytes,
+                }),
                 throttled_ns: totals.throttled_ns,
                 apis: totals.merged.into_iter().flatten().collect(),
                 shard_problems: totals.problems,
@@ -398,13 +402,16 @@ struct HeaderFields {
     oom_wait_bytes: u64,
     oom_wait_device: u64,
     oom_wait_seq: u64,
+    /// The in-process freeze (layout 3.6; zero before).
+    own_freeze: u64,
+    own_freeze_bytes: u64,
     used_shards: u64,
     /// Owning thread of each shard (layout 3; layouts 1 and 2 keep it in the shard).
     shard_owner: [u64; SHARDS_PER_SLOT],
 }
 
 macro_rules! header_fields {
-    ($h:expr, $owner:expr, $oom_wait:expr) => {{
+    ($h:expr, $owner:expr, $oom_wait:expr, $own_freeze:expr) => {{
         let h = $h;
         // Relaxed: loads from a private copy.
         let r = Ordering::Relaxed;
@@ -422,6 +429,8 @@ macro_rules! header_fields {
             oom_wait_bytes: $oom_wait[0],
             oom_wait_device: $oom_wait[1],
             oom_wait_seq: $oom_wait[2],
+            own_freeze: $own_freeze[0],
+            own_freeze_bytes: $own_freeze[1],
             used_shards: h.used_shards.load(r),
             shard_owner: $owner,
         }
@@ -439,12 +448,13 @@ impl HeaderFields {
                 h.oom_wait_bytes.load(r),
                 h.oom_wait_device.load(r),
                 h.oom_wait_seq.load(r)
-            ]
+            ],
+            [h.own_freeze.load(r), h.own_freeze_bytes.load(r)]
         )
     }
 
     fn of_v2(h: &SlotHeaderV2) -> HeaderFields {
-        header_fields!(h, [0; SHARDS_PER_SLOT], [0; 3])
+        header_fields!(h, [0; SHARDS_PER_SLOT], [0; 3], [0; 2])
     }
 }
 

@@ -147,6 +147,14 @@ pub struct OomWait {
     pub seq: u64,
 }
 
+/// A process's in-process freeze, as its slot says (layout 3.6; the tenant's words, unchecked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnFreezeSlot {
+    pub state: crate::OwnFreeze,
+    /// Device bytes the limiter backs (running) or holds in host memory (frozen).
+    pub bytes: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotSnapshot {
     /// Slot index.
@@ -175,6 +183,9 @@ pub struct SlotSnapshot {
     /// The allocation the process waits for device memory for (`VGPU_OOM_WAIT`), if any
     /// (layout 3.5). The tenant's words, unchecked.
     pub oom_wait: Option<OomWait>,
+    /// The process's in-process freeze (`VGPU_FREEZE_IN_PROCESS`), `None` when the path is off
+    /// (layout 3.6).
+    pub own_freeze: Option<OwnFreezeSlot>,
     /// Time throttled, ns, over consistent shards.
     pub throttled_ns: u64,
     /// Per-API statistics over consistent shards (APIs with any activity only).

@@ -1,5 +1,5 @@
 //! Memory entry points: allocation (device, managed, pitched, stream-ordered, virtual), release,
-//! memory pools and pointer attributes.
+//! memory pools, pointer attributes, and host memory registration (bookkeeping only).
 
 use crate::runtime::Sym;
 use crate::state::{self, AllocKind, state};
@@ -63,6 +63,47 @@ fn free_async(ptr: CUdeviceptr, stream: CUstream) -> CUresult {
     result(s.free(ptr).map(|_| ()))
 }
 
+/// Host memory registered (`cuMemHostRegister_v2`): start and length. The sim's copies need
+/// nothing of it; it is kept so that an unregister of something never registered fails, as on
+/// the real driver.
+static REGISTERED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether the calling thread has a current context (the real driver's registration needs one:
+/// `CUDA_ERROR_INVALID_CONTEXT` without).
+fn has_context() -> bool {
+    state::current_ctx() != 0
+}
+
+fn host_register(p: *mut c_void, size: usize) -> CUresult {
+    if !has_context() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if p.is_null() || size == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut r = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    let (lo, hi) = (p as usize, p as usize + size);
+    if r.iter().any(|&(a, n)| lo < a + n && a < hi) {
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    r.push((lo, size));
+    CUDA_SUCCESS
+}
+
+fn host_unregister(p: *mut c_void) -> CUresult {
+    if !has_context() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    let mut r = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    match r.iter().position(|&(a, _)| a == p as usize) {
+        Some(i) => {
+            r.swap_remove(i);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+    }
+}
+
 fn pool_handle(p: CUmemoryPool) -> Result<u64, CUresult> {
     let p = p as u64;
     if state().pools.contains_key(&p) {
@@ -73,6 +114,14 @@ fn pool_handle(p: CUmemoryPool) -> Result<u64, CUresult> {
 }
 
 exports! {
+    // ---- Registered host memory.
+    fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) {
+        host_register(p, bytesize)
+    }
+    fn cuMemHostUnregister(p: *mut c_void) {
+        host_unregister(p)
+    }
+
     // ---- Allocation.
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) {
         alloc_device(dptr, bytesize, AllocKind::Device)

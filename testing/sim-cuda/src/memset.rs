@@ -1,6 +1,7 @@
 //! Memset entry points (`cuMemsetD8/16/32`, their 2D forms, asynchronous and per-thread-stream
 //! variants): they check their range and stream and fill device memory (the state's content),
-//! element by element, row by row.
+//! element by element, row by row. The stream writes of one value (`cuStreamWriteValue32/64`)
+//! are one-element memsets on a stream.
 
 use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
 
@@ -52,6 +53,18 @@ fn memset(
 }
 
 exports! {
+    fn cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) {
+        memset(addr, 0, &value.to_le_bytes(), 1, 1, Some(stream))
+    }
+    fn cuStreamWriteValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: c_uint, flags: c_uint) {
+        memset(addr, 0, &value.to_le_bytes(), 1, 1, Some(stream))
+    }
+    fn cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) {
+        memset(addr, 0, &value.to_le_bytes(), 1, 1, Some(stream))
+    }
+    fn cuStreamWriteValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint) {
+        memset(addr, 0, &value.to_le_bytes(), 1, 1, Some(stream))
+    }
     fn cuMemsetD8_v2(dst: CUdeviceptr, uc: c_uchar, n: usize) {
         memset(dst, 0, &[uc], n, 1, None)
     }

@@ -97,6 +97,12 @@ impl Driver {
                 0,
                 0
             ),
+            "cuStreamWriteValue32_v2" | "cuStreamWriteValue32_v2_ptsz" => {
+                call!(self, name, fn(Handle, u64, c_uint, c_uint), st, 0, 0, 0)
+            }
+            "cuStreamWriteValue64_v2" | "cuStreamWriteValue64_v2_ptsz" => {
+                call!(self, name, fn(Handle, u64, u64, c_uint), st, 0, 0, 0)
+            }
             "cuMemsetD8_v2" | "cuMemsetD8_v2_ptds" => {
                 call!(self, name, fn(u64, u8, usize), 0, 0, size)
             }

@@ -1,0 +1,585 @@
+//! The in-process freeze (`VGPU_FREEZE_IN_PROCESS`, docs/oversubscription.md): the process
+//! moves the device memory it allocated to host memory itself and gives it back to the GPU, and
+//! maps it again at the same addresses at its next CUDA call.
+//!
+//! - [`backing`]: `cuMemAlloc` of at least 2 MiB is backed with the virtual memory API, so its
+//!   physical memory can be released and created again under the same addresses.
+//! - [`gate`]: every hooked call passes a gate that counts the calls in flight; a freeze closes
+//!   it and waits until none is in flight (a call that already reached the driver may use the
+//!   memory), then synchronises each context, so no work of the process touches the memory
+//!   while it is away.
+//! - The freeze runs on a watcher thread, started at the process's first CUDA call, which looks
+//!   at the container's control block every [`WATCH_PERIOD`]: at the agent's mark
+//!   (`FreezeMark::InProcess`) it saves every backed allocation to pinned host memory, releases
+//!   its physical memory and answers in the slot (`own_freeze`); at a `Running` mark it thaws
+//!   and answers. A call that finds the gate closed on a frozen process thaws it itself, on its
+//!   own thread, before it goes on, and asks the agent (the region's thaw request) to thaw the
+//!   container's other processes.
+//!
+//! ```text
+//!   Running --(mark InProcess; no call in flight within DRAIN_LIMIT; saved)--> Frozen
+//!   Running --(calls stayed in flight, or a driver call failed)--> Running (answers Failed)
+//!   Frozen --(a hooked call, or a Running mark)--> Thawing --> Running
+//! ```
+//!
+//! What stays on the GPU: the CUDA context, allocations under 2 MiB, and memory the limiter does
+//! not allocate itself (`cuMemCreate` by the application, pools, managed memory). A thaw that
+//! finds no room on the GPU waits for it (as the driver's restore would), logging once a minute.
+
+mod backing;
+mod gate;
+
+use std::{
+    collections::BTreeSet,
+    sync::{
+        Condvar, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use region::{FreezeMark, OwnFreeze as Answer, OwnFreezeState, Region, Slot};
+
+use self::gate::Gate;
+pub(crate) use self::{
+    backing::{Backing, MIN_BACKED},
+    gate::Admitted,
+};
+use super::control::Control;
+use crate::platform::{
+    cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext},
+    driver::Driver,
+    host_memory::{HostBuffer, HostMemoryError},
+    log::{self, Level},
+    os,
+    vmm::Code,
+};
+
+/// How often the watcher looks at the control block.
+pub(crate) const WATCH_PERIOD: Duration = Duration::from_millis(20);
+/// How long a freeze waits for the calls in flight to end before it gives up.
+pub(crate) const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// How long a thaw waits between attempts when the GPU has no room.
+const ROOM_RETRY: Duration = Duration::from_millis(20);
+/// Attempts of a thaw step that fails for another reason than room.
+const OTHER_ATTEMPTS: u32 = 3;
+/// How often a thaw waiting for room says so again.
+const ROOM_LOG_PERIOD: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Freezing,
+    /// Saved, for the mark of this generation.
+    Frozen(u64),
+    Thawing,
+}
+
+/// The process's in-process freeze: see the module documentation.
+#[derive(Debug)]
+pub(crate) struct OwnFreeze {
+    pub(crate) backing: Backing,
+    gate: Gate,
+    phase: Mutex<Phase>,
+    changed: Condvar,
+    /// The answer last published (its word), republished with new byte counts.
+    answer: AtomicU64,
+    /// The process whose watcher runs (0: none yet; another pid: a forked child's parent).
+    watcher: AtomicU32,
+    /// Host memory a thaw at a call copied from, released by the watcher.
+    left: Mutex<Vec<HostBuffer>>,
+}
+
+/// Why an in-process freeze did not happen (the memory stayed on the GPU).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OwnFreezeError {
+    #[error("CUDA calls stayed in flight for {} s", .0.as_secs())]
+    Busy(Duration),
+    #[error("{call} failed with CUDA error {code}")]
+    Driver { call: &'static str, code: Code },
+    #[error(transparent)]
+    HostMemory(#[from] HostMemoryError),
+    #[error(
+        "the limiter backs {backed} of the {allocated} bytes this process's allocations hold \
+         (memory from cuMemCreate, pools or managed memory, and allocations under 2 MiB, cannot \
+         move in-process); the driver's path moves it all"
+    )]
+    NotCovered { backed: u64, allocated: u64 },
+}
+
+/// Releases host memory buffers.
+fn release_all(driver: &Driver, buffers: Vec<HostBuffer>) {
+    for b in buffers {
+        b.release(driver);
+    }
+}
+
+/// What the in-process freeze needs of the process, handed in by the runtime (this module never
+/// reaches the state or the process itself).
+#[derive(Clone, Copy)]
+pub(crate) struct Tenant {
+    pub(crate) driver: &'static Driver,
+    pub(crate) region: Option<(&'static Region, &'static Slot)>,
+    /// The container's control block: the agent's freeze marks.
+    pub(crate) control: Option<&'static Control>,
+    /// What the process's allocations hold.
+    pub(crate) held: &'static dyn Held,
+    pub(crate) log: Level,
+}
+
+/// What a process's allocations hold by its region's accounting, beyond its contexts (`None`:
+/// no region to say).
+pub(crate) trait Held: Sync {
+    fn allocated_bytes(&self) -> Option<u64>;
+}
+
+/// The share of a process's allocations that must be backed for an in-process freeze to go on:
+/// below it, too much would stay on the GPU, and the driver's path (which moves everything)
+/// is the better one.
+const COVERED_PERCENT: u64 = 90;
+
+/// Whether `backed` bytes cover enough of the `allocated` ones (see [`COVERED_PERCENT`]).
+fn covered(backed: u64, allocated: u64) -> Result<(), OwnFreezeError> {
+    if backed.saturating_mul(100) >= allocated.saturating_mul(COVERED_PERCENT) {
+        Ok(())
+    } else {
+        Err(OwnFreezeError::NotCovered { backed, allocated })
+    }
+}
+
+impl OwnFreeze {
+    pub(crate) fn new() -> OwnFreeze {
+        OwnFreeze {
+            backing: Backing::default(),
+            gate: Gate::default(),
+            phase: Mutex::new(Phase::Running),
+            changed: Condvar::new(),
+            answer: AtomicU64::new(
+                Answer {
+                    state: OwnFreezeState::Running,
+                    generation: 0,
+                }
+                .encode(),
+            ),
+            watcher: AtomicU32::new(0),
+            left: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Phase> {
+        // The phase is one word, written whole: a panic while it was held left it consistent.
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        *self.lock() = phase;
+        self.changed.notify_all();
+    }
+
+    /// Starts the watcher of this process (once per process: a forked child starts its own,
+    /// with an empty table: its parent's allocations are not its own) and announces the path in
+    /// the slot. A thread that cannot be started leaves the path unannounced: the agent then
+    /// freezes the container through the driver.
+    pub(crate) fn start(&'static self, tenant: Tenant) {
+        let me = os::pid() as u32;
+        // Relaxed: one thread per process starts it (the runtime creates the process once).
+        let before = self.watcher.swap(me, Ordering::Relaxed);
+        if before == me {
+            return;
+        }
+        if before != 0 {
+            // The parent's: dropped without a driver call (each unmaps its copy of the pages).
+            self.backing.forget_all();
+            self.left
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+            self.gate.open();
+            self.set_phase(Phase::Running);
+        }
+        let started = std::thread::Builder::new()
+            .name("vgpu-freeze".into())
+            .spawn(move || self.watch(tenant));
+        match started {
+            Ok(_) => self.publish(tenant, OwnFreezeState::Running, 0),
+            Err(e) => log::write(
+                tenant.log,
+                Level::Warn,
+                format_args!(
+                    "VGPU_FREEZE_IN_PROCESS: no watcher thread ({e}); this container is frozen \
+                     through the driver instead"
+                ),
+            ),
+        }
+    }
+
+    /// Counts the calling thread's hooked call in; while the process is frozen, thaws it first
+    /// (`tenant` is asked for only then).
+    #[inline]
+    pub(crate) fn admit(&'static self, tenant: impl Fn() -> Tenant) -> Admitted {
+        loop {
+            if let Some(a) = self.gate.try_admit() {
+                return a;
+            }
+            self.wait_at_gate(tenant());
+        }
+    }
+
+    /// The gate is closed: waits for a freeze to end, or thaws a frozen process.
+    #[cold]
+    #[inline(never)]
+    fn wait_at_gate(&self, tenant: Tenant) {
+        let mut p = self.lock();
+        loop {
+            match *p {
+                Phase::Running => return,
+                Phase::Freezing | Phase::Thawing => {
+                    p = self
+                        .changed
+                        .wait_timeout(p, Duration::from_millis(10))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                Phase::Frozen(generation) => {
+                    *p = Phase::Thawing;
+                    drop(p);
+                    let env = tenant;
+                    let started = Instant::now();
+                    let left = self.restore(env);
+                    self.left
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .extend(left);
+                    self.publish(env, OwnFreezeState::Running, generation);
+                    if let Some((region, _)) = env.region {
+                        region.request_thaw(generation);
+                    }
+                    log::write(
+                        env.log,
+                        Level::Info,
+                        format_args!(
+                            "thawed in-process at a CUDA call in {} ms",
+                            started.elapsed().as_millis()
+                        ),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The watcher: answers the control block's freeze marks.
+    fn watch(&'static self, tenant: Tenant) {
+        let Some(control) = tenant.control else {
+            return;
+        };
+        let mut seen = 0;
+        loop {
+            std::thread::sleep(WATCH_PERIOD);
+            if self.watcher.load(Ordering::Relaxed) != os::pid() as u32 {
+                return;
+            }
+            self.release_left(tenant.driver);
+            let Some((generation, mark)) = control.freeze_mark_since(&mut seen) else {
+                continue;
+            };
+            let env = tenant;
+            match mark {
+                FreezeMark::InProcess => self.freeze(env, generation),
+                FreezeMark::Running => self.thaw_for_agent(env, generation),
+                FreezeMark::Freezing | FreezeMark::Frozen => {}
+            }
+        }
+    }
+
+    /// Freezes the process for the mark of `generation` and answers.
+    fn freeze(&self, env: Tenant, generation: u64) {
+        {
+            let mut p = self.lock();
+            match *p {
+                Phase::Running => *p = Phase::Freezing,
+                Phase::Frozen(_) => {
+                    *p = Phase::Frozen(generation);
+                    drop(p);
+                    self.publish(env, OwnFreezeState::Frozen, generation);
+                    return;
+                }
+                Phase::Freezing | Phase::Thawing => return,
+            }
+        }
+        let started = Instant::now();
+        if let Some(held) = env.held.allocated_bytes()
+            && let Err(e) = covered(self.backing.bytes(), held)
+        {
+            self.set_phase(Phase::Running);
+            self.publish(env, OwnFreezeState::Failed, generation);
+            log::write(
+                env.log,
+                Level::Warn,
+                format_args!("in-process freeze refused: {e}"),
+            );
+            return;
+        }
+        if !self.gate.close_and_drain(DRAIN_LIMIT) {
+            self.set_phase(Phase::Running);
+            self.publish(env, OwnFreezeState::Failed, generation);
+            log::write(
+                env.log,
+                Level::Warn,
+                format_args!(
+                    "in-process freeze refused: {}",
+                    OwnFreezeError::Busy(DRAIN_LIMIT)
+                ),
+            );
+            return;
+        }
+        match self.save(env) {
+            Ok(bytes) => {
+                self.set_phase(Phase::Frozen(generation));
+                self.publish(env, OwnFreezeState::Frozen, generation);
+                log::write(
+                    env.log,
+                    Level::Info,
+                    format_args!(
+                        "frozen in-process: {bytes} bytes moved to host memory in {} ms",
+                        started.elapsed().as_millis()
+                    ),
+                );
+            }
+            Err(e) => {
+                self.gate.open();
+                self.set_phase(Phase::Running);
+                self.publish(env, OwnFreezeState::Failed, generation);
+                log::write(
+                    env.log,
+                    Level::Warn,
+                    format_args!("in-process freeze failed: {e}; the memory stays on the GPU"),
+                );
+            }
+        }
+    }
+
+    /// Thaws at the agent's `Running` mark of `generation` (if frozen) and answers.
+    fn thaw_for_agent(&self, env: Tenant, generation: u64) {
+        {
+            let mut p = self.lock();
+            loop {
+                match *p {
+                    Phase::Frozen(_) => {
+                        *p = Phase::Thawing;
+                        break;
+                    }
+                    Phase::Running => {
+                        drop(p);
+                        self.publish(env, OwnFreezeState::Running, generation);
+                        return;
+                    }
+                    // A call is thawing it (a freeze runs on this thread): answer once it is
+                    // done.
+                    Phase::Freezing | Phase::Thawing => {
+                        p = self
+                            .changed
+                            .wait_timeout(p, Duration::from_millis(10))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                }
+            }
+        }
+        let left = self.restore(env);
+        release_all(env.driver, left);
+        self.publish(env, OwnFreezeState::Running, generation);
+    }
+
+    /// Saves every backed allocation to host memory and releases its physical memory, with the
+    /// gate closed and drained; returns the bytes saved. On an error nothing is lost: what was
+    /// released is mapped again, and the host memory is released.
+    fn save(&self, env: Tenant) -> Result<u64, OwnFreezeError> {
+        let d = env.driver;
+        let driver_err = |call| move |code| OwnFreezeError::Driver { call, code };
+        let saved = self.backing.with_table(|t| {
+            let contexts: BTreeSet<usize> = t.values().map(|b| b.context).collect();
+            for c in contexts {
+                d.with_context(c as CUcontext, || d.synchronize_checked())
+                    .map_err(driver_err("cuCtxSynchronize"))?;
+            }
+            let mut failed = None;
+            for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle != 0) {
+                let buf = match HostBuffer::new(d, b.context as CUcontext, b.size) {
+                    Ok(buf) => buf,
+                    Err(e) => {
+                        failed = Some(OwnFreezeError::HostMemory(e));
+                        break;
+                    }
+                };
+                let copied = d.with_context(b.context as CUcontext, || {
+                    d.copy_to_host(buf.ptr(), ptr, b.size)
+                });
+                if let Err(code) = copied {
+                    buf.release(d);
+                    failed = Some(driver_err("cuMemcpyDtoH_v2")(code));
+                    break;
+                }
+                b.saved = Some(buf);
+            }
+            if let Some(f) = failed {
+                for b in t.values_mut().filter(|b| b.handle != 0) {
+                    if let Some(buf) = b.saved.take() {
+                        buf.release(d);
+                    }
+                }
+                return Err(f);
+            }
+            let mut bytes = 0;
+            for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle != 0) {
+                let r = d
+                    .vmm_unmap(ptr, b.size)
+                    .map_err(driver_err("cuMemUnmap"))
+                    .and_then(|()| d.vmm_release(b.handle).map_err(driver_err("cuMemRelease")));
+                match r {
+                    Ok(()) => {
+                        b.handle = 0;
+                        bytes += b.size;
+                    }
+                    Err(f) => {
+                        failed = Some(f);
+                        break;
+                    }
+                }
+            }
+            match failed {
+                None => Ok(bytes),
+                Some(f) => Err(f),
+            }
+        });
+        if saved.is_err() {
+            // Some were released before the failure: map them again.
+            let released = self.restore(env);
+            release_all(d, released);
+        }
+        saved
+    }
+
+    /// Maps new physical memory under every saved allocation and copies it back, then opens
+    /// the gate (`Running`). Waits for room as long as the GPU has none. Returns the host
+    /// memory it copied from, for the caller to release (off a thawing call's path: releasing
+    /// 16 GiB takes 0.4 s).
+    fn restore(&self, env: Tenant) -> Vec<HostBuffer> {
+        let d = env.driver;
+        let mut last_room_log: Option<Instant> = None;
+        let mut done = Vec::new();
+        self.backing.with_table(|t| {
+            for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle == 0) {
+                let mut other_failures = 0;
+                loop {
+                    let r = d.with_context(b.context as CUcontext, || {
+                        let h = d.vmm_create(b.device, b.size)?;
+                        if let Err(e) = d.vmm_map(ptr, b.size, h, b.device) {
+                            let _ = d.vmm_release(h);
+                            return Err(e);
+                        }
+                        if let Some(buf) = &b.saved
+                            && let Err(e) = d.copy_to_device(ptr, buf.ptr(), b.size)
+                        {
+                            let _ = d.vmm_unmap(ptr, b.size);
+                            let _ = d.vmm_release(h);
+                            return Err(e);
+                        }
+                        Ok(h)
+                    });
+                    match r {
+                        Ok(h) => {
+                            b.handle = h;
+                            done.extend(b.saved.take());
+                            break;
+                        }
+                        Err(CUDA_ERROR_OUT_OF_MEMORY) => {
+                            if last_room_log.is_none_or(|t| t.elapsed() >= ROOM_LOG_PERIOD) {
+                                last_room_log = Some(Instant::now());
+                                log::write(
+                                    env.log,
+                                    Level::Warn,
+                                    format_args!(
+                                        "in-process thaw waits for {} bytes of room on device {}",
+                                        b.size, b.device
+                                    ),
+                                );
+                            }
+                            std::thread::sleep(ROOM_RETRY);
+                        }
+                        Err(code) => {
+                            other_failures += 1;
+                            if other_failures >= OTHER_ATTEMPTS {
+                                log::write(
+                                    env.log,
+                                    Level::Error,
+                                    format_args!(
+                                        "in-process thaw of {} bytes at {ptr:#x} failed {other_failures} times (CUDA error {code}); that allocation stays unmapped, its copy kept",
+                                        b.size
+                                    ),
+                                );
+                                break;
+                            }
+                            std::thread::sleep(ROOM_RETRY);
+                        }
+                    }
+                }
+            }
+        });
+        self.gate.open();
+        self.set_phase(Phase::Running);
+        done
+    }
+
+    /// Releases host memory a thawing call left (see [`OwnFreeze::restore`]); the watcher's
+    /// work.
+    fn release_left(&self, driver: &Driver) {
+        let left = std::mem::take(&mut *self.left.lock().unwrap_or_else(PoisonError::into_inner));
+        release_all(driver, left);
+    }
+
+    /// Publishes `state` for `generation` in the slot, with the bytes backed.
+    fn publish(&self, env: Tenant, state: OwnFreezeState, generation: u64) {
+        let word = Answer { state, generation }.encode();
+        // Relaxed: the slot's own Release store publishes it; this copy is for `republish`.
+        self.answer.store(word, Ordering::Relaxed);
+        if let Some((region, slot)) = env.region {
+            region.publish_own_freeze(slot, Answer { state, generation }, self.backing.bytes());
+        }
+    }
+
+    /// Republishes the last answer with the bytes backed now (after an allocation or a free).
+    pub(crate) fn republish(&self, region: Option<(&Region, &Slot)>) {
+        let Some((region, slot)) = region else {
+            return;
+        };
+        // Relaxed: see `publish`.
+        if let Some(answer) = Answer::decode(self.answer.load(Ordering::Relaxed)) {
+            region.publish_own_freeze(slot, answer, self.backing.bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_freeze_needs_nine_tenths_of_the_allocations_backed() {
+        assert!(covered(0, 0).is_ok(), "nothing to move");
+        assert!(covered(90, 100).is_ok());
+        assert!(covered(100, 100).is_ok());
+        assert!(matches!(
+            covered(89, 100),
+            Err(OwnFreezeError::NotCovered {
+                backed: 89,
+                allocated: 100
+            })
+        ));
+        assert!(
+            covered(0, 2 << 30).is_err(),
+            "a JAX process: all of it from cuMemCreate"
+        );
+        assert!(covered(u64::MAX, u64::MAX).is_ok(), "no overflow");
+    }
+}

@@ -240,27 +240,41 @@ pub fn container_regions(proc: &Path, wanted: impl Fn(&str) -> bool) -> Vec<(Str
         else {
             continue;
         };
-        let Ok(root) = Root::process(proc, pid) else {
+        for r in mapped_regions(proc, pid, &mut seen) {
+            out.push((container.clone(), r));
+        }
+    }
+    out
+}
+
+/// The regions the process `pid` maps (`freeze --pid` reads its slot there).
+pub fn process_regions(proc: &Path, pid: u32) -> Vec<FoundRegion> {
+    mapped_regions(proc, pid, &mut HashSet::new())
+}
+
+/// The regions the process `pid` maps that are not in `seen` (added to it).
+fn mapped_regions(proc: &Path, pid: u32, seen: &mut HashSet<FileKey>) -> Vec<FoundRegion> {
+    let mut out = Vec::new();
+    let Ok(root) = Root::process(proc, pid) else {
+        return out;
+    };
+    for m in mapped_files(proc, pid) {
+        let key = m.map.key();
+        if seen.contains(&key) {
+            continue;
+        }
+        let Ok(file) =
+            tenant_fs::open_mapped(proc, pid, m.map.range(), &m.map.path, key, Access::Read)
+        else {
             continue;
         };
-        for m in mapped_files(proc, pid) {
-            let key = m.map.key();
-            if seen.contains(&key) {
-                continue;
-            }
-            let Ok(file) =
-                tenant_fs::open_mapped(proc, pid, m.map.range(), &m.map.path, key, Access::Read)
-            else {
-                continue;
-            };
-            if sniff(&file) != Some(Format::Vgpu) {
-                continue;
-            }
-            let shown = root.shown(&m.map.path);
-            if let Some(r) = region_in(&root, &m.map.path, shown, key) {
-                seen.insert(key);
-                out.push((container.clone(), r));
-            }
+        if sniff(&file) != Some(Format::Vgpu) {
+            continue;
+        }
+        let shown = root.shown(&m.map.path);
+        if let Some(r) = region_in(&root, &m.map.path, shown, key) {
+            seen.insert(key);
+            out.push(r);
         }
     }
     out
@@ -399,24 +413,6 @@ pub fn set(
     })
 }
 
-/// Writes the freeze mark into each of the target's control blocks: a limiter that finds its
-/// container freezing or frozen waits before its next CUDA call, asking the agent for the thaw
-/// (docs/oversubscription.md).
-pub fn set_mark(target: &Target, mark: FreezeMark) -> Result<Vec<String>, LimitError> {
-    for_each_region(target, |region| {
-        let file = region
-            .open_control(Access::ReadWrite)
-            .map_err(|e| e.to_string())?;
-        let writer = ControlWriter::new(&file).map_err(control_error)?;
-        let generation = writer.update(|s| s.freeze = mark).map_err(control_error)?;
-        Ok(format!(
-            "{}: generation {generation}: {}",
-            region.control_path().display(),
-            mark_name(mark)
-        ))
-    })
-}
-
 /// The overrides of each region's control block, a line per region (read-only).
 pub fn show(target: &Target) -> Result<Vec<String>, LimitError> {
     for_each_region(target, |region| {
@@ -441,11 +437,13 @@ pub fn show(target: &Target) -> Result<Vec<String>, LimitError> {
     })
 }
 
-fn mark_name(mark: FreezeMark) -> &'static str {
+/// How a freeze mark is said.
+pub(crate) fn mark_name(mark: FreezeMark) -> &'static str {
     match mark {
         FreezeMark::Running => "not frozen",
         FreezeMark::Freezing => "freezing",
         FreezeMark::Frozen => "frozen",
+        FreezeMark::InProcess => "frozen (in-process)",
     }
 }
 

@@ -678,18 +678,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             libcuda,
         } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
-            let api = checkpoint::room::open(&libcuda, Path::new("/proc"))?;
+            // Loaded only where the driver's path is taken (not for an in-process freeze).
+            let api = || checkpoint::room::open(&libcuda, Path::new("/proc"));
             report_each(match &target.container {
-                Some(id) => freeze::freeze_container(&api, id, &pids, lock_timeout),
-                None => freeze::freeze(&api, &pids, lock_timeout),
+                Some(id) => freeze::freeze_container(api, id, &pids, lock_timeout),
+                None => freeze::freeze_pids(api, &pids, lock_timeout, |pid| {
+                    freeze::of_pid(Path::new("/proc"), pid)
+                }),
             })
         }
         Command::Thaw { target, libcuda } => {
             let pids = freeze::pids(&target.target(), Path::new("/proc"))?;
-            let api = checkpoint::room::open(&libcuda, Path::new("/proc"))?;
+            let api = || checkpoint::room::open(&libcuda, Path::new("/proc"));
             report_each(match &target.container {
-                Some(id) => freeze::thaw_container(&api, id, &pids),
-                None => freeze::thaw(&api, &pids),
+                Some(id) => freeze::thaw_container(api, id, || Ok(pids.clone())),
+                None => freeze::thaw(&api()?, &pids),
             })
         }
         Command::Cdi { command } => {

@@ -158,6 +158,92 @@ fn processes_that_cannot_be_frozen_are_named_and_the_others_still_are() {
     p.child.wait().unwrap();
 }
 
+/// A process under the limiter holding half of its device memory from `cuMemCreate` (16 MiB of
+/// its 32 MiB; JAX's default allocator holds all of it so) is not frozen, by pid or (as root)
+/// by container: the driver's restore of it would fail. The refusal says why and what to do,
+/// the memory stays on the GPU and nothing is marked.
+#[test]
+fn a_process_holding_half_its_memory_from_cu_mem_create_is_not_frozen() {
+    let _serial = serial();
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let cgroup = privileged().then(|| container("dd"));
+    let mut c = exercise(&lib);
+    c.args([
+        "--linger-ms",
+        "120000",
+        "counts",
+        "--init",
+        "--per-api",
+        "2",
+    ])
+    .args(["--apis", "cuMemCreate,cuMemAlloc_v2", "--size", "8m"])
+    .env("LD_PRELOAD", limiter_lib())
+    .env("VGPU_REAL_LIBCUDA", &lib)
+    .env(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        dir.path().join("c.region"),
+    )
+    .env("CUDA_DEVICE_MEMORY_LIMIT", "64m")
+    .env("VGPU_CONTEXT_BYTES", "0")
+    .env("SIMCUDA_SHARED_DEVICE", &gpu)
+    .env("SIMCUDA_CAPACITY", "64m")
+    .stdout(Stdio::piped());
+    /// Kills the process however the test ends.
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut p = Kill(c.spawn().unwrap());
+    if let Some((cg, _)) = &cgroup {
+        cg.add(p.0.id());
+    }
+    let line = BufReader::new(p.0.stdout.take().unwrap())
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["calls"]["cuMemCreate"]["errors"], 0, "{v}");
+    assert_eq!(v["calls"]["cuMemAlloc_v2"]["errors"], 0, "{v}");
+    assert_eq!(charged(&gpu), 32 * MIB);
+    let pid = p.0.id().to_string();
+    let said = format!(
+        "pid {pid} holds 16.00 MiB of its 32.00 MiB of device memory from cuMemCreate (JAX's \
+         default allocator, PyTorch's expandable segments); the driver's restore of such a \
+         process fails (CUDA error 304 on driver 580: the process stays frozen until it is \
+         killed), so it is not frozen: for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=platform in its \
+         environment"
+    );
+
+    let out = agent(&["freeze", "--pid", &pid], &lib, &gpu);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr.contains(&said), "{stderr}");
+    assert_eq!(charged(&gpu), 32 * MIB, "its memory stays on the GPU");
+
+    if let Some((_, id)) = &cgroup {
+        let out = agent(&["freeze", "--container", id], &lib, &gpu);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{out:?}");
+        assert!(
+            stderr.contains(&format!("container {id}: not frozen: {said}")),
+            "{stderr}"
+        );
+        assert_eq!(charged(&gpu), 32 * MIB, "its memory stays on the GPU");
+        let show = stdout_ok(&agent_plain(&["limit", "show", "--container", id]));
+        assert!(
+            show.contains("no run-time changes"),
+            "nothing marked: {show}"
+        );
+    }
+    assert!(p.0.try_wait().unwrap().is_none(), "still running");
+}
+
 /// A `pattern` process whose stdout and stderr lines arrive on channels, so that a call that
 /// never returns fails the test at a deadline instead of hanging it.
 struct Tenant {
@@ -332,6 +418,7 @@ fn a_frozen_containers_next_call_of_every_kind_is_thawed_by_the_running_agent() 
         "call cuMemsetD32Async",
         "call cuMemcpy2D_v2",
         "call cuMemcpy2DAsync_v2",
+        "call cuStreamWriteValue32_v2",
         "call cuStreamSynchronize",
     ];
     for request in requests {
@@ -795,4 +882,190 @@ fn without_freeze_on_demand_a_waiting_allocation_times_out_and_no_one_is_frozen(
     a.check_intact("A, never frozen");
     a.finish();
     assert!(daemon.stop().success());
+}
+
+/// The tenant `pid`'s in-process freeze as its slot says, from the region at `region`.
+fn own_answer(region: &Path, pid: u32) -> Option<region::reader::OwnFreezeSlot> {
+    let snap = region::reader::RegionReader::open(region)
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    snap.slots
+        .iter()
+        .find(|s| s.pid == pid)
+        .and_then(|s| s.own_freeze)
+}
+
+/// Writes `mark` in the control block of the region at `region` (as the agent does); returns
+/// the generation.
+fn write_mark(region: &Path, mark: region::FreezeMark) -> u64 {
+    let ctl = region::control_path(region);
+    let _created = region::ControlReader::open_or_create(&ctl).unwrap();
+    let file = tenant_fs::open_no_links(&ctl, tenant_fs::Access::ReadWrite).unwrap();
+    region::ControlWriter::new(&file)
+        .unwrap()
+        .update(|s| s.freeze = mark)
+        .unwrap()
+}
+
+/// Waits (at most 30 s) until the tenant `pid` answers `state` for `generation`; returns the
+/// bytes it says.
+fn wait_answer(region: &Path, pid: u32, state: region::OwnFreezeState, generation: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a = own_answer(region, pid);
+        if let Some(a) = a
+            && a.state.state == state
+            && a.state.answers(generation)
+        {
+            return a.bytes;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer {state:?} for generation {generation}: {a:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The limiter's in-process path (`VGPU_FREEZE_IN_PROCESS=1`), driven by the control block's
+/// marks as the agent writes them: the process backs its 8 MiB, gives them back to the
+/// simulated GPU at the `InProcess` mark and answers in its slot; its next CUDA call thaws it
+/// on its own (no checkpoint API, no agent) and asks for the container's thaw; at a `Running`
+/// mark it thaws too. Every word survives each round.
+#[test]
+fn in_process_the_process_moves_its_own_memory_and_its_next_call_maps_it_back() {
+    use region::{FreezeMark, OwnFreezeState};
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (cg, _id) = container("own");
+    let mut t = Tenant::start_with(
+        dir.path(),
+        &lib,
+        &gpu,
+        &cg,
+        "c.region",
+        &[("VGPU_FREEZE_IN_PROCESS", "1")],
+    );
+    let region = dir.path().join("c.region");
+    let pid = t.child.id();
+    // The path is announced at the first call, with the bytes backed.
+    assert_eq!(
+        wait_answer(&region, pid, OwnFreezeState::Running, 0),
+        8 * MIB
+    );
+    assert_eq!(charged(&gpu), 8 * MIB);
+
+    // Frozen at the mark; thawed by the next call of the process itself.
+    let g = write_mark(&region, FreezeMark::InProcess);
+    assert_eq!(
+        wait_answer(&region, pid, OwnFreezeState::Frozen, g),
+        8 * MIB
+    );
+    assert_eq!(charged(&gpu), 0, "its memory is given back");
+    t.check_intact("thawed by its next call");
+    assert_eq!(charged(&gpu), 8 * MIB, "mapped again");
+    assert_eq!(
+        wait_answer(&region, pid, OwnFreezeState::Running, g),
+        8 * MIB
+    );
+    assert_eq!(
+        word(&region, THAW_REQUEST_WORD),
+        g,
+        "the call asked for the container's thaw, naming the mark"
+    );
+
+    // A call of each kind of hook thaws it (launches, memsets and stream writes, allocations,
+    // synchronisations each pass the gate on their own path).
+    for request in [
+        "call cuLaunchKernel",
+        "call cuMemsetD8_v2",
+        "call cuStreamWriteValue32_v2",
+        "call cuMemAlloc_v2",
+        "call cuCtxSynchronize",
+    ] {
+        let g = write_mark(&region, FreezeMark::InProcess);
+        wait_answer(&region, pid, OwnFreezeState::Frozen, g);
+        assert_eq!(charged(&gpu), 0, "{request}: frozen");
+        t.send(request);
+        assert!(t.line()["calling"].is_string());
+        assert_eq!(t.line()["called"], request.strip_prefix("call ").unwrap());
+        assert_eq!(charged(&gpu), 8 * MIB, "{request}: thawed before the call");
+        wait_answer(&region, pid, OwnFreezeState::Running, g);
+    }
+
+    // Frozen again, thawed by the agent's mark this time.
+    let g = write_mark(&region, FreezeMark::InProcess);
+    wait_answer(&region, pid, OwnFreezeState::Frozen, g);
+    assert_eq!(charged(&gpu), 0);
+    let g = write_mark(&region, FreezeMark::Running);
+    wait_answer(&region, pid, OwnFreezeState::Running, g);
+    assert_eq!(charged(&gpu), 8 * MIB);
+    t.check_intact("thawed by the Running mark");
+    t.finish();
+}
+
+/// The in-process path gives up without losing anything: when host memory cannot be had (the
+/// simulated driver refuses every `cuMemHostRegister_v2`), and when a call stays in the driver
+/// longer than the freeze waits for calls in flight (5 s). Each time the process answers
+/// `Failed`, keeps its memory on the GPU and its pattern, and goes on.
+#[test]
+fn in_process_a_freeze_that_cannot_complete_answers_failed_and_keeps_the_memory() {
+    use region::{FreezeMark, OwnFreezeState};
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let gpu = dir.path().join("gpu");
+    let (cg, _id) = container("ownfail");
+    let mut t = Tenant::start_with(
+        dir.path(),
+        &lib,
+        &gpu,
+        &cg,
+        "c.region",
+        &[
+            ("VGPU_FREEZE_IN_PROCESS", "1"),
+            ("SIMCUDA_FAIL", "cuMemHostRegister_v2:1"),
+            ("SIMCUDA_DELAY_US", "cuStreamSynchronize=7000000"),
+        ],
+    );
+    let region = dir.path().join("c.region");
+    let pid = t.child.id();
+    wait_answer(&region, pid, OwnFreezeState::Running, 0);
+
+    // No host memory: refused, nothing moved.
+    let g = write_mark(&region, FreezeMark::InProcess);
+    assert_eq!(
+        wait_answer(&region, pid, OwnFreezeState::Failed, g),
+        8 * MIB
+    );
+    t.wait_log("in-process freeze failed: cuMemHostRegister");
+    assert_eq!(charged(&gpu), 8 * MIB, "the memory stayed on the GPU");
+    t.check_intact("after a freeze without host memory");
+
+    // A call in flight for 7 s: the freeze gives up after 5 s, the call completes.
+    t.send("call cuStreamSynchronize");
+    assert!(t.line()["calling"].is_string());
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let g = write_mark(&region, FreezeMark::InProcess);
+    wait_answer(&region, pid, OwnFreezeState::Failed, g);
+    let waited = asked.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4) && waited < Duration::from_secs(7),
+        "gave up after the drain's bound, before the call ended: {waited:?}"
+    );
+    t.wait_log("in-process freeze refused: CUDA calls stayed in flight for 5 s");
+    assert_eq!(t.line()["called"], "cuStreamSynchronize");
+    assert_eq!(charged(&gpu), 8 * MIB);
+    t.check_intact("after a freeze that found a call in flight");
+    t.finish();
 }

@@ -12,6 +12,7 @@
 
 use std::{ffi::c_int, ffi::c_void, path::Path, time::Duration};
 
+pub mod measure;
 pub mod room;
 
 /// `CUresult`.
@@ -97,6 +98,44 @@ pub trait CheckpointApi {
     fn restore(&self, pid: u32) -> Result<(), CheckpointError>;
     fn unlock(&self, pid: u32) -> Result<(), CheckpointError>;
     fn state(&self, pid: u32) -> Result<ProcessState, CheckpointError>;
+}
+
+/// A borrowed API is the API (the daemon lends the one it loaded once).
+impl<T: CheckpointApi + ?Sized> CheckpointApi for &T {
+    fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CheckpointError> {
+        (**self).lock(pid, timeout)
+    }
+    fn checkpoint(&self, pid: u32) -> Result<(), CheckpointError> {
+        (**self).checkpoint(pid)
+    }
+    fn restore(&self, pid: u32) -> Result<(), CheckpointError> {
+        (**self).restore(pid)
+    }
+    fn unlock(&self, pid: u32) -> Result<(), CheckpointError> {
+        (**self).unlock(pid)
+    }
+    fn state(&self, pid: u32) -> Result<ProcessState, CheckpointError> {
+        (**self).state(pid)
+    }
+}
+
+/// A shared API is the API (the daemon's workers share the one it loaded once).
+impl<T: CheckpointApi + ?Sized> CheckpointApi for std::sync::Arc<T> {
+    fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CheckpointError> {
+        (**self).lock(pid, timeout)
+    }
+    fn checkpoint(&self, pid: u32) -> Result<(), CheckpointError> {
+        (**self).checkpoint(pid)
+    }
+    fn restore(&self, pid: u32) -> Result<(), CheckpointError> {
+        (**self).restore(pid)
+    }
+    fn unlock(&self, pid: u32) -> Result<(), CheckpointError> {
+        (**self).unlock(pid)
+    }
+    fn state(&self, pid: u32) -> Result<ProcessState, CheckpointError> {
+        (**self).state(pid)
+    }
 }
 
 /// Freezes `pid`: lock (waiting at most `lock_timeout` for its calls in flight), then

@@ -316,6 +316,8 @@ struct OwnedRegion {
     info: RegionInfo,
     owner: Option<String>,
     frozen: bool,
+    /// Frozen in-process (the mark `InProcess`).
+    in_process: bool,
 }
 
 /// The regions of a snapshot, their slots matched to host processes.
@@ -445,6 +447,7 @@ impl SlotMatcher<'_, '_> {
             info,
             owner,
             frozen: control.frozen(),
+            in_process: control.in_process(),
         });
     }
 
@@ -1141,6 +1144,7 @@ fn containers(
         info,
         owner,
         frozen,
+        in_process,
     } in regions
     {
         let key = owner.unwrap_or_else(|| format!("region:{}", info.path));
@@ -1150,8 +1154,13 @@ fn containers(
         entry.regions.push(info);
         if frozen {
             // Its bytes are the processes' final figures: `Snapshot::mark_frozen` counts them
-            // once the collector has them all.
-            entry.frozen = Some(Frozen { host_bytes: 0 });
+            // once the collector has them all. In-process only if every region marking it says
+            // so.
+            let in_process = in_process && entry.frozen.as_ref().is_none_or(|f| f.in_process);
+            entry.frozen = Some(Frozen {
+                host_bytes: 0,
+                in_process,
+            });
         }
     }
     containers.into_values().collect()
@@ -1603,10 +1612,12 @@ mod tests {
         let host_ns = tenant_fs::own_pid_namespace().expect("the agent's pid namespace");
         let docker = |id: &str| format!("/docker/{id}");
         const THIRD: &str = "3333333333333333333333333333333333333333333333333333333333333333";
+        const FOURTH: &str = "4444444444444444444444444444444444444444444444444444444444444444";
         fake_process(&w.proc, 100, 5000, &docker(VICTIM), VICTIM_NS, 7);
         fake_process(&w.proc, 101, 5001, &docker(VICTIM), VICTIM_NS, 8);
         fake_process(&w.proc, 200, 6000, &docker(ATTACKER), host_ns, 200);
         fake_process(&w.proc, 201, 6001, &docker(THIRD), host_ns, 201);
+        fake_process(&w.proc, 202, 6002, &docker(FOURTH), host_ns, 202);
         // Each region with one slot holding its bytes, claimed while the scan reads it; its
         // owner (ns, pid, start) and the processes that map it, as the scan would list them.
         let regions = [
@@ -1614,6 +1625,7 @@ mod tests {
             ("second.cache", GIB / 2, (VICTIM_NS, 8, 5001), 101),
             ("running.cache", 2 * GIB, (host_ns, 200, 6000), 200),
             ("garbage.cache", 3 * GIB, (host_ns, 201, 6001), 201),
+            ("own.cache", GIB / 4, (host_ns, 202, 6002), 202),
         ];
         let _held: Vec<_> = regions
             .iter()
@@ -1631,6 +1643,7 @@ mod tests {
         write_mark(&w.regions.join("frozen.cache"), FreezeMark::Frozen);
         write_mark(&w.regions.join("running.cache"), FreezeMark::Frozen);
         write_mark(&w.regions.join("running.cache"), FreezeMark::Running);
+        write_mark(&w.regions.join("own.cache"), FreezeMark::InProcess);
         std::fs::write(
             region::control_path(&w.regions.join("garbage.cache")),
             [0x5au8; region::control::CONTROL_SIZE],
@@ -1652,7 +1665,7 @@ mod tests {
             own(snap, *ns, *pid, *start);
             r.mapped_by = vec![*host_pid];
         }
-        let (mut snap, to_list) = assemble_listed(&mut w, &readings, &[100, 101, 200, 201]);
+        let (mut snap, to_list) = assemble_listed(&mut w, &readings, &[100, 101, 200, 201, 202]);
         assert_eq!(to_list, [] as [u32; 0]);
         // As `Collector::collect` does once the processes' figures are final.
         snap.mark_frozen(|c| c.frozen.is_some());
@@ -1661,7 +1674,8 @@ mod tests {
         assert_eq!(
             container(VICTIM).frozen,
             Some(Frozen {
-                host_bytes: GIB + GIB / 2
+                host_bytes: GIB + GIB / 2,
+                in_process: false,
             }),
             "both of its processes' memory, one region marked"
         );
@@ -1676,5 +1690,19 @@ mod tests {
         );
         assert_eq!(snap.agent.region_errors, 1);
         assert_eq!(held(&snap, 201).map(|(_, h)| h), Some(vec![3 * GIB]));
+        // Frozen by its processes themselves: the path is said, and kept when the daemon marks
+        // frozen containers again.
+        let own = Some(Frozen {
+            host_bytes: GIB / 4,
+            in_process: true,
+        });
+        assert_eq!(container(FOURTH).frozen, own);
+        snap.mark_frozen(|c| c.frozen.is_some() || c.key == ATTACKER);
+        let container = |id: &str| snap.containers.iter().find(|c| c.key == id).unwrap();
+        assert_eq!(container(FOURTH).frozen, own);
+        assert_eq!(
+            container(ATTACKER).frozen.as_ref().map(|f| f.in_process),
+            Some(false)
+        );
     }
 }

@@ -519,7 +519,10 @@ mod tests {
         // No process of its own: nothing of its memory is counted.
         assert_eq!(
             frozen("frozen"),
-            Some(crate::model::Frozen { host_bytes: 0 })
+            Some(crate::model::Frozen {
+                host_bytes: 0,
+                in_process: false
+            })
         );
         assert_eq!(frozen("running"), None);
         assert_eq!(frozen("corrupt"), None);

@@ -598,7 +598,16 @@ mod tests {
         let host = tempfile::tempdir().unwrap();
         let config = region::RegionConfig::unlimited(1);
         let names = [
-            "frozen", "freezing", "thawed", "never", "none", "garbage", "short", "link", "fifo",
+            "frozen",
+            "freezing",
+            "in-process",
+            "thawed",
+            "never",
+            "none",
+            "garbage",
+            "short",
+            "link",
+            "fifo",
             "dir",
         ];
         let _regions: Vec<_> = names
@@ -613,6 +622,7 @@ mod tests {
         let ctl = |n: &str| region::control_path(&region(n));
         mark(&region("frozen"), FreezeMark::Frozen);
         mark(&region("freezing"), FreezeMark::Freezing);
+        mark(&region("in-process"), FreezeMark::InProcess);
         mark(&region("thawed"), FreezeMark::Frozen);
         mark(&region("thawed"), FreezeMark::Running);
         drop(region::ControlReader::open_or_create(&ctl("never")).unwrap());
@@ -646,7 +656,13 @@ mod tests {
         assert_eq!(control("thawed"), ControlRead::Mark(FreezeMark::Running));
         assert_eq!(control("never"), ControlRead::Mark(FreezeMark::Running));
         assert_eq!(control("none"), ControlRead::Absent);
+        assert_eq!(
+            control("in-process"),
+            ControlRead::Mark(FreezeMark::InProcess)
+        );
         assert!(control("frozen").frozen() && control("freezing").frozen());
+        assert!(control("in-process").frozen() && control("in-process").in_process());
+        assert!(!control("frozen").in_process());
         for n in ["thawed", "never", "none"] {
             assert!(!control(n).frozen(), "{n}");
         }

@@ -96,7 +96,7 @@ pub fn magic_prefix() -> Vec<u8> {
 }
 
 /// Writes `mark` into a control block beside `region`, as the limiter creates it (zero-filled)
-/// and `vgpu-agent freeze` marks it (`limit::set_mark`), for tests.
+/// and `vgpu-agent freeze` marks it (`freeze::Container`), for tests.
 #[cfg(test)]
 pub fn write_mark(region: &Path, mark: FreezeMark) {
     let ctl = region::control_path(region);
@@ -286,12 +286,18 @@ pub enum ControlRead {
 }
 
 impl ControlRead {
-    /// The container is being frozen or is frozen (`vgpu-agent freeze --container`).
+    /// The container is being frozen or is frozen (`vgpu-agent freeze --container`, through
+    /// the driver or in-process).
     pub fn frozen(&self) -> bool {
         matches!(
             self,
-            ControlRead::Mark(FreezeMark::Freezing | FreezeMark::Frozen)
+            ControlRead::Mark(FreezeMark::Freezing | FreezeMark::Frozen | FreezeMark::InProcess)
         )
+    }
+
+    /// The container is frozen by its processes themselves (the in-process path).
+    pub fn in_process(&self) -> bool {
+        *self == ControlRead::Mark(FreezeMark::InProcess)
     }
 }
 

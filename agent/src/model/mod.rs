@@ -467,11 +467,15 @@ pub struct Container {
 }
 
 /// A frozen container.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Frozen {
     /// Device bytes its processes gave back to the GPU, held in host memory until the thaw (the
     /// limiter's count of their memory).
     pub host_bytes: u64,
+    /// Frozen by its processes themselves (the limiter's in-process path, the control block's
+    /// mark `InProcess`), not by the driver's checkpoint API; absent when not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_process: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -745,10 +749,13 @@ impl Snapshot {
     /// Marks frozen the containers `frozen` names, the others not, each with the device bytes
     /// the limiter counts for its alive processes: what the freeze moved to host memory. The
     /// one place those bytes are counted, for the collector (from the control blocks' marks)
-    /// and the daemon (from its thaw watcher) alike.
+    /// and the daemon (from its thaw watcher) alike. Whether a container was frozen in-process
+    /// is kept as its control blocks said it.
     pub fn mark_frozen(&mut self, frozen: impl Fn(&Container) -> bool) {
         for c in &mut self.containers {
+            let in_process = c.frozen.as_ref().is_some_and(|f| f.in_process);
             c.frozen = frozen(c).then(|| Frozen {
+                in_process,
                 host_bytes: self
                     .processes
                     .iter()

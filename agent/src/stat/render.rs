@@ -46,12 +46,14 @@ fn api_table(out: &mut String, apis: &[ApiRow]) {
     }
 }
 
-/// `  FROZEN: ...` for a frozen container.
+/// `  FROZEN: ...` for a frozen container (`FROZEN (in-process)` when its processes froze
+/// themselves).
 fn frozen_line(out: &mut String, frozen: Option<&crate::model::Frozen>) {
     if let Some(f) = frozen {
         let _ = writeln!(
             out,
-            "  FROZEN: {} of GPU memory held in host memory until its next CUDA call thaws it",
+            "  FROZEN{}: {} of GPU memory held in host memory until its next CUDA call thaws it",
+            if f.in_process { " (in-process)" } else { "" },
             bytes(f.host_bytes)
         );
     }
@@ -586,11 +588,24 @@ mod tests {
             &mut frozen,
             Some(&crate::model::Frozen {
                 host_bytes: 4 << 30,
+                in_process: false,
             }),
         );
         assert_eq!(
             frozen,
             "  FROZEN: 4.00 GiB of GPU memory held in host memory until its next CUDA call thaws it\n"
+        );
+        let mut own = String::new();
+        frozen_line(
+            &mut own,
+            Some(&crate::model::Frozen {
+                host_bytes: 4 << 30,
+                in_process: true,
+            }),
+        );
+        assert_eq!(
+            own,
+            "  FROZEN (in-process): 4.00 GiB of GPU memory held in host memory until its next CUDA call thaws it\n"
         );
         frozen_line(&mut none, None);
         assert!(none.is_empty());

@@ -131,12 +131,21 @@ mod tests {
             .unwrap();
         snap.containers[i].frozen = Some(crate::model::Frozen {
             host_bytes: 1 << 30,
+            in_process: false,
         });
+        let mut own = snap.clone();
         m.apply(snap);
         let text = text_of(&draw(&m, &ViewState::default(), 160, 48));
         let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap().to_string();
         assert!(row("llm-serve").contains("llm-serve (frozen)"), "{text}");
         assert!(!row("notebook").contains("(frozen)"), "{text}");
+        // Frozen by its processes themselves: the path is said.
+        own.containers[i].frozen.as_mut().unwrap().in_process = true;
+        let mut m = Model::default();
+        m.apply(own);
+        let text = text_of(&draw(&m, &ViewState::default(), 160, 48));
+        let row = text.lines().find(|l| l.contains("llm-serve")).unwrap();
+        assert!(row.contains("llm-serve (frozen, in-process)"), "{text}");
     }
 
     /// A process whose allocation waits for GPU memory says so in the tree; the others do not.

@@ -296,7 +296,11 @@ pub fn render(frame: &mut Frame, area: Rect, model: &Model, state: &ViewState, t
                         format!(" {}", short_key(&c.key))
                     };
                     let mark = if *expanded { "▾ " } else { "▸ " };
-                    let frozen = if c.frozen.is_some() { " (frozen)" } else { "" };
+                    let frozen = match &c.frozen {
+                        Some(f) if f.in_process => " (frozen, in-process)",
+                        Some(_) => " (frozen)",
+                        None => "",
+                    };
                     let name = fit(&format!("{mark}{label}{frozen}{id}"), name_width);
                     let mut cells = vec![Cell::from(name)];
                     cells.extend(figure_cells(

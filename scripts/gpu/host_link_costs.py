@@ -13,7 +13,14 @@ the in-process freeze's design rests on figures from the same host:
   exists (what an in-process freeze does), and the same into memory pinned beforehand;
 - a pageable copy into fresh and into touched memory (the driver stages it itself);
 - the virtual memory API: cuMemCreate + cuMemMap + cuMemSetAccess of the whole size in
-  granularity-sized or 1 GiB physical pieces, and cuMemUnmap + cuMemRelease back.
+  granularity-sized or 1 GiB physical pieces, and cuMemUnmap + cuMemRelease back;
+- host memory obtained without the driver and registered afterwards: anonymous memory (with or
+  without transparent huge pages, `madvise(MADV_HUGEPAGE)`), populated by 1 or 8 threads
+  (`madvise(MADV_POPULATE_WRITE)` on slices), then `cuMemHostRegister` of the whole or of
+  CHUNK_MIB slices from 8 threads, then the copy: whether pinning's cost is the page faults
+  (huge pages cut them 512-fold) or the registration itself.
+
+PIECES (comma-separated names) restricts a run to those pieces.
 
 Usage: python3 host_link_costs.py [GIB] (default 16). Writes one JSON object to stdout and a table
 to stderr. The verdict (exit 1) fails if a measured copy moved less than it was asked to, so a
@@ -235,7 +242,96 @@ def vmm(piece):
     return {"piece_bytes": piece, "granularity": gran.value, "create_map_s": create, "unmap_release_s": release}
 
 
-result = {"size_gib": SIZE_GIB, "chunk_mib": CHUNK_MIB, "rounds": []}
+libc = C.CDLL(None, use_errno=True)
+libc.mmap.restype = C.c_void_p
+libc.mmap.argtypes = [C.c_void_p, C.c_size_t, C.c_int, C.c_int, C.c_int, C.c_long]
+libc.munmap.argtypes = [C.c_void_p, C.c_size_t]
+libc.madvise.argtypes = [C.c_void_p, C.c_size_t, C.c_int]
+MADV_HUGEPAGE = 14
+MADV_POPULATE_WRITE = 23
+HUGE = 2 * MIB
+
+
+def registered(huge, populate_threads, register_threads):
+    """Anonymous memory, populated by threads, registered with the driver, then the copy."""
+    t0 = time.perf_counter()
+    raw = libc.mmap(None, size + HUGE, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    if raw in (None, C.c_void_p(-1).value):
+        raise RuntimeError(f"mmap: errno {C.get_errno()}")
+    base = (raw + HUGE - 1) // HUGE * HUGE
+    if huge and libc.madvise(base, size, MADV_HUGEPAGE) != 0:
+        raise RuntimeError(f"madvise(MADV_HUGEPAGE): errno {C.get_errno()}")
+    errors = []
+
+    def populate(lo, hi):
+        if libc.madvise(base + lo, hi - lo, MADV_POPULATE_WRITE) != 0:
+            errors.append(C.get_errno())
+
+    def split(n):
+        step = (size // n + HUGE - 1) // HUGE * HUGE
+        return [(lo, min(lo + step, size)) for lo in range(0, size, step)]
+
+    ts = [threading.Thread(target=populate, args=r) for r in split(populate_threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise RuntimeError(f"madvise(MADV_POPULATE_WRITE): errno {errors[0]}")
+    populated = time.perf_counter() - t0
+
+    def register(lo, hi):
+        bind()
+        r = cu.cuMemHostRegister_v2(C.c_void_p(base + lo), C.c_size_t(hi - lo), 0)
+        if r != 0:
+            errors.append(r)
+
+    pieces = [(0, size)] if register_threads == 1 else [(lo, min(lo + chunk, size)) for lo in range(0, size, chunk)]
+    t1 = time.perf_counter()
+    queue = iter(pieces)
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                p = next(queue, None)
+            if p is None:
+                return
+            register(*p)
+
+    ts = [threading.Thread(target=worker) for _ in range(register_threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise RuntimeError(f"cuMemHostRegister: CUresult {errors[0]}")
+    reg = time.perf_counter() - t1
+    down, _ = timed(lambda: ok(cu.cuMemcpyDtoH_v2(C.c_void_p(base), dptr, C.c_size_t(size)), "DtoH registered"))
+    up, _ = timed(lambda: ok(cu.cuMemcpyHtoD_v2(dptr, C.c_void_p(base), C.c_size_t(size)), "HtoD registered"))
+    good = C.cast(C.c_void_p(base + size - 1), C.POINTER(C.c_uint8))[0] == 0x5A
+    t2 = time.perf_counter()
+    for lo, _ in pieces:
+        ok(cu.cuMemHostUnregister(C.c_void_p(base + lo)), "cuMemHostUnregister")
+    libc.munmap(raw, size + HUGE)
+    release = time.perf_counter() - t2
+    if not good:
+        raise RuntimeError("registered copy moved the wrong bytes")
+    return {"huge_pages": huge, "populate_threads": populate_threads, "register_threads": register_threads,
+            "populate_s": populated, "register_s": reg, "to_host_s": down, "to_gpu_s": up,
+            "freeze_s": populated + reg + down, "release_s": release}
+
+
+def thp_setting():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().strip()
+    except OSError as e:
+        return f"unreadable: {e}"
+
+
+ONLY = {p for p in os.environ.get("PIECES", "").split(",") if p}
+result = {"size_gib": SIZE_GIB, "chunk_mib": CHUNK_MIB, "transparent_hugepage": thp_setting(), "rounds": []}
 failed = False
 for r in range(ROUNDS):
     rnd = {}
@@ -252,7 +348,14 @@ for r in range(ROUNDS):
         ("pageable_touched", lambda: pageable(True)),
         ("vmm_granularity", lambda: vmm(0)),
         ("vmm_1gib", lambda: vmm(GIB)),
+        ("registered_small_1", lambda: registered(False, 1, 1)),
+        ("registered_small_8", lambda: registered(False, 8, 8)),
+        ("registered_huge_1", lambda: registered(True, 1, 1)),
+        ("registered_huge_8", lambda: registered(True, 8, 1)),
+        ("registered_huge_8x8", lambda: registered(True, 8, 8)),
     ]:
+        if ONLY and name not in ONLY:
+            continue
         try:
             rnd[name] = f()
         except Exception as e:  # a failed piece is reported, and fails the verdict

@@ -16,6 +16,12 @@
 #                    then one with room: the process thaws intact; ~1 min)
 #   freeze-frameworks scripts/gpu/validate-freeze-frameworks.sh (freeze by container, thaw at the
 #                    next CUDA call: PyTorch, JAX, CuPy, two processes; ~2 min)
+#   freeze-in-process scripts/gpu/validate-freeze-in-process.sh (the limiter's in-process path:
+#                    four frameworks, 4 and 16 GiB beside a pinned copy, the driver's path at
+#                    16 GiB as the baseline; ~6 min)
+#   freeze-on-demand scripts/gpu/validate-freeze-on-demand.sh (an idle 16 GiB container frozen for
+#                    another's allocation waiting under VGPU_OOM_WAIT, thawed intact by its next
+#                    call; and the control without --freeze-on-demand; ~2.5 min)
 #   host-link        scripts/gpu/host_link_costs.py (what moving 16 GiB to host memory and back
 #                    costs, piece by piece: pinning, pinned and pageable copies, VMM; ~2 min)
 #   sm               scripts/gpu/validate-sm.sh (the SM share alone, in pairs, at run time, ~6 min)
@@ -53,6 +59,8 @@ for check in "$@"; do
     freeze) cmd=(bash scripts/gpu/validate-freeze.sh) ;;
     thaw-no-room) cmd=(env FREEZE_NO_ROOM=1 bash scripts/gpu/validate-freeze.sh) ;;
     freeze-frameworks) cmd=(bash scripts/gpu/validate-freeze-frameworks.sh) ;;
+    freeze-in-process) cmd=(bash scripts/gpu/validate-freeze-in-process.sh) ;;
+    freeze-on-demand) cmd=(bash scripts/gpu/validate-freeze-on-demand.sh) ;;
     host-link) cmd=(bash -c 'python3 scripts/gpu/host_link_costs.py "${HOST_LINK_GIB:-16}" >"$OUT/host-link.json"') ;;
     sm) cmd=(bash scripts/gpu/validate-sm.sh) ;;
     agent-cost) cmd=(bash scripts/gpu/agent-cost.sh) ;;

@@ -16,6 +16,8 @@
 //! - [`freeze`]: which idle containers to freeze and when to thaw them, under a host-memory
 //!   budget (docs/oversubscription.md).
 //! - [`oom_wait`]: the schedule of an allocation waiting for device memory (`VGPU_OOM_WAIT`).
+//! - [`gate`]: the in-process freeze's gate, which counts the calls in flight (model-checked
+//!   with loom).
 //! - [`gpu_time`]: which launches are timed on the GPU with event pairs, read back without waiting.
 //! - [`sm`]: the SM share's duty cycle per device and its correction law from NVML's
 //!   measurements ([`sm::feedback`]).
@@ -27,8 +29,9 @@
 //!
 //! 1. inputs: `gpu_time`, `qos`, `config`. The GPU-time sampler, the QoS tiers and their
 //!    allocation of a shared device, and the configuration read from the environment.
-//! 2. control: `accounting`, `sm`, `oom_wait`, `freeze`. Accounting against the limits, the SM
-//!    share controller, the wait for device memory and the freeze decisions.
+//! 2. control: `accounting`, `sm`, `oom_wait`, `freeze`, `gate`. Accounting against the limits,
+//!    the SM share controller, the wait for device memory, the freeze decisions and the
+//!    in-process freeze's gate.
 //! 3. charges: `charge`, `info`, `pools`, `alloc_table`. Context charges, memory information under
 //!    the limit, pools and the allocation table.
 
@@ -39,6 +42,7 @@ pub mod alloc_table;
 pub mod charge;
 pub mod config;
 pub mod freeze;
+pub mod gate;
 pub mod gpu_time;
 pub mod info;
 pub mod oom_wait;

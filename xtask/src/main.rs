@@ -151,16 +151,16 @@ fn test() -> Result<()> {
         eprintln!("{}", failure_summary(&text));
         return Err(e.context(format!("cargo test failed (full log: {})", log.display())));
     }
-    // The region's loom models, in their own target directory: `--cfg loom` changes RUSTFLAGS,
-    // which would otherwise invalidate the main build.
-    util::step("loom models (region)");
-    let mut loom = cmd(
-        "cargo",
-        ["test", "-p", "region", "--release", "--lib", "loom"],
-    );
-    loom.env("RUSTFLAGS", "--cfg loom")
-        .env("CARGO_TARGET_DIR", repo_root().join("target/loom"));
-    util::run(&mut loom)?;
+    // The loom models (the region's seqlocks, the in-process freeze's gate), in their own
+    // target directory: `--cfg loom` changes RUSTFLAGS, which would otherwise invalidate the
+    // main build.
+    for krate in ["region", "limiter-core"] {
+        util::step(&format!("loom models ({krate})"));
+        let mut loom = cmd("cargo", ["test", "-p", krate, "--release", "--lib", "loom"]);
+        loom.env("RUSTFLAGS", "--cfg loom")
+            .env("CARGO_TARGET_DIR", repo_root().join("target/loom"));
+        util::run(&mut loom)?;
+    }
     // The limiter's pure logic under miri (undefined behaviour, data races, leaks), with the
     // pinned nightly; its sysroot is built once into ~/.cache/miri.
     util::step("miri (limiter-core)");

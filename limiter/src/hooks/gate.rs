@@ -40,7 +40,7 @@ pub(crate) struct Hooked<F> {
     /// Clock reading at entry, for the hook's self-time.
     pub(crate) entered: u64,
     /// Counted in the in-process freeze's gate until the call ends (`VGPU_FREEZE_IN_PROCESS`).
-    _admitted: Option<Admitted>,
+    _admitted: Option<Admitted<'static>>,
     _guard: Reentry,
 }
 
@@ -129,7 +129,7 @@ pub(crate) fn enter<S: Symbol>() -> Gate<S::Fn> {
 /// first if it is frozen): every hook that calls the driver holds this until the driver
 /// returns. Off, one predictable branch on a field of the state's first line.
 #[inline(always)]
-pub(crate) fn admit(state: &'static State, process: &'static Process) -> Option<Admitted> {
+pub(crate) fn admit(state: &'static State, process: &'static Process) -> Option<Admitted<'static>> {
     state
         .own_freeze
         .map(|own| own.admit(|| runtime::own_freeze_tenant(state, process)))

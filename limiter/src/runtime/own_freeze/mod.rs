@@ -40,11 +40,8 @@ use std::{
 
 use region::{FreezeMark, OwnFreeze as Answer, OwnFreezeState, Region, Slot};
 
+pub(crate) use self::backing::{Backing, MIN_BACKED};
 use self::gate::Gate;
-pub(crate) use self::{
-    backing::{Backing, MIN_BACKED},
-    gate::Admitted,
-};
 use super::control::Control;
 use crate::platform::{
     cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext},
@@ -54,6 +51,7 @@ use crate::platform::{
     os,
     vmm::Code,
 };
+pub(crate) use limiter_core::gate::Admitted;
 
 /// How often the watcher looks at the control block.
 pub(crate) const WATCH_PERIOD: Duration = Duration::from_millis(20);
@@ -63,6 +61,10 @@ pub(crate) const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 const ROOM_RETRY: Duration = Duration::from_millis(20);
 /// Attempts of a thaw step that fails for another reason than room.
 const OTHER_ATTEMPTS: u32 = 3;
+/// How long after a thaw at a call its host memory is given back: not while the application's
+/// first calls after the thaw run (unregistering and unmapping 16 GiB takes 0.4 s of the
+/// driver's and the kernel's time beside them).
+const RELEASE_AFTER: Duration = Duration::from_secs(2);
 /// How often a thaw waiting for room says so again.
 const ROOM_LOG_PERIOD: Duration = Duration::from_secs(60);
 
@@ -86,8 +88,9 @@ pub(crate) struct OwnFreeze {
     answer: AtomicU64,
     /// The process whose watcher runs (0: none yet; another pid: a forked child's parent).
     watcher: AtomicU32,
-    /// Host memory a thaw at a call copied from, released by the watcher.
-    left: Mutex<Vec<HostBuffer>>,
+    /// Host memory a thaw at a call copied from, and when that thaw ended: released by the
+    /// watcher [`RELEASE_AFTER`] later.
+    left: Mutex<(Vec<HostBuffer>, Option<Instant>)>,
 }
 
 /// Why an in-process freeze did not happen (the memory stayed on the GPU).
@@ -162,13 +165,21 @@ impl OwnFreeze {
                 .encode(),
             ),
             watcher: AtomicU32::new(0),
-            left: Mutex::new(Vec::new()),
+            left: Mutex::new((Vec::new(), None)),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Phase> {
         // The phase is one word, written whole: a panic while it was held left it consistent.
         self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for the phase to change (at most 10 ms: the caller looks again either way).
+    fn wait_for_change<'a>(&self, p: MutexGuard<'a, Phase>) -> MutexGuard<'a, Phase> {
+        self.changed
+            .wait_timeout(p, Duration::from_millis(10))
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
     }
 
     fn set_phase(&self, phase: Phase) {
@@ -190,10 +201,7 @@ impl OwnFreeze {
         if before != 0 {
             // The parent's: dropped without a driver call (each unmaps its copy of the pages).
             self.backing.forget_all();
-            self.left
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clear();
+            *self.left.lock().unwrap_or_else(PoisonError::into_inner) = (Vec::new(), None);
             self.gate.open();
             self.set_phase(Phase::Running);
         }
@@ -216,7 +224,7 @@ impl OwnFreeze {
     /// Counts the calling thread's hooked call in; while the process is frozen, thaws it first
     /// (`tenant` is asked for only then).
     #[inline]
-    pub(crate) fn admit(&'static self, tenant: impl Fn() -> Tenant) -> Admitted {
+    pub(crate) fn admit(&'static self, tenant: impl Fn() -> Tenant) -> Admitted<'static> {
         loop {
             if let Some(a) = self.gate.try_admit() {
                 return a;
@@ -234,11 +242,7 @@ impl OwnFreeze {
             match *p {
                 Phase::Running => return,
                 Phase::Freezing | Phase::Thawing => {
-                    p = self
-                        .changed
-                        .wait_timeout(p, Duration::from_millis(10))
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
+                    p = self.wait_for_change(p);
                 }
                 Phase::Frozen(generation) => {
                     *p = Phase::Thawing;
@@ -246,10 +250,10 @@ impl OwnFreeze {
                     let env = tenant;
                     let started = Instant::now();
                     let left = self.restore(env);
-                    self.left
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .extend(left);
+                    let mut l = self.left.lock().unwrap_or_else(PoisonError::into_inner);
+                    l.0.extend(left);
+                    l.1 = Some(Instant::now());
+                    drop(l);
                     self.publish(env, OwnFreezeState::Running, generation);
                     if let Some((region, _)) = env.region {
                         region.request_thaw(generation);
@@ -377,11 +381,7 @@ impl OwnFreeze {
                     // A call is thawing it (a freeze runs on this thread): answer once it is
                     // done.
                     Phase::Freezing | Phase::Thawing => {
-                        p = self
-                            .changed
-                            .wait_timeout(p, Duration::from_millis(10))
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
+                        p = self.wait_for_change(p);
                     }
                 }
             }
@@ -531,11 +531,16 @@ impl OwnFreeze {
         done
     }
 
-    /// Releases host memory a thawing call left (see [`OwnFreeze::restore`]); the watcher's
-    /// work.
+    /// Releases host memory a thawing call left (see [`OwnFreeze::restore`]) once
+    /// [`RELEASE_AFTER`] has passed since that thaw; the watcher's work.
     fn release_left(&self, driver: &Driver) {
-        let left = std::mem::take(&mut *self.left.lock().unwrap_or_else(PoisonError::into_inner));
-        release_all(driver, left);
+        let mut l = self.left.lock().unwrap_or_else(PoisonError::into_inner);
+        if l.1.is_some_and(|t| t.elapsed() >= RELEASE_AFTER) {
+            let left = std::mem::take(&mut l.0);
+            l.1 = None;
+            drop(l);
+            release_all(driver, left);
+        }
     }
 
     /// Publishes `state` for `generation` in the slot, with the bytes backed.

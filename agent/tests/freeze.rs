@@ -928,6 +928,38 @@ fn wait_answer(region: &Path, pid: u32, state: region::OwnFreezeState, generatio
     }
 }
 
+/// A `pattern` tenant with the in-process path on (`VGPU_FREEZE_IN_PROCESS=1`, and `env`), in a
+/// container cgroup of its own on a simulated GPU.
+struct OwnTenant {
+    tenant: Tenant,
+    region: std::path::PathBuf,
+    gpu: std::path::PathBuf,
+    pid: u32,
+    _cgroup: TestCgroup,
+    _dir: tempfile::TempDir,
+}
+
+impl OwnTenant {
+    fn start(name: &str, env: &[(&str, &str)]) -> OwnTenant {
+        let dir = tempdir();
+        let lib = sim_lib(&dir.path().join("lib"));
+        let gpu = dir.path().join("gpu");
+        let (cg, _id) = container(name);
+        let mut all = vec![("VGPU_FREEZE_IN_PROCESS", "1")];
+        all.extend_from_slice(env);
+        let tenant = Tenant::start_with(dir.path(), &lib, &gpu, &cg, "c.region", &all);
+        let pid = tenant.child.id();
+        OwnTenant {
+            tenant,
+            region: dir.path().join("c.region"),
+            gpu,
+            pid,
+            _cgroup: cg,
+            _dir: dir,
+        }
+    }
+}
+
 /// The limiter's in-process path (`VGPU_FREEZE_IN_PROCESS=1`), driven by the control block's
 /// marks as the agent writes them: the process backs its 8 MiB, gives them back to the
 /// simulated GPU at the `InProcess` mark and answers in its slot; its next CUDA call thaws it
@@ -940,42 +972,28 @@ fn in_process_the_process_moves_its_own_memory_and_its_next_call_maps_it_back() 
     if !privileged() {
         return;
     }
-    let dir = tempdir();
-    let lib = sim_lib(&dir.path().join("lib"));
-    let gpu = dir.path().join("gpu");
-    let (cg, _id) = container("own");
-    let mut t = Tenant::start_with(
-        dir.path(),
-        &lib,
-        &gpu,
-        &cg,
-        "c.region",
-        &[("VGPU_FREEZE_IN_PROCESS", "1")],
-    );
-    let region = dir.path().join("c.region");
-    let pid = t.child.id();
+    let o = OwnTenant::start("own", &[]);
+    let (mut t, pid) = (o.tenant, o.pid);
+    let (region, gpu) = (o.region.as_path(), o.gpu.as_path());
     // The path is announced at the first call, with the bytes backed.
     assert_eq!(
-        wait_answer(&region, pid, OwnFreezeState::Running, 0),
+        wait_answer(region, pid, OwnFreezeState::Running, 0),
         8 * MIB
     );
-    assert_eq!(charged(&gpu), 8 * MIB);
+    assert_eq!(charged(gpu), 8 * MIB);
 
     // Frozen at the mark; thawed by the next call of the process itself.
-    let g = write_mark(&region, FreezeMark::InProcess);
-    assert_eq!(
-        wait_answer(&region, pid, OwnFreezeState::Frozen, g),
-        8 * MIB
-    );
-    assert_eq!(charged(&gpu), 0, "its memory is given back");
+    let g = write_mark(region, FreezeMark::InProcess);
+    assert_eq!(wait_answer(region, pid, OwnFreezeState::Frozen, g), 8 * MIB);
+    assert_eq!(charged(gpu), 0, "its memory is given back");
     t.check_intact("thawed by its next call");
-    assert_eq!(charged(&gpu), 8 * MIB, "mapped again");
+    assert_eq!(charged(gpu), 8 * MIB, "mapped again");
     assert_eq!(
-        wait_answer(&region, pid, OwnFreezeState::Running, g),
+        wait_answer(region, pid, OwnFreezeState::Running, g),
         8 * MIB
     );
     assert_eq!(
-        word(&region, THAW_REQUEST_WORD),
+        word(region, THAW_REQUEST_WORD),
         g,
         "the call asked for the container's thaw, naming the mark"
     );
@@ -989,23 +1007,23 @@ fn in_process_the_process_moves_its_own_memory_and_its_next_call_maps_it_back() 
         "call cuMemAlloc_v2",
         "call cuCtxSynchronize",
     ] {
-        let g = write_mark(&region, FreezeMark::InProcess);
-        wait_answer(&region, pid, OwnFreezeState::Frozen, g);
-        assert_eq!(charged(&gpu), 0, "{request}: frozen");
+        let g = write_mark(region, FreezeMark::InProcess);
+        wait_answer(region, pid, OwnFreezeState::Frozen, g);
+        assert_eq!(charged(gpu), 0, "{request}: frozen");
         t.send(request);
         assert!(t.line()["calling"].is_string());
         assert_eq!(t.line()["called"], request.strip_prefix("call ").unwrap());
-        assert_eq!(charged(&gpu), 8 * MIB, "{request}: thawed before the call");
-        wait_answer(&region, pid, OwnFreezeState::Running, g);
+        assert_eq!(charged(gpu), 8 * MIB, "{request}: thawed before the call");
+        wait_answer(region, pid, OwnFreezeState::Running, g);
     }
 
     // Frozen again, thawed by the agent's mark this time.
-    let g = write_mark(&region, FreezeMark::InProcess);
-    wait_answer(&region, pid, OwnFreezeState::Frozen, g);
-    assert_eq!(charged(&gpu), 0);
-    let g = write_mark(&region, FreezeMark::Running);
-    wait_answer(&region, pid, OwnFreezeState::Running, g);
-    assert_eq!(charged(&gpu), 8 * MIB);
+    let g = write_mark(region, FreezeMark::InProcess);
+    wait_answer(region, pid, OwnFreezeState::Frozen, g);
+    assert_eq!(charged(gpu), 0);
+    let g = write_mark(region, FreezeMark::Running);
+    wait_answer(region, pid, OwnFreezeState::Running, g);
+    assert_eq!(charged(gpu), 8 * MIB);
     t.check_intact("thawed by the Running mark");
     t.finish();
 }
@@ -1021,34 +1039,22 @@ fn in_process_a_freeze_that_cannot_complete_answers_failed_and_keeps_the_memory(
     if !privileged() {
         return;
     }
-    let dir = tempdir();
-    let lib = sim_lib(&dir.path().join("lib"));
-    let gpu = dir.path().join("gpu");
-    let (cg, _id) = container("ownfail");
-    let mut t = Tenant::start_with(
-        dir.path(),
-        &lib,
-        &gpu,
-        &cg,
-        "c.region",
+    let o = OwnTenant::start(
+        "ownfail",
         &[
-            ("VGPU_FREEZE_IN_PROCESS", "1"),
             ("SIMCUDA_FAIL", "cuMemHostRegister_v2:1"),
             ("SIMCUDA_DELAY_US", "cuStreamSynchronize=7000000"),
         ],
     );
-    let region = dir.path().join("c.region");
-    let pid = t.child.id();
-    wait_answer(&region, pid, OwnFreezeState::Running, 0);
+    let (mut t, pid) = (o.tenant, o.pid);
+    let (region, gpu) = (o.region.as_path(), o.gpu.as_path());
+    wait_answer(region, pid, OwnFreezeState::Running, 0);
 
     // No host memory: refused, nothing moved.
-    let g = write_mark(&region, FreezeMark::InProcess);
-    assert_eq!(
-        wait_answer(&region, pid, OwnFreezeState::Failed, g),
-        8 * MIB
-    );
+    let g = write_mark(region, FreezeMark::InProcess);
+    assert_eq!(wait_answer(region, pid, OwnFreezeState::Failed, g), 8 * MIB);
     t.wait_log("in-process freeze failed: cuMemHostRegister");
-    assert_eq!(charged(&gpu), 8 * MIB, "the memory stayed on the GPU");
+    assert_eq!(charged(gpu), 8 * MIB, "the memory stayed on the GPU");
     t.check_intact("after a freeze without host memory");
 
     // A call in flight for 7 s: the freeze gives up after 5 s, the call completes.
@@ -1056,8 +1062,8 @@ fn in_process_a_freeze_that_cannot_complete_answers_failed_and_keeps_the_memory(
     assert!(t.line()["calling"].is_string());
     std::thread::sleep(Duration::from_millis(300));
     let asked = Instant::now();
-    let g = write_mark(&region, FreezeMark::InProcess);
-    wait_answer(&region, pid, OwnFreezeState::Failed, g);
+    let g = write_mark(region, FreezeMark::InProcess);
+    wait_answer(region, pid, OwnFreezeState::Failed, g);
     let waited = asked.elapsed();
     assert!(
         waited >= Duration::from_secs(4) && waited < Duration::from_secs(7),
@@ -1065,7 +1071,7 @@ fn in_process_a_freeze_that_cannot_complete_answers_failed_and_keeps_the_memory(
     );
     t.wait_log("in-process freeze refused: CUDA calls stayed in flight for 5 s");
     assert_eq!(t.line()["called"], "cuStreamSynchronize");
-    assert_eq!(charged(&gpu), 8 * MIB);
+    assert_eq!(charged(gpu), 8 * MIB);
     t.check_intact("after a freeze that found a call in flight");
     t.finish();
 }

@@ -59,6 +59,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from validate_freeze_frameworks import cgroup2_root, rmdir_when_empty  # noqa: E402
+
 SIM = os.environ.get("SIM") == "1"
 A_MIB = int(os.environ.get("FOD_A_MIB", "8" if SIM else "16384"))
 RESERVE_MIB = int(os.environ.get("FOD_RESERVE_MIB", "4" if SIM else "4096"))
@@ -195,28 +198,6 @@ def sim_env(d, env):
         env.update(SIMCUDA_SHARED_DEVICE=os.path.join(d, "sim.gpu"),
                    SIMCUDA_CAPACITY=f"{SIM_CAPACITY_MIB}m")
     return env
-
-
-def cgroup2_root():
-    """Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` on most hosts)."""
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if right.startswith("cgroup2 "):
-                return left.split(" ")[4]
-    return None
-
-
-def rmdir_when_empty(path):
-    """Removes a cgroup directory once its processes have left it (at most 5 s)."""
-    for _ in range(50):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
 
 
 def memory(d):

@@ -100,43 +100,31 @@ pub trait CheckpointApi {
     fn state(&self, pid: u32) -> Result<ProcessState, CheckpointError>;
 }
 
-/// A borrowed API is the API (the daemon lends the one it loaded once).
-impl<T: CheckpointApi + ?Sized> CheckpointApi for &T {
-    fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CheckpointError> {
-        (**self).lock(pid, timeout)
-    }
-    fn checkpoint(&self, pid: u32) -> Result<(), CheckpointError> {
-        (**self).checkpoint(pid)
-    }
-    fn restore(&self, pid: u32) -> Result<(), CheckpointError> {
-        (**self).restore(pid)
-    }
-    fn unlock(&self, pid: u32) -> Result<(), CheckpointError> {
-        (**self).unlock(pid)
-    }
-    fn state(&self, pid: u32) -> Result<ProcessState, CheckpointError> {
-        (**self).state(pid)
-    }
+/// An API behind a reference or an `Arc` is the API: the daemon lends the one it loaded once,
+/// and its workers share it.
+macro_rules! forward_checkpoint_api {
+    ($($ptr:ty),*) => {$(
+        impl<T: CheckpointApi + ?Sized> CheckpointApi for $ptr {
+            fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CheckpointError> {
+                (**self).lock(pid, timeout)
+            }
+            fn checkpoint(&self, pid: u32) -> Result<(), CheckpointError> {
+                (**self).checkpoint(pid)
+            }
+            fn restore(&self, pid: u32) -> Result<(), CheckpointError> {
+                (**self).restore(pid)
+            }
+            fn unlock(&self, pid: u32) -> Result<(), CheckpointError> {
+                (**self).unlock(pid)
+            }
+            fn state(&self, pid: u32) -> Result<ProcessState, CheckpointError> {
+                (**self).state(pid)
+            }
+        }
+    )*};
 }
 
-/// A shared API is the API (the daemon's workers share the one it loaded once).
-impl<T: CheckpointApi + ?Sized> CheckpointApi for std::sync::Arc<T> {
-    fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CheckpointError> {
-        (**self).lock(pid, timeout)
-    }
-    fn checkpoint(&self, pid: u32) -> Result<(), CheckpointError> {
-        (**self).checkpoint(pid)
-    }
-    fn restore(&self, pid: u32) -> Result<(), CheckpointError> {
-        (**self).restore(pid)
-    }
-    fn unlock(&self, pid: u32) -> Result<(), CheckpointError> {
-        (**self).unlock(pid)
-    }
-    fn state(&self, pid: u32) -> Result<ProcessState, CheckpointError> {
-        (**self).state(pid)
-    }
-}
+forward_checkpoint_api!(&T, std::sync::Arc<T>);
 
 /// Freezes `pid`: lock (waiting at most `lock_timeout` for its calls in flight), then
 /// checkpoint. A checkpoint that fails unlocks the process again, so that a failed freeze

@@ -398,6 +398,15 @@ pub const THROTTLED: Def = def(
     "Time the limiter held the container's processes' calls back (SM share; allocations waiting for device memory under VGPU_OOM_WAIT).",
     "processes[].limiter.throttled_ns",
 );
+pub const PROBE_TIME: Def = def(
+    "vgpu_probe_time",
+    Counter,
+    Some(Seconds),
+    true,
+    &[],
+    "What the agent's eBPF probes cost the container's processes: their probe hits times the calibrated price of a hit in their library (the time the probes added to their calls, budget-sampled or not; `stat`'s probe share).",
+    "processes[].probe_seconds",
+);
 pub const NCCL_COMMUNICATORS: Def = def(
     "vgpu_nccl_communicators",
     Gauge,
@@ -837,6 +846,7 @@ pub const ALL: &[Def] = &[
     API_DENIED,
     SYNC,
     THROTTLED,
+    PROBE_TIME,
     NCCL_COMMUNICATORS,
     GPU_MEMORY_USED,
     GPU_MEMORY_TOTAL,

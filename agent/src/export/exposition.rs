@@ -19,6 +19,8 @@ pub(super) type ApiKey = (Arc<str>, &'static str, &'static str);
 pub(super) struct Counters {
     pub(super) apis: BTreeMap<ApiKey, ApiCounts>,
     pub(super) throttled_ns: u64,
+    /// What the probes' hits cost the processes (`Process::probe_seconds`), ns.
+    pub(super) probe_ns: u64,
     /// What the probes could not record (`Process::probe_losses`), by [`LOSS_REASONS`].
     pub(super) losses: [u64; 3],
 }
@@ -38,6 +40,7 @@ impl Counters {
             }
         }
         self.throttled_ns += o.throttled_ns;
+        self.probe_ns += o.probe_ns;
         for (a, b) in self.losses.iter_mut().zip(o.losses) {
             *a += b;
         }
@@ -53,6 +56,7 @@ impl Counters {
             }
         }
         self.throttled_ns = self.throttled_ns.max(o.throttled_ns);
+        self.probe_ns = self.probe_ns.max(o.probe_ns);
         for (a, b) in self.losses.iter_mut().zip(o.losses) {
             *a = (*a).max(b);
         }

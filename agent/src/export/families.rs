@@ -183,6 +183,7 @@ pub(super) fn api_families(
     let mut denied = vec![];
     let mut sync = vec![];
     let mut throttled = vec![];
+    let mut probe = vec![];
     let mut node: BTreeMap<&'static str, ApiCounts> = BTreeMap::new();
     for (l, c) in published {
         let mut sync_ns = 0u64;
@@ -217,6 +218,7 @@ pub(super) fn api_families(
         }
         let l: Labels = l.to_vec().into();
         sync.push((Arc::clone(&l), Value::Float(ns_to_s(sync_ns))));
+        probe.push((Arc::clone(&l), Value::Float(ns_to_s(c.probe_ns))));
         throttled.push((l, Value::Float(ns_to_s(c.throttled_ns))));
     }
     let node_latency = node
@@ -234,6 +236,7 @@ pub(super) fn api_families(
         (&defs::API_DENIED, denied),
         (&defs::SYNC, sync),
         (&defs::THROTTLED, throttled),
+        (&defs::PROBE_TIME, probe),
     ] {
         if def.only == defs::Only::PerApi && !per_api {
             continue;

@@ -67,6 +67,8 @@ fn process_counters(p: &Process, names: &mut Names, per_api: bool) -> Counters {
         ..Counters::default()
     };
     c.throttled_ns = p.limiter.as_ref().map_or(0, |l| l.throttled_ns);
+    // Seconds as a float in the model; whole nanoseconds keep the counter's sums exact.
+    c.probe_ns = p.probe_seconds.map_or(0, |s| (s * 1e9) as u64);
     let l = &p.probe_losses;
     c.losses = [l.allocations_untracked, l.calls_unaggregated, l.rows_reset];
     c
@@ -401,6 +403,32 @@ pub(super) mod tests {
         // Every process gone: the container's series remain with their totals.
         let e = v.update(&snapshot(vec![], vec![]));
         assert_eq!(int(&e, &defs::API_CALLS, &labels), 16);
+    }
+
+    /// What the probes cost each container's processes is summed per container in seconds, and
+    /// stays when a process leaves (a counter).
+    #[test]
+    fn the_probes_cost_per_container_is_a_counter_of_seconds() {
+        let float = |e: &Exposition| match sample(e, &defs::PROBE_TIME, &["trainer-0"]) {
+            Some(Value::Float(s)) => *s,
+            other => panic!("{other:?}"),
+        };
+        let mut a = process(10, "ctr-a", vec![]);
+        let mut b = process(11, "ctr-a", vec![]);
+        a.probe_seconds = Some(0.25);
+        b.probe_seconds = Some(0.5);
+        let c = container("ctr-a", Some("trainer-0"), &[&a, &b]);
+        let mut v = view();
+        let e = v.update(&snapshot(vec![c.clone()], vec![a.clone(), b.clone()]));
+        assert!((float(&e) - 0.75).abs() < 1e-9, "{}", float(&e));
+        // b leaves; a's cost grows: b's stays counted.
+        a.probe_seconds = Some(1.0);
+        let e = v.update(&snapshot(vec![c.clone()], vec![a.clone()]));
+        assert!((float(&e) - 1.5).abs() < 1e-9, "{}", float(&e));
+        // A process never hit adds nothing.
+        b.probe_seconds = None;
+        let e = v.update(&snapshot(vec![c], vec![a, b]));
+        assert!((float(&e) - 1.5).abs() < 1e-9, "{}", float(&e));
     }
 
     /// What tenants made the agent skip is exported per tenant where the tenant is known: libraries

@@ -189,9 +189,14 @@ impl OwnFreeze {
 
     /// Starts the watcher of this process (once per process: a forked child starts its own,
     /// with an empty table: its parent's allocations are not its own) and announces the path in
-    /// the slot. A thread that cannot be started leaves the path unannounced: the agent then
-    /// freezes the container through the driver.
+    /// the slot. Without a control block, or a thread that cannot be started, the path stays
+    /// unannounced: the agent then freezes the container through the driver.
     pub(crate) fn start(&'static self, tenant: Tenant) {
+        if tenant.control.is_none() {
+            // Without a control block no mark can reach the process: not announced, so the
+            // agent takes the driver's path (the block's own warning said why).
+            return;
+        }
         let me = os::pid() as u32;
         // Relaxed: one thread per process starts it (the runtime creates the process once).
         let before = self.watcher.swap(me, Ordering::Relaxed);

@@ -694,16 +694,18 @@ impl ThawWatch {
                 let message = e.to_string();
                 let now = Instant::now();
                 let last = self.failed.get(&container);
-                let (logged, logged_at) = if FailedThaw::should_log(last, &message, now) {
-                    log::warn!(
-                        "container {container}: thaw at its next CUDA call failed: {message} \
-                         (tried again every second; the same failure is logged again after {} s)",
-                        REPEAT_LOG_PERIOD.as_secs()
-                    );
-                    (message, now)
-                } else {
-                    let f = last.expect("should_log logs a first failure");
-                    (f.logged.clone(), f.logged_at)
+                let (logged, logged_at) = match last {
+                    Some(f) if !FailedThaw::should_log(last, &message, now) => {
+                        (f.logged.clone(), f.logged_at)
+                    }
+                    _ => {
+                        log::warn!(
+                            "container {container}: thaw at its next CUDA call failed: {message} \
+                             (tried again every second; the same failure is logged again after {} s)",
+                            REPEAT_LOG_PERIOD.as_secs()
+                        );
+                        (message, now)
+                    }
                 };
                 self.failed.insert(
                     container,

@@ -16,7 +16,7 @@
 //! Lowest first; a module imports modules of its own layer and of the layers below, and no
 //! import cycle forms among modules (`cargo xtask layers` checks both).
 //!
-//! 1. layout: `control`, `layout_v2`, `prefetch`, `procfs`, `sigbus`, `sync`, `words`, `layout`,
+//! 1. layout: `control`, `freeze_pool`, `layout_v2`, `prefetch`, `procfs`, `sigbus`, `sync`, `words`, `layout`,
 //!    `reserve`, `seqlock`, `layout_types`, `sm_share`. The file's layout (every major version), its
 //!    words and the lock-free protocols on them.
 //! 2. access: `loom_tests`, `mapping`, `pread`, `hami`, `handle`, `reader`, `control_file`, `error`,
@@ -29,6 +29,7 @@ mod config;
 pub mod control;
 mod control_file;
 mod error;
+pub mod freeze_pool;
 pub mod hami;
 mod handle;
 mod holdings;

@@ -29,6 +29,9 @@ pub(crate) const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 pub(crate) const OOM_WAIT: &str = "VGPU_OOM_WAIT";
 pub(crate) const FREEZE_AFTER: &str = "VGPU_FREEZE_AFTER";
 pub(crate) const FREEZE_IN_PROCESS: &str = "VGPU_FREEZE_IN_PROCESS";
+/// Where the agent's freeze pool listens (`region::freeze_pool::SOCKET_ENV`: the limiter's tests
+/// check that the two agree; this crate does not depend on `region`).
+pub const FREEZE_POOL_SOCKET: &str = "VGPU_FREEZE_POOL_SOCKET";
 /// The longest `VGPU_FREEZE_AFTER` accepted (a week).
 pub(crate) const MAX_FREEZE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -194,6 +197,10 @@ pub struct Config {
     /// that it can release their physical memory and map it again at the same addresses
     /// (docs/oversubscription.md).
     pub freeze_in_process: bool,
+    /// The agent's freeze pool socket (`VGPU_FREEZE_POOL_SOCKET`; unset or empty: the default
+    /// path, `region::freeze_pool::DEFAULT_SOCKET`): where an in-process freeze borrows host
+    /// memory populated beforehand (docs/oversubscription.md).
+    pub freeze_pool_socket: Option<PathBuf>,
     /// The container's QoS tier (`VGPU_QOS_TIER` and `VGPU_QOS_GUARANTEE`, else HAMi's
     /// `CUDA_TASK_PRIORITY`: 0 is latency, 1 best effort); `None`: no tier, the SM limit alone.
     pub qos_tier: Option<Tier>,
@@ -248,6 +255,7 @@ impl Default for Config {
             oom_wait: None,
             freeze_after: None,
             freeze_in_process: false,
+            freeze_pool_socket: None,
             qos_tier: None,
             qos_board: None,
         }
@@ -338,6 +346,7 @@ enum Var {
     OomWait,
     FreezeAfter,
     FreezeInProcess,
+    FreezePoolSocket,
     QosTier,
     QosGuarantee,
     QosBoard,
@@ -390,6 +399,7 @@ fn classify(name: &str) -> Result<Option<Var>, ConfigError> {
         OOM_WAIT => return Ok(Some(Var::OomWait)),
         FREEZE_AFTER => return Ok(Some(Var::FreezeAfter)),
         FREEZE_IN_PROCESS => return Ok(Some(Var::FreezeInProcess)),
+        FREEZE_POOL_SOCKET => return Ok(Some(Var::FreezePoolSocket)),
         QOS_TIER => return Ok(Some(Var::QosTier)),
         QOS_GUARANTEE => return Ok(Some(Var::QosGuarantee)),
         QOS_BOARD => return Ok(Some(Var::QosBoard)),
@@ -613,6 +623,9 @@ impl Config {
                 }
                 Var::QosBoard => {
                     cfg.qos_board = (!value.is_empty()).then(|| PathBuf::from(&value));
+                }
+                Var::FreezePoolSocket => {
+                    cfg.freeze_pool_socket = (!value.is_empty()).then(|| PathBuf::from(&value));
                 }
                 Var::TaskPriority => {
                     // HAMi-core reads it with atoi: accept its two meaningful values.
@@ -1019,6 +1032,21 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_freeze_pool_socket_is_a_path_and_empty_means_the_default() {
+        assert_eq!(vars(&[]).unwrap().freeze_pool_socket, None);
+        let socket = |v: &str| {
+            vars(&[("VGPU_FREEZE_POOL_SOCKET", v)])
+                .unwrap()
+                .freeze_pool_socket
+        };
+        assert_eq!(socket(""), None);
+        assert_eq!(
+            socket("/run/pool/p.sock"),
+            Some(PathBuf::from("/run/pool/p.sock"))
+        );
     }
 
     #[test]

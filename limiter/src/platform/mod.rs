@@ -19,12 +19,15 @@
 //! - [`vmm`]: the driver calls of the in-process freeze (virtual memory, copies, contexts).
 //! - [`host_memory`]: the host memory it saves into (huge pages, populated by threads,
 //!   registered with the driver).
+//! - [`freeze_pool`]: host memory borrowed from the agent's freeze pool instead (its Unix
+//!   socket, the chunks mapped and registered).
 
 pub(crate) mod clock;
 pub(crate) mod cuda;
 #[macro_use]
 pub(crate) mod direct;
 pub(crate) mod driver;
+pub(crate) mod freeze_pool;
 pub(crate) mod guard;
 pub(crate) mod host_memory;
 pub(crate) mod log;

@@ -124,6 +124,21 @@ impl Driver {
         check(unsafe { f(dst, src, size as usize) })
     }
 
+    /// Queues a copy of `size` bytes of device memory at `src` to registered host memory at
+    /// `dst` on the current context's default stream: the call returns once it is queued, and
+    /// the copy is complete at the context's next synchronisation.
+    pub(crate) fn copy_to_host_async(
+        &self,
+        dst: *mut c_void,
+        src: CUdeviceptr,
+        size: u64,
+    ) -> Result<(), Code> {
+        let f = self.need::<sym::MemcpyDtoHAsyncV2>()?;
+        // SAFETY: `dst` holds `size` registered bytes that stay mapped until the caller's
+        // synchronisation; `src` is a mapped device range; the null stream is the context's.
+        check(unsafe { f(dst, src, size as usize, std::ptr::null_mut()) })
+    }
+
     /// Copies `size` bytes of host memory at `src` to device memory at `dst` (synchronous for
     /// pinned host memory).
     pub(crate) fn copy_to_device(

@@ -44,6 +44,7 @@ use crate::platform::{
     clock::{self, LazyClock},
     cuda::{CUDA_ERROR_NOT_INITIALIZED, CUresult},
     driver::{BindError, DlsymFn, Driver, find_real_dlsym},
+    freeze_pool,
     guard::{Panics, Reentry},
     log::{self, Level},
     nvml::Nvml,
@@ -59,6 +60,7 @@ pub(crate) fn own_freeze_tenant(state: &'static State, process: &'static Process
         control: state.control(),
         held: process,
         log: state.log_level(),
+        pool: freeze_pool::socket_path(state.config.freeze_pool_socket.as_deref()),
     }
 }
 

@@ -19,6 +19,14 @@ enum Mem {
 }
 
 fn copy(dst: Mem, src: Mem, n: usize, stream: Option<CUstream>) -> CUresult {
+    // Before the state's lock: the registrations have their own.
+    for m in [dst, src] {
+        if let Mem::Host(p) = m
+            && !crate::memory::host_range_ok(p, n)
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
     let s = state();
     let ok = |m: Mem| match m {
         Mem::Device(p) => s.valid_range(p, n as u64),
@@ -395,6 +403,50 @@ mod tests {
             );
             assert_eq!(cuMemcpy2D_v2(&array), CUDA_ERROR_NOT_SUPPORTED);
             assert_eq!(cuMemcpy2D_v2(std::ptr::null()), CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+
+    /// Two adjacent registrations: a copy within either moves, one across both is refused as
+    /// the real driver refuses it; memory never registered is not checked.
+    #[test]
+    fn a_copy_may_not_span_two_registrations() {
+        let mut dev: CUdeviceptr = 0;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        let mut host = vec![7u8; 8192];
+        let (lo, hi) = (host.as_mut_ptr(), host.as_mut_ptr().wrapping_add(4096));
+        // SAFETY: out-pointers and buffers that live through each call; sizes within them.
+        unsafe {
+            assert_eq!(crate::device::cuInit(0), CUDA_SUCCESS);
+            assert_eq!(crate::device::cuCtxCreate_v2(&mut ctx, 0, 0), CUDA_SUCCESS);
+            assert_eq!(crate::memory::cuMemAlloc_v2(&mut dev, 8192), CUDA_SUCCESS);
+            for half in [lo, hi] {
+                assert_eq!(
+                    crate::memory::cuMemHostRegister_v2(half.cast(), 4096, 1),
+                    CUDA_SUCCESS
+                );
+            }
+            assert_eq!(cuMemcpyHtoD_v2(dev, lo.cast(), 4096), CUDA_SUCCESS);
+            assert_eq!(cuMemcpyDtoH_v2(hi.cast(), dev, 4096), CUDA_SUCCESS);
+            assert_eq!(
+                cuMemcpyHtoD_v2(dev, lo.add(2048).cast(), 4096),
+                CUDA_ERROR_INVALID_VALUE
+            );
+            assert_eq!(
+                cuMemcpyDtoH_v2(lo.cast(), dev, 8192),
+                CUDA_ERROR_INVALID_VALUE
+            );
+            for half in [lo, hi] {
+                assert_eq!(
+                    crate::memory::cuMemHostUnregister(half.cast()),
+                    CUDA_SUCCESS
+                );
+            }
+            assert_eq!(
+                cuMemcpyDtoH_v2(lo.cast(), dev, 8192),
+                CUDA_SUCCESS,
+                "unregistered"
+            );
+            assert_eq!(crate::device::cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
         }
     }
 }

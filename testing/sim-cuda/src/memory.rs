@@ -63,10 +63,25 @@ fn free_async(ptr: CUdeviceptr, stream: CUstream) -> CUresult {
     result(s.free(ptr).map(|_| ()))
 }
 
-/// Host memory registered (`cuMemHostRegister_v2`): start and length. The sim's copies need
-/// nothing of it; it is kept so that an unregister of something never registered fails, as on
-/// the real driver.
+/// Host memory registered (`cuMemHostRegister_v2`): start and length. Kept so that an
+/// unregister of something never registered fails, and a copy that spans two registrations
+/// fails ([`host_range_ok`]), as on the real driver.
 static REGISTERED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether a copy may use the `n` host bytes at `p`: a host range that overlaps a registration
+/// lies within it. The real driver refuses a copy that spans two adjacent registrations with
+/// `CUDA_ERROR_INVALID_VALUE` (the in-process freeze splits its copies at the freeze pool's
+/// chunks for this). Memory never registered is not checked.
+pub(crate) fn host_range_ok(p: *const c_void, n: usize) -> bool {
+    if n == 0 {
+        return true;
+    }
+    let (lo, hi) = (p as usize, (p as usize).saturating_add(n));
+    let r = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    r.iter()
+        .filter(|&&(a, len)| lo < a + len && a < hi)
+        .all(|&(a, len)| a <= lo && hi <= a + len)
+}
 
 /// Whether the calling thread has a current context (the real driver's registration needs one:
 /// `CUDA_ERROR_INVALID_CONTEXT` without).

@@ -344,12 +344,18 @@ impl State {
             let at = dst + done as u64;
             let (page, offset) = (at - at % PAGE, (at % PAGE) as usize);
             let n = (PAGE as usize - offset).min(bytes.len() - done);
+            let part = &bytes[done..done + n];
+            done += n;
+            // A page never written reads as zeros: zeros written to it need no page (a GiB copied
+            // back to a device holds only what was written to it).
+            if !self.content.contains_key(&page) && part.iter().all(|&b| b == 0) {
+                continue;
+            }
             let p = self
                 .content
                 .entry(page)
                 .or_insert_with(|| vec![0; PAGE as usize].into_boxed_slice());
-            p[offset..offset + n].copy_from_slice(&bytes[done..done + n]);
-            done += n;
+            p[offset..offset + n].copy_from_slice(part);
         }
     }
 

@@ -38,8 +38,19 @@ pub(crate) struct Backed {
     pub(crate) context: usize,
     /// Its physical memory while on the GPU; 0 while frozen.
     pub(crate) handle: u64,
-    /// Where a freeze saved it (registered host memory); `None` while on the GPU.
-    pub(crate) saved: Option<HostBuffer>,
+    /// Where a freeze saved it; `None` while on the GPU.
+    pub(crate) saved: Option<Saved>,
+}
+
+/// Where a frozen allocation's copy is.
+#[derive(Debug)]
+pub(crate) enum Saved {
+    /// Registered host memory of the process's own.
+    Own(HostBuffer),
+    /// At this offset of the loan from the agent's freeze pool that the process holds while
+    /// frozen (`OwnFreeze`'s; never outside a freeze: a thaw that keeps a copy moves it to host
+    /// memory of its own first).
+    Pool { offset: u64 },
 }
 
 /// Every backed allocation of the process, by address.
@@ -115,7 +126,7 @@ impl Backing {
             }
             driver.vmm_address_free(ptr, backed.size)
         });
-        if let Some(saved) = backed.saved {
+        if let Some(Saved::Own(saved)) = backed.saved {
             saved.release(driver);
         }
         Some(r)

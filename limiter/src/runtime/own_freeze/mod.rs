@@ -15,6 +15,12 @@
 //!   and answers. A call that finds the gate closed on a frozen process thaws it itself, on its
 //!   own thread, before it goes on, and asks the agent (the region's thaw request) to thaw the
 //!   container's other processes.
+//! - The host memory: borrowed from the agent's freeze pool where there is one
+//!   (`platform::freeze_pool`: populated beforehand, so the freeze waits for the copy only),
+//!   asked for before the gate closes, the allocations laid out back to back in the loan; else,
+//!   and for what the loan does not hold, the process's own (`HostBuffer`). The loan is the
+//!   process's until it answers the thaw (the agent takes the pages back then): the copy back
+//!   ends before `Running` is published, and the loan is not touched after it.
 //!
 //! ```text
 //!   Running --(mark InProcess; no call in flight within DRAIN_LIMIT; saved)--> Frozen
@@ -41,11 +47,15 @@ use std::{
 use region::{FreezeMark, OwnFreeze as Answer, OwnFreezeState, Region, Slot};
 
 pub(crate) use self::backing::{Backing, MIN_BACKED};
-use self::gate::Gate;
+use self::{
+    backing::{Backed, Saved},
+    gate::Gate,
+};
 use super::control::Control;
 use crate::platform::{
-    cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext},
+    cuda::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUdeviceptr},
     driver::Driver,
+    freeze_pool::{self, Loan, PoolError},
     host_memory::{HostBuffer, HostMemoryError},
     log::{self, Level},
     os,
@@ -88,9 +98,49 @@ pub(crate) struct OwnFreeze {
     answer: AtomicU64,
     /// The process whose watcher runs (0: none yet; another pid: a forked child's parent).
     watcher: AtomicU32,
+    /// The loan from the agent's pool that the allocations saved as [`Saved::Pool`] are in:
+    /// from a freeze's start to the end of its thaw. Locked after the backing's table.
+    loan: Mutex<Option<Loan>>,
     /// Host memory a thaw at a call copied from, and when that thaw ended: released by the
     /// watcher [`RELEASE_AFTER`] later.
-    left: Mutex<(Vec<HostBuffer>, Option<Instant>)>,
+    left: Mutex<Left>,
+}
+
+/// Host memory a thaw copied from, to be released.
+#[derive(Debug, Default)]
+struct Released {
+    buffers: Vec<HostBuffer>,
+    loans: Vec<Loan>,
+}
+
+/// What a thaw at a call left, and when that thaw ended.
+#[derive(Debug, Default)]
+struct Left {
+    released: Released,
+    since: Option<Instant>,
+}
+
+/// What a freeze saved, and where.
+#[derive(Debug, Default)]
+struct Moved {
+    bytes: u64,
+    /// Chunks of the agent's pool used (0: none).
+    pool_chunks: usize,
+    /// Bytes saved to the process's own host memory.
+    own_bytes: u64,
+}
+
+impl std::fmt::Display for Moved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.pool_chunks, self.own_bytes) {
+            (0, _) => write!(f, "own host memory"),
+            (k, 0) => write!(f, "the agent's pool: {k} chunks"),
+            (k, own) => write!(
+                f,
+                "the agent's pool: {k} chunks; own host memory for {own} bytes"
+            ),
+        }
+    }
 }
 
 /// Why an in-process freeze did not happen (the memory stayed on the GPU).
@@ -110,10 +160,22 @@ pub(crate) enum OwnFreezeError {
     NotCovered { backed: u64, allocated: u64 },
 }
 
-/// Releases host memory buffers.
-fn release_all(driver: &Driver, buffers: Vec<HostBuffer>) {
-    for b in buffers {
+/// Releases host memory buffers and loans (unregistered, unmapped, closed).
+fn release_all(driver: &Driver, released: Released) {
+    for b in released.buffers {
         b.release(driver);
+    }
+    for l in released.loans {
+        l.release();
+    }
+}
+
+/// A copy into or out of the loan failed: its driver code (a loan that cannot be used is
+/// `CUDA_ERROR_INVALID_VALUE`, for the log).
+fn pool_code(e: PoolError) -> Code {
+    match e {
+        PoolError::Copy { code, .. } | PoolError::Register { code, .. } => code,
+        _ => CUDA_ERROR_INVALID_VALUE,
     }
 }
 
@@ -128,6 +190,8 @@ pub(crate) struct Tenant {
     /// What the process's allocations hold.
     pub(crate) held: &'static dyn Held,
     pub(crate) log: Level,
+    /// The agent's freeze pool socket (`VGPU_FREEZE_POOL_SOCKET`, else the default path).
+    pub(crate) pool: &'static std::path::Path,
 }
 
 /// What a process's allocations hold by its region's accounting, beyond its contexts (`None`:
@@ -165,8 +229,19 @@ impl OwnFreeze {
                 .encode(),
             ),
             watcher: AtomicU32::new(0),
-            left: Mutex::new((Vec::new(), None)),
+            loan: Mutex::new(None),
+            left: Mutex::new(Left::default()),
         }
+    }
+
+    fn lock_loan(&self) -> MutexGuard<'_, Option<Loan>> {
+        // Written whole (taken or put): a panic while it was held left it consistent.
+        self.loan.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_left(&self) -> MutexGuard<'_, Left> {
+        // As `lock_loan`.
+        self.left.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock(&self) -> MutexGuard<'_, Phase> {
@@ -204,9 +279,23 @@ impl OwnFreeze {
             return;
         }
         if before != 0 {
-            // The parent's: dropped without a driver call (each unmaps its copy of the pages).
+            // The parent's: dropped without a driver call (each unmaps its copy of the pages;
+            // a loan also closes its copies of the chunks' descriptors). A lock a thread of the
+            // parent held at the fork stays held here: what it guards is leaked instead.
             self.backing.forget_all();
-            *self.left.lock().unwrap_or_else(PoisonError::into_inner) = (Vec::new(), None);
+            if let Ok(mut loan) = self.loan.try_lock()
+                && let Some(l) = loan.take()
+            {
+                l.forget();
+            }
+            if let Ok(mut left) = self.left.try_lock() {
+                let left = std::mem::take(&mut *left);
+                // Host buffers unmap when dropped.
+                drop(left.released.buffers);
+                for l in left.released.loans {
+                    l.forget();
+                }
+            }
             self.gate.open();
             self.set_phase(Phase::Running);
         }
@@ -254,10 +343,11 @@ impl OwnFreeze {
                     drop(p);
                     let env = tenant;
                     let started = Instant::now();
-                    let left = self.restore(env);
-                    let mut l = self.left.lock().unwrap_or_else(PoisonError::into_inner);
-                    l.0.extend(left);
-                    l.1 = Some(Instant::now());
+                    let released = self.restore(env);
+                    let mut l = self.lock_left();
+                    l.released.buffers.extend(released.buffers);
+                    l.released.loans.extend(released.loans);
+                    l.since = Some(Instant::now());
                     drop(l);
                     self.publish(env, OwnFreezeState::Running, generation);
                     if let Some((region, _)) = env.region {
@@ -329,7 +419,14 @@ impl OwnFreeze {
             );
             return;
         }
+        // Asked for while the application runs: the agent's answer and the chunks' mapping and
+        // registration overlap the drain, the synchronisation and the first copies.
+        let loan = self.borrow(env);
+        let borrowed = started.elapsed();
         if !self.gate.close_and_drain(DRAIN_LIMIT) {
+            if let Some(l) = loan {
+                l.release();
+            }
             self.set_phase(Phase::Running);
             self.publish(env, OwnFreezeState::Failed, generation);
             log::write(
@@ -342,15 +439,25 @@ impl OwnFreeze {
             );
             return;
         }
-        match self.save(env) {
-            Ok(bytes) => {
+        let drained = started.elapsed();
+        match self.save(env, loan) {
+            Ok(moved) => {
                 self.set_phase(Phase::Frozen(generation));
                 self.publish(env, OwnFreezeState::Frozen, generation);
+                log::debug!(
+                    env.log,
+                    "in-process freeze: host memory asked for in {} ms, calls drained at {} ms, \
+                     saved and released at {} ms",
+                    borrowed.as_millis(),
+                    drained.as_millis(),
+                    started.elapsed().as_millis()
+                );
                 log::write(
                     env.log,
                     Level::Info,
                     format_args!(
-                        "frozen in-process: {bytes} bytes moved to host memory in {} ms",
+                        "frozen in-process: {} bytes moved to host memory in {} ms ({moved})",
+                        moved.bytes,
                         started.elapsed().as_millis()
                     ),
                 );
@@ -391,25 +498,93 @@ impl OwnFreeze {
                 }
             }
         }
-        let left = self.restore(env);
-        release_all(env.driver, left);
+        let released = self.restore(env);
+        release_all(env.driver, released);
         self.publish(env, OwnFreezeState::Running, generation);
     }
 
-    /// Saves every backed allocation to host memory and releases its physical memory, with the
-    /// gate closed and drained; returns the bytes saved. On an error nothing is lost: what was
-    /// released is mapped again, and the host memory is released.
-    fn save(&self, env: Tenant) -> Result<u64, OwnFreezeError> {
+    /// Borrows host memory from the agent's pool for the allocations on the GPU, and starts
+    /// mapping and registering it; `None` (the freeze uses its own host memory) if there is no
+    /// pool or it lends nothing usable.
+    fn borrow(&self, env: Tenant) -> Option<Loan> {
+        let (bytes, context) = self.backing.with_table(|t| {
+            let mut on_gpu = t.values().filter(|b| b.handle != 0).peekable();
+            let context = on_gpu.peek().map(|b| b.context);
+            (on_gpu.map(|b| b.size).sum::<u64>(), context)
+        });
+        let context = context?;
+        let loan = freeze_pool::borrow(env.pool, bytes)
+            .and_then(|lent| Loan::start(lent, bytes, env.driver, context as CUcontext));
+        match loan {
+            Ok(l) => Some(l),
+            Err(PoolError::NoPool) => {
+                log::debug!(
+                    env.log,
+                    "no freeze pool at {}: own host memory",
+                    env.pool.display()
+                );
+                None
+            }
+            Err(e) => {
+                log::write(
+                    env.log,
+                    Level::Info,
+                    format_args!(
+                        "the agent's freeze pool ({}): {e}; own host memory instead",
+                        env.pool.display()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// Saves every backed allocation to host memory (the `loan` where it holds it, else the
+    /// process's own) and releases its physical memory, with the gate closed and drained;
+    /// returns what was saved where. On an error nothing is lost: what was released is mapped
+    /// again, and the host memory (the loan too) is released.
+    fn save(&self, env: Tenant, loan: Option<Loan>) -> Result<Moved, OwnFreezeError> {
         let d = env.driver;
         let driver_err = |call| move |code| OwnFreezeError::Driver { call, code };
+        // Where a failed save's restore finds it.
+        *self.lock_loan() = loan;
         let saved = self.backing.with_table(|t| {
             let contexts: BTreeSet<usize> = t.values().map(|b| b.context).collect();
             for c in contexts {
                 d.with_context(c as CUcontext, || d.synchronize_checked())
                     .map_err(driver_err("cuCtxSynchronize"))?;
             }
+            let mut moved = Moved::default();
+            let mut loan = self.lock_loan();
+            if let Some(l) = loan.as_ref() {
+                match save_to_loan(d, t, l) {
+                    Ok(0) => {}
+                    Ok(_) => moved.pool_chunks = l.chunks(),
+                    Err(e) => {
+                        // The memory is all on the GPU still: the process's own host memory
+                        // takes the loan's place.
+                        for b in t.values_mut() {
+                            if matches!(b.saved, Some(Saved::Pool { .. })) {
+                                b.saved = None;
+                            }
+                        }
+                        if let Some(l) = loan.take() {
+                            l.release();
+                        }
+                        log::write(
+                            env.log,
+                            Level::Info,
+                            format_args!("the agent's freeze pool: {e}; own host memory instead"),
+                        );
+                    }
+                }
+            }
+            drop(loan);
             let mut failed = None;
-            for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle != 0) {
+            for (&ptr, b) in t
+                .iter_mut()
+                .filter(|(_, b)| b.handle != 0 && b.saved.is_none())
+            {
                 let buf = match HostBuffer::new(d, b.context as CUcontext, b.size) {
                     Ok(buf) => buf,
                     Err(e) => {
@@ -425,17 +600,17 @@ impl OwnFreeze {
                     failed = Some(driver_err("cuMemcpyDtoH_v2")(code));
                     break;
                 }
-                b.saved = Some(buf);
+                b.saved = Some(Saved::Own(buf));
+                moved.own_bytes += b.size;
             }
             if let Some(f) = failed {
                 for b in t.values_mut().filter(|b| b.handle != 0) {
-                    if let Some(buf) = b.saved.take() {
+                    if let Some(Saved::Own(buf)) = b.saved.take() {
                         buf.release(d);
                     }
                 }
                 return Err(f);
             }
-            let mut bytes = 0;
             for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle != 0) {
                 let r = d
                     .vmm_unmap(ptr, b.size)
@@ -444,7 +619,7 @@ impl OwnFreeze {
                 match r {
                     Ok(()) => {
                         b.handle = 0;
-                        bytes += b.size;
+                        moved.bytes += b.size;
                     }
                     Err(f) => {
                         failed = Some(f);
@@ -453,7 +628,7 @@ impl OwnFreeze {
                 }
             }
             match failed {
-                None => Ok(bytes),
+                None => Ok(moved),
                 Some(f) => Err(f),
             }
         });
@@ -467,13 +642,14 @@ impl OwnFreeze {
 
     /// Maps new physical memory under every saved allocation and copies it back, then opens
     /// the gate (`Running`). Waits for room as long as the GPU has none. Returns the host
-    /// memory it copied from, for the caller to release (off a thawing call's path: releasing
-    /// 16 GiB takes 0.4 s).
-    fn restore(&self, env: Tenant) -> Vec<HostBuffer> {
+    /// memory it copied from (the loan too), for the caller to release (off a thawing call's
+    /// path: releasing 16 GiB takes 0.4 s); the loan is not used after.
+    fn restore(&self, env: Tenant) -> Released {
         let d = env.driver;
         let mut last_room_log: Option<Instant> = None;
-        let mut done = Vec::new();
+        let mut done = Released::default();
         self.backing.with_table(|t| {
+            let mut loan = self.lock_loan();
             for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle == 0) {
                 let mut other_failures = 0;
                 loop {
@@ -483,9 +659,7 @@ impl OwnFreeze {
                             let _ = d.vmm_release(h);
                             return Err(e);
                         }
-                        if let Some(buf) = &b.saved
-                            && let Err(e) = d.copy_to_device(ptr, buf.ptr(), b.size)
-                        {
+                        if let Err(e) = copy_back(d, loan.as_ref(), ptr, b) {
                             let _ = d.vmm_unmap(ptr, b.size);
                             let _ = d.vmm_release(h);
                             return Err(e);
@@ -495,7 +669,9 @@ impl OwnFreeze {
                     match r {
                         Ok(h) => {
                             b.handle = h;
-                            done.extend(b.saved.take());
+                            if let Some(Saved::Own(buf)) = b.saved.take() {
+                                done.buffers.push(buf);
+                            }
                             break;
                         }
                         Err(CUDA_ERROR_OUT_OF_MEMORY) => {
@@ -530,6 +706,40 @@ impl OwnFreeze {
                     }
                 }
             }
+            // A copy kept in the loan moves to host memory of the process's own: the agent takes
+            // the loan's pages back once the thaw is answered.
+            for (&ptr, b) in t.iter_mut() {
+                let Some(Saved::Pool { offset }) = b.saved else {
+                    continue;
+                };
+                b.saved = None;
+                let kept = loan.as_ref().ok_or(None).and_then(|l| {
+                    let buf = HostBuffer::new(d, b.context as CUcontext, b.size).map_err(|e| {
+                        Some(e.to_string())
+                    })?;
+                    // SAFETY: the buffer holds `b.size` writable bytes of its own.
+                    match unsafe { l.read(offset, buf.ptr(), b.size) } {
+                        Ok(()) => Ok(buf),
+                        Err(e) => {
+                            buf.release(d);
+                            Err(Some(e.to_string()))
+                        }
+                    }
+                });
+                match kept {
+                    Ok(buf) => b.saved = Some(Saved::Own(buf)),
+                    Err(why) => log::write(
+                        env.log,
+                        Level::Error,
+                        format_args!(
+                            "in-process thaw: the copy of {} bytes at {ptr:#x} could not leave the agent's pool ({}); that allocation's content is lost",
+                            b.size,
+                            why.as_deref().unwrap_or("no loan")
+                        ),
+                    ),
+                }
+            }
+            done.loans.extend(loan.take());
         });
         self.gate.open();
         self.set_phase(Phase::Running);
@@ -539,12 +749,11 @@ impl OwnFreeze {
     /// Releases host memory a thawing call left (see [`OwnFreeze::restore`]) once
     /// [`RELEASE_AFTER`] has passed since that thaw; the watcher's work.
     fn release_left(&self, driver: &Driver) {
-        let mut l = self.left.lock().unwrap_or_else(PoisonError::into_inner);
-        if l.1.is_some_and(|t| t.elapsed() >= RELEASE_AFTER) {
-            let left = std::mem::take(&mut l.0);
-            l.1 = None;
+        let mut l = self.lock_left();
+        if l.since.is_some_and(|t| t.elapsed() >= RELEASE_AFTER) {
+            let left = std::mem::take(&mut *l);
             drop(l);
-            release_all(driver, left);
+            release_all(driver, left.released);
         }
     }
 
@@ -567,6 +776,71 @@ impl OwnFreeze {
         if let Some(answer) = Answer::decode(self.answer.load(Ordering::Relaxed)) {
             region.publish_own_freeze(slot, answer, self.backing.bytes());
         }
+    }
+}
+
+/// Copies the allocations on the GPU into the loan, back to back in the table's order, each
+/// where it fits whole (one made since the loan was asked for may not: it is left to the
+/// process's own host memory), and waits for the copies, failed or not (nothing of the loan is
+/// released while a copy into it is queued); returns the bytes copied.
+fn save_to_loan(
+    d: &Driver,
+    t: &mut std::collections::BTreeMap<CUdeviceptr, Backed>,
+    loan: &Loan,
+) -> Result<u64, PoolError> {
+    let mut offset = 0;
+    let mut queued = BTreeSet::new();
+    let mut failed = None;
+    for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle != 0) {
+        if offset + b.size > loan.bytes() {
+            continue;
+        }
+        queued.insert(b.context);
+        let r = d
+            .with_context(
+                b.context as CUcontext,
+                || Ok(loan.save(offset, ptr, b.size)),
+            )
+            .unwrap_or_else(|code| {
+                Err(PoolError::Copy {
+                    call: "cuCtxSetCurrent",
+                    bytes: 0,
+                    code,
+                })
+            });
+        if let Err(e) = r {
+            failed = Some(e);
+            break;
+        }
+        b.saved = Some(Saved::Pool { offset });
+        offset += b.size;
+    }
+    for c in queued {
+        let synced = d.with_context(c as CUcontext, || d.synchronize_checked());
+        if let (Err(code), None) = (synced, failed) {
+            failed = Some(PoolError::Copy {
+                call: "cuCtxSynchronize",
+                bytes: 0,
+                code,
+            });
+        }
+    }
+    match failed {
+        None => Ok(offset),
+        Some(e) => Err(e),
+    }
+}
+
+/// Copies an allocation's saved copy back to its device memory at `ptr` (in the current
+/// context).
+fn copy_back(d: &Driver, loan: Option<&Loan>, ptr: CUdeviceptr, b: &Backed) -> Result<(), Code> {
+    match &b.saved {
+        Some(Saved::Own(buf)) => d.copy_to_device(ptr, buf.ptr(), b.size),
+        Some(Saved::Pool { offset }) => loan
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?
+            .restore(*offset, ptr, b.size)
+            .map_err(pool_code),
+        None => Ok(()),
     }
 }
 

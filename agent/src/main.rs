@@ -21,10 +21,12 @@
 //! 5. collector: `collector`. Joins the sources into one model snapshot per tick.
 //! 6. views: `export`; never `host`, `identity`, `client`, `discovery`, `nvml`, `probes`,
 //!    `collector`. The exporters (Prometheus, OTLP): they read the model only.
-//! 7. commands: `tui`, `stat`, `attribute`, `limit`, `cdi`, `freeze`; never `discovery`, `nvml`,
-//!    `probes`.
+//! 7. commands: `tui`, `stat`, `attribute`, `limit`, `cdi`, `freeze`, `freeze_pool`; never
+//!    `discovery`, `nvml`, `probes`.
 //!    What users run: they get snapshots from a collector or the daemon's socket and render
-//!    them, or read and write limits. Never the probes, NVML or the scan.
+//!    them, or read and write limits and freeze marks; and the freeze pool the daemon serves,
+//!    which reads what `freeze` reads. Never the probes, NVML (but through `checkpoint`'s
+//!    measure) or the scan.
 //! 8. top: `daemon`. The long-running daemon; the binary's entry point (this file) starts it or
 //!    a command.
 
@@ -37,6 +39,7 @@ mod daemon;
 mod discovery;
 mod export;
 mod freeze;
+mod freeze_pool;
 mod host;
 mod identity;
 mod limit;
@@ -304,6 +307,14 @@ fn parse_freeze_after(s: &str) -> Result<Option<Duration>, String> {
     }
 }
 
+/// `--freeze-pool`: bytes (`64g`), or `off` (also `0`, `none`) for none.
+fn parse_pool_size(s: &str) -> Result<u64, String> {
+    match s {
+        "off" => Ok(0),
+        s => limit::parse_memory(s),
+    }
+}
+
 /// Prints what a freeze or thaw did for each process, also when some failed (the error then
 /// lists those).
 fn report_each(outcome: Result<Vec<String>, freeze::FreezeError>) -> anyhow::Result<()> {
@@ -507,6 +518,15 @@ enum Command {
         /// does not fit what is left stays running.
         #[arg(long, default_value = "16g", value_parser = limit::parse_memory)]
         freeze_host_budget: u64,
+        /// Host memory to keep populated in huge pages beforehand and lend to processes freezing
+        /// in-process (`VGPU_FREEZE_IN_PROCESS`), which then skip populating their own (e.g.
+        /// 64g; whole GiB, at most --freeze-host-budget; `off`: none). Its pages are charged to
+        /// the agent's memory cgroup. Needs CAP_SYS_ADMIN (a tmpfs of its own) and NVML.
+        #[arg(long, default_value = "off", value_name = "SIZE", value_parser = parse_pool_size)]
+        freeze_pool: u64,
+        /// Where the freeze pool is served (the directory is mounted read-only into containers).
+        #[arg(long, default_value = region::freeze_pool::DEFAULT_SOCKET, value_name = "PATH")]
+        freeze_pool_socket: PathBuf,
         #[command(flatten)]
         collect: CollectArgs,
     },
@@ -720,6 +740,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             freeze_after,
             freeze_on_demand,
             freeze_host_budget,
+            freeze_pool,
+            freeze_pool_socket,
             collect,
         } => {
             let freeze_after =
@@ -775,6 +797,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     host_budget: freeze_host_budget,
                     on_demand: freeze_on_demand,
                 },
+                freeze_pool: (freeze_pool > 0).then_some(freeze_pool::Settings {
+                    size: freeze_pool,
+                    host_budget: freeze_host_budget,
+                    socket: freeze_pool_socket,
+                }),
             };
             daemon::run(opts)?;
             Ok(())

@@ -342,12 +342,16 @@ impl Tenant {
     /// Waits for a line of the limiter's log that contains `text`.
     fn wait_log(&mut self, text: &str) {
         let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let l = self.err.recv_timeout(left).expect("the log line in time");
+            let Ok(l) = self.err.recv_timeout(left) else {
+                panic!("no log line with {text:?} in time; the lines seen: {seen:#?}");
+            };
             if l.contains(text) {
                 return;
             }
+            seen.push(l);
         }
     }
 
@@ -1074,4 +1078,75 @@ fn in_process_a_freeze_that_cannot_complete_answers_failed_and_keeps_the_memory(
     assert_eq!(charged(gpu), 8 * MIB);
     t.check_intact("after a freeze that found a call in flight");
     t.finish();
+}
+
+/// With the daemon's freeze pool (`run --freeze-pool 1g`), a tenant freezing in-process asks it
+/// for host memory over the pool's socket before it holds its calls. Here the daemon runs
+/// without NVML, so it cannot measure the asking process and lends nothing (the loan itself is
+/// shown by the agent's `freeze_pool::tests` over a real socket, the limiter's
+/// `tests/freeze_pool.rs` against a stand-in pool, and on a GPU by
+/// `scripts/gpu/validate-freeze-in-process.sh`): the tenant freezes with its own host memory and
+/// says why, every word survives, and the daemon counts the refusal and keeps its chunk ready.
+#[test]
+fn in_process_a_tenant_asks_the_daemons_pool_and_unmeasured_freezes_with_its_own_memory() {
+    use region::{FreezeMark, OwnFreezeState};
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let pool_dir = tempdir();
+    let socket = pool_dir.path().join("pool").join("freeze-pool.sock");
+    let daemon = Daemon::start_with_env(
+        pool_dir.path(),
+        "200ms",
+        &[
+            "--freeze-pool",
+            "1g",
+            "--freeze-host-budget",
+            "1g",
+            "--freeze-pool-socket",
+            socket.to_str().unwrap(),
+        ],
+        Stdio::inherit(),
+        &[],
+    );
+    let pool = |d: &Daemon| d.snapshot()["agent"]["freeze_pool"].clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pool(&daemon)["ready_bytes"] != 1u64 << 30 {
+        assert!(Instant::now() < deadline, "populated: {}", pool(&daemon));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(pool(&daemon)["size_bytes"], 1u64 << 30);
+
+    // A container id is hexadecimal: the name is its first digits.
+    let o = OwnTenant::start(
+        "b001",
+        &[("VGPU_FREEZE_POOL_SOCKET", socket.to_str().unwrap())],
+    );
+    let (mut t, pid) = (o.tenant, o.pid);
+    let (region, gpu) = (o.region.as_path(), o.gpu.as_path());
+    wait_answer(region, pid, OwnFreezeState::Running, 0);
+    let g = write_mark(region, FreezeMark::InProcess);
+    assert_eq!(wait_answer(region, pid, OwnFreezeState::Frozen, g), 8 * MIB);
+    t.wait_log("the agent lent nothing: the agent could not identify or measure the process");
+    t.wait_log("(own host memory)");
+    assert_eq!(charged(gpu), 0, "its memory is given back");
+    // The next snapshot counts the refusal.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pool(&daemon)["refusals"]["unknown"].is_null() {
+        assert!(Instant::now() < deadline, "counted: {}", pool(&daemon));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let p = pool(&daemon);
+    assert_eq!(p["refusals"]["unknown"], 1, "{p}");
+    assert_eq!(
+        (p["loans_total"].as_u64(), p["lent_bytes"].as_u64()),
+        (Some(0), Some(0)),
+        "{p}"
+    );
+    assert_eq!(p["ready_bytes"], 1u64 << 30, "{p}");
+    t.check_intact("thawed after a freeze the pool did not serve");
+    assert_eq!(charged(gpu), 8 * MIB);
+    t.finish();
+    assert!(daemon.stop().success());
 }

@@ -101,6 +101,17 @@ pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<(), C
 /// sticky and writable by all (mode 1777, as /tmp). A path that exists must be a directory (not
 /// a link).
 pub fn board_dir(dir: &Path) -> Result<(), CdiError> {
+    shared_dir(dir, "a QoS board directory", 0o1777)
+}
+
+/// Makes the freeze pool's socket directory (root's, mode 0755: containers see it read-only and
+/// connect to the daemon's socket in it) unless it is one already.
+pub fn pool_dir(dir: &Path) -> Result<(), CdiError> {
+    shared_dir(dir, "a freeze pool directory", 0o755)
+}
+
+/// Makes `dir` a directory of mode `mode`, or refuses what is there and is not a directory.
+fn shared_dir(dir: &Path, what: &str, mode: u32) -> Result<(), CdiError> {
     let io = |source| CdiError::Write {
         path: dir.to_owned(),
         source,
@@ -108,16 +119,16 @@ pub fn board_dir(dir: &Path) -> Result<(), CdiError> {
     match fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
-            return Err(io(std::io::Error::other(
-                "not a directory (a QoS board directory must be one)",
-            )));
+            return Err(io(std::io::Error::other(format!(
+                "not a directory ({what} must be one)"
+            ))));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             fs::create_dir_all(dir).map_err(io)?;
         }
         Err(e) => return Err(io(e)),
     }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)).map_err(io)
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode)).map_err(io)
 }
 
 /// What `cdi install` wrote.

@@ -72,6 +72,11 @@ pub enum CdiCommand {
         /// every container with VGPU_QOS_BOARD pointing into it (created with mode 1777).
         #[arg(long)]
         qos_board_dir: Option<PathBuf>,
+        /// The host directory of the daemon's freeze pool socket (`vgpu-agent run
+        /// --freeze-pool`, docs/oversubscription.md), mounted read-only into every container
+        /// with VGPU_FREEZE_POOL_SOCKET pointing into it (created with mode 0755 if missing).
+        #[arg(long)]
+        freeze_pool_dir: Option<PathBuf>,
     },
 }
 
@@ -101,11 +106,16 @@ pub fn run(command: CdiCommand) -> Result<Vec<String>, CdiError> {
             region_size,
             host_root,
             qos_board_dir,
+            freeze_pool_dir,
         } => {
             let mut opts = options(&kind, &devices, lib_dir, preload, &region_size)?;
             if let Some(dir) = qos_board_dir {
                 install::board_dir(&host_root.join(dir.strip_prefix("/").unwrap_or(&dir)))?;
                 opts.qos_board_dir = Some(dir);
+            }
+            if let Some(dir) = freeze_pool_dir {
+                install::pool_dir(&host_root.join(dir.strip_prefix("/").unwrap_or(&dir)))?;
+                opts.freeze_pool_dir = Some(dir);
             }
             let to_stdout = output.as_os_str() == "-";
             if !to_stdout && output.extension().is_none_or(|e| e != "json") {
@@ -169,6 +179,7 @@ pub fn options(
         preload,
         region_size: size,
         qos_board_dir: None,
+        freeze_pool_dir: None,
     })
 }
 
@@ -468,6 +479,50 @@ mod tests {
     }
 
     #[test]
+    fn a_freeze_pool_directory_is_mounted_read_only_with_the_socket_named() {
+        let mut o = opts(&["a:mem=8g"], Preload::Env);
+        o.freeze_pool_dir = Some(PathBuf::from("/srv/pool"));
+        let spec = spec::build(&o);
+        assert!(spec.container_edits.env.contains(&format!(
+            "VGPU_FREEZE_POOL_SOCKET={}",
+            region::freeze_pool::DEFAULT_SOCKET
+        )));
+        let m = spec
+            .container_edits
+            .mounts
+            .iter()
+            .find(|m| m.host_path == "/srv/pool")
+            .expect("the pool directory is mounted");
+        assert_eq!(
+            Path::new(region::freeze_pool::DEFAULT_SOCKET).parent(),
+            Some(Path::new(&m.container_path))
+        );
+        assert!(m.options.contains(&"ro".to_string()), "{:?}", m.options);
+        assert!(!m.options.contains(&"rw".to_string()), "{:?}", m.options);
+        let plain = spec::build(&opts(&["a:mem=1g"], Preload::Env));
+        assert!(
+            !plain
+                .container_edits
+                .env
+                .iter()
+                .any(|e| e.starts_with("VGPU_FREEZE_POOL_SOCKET="))
+        );
+        // The directory is made root's, 0755; something else in its place is refused.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("pool");
+        install::pool_dir(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
+            0o755
+        );
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let err = install::pool_dir(&file).unwrap_err().to_string();
+        assert!(err.contains("a freeze pool directory must be one"), "{err}");
+    }
+
+    #[test]
     fn a_qos_board_directory_is_mounted_into_every_container_and_tiers_set_per_device() {
         let mut o = opts(
             &["infer:mem=8g,tier=latency", "train:guarantee=30"],
@@ -535,6 +590,7 @@ mod tests {
             region_size: "64m".into(),
             host_root: "/".into(),
             qos_board_dir: None,
+            freeze_pool_dir: None,
         };
         let lib_dir = tmp.path().join("lib");
         let err = run(generate("vgpu.json", &lib_dir))

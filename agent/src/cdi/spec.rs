@@ -45,6 +45,9 @@ pub struct SpecOptions {
     /// The node's QoS board directory (`--qos-board-dir`), bind-mounted read-write into every
     /// container so that their tiers see each other (docs/qos.md).
     pub qos_board_dir: Option<PathBuf>,
+    /// The daemon's freeze pool socket directory (`--freeze-pool-dir`), bind-mounted read-only
+    /// into every container (connecting to a socket needs no write access to its mount).
+    pub freeze_pool_dir: Option<PathBuf>,
 }
 
 /// Where the QoS board directory is in a container, and the board in it.
@@ -141,6 +144,21 @@ pub fn build(opts: &SpecOptions) -> Spec {
             container_path: QOS_DIR_IN_CONTAINER.into(),
             mount_type: None,
             options: strings(&["rw", "nosuid", "nodev", "noexec", "bind"]),
+        });
+    }
+    if let Some(dir) = &opts.freeze_pool_dir {
+        let socket = Path::new(region::freeze_pool::DEFAULT_SOCKET);
+        let in_container = socket.parent().unwrap_or(Path::new("/"));
+        env.push(format!(
+            "{}={}",
+            region::freeze_pool::SOCKET_ENV,
+            region::freeze_pool::DEFAULT_SOCKET
+        ));
+        mounts.push(Mount {
+            host_path: dir.display().to_string(),
+            container_path: in_container.display().to_string(),
+            mount_type: None,
+            options: strings(&["ro", "nosuid", "nodev", "noexec", "bind"]),
         });
     }
     let devices = opts

@@ -49,6 +49,8 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     Export(#[from] ExportError),
+    #[error(transparent)]
+    FreezePool(#[from] crate::freeze_pool::FreezePoolError),
 }
 
 pub struct MetricsConfig {
@@ -69,6 +71,8 @@ pub struct DaemonOptions {
     pub checkpoint_libcuda: PathBuf,
     /// Freezing idle containers, if wanted.
     pub idle_freeze: thaw::IdleFreeze,
+    /// The freeze pool (`--freeze-pool`), if wanted.
+    pub freeze_pool: Option<crate::freeze_pool::Settings>,
 }
 
 /// The latest snapshot, serialised once per refresh and shared with every client.
@@ -157,6 +161,8 @@ struct Publisher {
     identities: Option<Arc<crate::export::otlp::Identities>>,
     /// The containers' GPU time as OTLP metrics (`--otlp-endpoint`).
     gpu_time: Option<crate::export::otlp_metrics::GpuTimeMetrics>,
+    /// The freeze pool's figures (`--freeze-pool`).
+    freeze_pool: Option<crate::freeze_pool::StatusSource>,
     interval: Duration,
 }
 
@@ -167,6 +173,9 @@ impl Publisher {
         let age = snap.age_at(model::now_unix_ms());
         snap.agent.age_seconds = age;
         snap.agent.stale = age > 2.0 * self.interval.as_secs_f64();
+        if let Some(pool) = &self.freeze_pool {
+            snap.agent.freeze_pool = Some(pool.get());
+        }
         if let Some(m) = &mut self.metrics {
             snap.agent.http_dropped = m.http.by_reason();
             m.refresh(snap);
@@ -228,6 +237,12 @@ fn raise_open_files_limit() {
 pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     crate::signals::install();
     raise_open_files_limit();
+    // Started first: a pool that cannot be had stops the daemon before anything else starts.
+    let freeze_pool = opts
+        .freeze_pool
+        .as_ref()
+        .map(crate::freeze_pool::FreezePool::start)
+        .transpose()?;
     let listener = bind(&opts.socket)?;
     let mut collector = Collector::start(opts.collector);
     collector.set_interval(opts.interval);
@@ -278,6 +293,7 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         metrics,
         identities: opts.otlp.is_some().then_some(identities),
         gpu_time,
+        freeze_pool: freeze_pool.as_ref().map(|p| p.status_source()),
         interval: opts.interval,
     };
     publisher.publish(&mut snap, true);
@@ -370,6 +386,8 @@ pub fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         }
     }
     let _ = std::fs::remove_file(&opts.socket);
+    // Its socket removed and its threads stopped; loans out stay with their processes.
+    drop(freeze_pool);
     let deadline = Instant::now() + COLLECTOR_EXIT_WAIT;
     while !collector_thread.is_finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -404,6 +422,7 @@ mod tests {
             }),
             identities: None,
             gpu_time: None,
+            freeze_pool: None,
             interval: Duration::from_secs(1),
         };
         let served = |latest: &Latest| -> serde_json::Value {

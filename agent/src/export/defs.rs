@@ -488,6 +488,42 @@ pub const FREEZE_ON_DEMAND: Def = def(
     "Idle time after which the daemon may freeze a container to make room for another's allocation waiting for device memory (--freeze-on-demand); absent without it.",
     "agent.idle_freeze.on_demand_seconds",
 );
+pub const FREEZE_POOL_BYTES: Def = def(
+    "vgpu_freeze_pool",
+    Gauge,
+    Some(Bytes),
+    false,
+    &["state"],
+    "Host bytes of the freeze pool (vgpu-agent run --freeze-pool) by state: target (its size), ready (populated, to lend), lent (out on loans to processes freezing in-process), kept (pages of ended loans their borrowers still pin, charged to the agent and counted against the size); absent without the pool.",
+    "agent.freeze_pool.size_bytes, ready_bytes, lent_bytes, kept_bytes",
+);
+pub const FREEZE_POOL_OPEN_LOANS: Def = def(
+    "vgpu_freeze_pool_open_loans",
+    Gauge,
+    None,
+    false,
+    &[],
+    "Loans of the freeze pool out now (one per process at most); absent without the pool.",
+    "agent.freeze_pool.loans",
+);
+pub const FREEZE_POOL_LOANS: Def = def(
+    "vgpu_freeze_pool_loans",
+    Counter,
+    None,
+    false,
+    &[],
+    "Loans the freeze pool made since the daemon started; absent without the pool.",
+    "agent.freeze_pool.loans_total",
+);
+pub const FREEZE_POOL_REFUSALS: Def = def(
+    "vgpu_freeze_pool_refusals",
+    Counter,
+    None,
+    false,
+    &["reason"],
+    "Freeze pool requests and connections refused, by reason: not_freezing, already_lent, empty, too_much, unknown (the reply's status), bad_request, timeout, busy (closed at the connection caps); absent without the pool.",
+    "agent.freeze_pool.refusals",
+);
 pub const AGENT_UP: Def = def(
     "vgpu_agent_probes_up",
     Gauge,
@@ -835,6 +871,10 @@ pub const ALL: &[Def] = &[
     FREEZE_HOST_RESERVED,
     FREEZE_AFTER,
     FREEZE_ON_DEMAND,
+    FREEZE_POOL_BYTES,
+    FREEZE_POOL_OPEN_LOANS,
+    FREEZE_POOL_LOANS,
+    FREEZE_POOL_REFUSALS,
     CONTAINER_DRIFT,
     API_CALLS,
     API_ERRORS,

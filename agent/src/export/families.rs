@@ -371,6 +371,29 @@ pub(super) fn gpu_and_agent(snap: &Snapshot, spans: &SpanCounters, out: &mut Exp
             fam(&defs::FREEZE_ON_DEMAND, one(Value::Float(idle)));
         }
     }
+    if let Some(p) = &a.freeze_pool {
+        fam(
+            &defs::FREEZE_POOL_BYTES,
+            [
+                ("target", p.size_bytes),
+                ("ready", p.ready_bytes),
+                ("lent", p.lent_bytes),
+                ("kept", p.kept_bytes),
+            ]
+            .into_iter()
+            .map(|(state, bytes)| (vec![state.to_owned()], Value::Int(bytes)))
+            .collect(),
+        );
+        fam(&defs::FREEZE_POOL_OPEN_LOANS, one(Value::Int(p.loans)));
+        fam(&defs::FREEZE_POOL_LOANS, one(Value::Int(p.loans_total)));
+        fam(
+            &defs::FREEZE_POOL_REFUSALS,
+            p.refusals
+                .iter()
+                .map(|(k, v)| (vec![k.clone()], Value::Int(*v)))
+                .collect(),
+        );
+    }
     fam(&defs::AGENT_REGIONS, one(Value::Int(a.regions_read as u64)));
     fam(
         &defs::AGENT_REGION_ERRORS,

@@ -723,6 +723,16 @@ pub(super) mod tests {
             host_reserved_bytes: 12 << 30,
             on_demand_seconds: Some(30.0),
         });
+        s.agent.freeze_pool = Some(crate::model::FreezePoolStatus {
+            size_bytes: 64 << 30,
+            ready_bytes: 48 << 30,
+            lent_bytes: 16 << 30,
+            kept_bytes: 0,
+            loans: 1,
+            loans_total: 12,
+            refusals: BTreeMap::from([("empty".to_owned(), 2)]),
+            problem: None,
+        });
         let pod = "pod=\"train-000-7d9f8c6b5-x2k4p\",namespace=\"ml\"";
         let names = defs::metric_names();
         for per_api in [false, true] {
@@ -738,6 +748,13 @@ pub(super) mod tests {
                 "vgpu_freeze_host_reserved_bytes{} 12884901888\n",
                 "vgpu_freeze_after_seconds{} 600.0\n",
                 "vgpu_freeze_on_demand_seconds{} 30.0\n",
+                "vgpu_freeze_pool_bytes{state=\"target\"} 68719476736\n",
+                "vgpu_freeze_pool_bytes{state=\"ready\"} 51539607552\n",
+                "vgpu_freeze_pool_bytes{state=\"lent\"} 17179869184\n",
+                "vgpu_freeze_pool_bytes{state=\"kept\"} 0\n",
+                "vgpu_freeze_pool_open_loans{} 1\n",
+                "vgpu_freeze_pool_loans_total{} 12\n",
+                "vgpu_freeze_pool_refusals_total{reason=\"empty\"} 2\n",
                 "vgpu_agent_nvml_calls_total{call=\"process_utilization\"} 40\n",
                 "vgpu_agent_nvml_call_duration_seconds_total{call=\"process_utilization\"} 0.25\n",
                 "vgpu_agent_nvml_call_max_duration_seconds{call=\"process_utilization\"} 0.0125\n",

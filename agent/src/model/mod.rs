@@ -643,6 +643,9 @@ pub struct AgentStatus {
     /// The daemon's freeze of idle containers (`--freeze-after`), when it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_freeze: Option<IdleFreezeStatus>,
+    /// The daemon's freeze pool (`--freeze-pool`), when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_pool: Option<FreezePoolStatus>,
 }
 
 /// The daemon's freeze of idle containers: its TTL and its host-memory budget.
@@ -660,6 +663,35 @@ pub struct IdleFreezeStatus {
     /// waiting for device memory, seconds (`--freeze-on-demand`; `None`: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_demand_seconds: Option<f64>,
+}
+
+/// The daemon's freeze pool (`--freeze-pool`): host memory it keeps populated and lends to
+/// processes freezing in-process (docs/oversubscription.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FreezePoolStatus {
+    /// Host bytes the pool keeps, ready and lent together (`--freeze-pool`).
+    pub size_bytes: u64,
+    /// Bytes populated and ready to lend.
+    pub ready_bytes: u64,
+    /// Bytes out on loans now.
+    pub lent_bytes: u64,
+    /// Bytes of ended loans that their borrowers still hold: pages they pinned, freed from the
+    /// chunks but charged to the agent until they let go or exit, as the agent's memory cgroup
+    /// shows them (0 where it cannot tell). They count against `size_bytes`.
+    #[serde(default)]
+    pub kept_bytes: u64,
+    /// Loans out now (one per process at most).
+    pub loans: u64,
+    /// Loans made since the daemon started.
+    pub loans_total: u64,
+    /// Requests and connections refused since the daemon started, by reason: `not_freezing`,
+    /// `already_lent`, `empty`, `too_much`, `unknown` (the reply's status), `bad_request` (not
+    /// a request), `timeout` (no whole request within the exchange's time), `busy` (closed at
+    /// the connection caps).
+    pub refusals: BTreeMap<String, u64>,
+    /// Why the pool does not populate now, if it does not (the host short of memory, a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -706,6 +738,7 @@ impl Default for AgentStatus {
             age_seconds: 0.0,
             http_dropped: BTreeMap::new(),
             idle_freeze: None,
+            freeze_pool: None,
         }
     }
 }

@@ -167,6 +167,33 @@ fn memory_by_device_line(out: &mut String, memory: &[DeviceMemory]) {
     let _ = writeln!(out, "  memory by GPU: {}", parts.join(", "));
 }
 
+/// `freeze pool: 48.00 GiB of 64.00 GiB ready, 16.00 GiB lent (1 loan out, 12 in all); refused:
+/// empty 2`, and why it does not populate, if it does not.
+fn freeze_pool_line(p: &crate::model::FreezePoolStatus) -> String {
+    let mut line = format!(
+        "freeze pool: {} of {} ready, {} lent ({} loan(s) out, {} in all)",
+        crate::units::bytes(p.ready_bytes),
+        crate::units::bytes(p.size_bytes),
+        crate::units::bytes(p.lent_bytes),
+        p.loans,
+        p.loans_total
+    );
+    if p.kept_bytes > 0 {
+        line += &format!(
+            ", {} kept by borrowers after their loans",
+            crate::units::bytes(p.kept_bytes)
+        );
+    }
+    if !p.refusals.is_empty() {
+        let refused: Vec<String> = p.refusals.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        line += &format!("; refused: {}", refused.join(", "));
+    }
+    if let Some(why) = &p.problem {
+        line += &format!("; not populating: {why}");
+    }
+    line
+}
+
 pub fn table(r: &StatReport) -> String {
     let mut out = String::new();
     let p = &r.probes;
@@ -288,6 +315,9 @@ pub fn table(r: &StatReport) -> String {
             crate::units::bytes(f.host_reserved_bytes),
             crate::units::bytes(f.host_budget_bytes)
         );
+    }
+    if let Some(p) = &r.freeze_pool {
+        let _ = writeln!(out, "{}", freeze_pool_line(p));
     }
     for w in &r.warnings {
         let _ = writeln!(out, "warning: {w}");
@@ -665,12 +695,28 @@ mod tests {
                 host_reserved_bytes: 12 << 30,
                 on_demand_seconds: Some(30.0),
             }),
+            freeze_pool: Some(crate::model::FreezePoolStatus {
+                size_bytes: 64 << 30,
+                ready_bytes: 48 << 30,
+                lent_bytes: 16 << 30,
+                kept_bytes: 0,
+                loans: 1,
+                loans_total: 12,
+                refusals: [("empty".to_owned(), 2), ("not_freezing".to_owned(), 1)].into(),
+                problem: None,
+            }),
             processes: vec![],
             cgroups: vec![],
             containers: vec![],
         };
         let t = table(&r);
         assert!(t.contains("STALE: the last snapshot is 7.3s old"), "{t}");
+        assert!(
+            t.contains(
+                "freeze pool: 48.00 GiB of 64.00 GiB ready, 16.00 GiB lent (1 loan(s) out, 12 in all); refused: empty 2, not_freezing 1"
+            ),
+            "{t}"
+        );
         assert!(
             t.contains(
                 "idle freeze: containers idle for 600s (or less where they ask) are frozen; containers idle for 30s are frozen for an allocation waiting for memory; host memory 12.00 GiB of 64.00 GiB reserved"

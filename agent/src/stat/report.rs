@@ -207,6 +207,10 @@ pub struct StatReport {
     /// off, or in-process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_freeze: Option<crate::model::IdleFreezeStatus>,
+    /// The daemon's freeze pool, as its last snapshot says (absent when it is off, or
+    /// in-process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub freeze_pool: Option<crate::model::FreezePoolStatus>,
     pub processes: Vec<ProcessRow>,
     pub cgroups: Vec<CgroupRow>,
     pub containers: Vec<ContainerRow>,
@@ -413,6 +417,7 @@ pub fn build(
         },
         nvml_calls: window_nvml_calls(first, last),
         idle_freeze: a.idle_freeze.clone(),
+        freeze_pool: a.freeze_pool.clone(),
         processes,
         cgroups: cgroups
             .into_iter()

@@ -45,3 +45,13 @@ pub fn send_signal(pid: u32, signal: Signal) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// Lowers the calling thread's scheduling priority to the lowest (nice 19), so that its work
+/// (the freeze pool's populating) yields the CPU to everything else on the host.
+pub fn lowest_priority_for_this_thread() -> std::io::Result<()> {
+    // On Linux `PRIO_PROCESS` of a thread id is that thread alone.
+    Ok(rustix::process::setpriority_process(
+        Some(rustix::thread::gettid()),
+        19,
+    )?)
+}

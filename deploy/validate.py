@@ -193,7 +193,39 @@ def check_alerts():
     return len(rules), out.strip().splitlines()[-1].strip()
 
 
+def check_freeze_pool():
+    """The freeze pool component on the standalone overlay: rendered and valid, and what the
+    pool needs (its flags within the host budget, SYS_ADMIN for its tmpfs, a memory limit that
+    holds it) on top of what the base has."""
+    with tempfile.TemporaryDirectory(dir=HERE) as tmp:
+        with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
+            f.write("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                    "resources:\n  - ../overlays/standalone\n"
+                    "components:\n  - ../components/freeze-pool\n")
+        out = run([tool("kubectl"), "kustomize", tmp], "kubectl kustomize with components/freeze-pool")
+    objs = {o["kind"]: o for o in yaml.safe_load_all(out) if o}
+    validate_schemas("standalone+freeze-pool", objs)
+    c = objs["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+    args = c["args"]
+    flag = lambda name: [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    pool, budget = flag("freeze-pool"), flag("freeze-host-budget")
+    if len(pool) != 1 or len(budget) != 1 or pool != budget:
+        fail(f"components/freeze-pool: --freeze-pool {pool} must equal --freeze-host-budget {budget}")
+    gib = lambda v: int(re.fullmatch(r"(\d+)[gG](i)?", v).group(1))
+    limit = c["resources"]["limits"]["memory"]
+    if gib(limit.removesuffix("i")) < gib(pool[0]) + 1:
+        fail(f"components/freeze-pool: a memory limit of {limit} cannot hold a {pool[0]} pool")
+    caps = sorted(c["securityContext"]["capabilities"]["add"])
+    if caps != ["BPF", "CHECKPOINT_RESTORE", "DAC_READ_SEARCH", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"]:
+        fail(f"components/freeze-pool: capabilities {caps}: the base's and SYS_ADMIN")
+    sock = flag("freeze-pool-socket")
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    if len(sock) != 1 or os.path.dirname(os.path.dirname(sock[0])) not in mounts:
+        fail(f"components/freeze-pool: the socket {sock} is not under a host directory the pod mounts")
+
+
 def main():
+    check_freeze_pool()
     for overlay in OVERLAYS:
         objs = render(overlay)
         validate_schemas(overlay, objs)
@@ -201,7 +233,8 @@ def main():
         check_prometheus_rule(objs["PrometheusRule"])
         check_together(overlay, objs)
     rules, promtool = check_alerts()
-    print(f"deploy: overlays {', '.join(OVERLAYS)} rendered by kubectl kustomize and valid "
+    print(f"deploy: overlays {', '.join(OVERLAYS)} (and standalone with components/freeze-pool) "
+          f"rendered by kubectl kustomize and valid "
           f"(Kubernetes {', '.join(VERSIONS)}); {rules} alert rules, promtool test rules: {promtool}")
 
 

@@ -20,6 +20,10 @@ the tenants run with VGPU_FREEZE_IN_PROCESS=1) is read from `vgpu-agent freeze`'
 Verdict per tenant: the freeze succeeded, at least 95% of its memory given back (or, with
 FREEZE_KEEP_MIB=N, at most N MiB per process left on the GPU: what the in-process path keeps, its
 CUDA context and small allocations), every process answered with 0 corrupted words.
+FREEZE_POOL=SIZE (e.g. 18g) runs the daemon with `--freeze-pool SIZE` (docs/oversubscription.md,
+"The host pool") and its socket named to the tenants, waits until the pool is populated, and
+reports for each tenant whether its freeze used the pool (its limiter's log says "the agent's
+pool").
 FREEZE_LINK=1 also times a pinned copy of FREEZE_MIB each way on the same GPU (best of 3), the
 link the freeze and the thaw are compared with. Writes OUT/freeze-frameworks.{json,txt}; exit status 1 on a
 miss, 2 if cgroups cannot be made here (BLOCKED).
@@ -35,6 +39,7 @@ JSON line {"result": 0} when it holds its pattern; on "check": {"checking": true
 
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -46,6 +51,9 @@ KEEP_MIB = int(os.environ.get("FREEZE_KEEP_MIB", "0"))
 SIM = os.environ.get("SIM") == "1"
 DEFAULT = "sim,sim-2proc" if SIM else "torch,jax,cupy,torch-2proc"
 TENANTS = os.environ.get("FREEZE_TENANTS", DEFAULT).split(",")
+POOL = os.environ.get("FREEZE_POOL", "")
+# How long the daemon may take to populate its pool (about 0.2-0.6 s per GiB on an H200 host).
+POOL_READY_TIMEOUT_S = 240
 # How long a tenant may take to answer (start-up, or a check whose first call thaws it).
 LINE_TIMEOUT_S = 120
 
@@ -217,6 +225,8 @@ def one(agent, limiter, out, cg_root, name):
     # a context on each, and the driver's restore of such a process failed (CUDA error 304 on
     # two H200s, driver 580.159.04, 2026-11-28).
     env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    if POOL:
+        env["VGPU_FREEZE_POOL_SOCKET"] = os.path.join(out, "pool", "freeze-pool.sock")
     if SIM:
         sim_env(out, env)
         env.update(VGPU_CONTEXT_BYTES="0", VGPU_REAL_LIBCUDA=sim_paths()[1])
@@ -280,10 +290,43 @@ def one(agent, limiter, out, cg_root, name):
         path = "in-process"
     else:
         path = "driver"
-    return {"tenant": name, "processes": n, "mib_each": MIB, "held_mib": held,
+    pooled, own_ms = [], []
+    for i in range(n):
+        try:
+            with open(os.path.join(out, f"{name}-{i}.log")) as f:
+                log = f.read()
+        except OSError:
+            log = ""
+        pooled.append("the agent's pool" in log)
+        # The limiter's own time, from the mark seen to its answer ("frozen in-process: N bytes
+        # moved to host memory in X ms").
+        m = re.search(r"frozen in-process: \d+ bytes moved to host memory in (\d+) ms", log)
+        own_ms.append(int(m.group(1)) if m else None)
+    return {"tenant": name, "pool": all(pooled) if pooled else False, "limiter_freeze_ms": own_ms, "processes": n, "mib_each": MIB, "held_mib": held,
             "frozen_mib": frozen, "given_back": round(given_back, 4), "path": path,
             "freeze_s": round(freeze_s, 3), "freeze_out": fr.stdout + fr.stderr,
             "answers": answers, "ok": ok}
+
+
+def pool_ready(sock):
+    """Waits until the daemon's model says its freeze pool holds its target populated."""
+    import socket
+    deadline = time.monotonic() + POOL_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(sock)
+            data = b""
+            while chunk := c.recv(1 << 20):
+                data += chunk
+            c.close()
+            pool = json.loads(data)["agent"].get("freeze_pool") or {}
+            if pool.get("size_bytes") and pool.get("ready_bytes", 0) >= pool["size_bytes"]:
+                return True
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    return False
 
 
 def pinned_link():
@@ -315,6 +358,9 @@ def main():
     daemon_cmd = [agent, "run", "--socket", sock, "--region-dir", out, "--metrics-listen", "off"]
     if SIM:
         daemon_cmd += ["--checkpoint-libcuda", sim_paths()[1], "--no-nvml"]
+    if POOL:
+        daemon_cmd += ["--freeze-pool", POOL, "--freeze-host-budget", POOL,
+                       "--freeze-pool-socket", os.path.join(out, "pool", "freeze-pool.sock")]
     daemon = subprocess.Popen(daemon_cmd, stdout=open(os.path.join(out, "daemon.log"), "w"),
                               stderr=subprocess.STDOUT, env=sim_env(out, dict(os.environ)))
     results, lines = [], []
@@ -323,6 +369,12 @@ def main():
             if os.path.exists(sock):
                 break
             time.sleep(0.1)
+        if POOL:
+            t = time.perf_counter()
+            ready = pool_ready(sock)
+            lines.append(f"freeze pool {POOL}: " + (f"populated in {time.perf_counter() - t:.1f} s"
+                                                    if ready else "NOT populated in time"))
+            print(lines[-1], flush=True)
         for name in TENANTS:
             try:
                 r = one(agent, limiter, out, cg_root, name)
@@ -333,8 +385,9 @@ def main():
                 lines.append(f"{name}: ERROR {r['error']} -> MISS")
             else:
                 lines.append(
-                    f"{name}: {r['processes']} process(es) x {MIB} MiB, {r['path']} path; freeze "
-                    f"{r['freeze_s']} s, given back {100 * r['given_back']:.1f}% ({r['held_mib']} -> "
+                    f"{name}: {r['processes']} process(es) x {MIB} MiB, {r['path']} path"
+                    f"{' (the agent pool)' if r['pool'] else ''}; freeze "
+                    f"{r['freeze_s']} s (the limiter's own: {r['limiter_freeze_ms']} ms), given back {100 * r['given_back']:.1f}% ({r['held_mib']} -> "
                     f"{r['frozen_mib']} MiB); thawed at the next call: "
                     + ", ".join(f"{a['thaw_s']} s (first check {a['first_check_s']} s, next "
                                 f"{a['check_s']} s), {a['corrupted']} corrupted"

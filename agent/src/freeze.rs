@@ -363,10 +363,10 @@ impl Container {
     /// Through the driver: marked first as freezing and, once a process is frozen, as frozen
     /// (none frozen: the mark is cleared).
     ///
-    /// Not at all, on either path ([`FreezeError::Refused`]: nothing marked, `api` not loaded),
-    /// when a slot of one of `pids` says it holds at least half of its allocations from
-    /// `cuMemCreate` ([`VmmUse::unrestorable`]): the driver's restore of it would fail, and the
-    /// in-process path moves only what the limiter backs.
+    /// When a slot of one of `pids` says it holds at least half of its allocations from
+    /// `cuMemCreate` ([`VmmUse::unrestorable`]: the driver's restore of it would fail), only
+    /// in-process, and only where every process's slots say they move 90% of its allocations;
+    /// otherwise not at all ([`FreezeError::Refused`]: nothing marked, `api` not loaded).
     pub fn freeze<A: CheckpointApi>(
         &mut self,
         api: impl FnOnce() -> Result<A, CheckpointError>,
@@ -376,10 +376,7 @@ impl Container {
         let survey = self.survey();
         let why = restorable::refusals(&survey.vmm, pids);
         if !why.is_empty() {
-            return Err(FreezeError::Refused {
-                container: self.id.clone(),
-                why,
-            });
+            return self.freeze_unrestorable(survey, pids, why);
         }
         let said = match Container::ready(survey, pids) {
             Ok(survey) => match self.freeze_in_process(&survey)? {
@@ -392,6 +389,42 @@ impl Container {
             .map_err(FreezeError::from)
             .and_then(|api| self.freeze_by_driver(&api, pids, lock_timeout));
         after(said, outcome)
+    }
+
+    /// A container with processes the driver cannot restore (`why` says which): frozen
+    /// in-process when that path is ready for every process and each one's slots say they move
+    /// at least 90% of its allocations ([`restorable::in_process_covers`]); refused otherwise,
+    /// and when the in-process freeze is undone (the driver's path is no fallback for them).
+    fn freeze_unrestorable(
+        &mut self,
+        survey: Survey,
+        pids: &[u32],
+        why: Vec<String>,
+    ) -> Result<Vec<String>, FreezeError> {
+        let refused = |container: String, why| Err(FreezeError::Refused { container, why });
+        let Ok(survey) = Container::ready(survey, pids) else {
+            return refused(self.id.clone(), why);
+        };
+        let moves: Vec<(u32, u64)> = survey
+            .tracked
+            .iter()
+            .map(|t| (t.pid, t.own.bytes))
+            .collect();
+        let all: Vec<u32> = survey.tracked.iter().map(|t| t.pid).collect();
+        if !all
+            .iter()
+            .all(|&pid| restorable::in_process_covers(&survey.vmm, &moves, pid))
+        {
+            return refused(self.id.clone(), why);
+        }
+        match self.freeze_in_process(&survey)? {
+            Ok(lines) => Ok(lines),
+            Err(said) => {
+                let mut why = why;
+                why.extend(said);
+                refused(self.id.clone(), why)
+            }
+        }
     }
 
     /// The in-process freeze of the processes `survey` found: `Ok` its lines, or `Err` what it
@@ -1240,8 +1273,9 @@ mod tests {
                 "pid 1000 holds 2.00 GiB of its 4.00 GiB of device memory from cuMemCreate (JAX's \
                  default allocator, PyTorch's expandable segments); the driver's restore of such \
                  a process fails (CUDA error 304 on driver 580: the process stays frozen until it \
-                 is killed), so it is not frozen: for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=platform \
-                 in its environment"
+                 is killed), so it is not frozen: run it under the limiter with \
+                 VGPU_FREEZE_IN_PROCESS=1 (its memory then moves in-process), or for JAX set \
+                 XLA_PYTHON_CLIENT_ALLOCATOR=platform in its environment"
             ]
         );
         assert!(
@@ -1252,9 +1286,11 @@ mod tests {
         assert!(!driver.loaded.get(), "the checkpoint API is not loaded");
         assert!(!t.marked(), "nothing marked");
 
-        // In-process: the processes would answer, but the path is not taken either.
+        // In-process, where the slot says it moves less than 90% of its allocations (the
+        // limiter would refuse): not taken either.
         let t = Tenant::new(&[Acts::Freezes]);
         t.holds(0, GIB, GIB);
+        t.claim(0, GIB / 10 * 8);
         let mut c = t.container(Duration::from_secs(30));
         let e = t
             .answering(|| c.freeze(|| driver.load(), &[1000], Duration::from_secs(1)))
@@ -1262,6 +1298,56 @@ mod tests {
         assert!(e.refused(), "{e}");
         assert!(!t.marked(), "no in-process mark");
         assert!(t.marks.lock().unwrap().is_empty());
+        assert!(!driver.loaded.get());
+    }
+
+    /// A container whose process holds its memory from `cuMemCreate` (JAX's default allocator)
+    /// takes the in-process path when every process has it on and says it moves 90% of its
+    /// allocations or more (the memory it maps itself included); one such process that fails
+    /// its freeze leaves the container running and refused (the driver's path is no fallback
+    /// for it), the checkpoint API never loaded.
+    #[test]
+    fn a_container_holding_its_memory_from_cu_mem_create_is_frozen_in_process_when_it_moves() {
+        let t = Tenant::new(&[Acts::Freezes, Acts::Freezes]);
+        t.holds(0, GIB, GIB);
+        t.holds(1, 2 * GIB, 0);
+        let mut c = t.container(Duration::from_secs(30));
+        let driver = FakeDriver::default();
+        let lines = t
+            .answering(|| c.freeze(|| driver.load(), &t.pids(), Duration::from_secs(1)))
+            .unwrap();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("pid 1000: frozen in-process")),
+            "{lines:?}"
+        );
+        assert_eq!(t.mark().0, FreezeMark::InProcess);
+        assert!(!driver.loaded.get(), "the checkpoint API is not loaded");
+
+        // A process without the path: refused as before.
+        let t = Tenant::new(&[Acts::Freezes, Acts::Off]);
+        t.holds(0, GIB, GIB);
+        let mut c = t.container(Duration::from_secs(30));
+        let e = t
+            .answering(|| c.freeze(|| driver.load(), &t.pids(), Duration::from_secs(1)))
+            .unwrap_err();
+        assert!(e.refused(), "{e}");
+        assert!(!t.marked());
+
+        // Its freeze fails: the mark goes back to running, the container is refused.
+        let t = Tenant::new(&[Acts::Fails]);
+        t.holds(0, GIB, GIB);
+        let mut c = t.container(Duration::from_secs(30));
+        let e = t
+            .answering(|| c.freeze(|| driver.load(), &[1000], Duration::from_secs(1)))
+            .unwrap_err();
+        assert!(e.refused(), "{e}");
+        assert!(
+            e.to_string().contains("pid 1000 holds 1.00 GiB"),
+            "the reason stays: {e}"
+        );
+        assert_eq!(t.mark().0, FreezeMark::Running);
         assert!(!driver.loaded.get());
     }
 

@@ -216,8 +216,9 @@ fn a_process_holding_half_its_memory_from_cu_mem_create_is_not_frozen() {
         "pid {pid} holds 16.00 MiB of its 32.00 MiB of device memory from cuMemCreate (JAX's \
          default allocator, PyTorch's expandable segments); the driver's restore of such a \
          process fails (CUDA error 304 on driver 580: the process stays frozen until it is \
-         killed), so it is not frozen: for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=platform in its \
-         environment"
+         killed), so it is not frozen: run it under the limiter with VGPU_FREEZE_IN_PROCESS=1 \
+         (its memory then moves in-process), or for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+         in its environment"
     );
 
     let out = agent(&["freeze", "--pid", &pid], &lib, &gpu);
@@ -281,8 +282,29 @@ impl Tenant {
         region: &str,
         env: &[(&str, &str)],
     ) -> Tenant {
+        Tenant::spawn_cmd(
+            dir,
+            lib,
+            gpu,
+            cgroup,
+            region,
+            env,
+            &["pattern", "--bytes", "8m"],
+        )
+    }
+
+    /// [`Tenant::spawn_with`] of the `cuda-exercise` command `cmd`.
+    fn spawn_cmd(
+        dir: &Path,
+        lib: &Path,
+        gpu: &Path,
+        cgroup: &TestCgroup,
+        region: &str,
+        env: &[(&str, &str)],
+        cmd: &[&str],
+    ) -> Tenant {
         let mut c = exercise(lib);
-        c.args(["pattern", "--bytes", "8m"])
+        c.args(cmd)
             .env("LD_PRELOAD", limiter_lib())
             .env("VGPU_REAL_LIBCUDA", lib)
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join(region))
@@ -945,13 +967,25 @@ struct OwnTenant {
 
 impl OwnTenant {
     fn start(name: &str, env: &[(&str, &str)]) -> OwnTenant {
+        let mut o = OwnTenant::spawn(name, env, &["pattern", "--bytes", "8m"], true);
+        assert_eq!(o.tenant.line()["result"], 0);
+        o
+    }
+
+    /// A tenant running the `cuda-exercise` command `cmd`, with the in-process path on or off
+    /// (`on`), without waiting for its first line.
+    fn spawn(name: &str, env: &[(&str, &str)], cmd: &[&str], on: bool) -> OwnTenant {
         let dir = tempdir();
         let lib = sim_lib(&dir.path().join("lib"));
         let gpu = dir.path().join("gpu");
         let (cg, _id) = container(name);
-        let mut all = vec![("VGPU_FREEZE_IN_PROCESS", "1")];
+        let mut all = if on {
+            vec![("VGPU_FREEZE_IN_PROCESS", "1")]
+        } else {
+            Vec::new()
+        };
         all.extend_from_slice(env);
-        let tenant = Tenant::start_with(dir.path(), &lib, &gpu, &cg, "c.region", &all);
+        let tenant = Tenant::spawn_cmd(dir.path(), &lib, &gpu, &cg, "c.region", &all, cmd);
         let pid = tenant.child.id();
         OwnTenant {
             tenant,
@@ -962,6 +996,156 @@ impl OwnTenant {
             _dir: dir,
         }
     }
+}
+
+/// The first handle the limiter hands out for memory the application creates with the path on
+/// (`limiter/src/runtime/own_freeze/created.rs`).
+const APP_HANDLE_BASE: u64 = 0xC0DE_0000_0000_0000;
+
+/// Memory the application maps itself as XLA's allocator does (`vmm-pattern`: a reserved range,
+/// two `cuMemCreate` chunks of 4 MiB mapped into it, access set, a handle retained from an
+/// address and released), with the in-process path on: the application sees the limiter's
+/// handles, the slot says all 8 MiB can move; at the mark the process gives its physical memory
+/// back to the simulated GPU, its next call maps it back word for word at the same addresses,
+/// and the application's handles still unmap and release its memory after the thaw; frozen
+/// again with one chunk, and freed at the end.
+#[test]
+fn in_process_memory_the_application_maps_itself_moves_and_its_handles_stay_valid() {
+    use region::{FreezeMark, OwnFreezeState};
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let mut o = OwnTenant::spawn("ownvmm", &[], &["vmm-pattern", "--bytes", "8m"], true);
+    let first = o.tenant.line();
+    assert_eq!(first["result"], 0, "{first}");
+    let handles: Vec<u64> = first["handles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_u64().unwrap())
+        .collect();
+    assert!(
+        handles.iter().all(|&h| h > APP_HANDLE_BASE),
+        "the limiter's handles: {first}"
+    );
+    assert_eq!(
+        first["retained"], handles[1],
+        "retained by address: {first}"
+    );
+    assert_eq!(first["released"], 0);
+    let (mut t, pid) = (o.tenant, o.pid);
+    let (region, gpu) = (o.region.as_path(), o.gpu.as_path());
+    assert_eq!(
+        wait_answer(region, pid, OwnFreezeState::Running, 0),
+        8 * MIB,
+        "all of it can move"
+    );
+    assert_eq!(charged(gpu), 8 * MIB);
+
+    let g = write_mark(region, FreezeMark::InProcess);
+    assert_eq!(wait_answer(region, pid, OwnFreezeState::Frozen, g), 8 * MIB);
+    assert_eq!(charged(gpu), 0, "its physical memory is given back");
+    t.check_intact("thawed by its next call");
+    assert_eq!(charged(gpu), 8 * MIB, "created and mapped again");
+    wait_answer(region, pid, OwnFreezeState::Running, g);
+
+    // The application's handle of the second chunk unmaps and releases it after the thaw.
+    t.send("release-one");
+    let v = t.line();
+    assert_eq!(
+        (v["unmapped"].as_i64(), v["released"].as_i64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
+    assert_eq!(charged(gpu), 4 * MIB, "the chunk is gone");
+
+    // Frozen again with the one chunk left, thawed by the agent's mark.
+    let g = write_mark(region, FreezeMark::InProcess);
+    assert_eq!(wait_answer(region, pid, OwnFreezeState::Frozen, g), 4 * MIB);
+    assert_eq!(charged(gpu), 0);
+    let g = write_mark(region, FreezeMark::Running);
+    wait_answer(region, pid, OwnFreezeState::Running, g);
+    assert_eq!(charged(gpu), 4 * MIB);
+    t.check_intact("thawed by the Running mark");
+    t.finish();
+    assert_eq!(charged(gpu), 0, "unmapped and released by its handles");
+}
+
+/// Created memory exported as a shareable handle (another process may map it) is not moved: the
+/// slot counts only the other chunk, the process refuses the in-process freeze (less than 90%
+/// can move) and its memory stays on the GPU, untouched.
+#[test]
+fn in_process_an_exported_allocation_is_not_covered_and_the_process_refuses() {
+    use region::{FreezeMark, OwnFreezeState};
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let mut o = OwnTenant::spawn(
+        "ownexp",
+        &[],
+        &["vmm-pattern", "--bytes", "8m", "--shareable"],
+        true,
+    );
+    assert_eq!(o.tenant.line()["result"], 0);
+    let (mut t, pid) = (o.tenant, o.pid);
+    let (region, gpu) = (o.region.as_path(), o.gpu.as_path());
+    wait_answer(region, pid, OwnFreezeState::Running, 0);
+    t.send("export");
+    assert_eq!(t.line()["exported"], 0);
+    assert_eq!(
+        own_answer(region, pid).unwrap().bytes,
+        4 * MIB,
+        "one chunk can move"
+    );
+    let g = write_mark(region, FreezeMark::InProcess);
+    wait_answer(region, pid, OwnFreezeState::Failed, g);
+    t.wait_log("in-process freeze refused: the limiter backs 4194304 of the 8388608 bytes");
+    assert_eq!(charged(gpu), 8 * MIB, "the memory stayed on the GPU");
+    t.check_intact("after the refusal");
+    t.finish();
+}
+
+/// With the path off, the application's `cuMemCreate` handles are the driver's own (no
+/// translation): the simulated driver's, which retain, unmap and release as before.
+#[test]
+fn without_the_path_the_application_sees_the_drivers_own_handles() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let mut o = OwnTenant::spawn("vmmoff", &[], &["vmm-pattern", "--bytes", "8m"], false);
+    let first = o.tenant.line();
+    assert_eq!(first["result"], 0, "{first}");
+    let handles: Vec<u64> = first["handles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_u64().unwrap())
+        .collect();
+    // The simulated driver's handles are small counters from 0x5a00_0000.
+    assert!(
+        handles
+            .iter()
+            .all(|&h| h > 0x5a00_0000 && h < 0x1_0000_0000),
+        "{first}"
+    );
+    assert_eq!(first["retained"], handles[1]);
+    let mut t = o.tenant;
+    assert!(own_answer(&o.region, o.pid).is_none(), "no in-process word");
+    assert_eq!(charged(&o.gpu), 8 * MIB);
+    t.send("release-one");
+    let v = t.line();
+    assert_eq!(
+        (v["unmapped"].as_i64(), v["released"].as_i64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
+    assert_eq!(charged(&o.gpu), 4 * MIB);
+    t.check_intact("the chunk left");
+    t.finish();
+    assert_eq!(charged(&o.gpu), 0);
 }
 
 /// The limiter's in-process path (`VGPU_FREEZE_IN_PROCESS=1`), driven by the control block's

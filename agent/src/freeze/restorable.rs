@@ -3,8 +3,10 @@
 //! memory from the virtual memory API (`cuMemCreate` + `cuMemMap`: JAX's default allocator,
 //! PyTorch's expandable segments) fails with CUDA error 304 and the process stays frozen until it
 //! is killed. So a process whose live `cuMemCreate` bytes are at least half of what its
-//! allocations hold is not frozen at all (the limiter's in-process path cannot take it either: it
-//! moves only the allocations it backs, and wants 90% of them backed).
+//! allocations hold is not frozen through the driver; its container takes the limiter's
+//! in-process path where that path can move it ([`in_process_covers`]: its slot says it moves at
+//! least 90% of its allocations, the memory it maps itself included), and is not frozen at all
+//! otherwise.
 //!
 //! The figures are the process's limiter slot's ([`VmmUse::of`]): the bytes its `cuMemCreate`
 //! calls allocated less those its `cuMemRelease` calls freed (the limiter counts a handle's charge
@@ -72,8 +74,9 @@ impl VmmUse {
                 "pid {pid} holds {} of its {} of device memory from cuMemCreate (JAX's default \
                  allocator, PyTorch's expandable segments); the driver's restore of such a \
                  process fails (CUDA error 304 on driver 580: the process stays frozen until it \
-                 is killed), so it is not frozen: for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=platform \
-                 in its environment",
+                 is killed), so it is not frozen: run it under the limiter with \
+                 VGPU_FREEZE_IN_PROCESS=1 (its memory then moves in-process), or for JAX set \
+                 XLA_PYTHON_CLIENT_ALLOCATOR=platform in its environment",
                 crate::units::bytes(self.created),
                 crate::units::bytes(self.allocations)
             )
@@ -91,6 +94,27 @@ pub fn refusals(uses: &[(u32, VmmUse)], pids: &[u32]) -> Vec<String> {
             mine.fold(first, VmmUse::add).refusal(pid)
         })
         .collect()
+}
+
+/// The share of its allocations a process's in-process freeze must move for the agent to take
+/// that path for a process the driver cannot restore: the limiter's own rule (it refuses below
+/// it, `limiter/src/runtime/own_freeze`).
+const IN_PROCESS_PERCENT: u64 = 90;
+
+/// Whether process `pid`'s in-process freeze moves enough of it: the bytes its slots say can move
+/// (`moves`: host pid, a slot's `own_freeze` bytes) are at least [`IN_PROCESS_PERCENT`] of what
+/// its allocations hold (`uses`), as its limiter's rule. A process with no figures is not.
+pub fn in_process_covers(uses: &[(u32, VmmUse)], moves: &[(u32, u64)], pid: u32) -> bool {
+    let mut mine = uses.iter().filter(|(p, _)| *p == pid).map(|(_, u)| *u);
+    let Some(first) = mine.next() else {
+        return false;
+    };
+    let held = mine.fold(first, VmmUse::add).allocations;
+    let moved = moves
+        .iter()
+        .filter(|(p, _)| *p == pid)
+        .fold(0u64, |s, (_, b)| s.saturating_add(*b));
+    moved.saturating_mul(100) >= held.saturating_mul(IN_PROCESS_PERCENT)
 }
 
 /// What the live slots of the process `owner` (its pid namespace, pid there and start time)
@@ -132,6 +156,34 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
+    /// The in-process path takes a process the driver cannot restore when its slots say they
+    /// move 90% of its allocations or more (every slot of it together), not below, nor without
+    /// figures.
+    #[test]
+    fn the_in_process_path_covers_a_process_moving_nine_tenths_of_its_allocations() {
+        let uses = [
+            (
+                1,
+                VmmUse {
+                    created: 3 * GIB,
+                    allocations: 4 * GIB,
+                },
+            ),
+            (
+                1,
+                VmmUse {
+                    created: 0,
+                    allocations: 6 * GIB,
+                },
+            ),
+        ];
+        assert!(in_process_covers(&uses, &[(1, 9 * GIB)], 1));
+        assert!(in_process_covers(&uses, &[(1, 5 * GIB), (1, 4 * GIB)], 1));
+        assert!(!in_process_covers(&uses, &[(1, 9 * GIB - 1)], 1));
+        assert!(!in_process_covers(&uses, &[(2, 10 * GIB)], 1), "another's");
+        assert!(!in_process_covers(&uses, &[(2, 10 * GIB)], 2), "no figures");
+    }
+
     /// Exactly half of the allocations from `cuMemCreate` is refused, anything less is not;
     /// nothing from it never is, and a figure past the allocations (a forged one) is.
     #[test]
@@ -166,8 +218,9 @@ mod tests {
             "pid 1234 holds 3.00 GiB of its 4.00 GiB of device memory from cuMemCreate (JAX's \
              default allocator, PyTorch's expandable segments); the driver's restore of such a \
              process fails (CUDA error 304 on driver 580: the process stays frozen until it is \
-             killed), so it is not frozen: for JAX set XLA_PYTHON_CLIENT_ALLOCATOR=platform in \
-             its environment"
+             killed), so it is not frozen: run it under the limiter with \
+             VGPU_FREEZE_IN_PROCESS=1 (its memory then moves in-process), or for JAX set \
+             XLA_PYTHON_CLIENT_ALLOCATOR=platform in its environment"
         );
         // A process with slots in two regions counts both; pids without a slot, none.
         let half = VmmUse {

@@ -49,6 +49,14 @@ pub(crate) fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         Sym::MemCreate => cuMemCreate as *const (),
         Sym::MemRelease => cuMemRelease as *const (),
         Sym::MemMap => cuMemMap as *const (),
+        Sym::MemUnmap => cuMemUnmap as *const (),
+        Sym::MemSetAccess => cuMemSetAccess as *const (),
+        Sym::MemRetainAllocationHandle => cuMemRetainAllocationHandle as *const (),
+        Sym::MemGetAllocationPropertiesFromHandle => {
+            cuMemGetAllocationPropertiesFromHandle as *const ()
+        }
+        Sym::MemExportToShareableHandle => cuMemExportToShareableHandle as *const (),
+        Sym::MemMapArrayAsync => cuMemMapArrayAsync as *const (),
         Sym::MemPoolCreate => cuMemPoolCreate as *const (),
         Sym::MemPoolDestroy => cuMemPoolDestroy as *const (),
         Sym::MemPoolTrimTo => cuMemPoolTrimTo as *const (),
@@ -179,8 +187,6 @@ pub(crate) fn hook_addr(sym: Sym) -> Option<*mut c_void> {
         | Sym::CtxSetCurrent
         | Sym::MemAddressReserve
         | Sym::MemAddressFree
-        | Sym::MemSetAccess
-        | Sym::MemUnmap
         | Sym::MemGetAllocationGranularity
         | Sym::MemHostRegisterV2
         | Sym::MemHostUnregister => return None,

@@ -21,7 +21,11 @@
 
 use std::ffi::c_uint;
 
+mod mapped;
 mod unusual;
+
+pub(crate) use self::mapped::*;
+use self::mapped::{own_freeze, republish};
 
 use limiter_core::{
     accounting::{Accounting as _, Denied},
@@ -41,7 +45,7 @@ use crate::{
     },
     runtime::{
         self,
-        own_freeze::{MIN_BACKED, OwnFreeze},
+        own_freeze::{MIN_BACKED, OwnFreeze, on_device, whole_prop},
         process::{Process, Space},
         state::State,
     },
@@ -277,13 +281,6 @@ pub(crate) unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: 
     })
 }
 
-/// The in-process freeze's state and the bound driver, when the path is on.
-#[inline]
-fn own_freeze() -> Option<(&'static OwnFreeze, &'static State)> {
-    let state = runtime::get().state()?;
-    Some((state.own_freeze?, state))
-}
-
 /// `cuMemAlloc_v2` backed by the in-process freeze (`runtime::own_freeze`): the same contract,
 /// an address the application frees with `cuMemFree_v2`.
 #[cold]
@@ -438,13 +435,23 @@ pub(crate) unsafe extern "C" fn cuMemCreate(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged.
-    allocate::<sym::MemCreate>(
-        handle,
-        Space::Handle,
-        at_location(size, prop),
-        |real| unsafe { real(handle, size, prop, flags) },
-    )
+    allocate::<sym::MemCreate>(handle, Space::Handle, at_location(size, prop), |real| {
+        if let Some((own, state)) = own_freeze()
+            // SAFETY: the caller's property struct (or null), as `cuMemCreate` reads it.
+            && unsafe { on_device(whole_prop(prop.cast())) }
+        {
+            // SAFETY: the caller's out-pointer and whole property struct; the driver's call
+            // gets the caller's arguments but the out-pointer, which is the table's.
+            return unsafe {
+                own.created
+                    .create(state.driver, handle, size, whole_prop(prop.cast()), |out| {
+                        real(out, size, prop, flags)
+                    })
+            };
+        }
+        // SAFETY: forwards the caller's arguments unchanged.
+        unsafe { real(handle, size, prop, flags) }
+    })
 }
 
 /// # Safety
@@ -485,8 +492,28 @@ free_async!(cuMemFreeAsync_ptsz, sym::MemFreeAsyncPtsz);
 /// The caller follows the contract of the driver's `cuMemRelease`.
 #[unsafe(no_mangle)]
 pub(crate) unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    // SAFETY: forwards the caller's argument unchanged.
-    free::<sym::MemRelease>(handle, Space::Handle, |real| unsafe { real(handle) })
+    // A release of one of several references to memory the application created (a retained
+    // handle) frees nothing: its charge stays.
+    if let Some((own, _)) = own_freeze()
+        && own.created.references(handle) > 1
+    {
+        return passthrough::<sym::MemRelease>(|real| {
+            // SAFETY: the driver's handle behind the caller's.
+            let r = own.created.release(handle, |h| unsafe { real(h) });
+            r.unwrap_or(CUDA_ERROR_INVALID_VALUE)
+        });
+    }
+    free::<sym::MemRelease>(handle, Space::Handle, |real| {
+        if let Some((own, _)) = own_freeze()
+            // SAFETY: the driver's handle behind the caller's.
+            && let Some(r) = own.created.release(handle, |h| unsafe { real(h) })
+        {
+            republish(own);
+            return r;
+        }
+        // SAFETY: forwards the caller's argument unchanged.
+        unsafe { real(handle) }
+    })
 }
 
 /// Maps memory already charged by `cuMemCreate`: counted and timed only.
@@ -501,8 +528,18 @@ pub(crate) unsafe extern "C" fn cuMemMap(
     handle: CUmemGenericAllocationHandle,
     flags: u64,
 ) -> CUresult {
-    // SAFETY: forwards the caller's arguments unchanged.
-    passthrough::<sym::MemMap>(|real| unsafe { real(ptr, size, offset, handle, flags) })
+    passthrough::<sym::MemMap>(|real| {
+        if let Some((own, _)) = own_freeze()
+            // SAFETY: the caller's arguments with the driver's handle behind the caller's.
+            && let Some(r) = own.created.map(ptr, size, offset, handle, |h| unsafe {
+                real(ptr, size, offset, h, flags)
+            })
+        {
+            return r;
+        }
+        // SAFETY: forwards the caller's arguments unchanged.
+        unsafe { real(ptr, size, offset, handle, flags) }
+    })
 }
 
 /// # Safety

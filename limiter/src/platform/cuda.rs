@@ -50,7 +50,7 @@ pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 /// `CUmemLocation`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CUmemLocation {
     /// `CUmemLocationType`.
     pub(crate) kind: c_int,
@@ -76,11 +76,13 @@ const _: () = assert!(std::mem::offset_of!(CUmemAllocationProp, location) == 8);
 pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE` of `CUmemAccess_flags`.
 pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READ` of `CUmemAccess_flags`.
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READ: c_int = 1;
 
 /// The whole `CUmemAllocationProp` (cuda.h 12.x), for the allocations the limiter itself
 /// creates: the driver reads all 32 bytes.
 #[repr(C)]
-#[derive(Debug, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CUmemAllocationPropFull {
     pub(crate) kind: c_uint,
     pub(crate) requested_handle_types: c_uint,
@@ -92,9 +94,39 @@ pub(crate) struct CUmemAllocationPropFull {
 
 const _: () = assert!(size_of::<CUmemAllocationPropFull>() == 32);
 
+/// `CUmemHandleType`'s only value: a handle of `cuMemCreate`.
+pub(crate) const CU_MEM_HANDLE_TYPE_GENERIC: c_int = 0;
+
+/// `CUarrayMapInfo` (`cuMemMapArrayAsync`): one mapping of a sparse array's tile to memory. Only
+/// `mem_handle_type` and `mem_handle` are read; the rest is the driver's and is passed on as is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CUarrayMapInfo {
+    /// `resourceType`, its padding and the `resource` union.
+    pub(crate) resource: [u64; 2],
+    /// `subresourceType`, its padding and the `subresource` union.
+    pub(crate) subresource: [u64; 5],
+    /// `CUmemOperationType`.
+    pub(crate) mem_operation_type: c_int,
+    /// `CUmemHandleType`.
+    pub(crate) mem_handle_type: c_int,
+    pub(crate) mem_handle: CUmemGenericAllocationHandle,
+    pub(crate) offset: u64,
+    pub(crate) device_bit_mask: u32,
+    pub(crate) flags: u32,
+    pub(crate) reserved: [u32; 2],
+}
+
+// cuda.h's layout on x86-64 and aarch64: the handle at 64 of 96 bytes.
+const _: () = assert!(size_of::<CUarrayMapInfo>() == 96);
+const _: () = assert!(std::mem::offset_of!(CUarrayMapInfo, mem_operation_type) == 56);
+const _: () = assert!(std::mem::offset_of!(CUarrayMapInfo, mem_handle_type) == 60);
+const _: () = assert!(std::mem::offset_of!(CUarrayMapInfo, mem_handle) == 64);
+const _: () = assert!(std::mem::offset_of!(CUarrayMapInfo, offset) == 72);
+
 /// `CUmemAccessDesc`.
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct CUmemAccessDesc {
     pub(crate) location: CUmemLocation,
     /// `CUmemAccess_flags`.

@@ -228,6 +228,14 @@ pub(crate) type PfnMemGetAllocationGranularity =
     unsafe extern "C" fn(*mut usize, *const CUmemAllocationPropFull, c_int) -> CUresult;
 pub(crate) type PfnMemHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult;
 pub(crate) type PfnMemHostUnregister = unsafe extern "C" fn(*mut c_void) -> CUresult;
+pub(crate) type PfnMemRetainAllocationHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;
+pub(crate) type PfnMemGetAllocationPropertiesFromHandle =
+    unsafe extern "C" fn(*mut CUmemAllocationProp, CUmemGenericAllocationHandle) -> CUresult;
+pub(crate) type PfnMemExportToShareableHandle =
+    unsafe extern "C" fn(*mut c_void, CUmemGenericAllocationHandle, c_int, u64) -> CUresult;
+pub(crate) type PfnMemMapArrayAsync =
+    unsafe extern "C" fn(*mut CUarrayMapInfo, c_uint, CUstream) -> CUresult;
 
 /// A driver symbol with its function-pointer type, so that the slot and the signature of a symbol
 /// are named together once, in [`driver_symbols!`].
@@ -441,8 +449,14 @@ driver_symbols! {
     CtxSetCurrent = c"cuCtxSetCurrent": PfnCtxSetCurrent, hooked: false;
     MemAddressReserve = c"cuMemAddressReserve": PfnMemAddressReserve, hooked: false;
     MemAddressFree = c"cuMemAddressFree": PfnMemAddressFree, hooked: false;
-    MemSetAccess = c"cuMemSetAccess": PfnMemSetAccess, hooked: false;
-    MemUnmap = c"cuMemUnmap": PfnMemUnmap, hooked: false;
+    // Hooked too: with the path on, they follow the mappings and access of the memory the
+    // application creates (`runtime::own_freeze::created`); off, counted and passed through.
+    MemSetAccess = c"cuMemSetAccess": PfnMemSetAccess, hooked: true;
+    MemUnmap = c"cuMemUnmap": PfnMemUnmap, hooked: true;
+    MemRetainAllocationHandle = c"cuMemRetainAllocationHandle": PfnMemRetainAllocationHandle, hooked: true;
+    MemGetAllocationPropertiesFromHandle = c"cuMemGetAllocationPropertiesFromHandle": PfnMemGetAllocationPropertiesFromHandle, hooked: true;
+    MemExportToShareableHandle = c"cuMemExportToShareableHandle": PfnMemExportToShareableHandle, hooked: true;
+    MemMapArrayAsync = c"cuMemMapArrayAsync": PfnMemMapArrayAsync, hooked: true;
     MemGetAllocationGranularity = c"cuMemGetAllocationGranularity": PfnMemGetAllocationGranularity, hooked: false;
     MemHostRegisterV2 = c"cuMemHostRegister_v2": PfnMemHostRegister, hooked: false;
     MemHostUnregister = c"cuMemHostUnregister": PfnMemHostUnregister, hooked: false;

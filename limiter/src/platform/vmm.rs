@@ -98,6 +98,49 @@ impl Driver {
         r
     }
 
+    /// Creates `size` bytes of physical memory as `prop` says (the application's own properties,
+    /// for memory it created and a thaw creates again).
+    pub(crate) fn vmm_create_as(
+        &self,
+        prop: &CUmemAllocationPropFull,
+        size: u64,
+    ) -> Result<u64, Code> {
+        let f = self.need::<sym::MemCreate>()?;
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and a whole property struct (a copy of the application's);
+        // no flags.
+        check(unsafe { f(&mut h, size as usize, (&raw const *prop).cast(), 0) })?;
+        Ok(h)
+    }
+
+    /// Maps `size` bytes of `handle` from `offset` at `ptr` (no access set).
+    pub(crate) fn vmm_map_range(
+        &self,
+        ptr: CUdeviceptr,
+        size: u64,
+        offset: u64,
+        handle: u64,
+    ) -> Result<(), Code> {
+        let map = self.need::<sym::MemMap>()?;
+        // SAFETY: a range the application reserved and mapped this way before; no flags.
+        check(unsafe { map(ptr, size as usize, offset as usize, handle, 0) })
+    }
+
+    /// Sets the access of the mapped range at `ptr` as `descs` say.
+    pub(crate) fn vmm_set_access(
+        &self,
+        ptr: CUdeviceptr,
+        size: u64,
+        descs: &[CUmemAccessDesc],
+    ) -> Result<(), Code> {
+        if descs.is_empty() {
+            return Ok(());
+        }
+        let access = self.need::<sym::MemSetAccess>()?;
+        // SAFETY: a mapped range and `descs.len()` descriptors.
+        check(unsafe { access(ptr, size as usize, descs.as_ptr(), descs.len()) })
+    }
+
     /// Unmaps the range mapped at `ptr`.
     pub(crate) fn vmm_unmap(&self, ptr: CUdeviceptr, size: u64) -> Result<(), Code> {
         let f = self.need::<sym::MemUnmap>()?;

@@ -352,7 +352,8 @@ mod tests {
     /// Every hooked symbol has an id in the shared API table (append missing ones there), but
     /// the memsets, 2D/3D and array copies and stream memory operations: hooked only to look at
     /// the control block and pass the freeze's gate, not recorded (the table has no room for
-    /// their 62 variants).
+    /// their 62 variants); and the virtual memory API's handle and access calls, hooked to
+    /// translate the application's handles and record its access for the in-process freeze.
     #[test]
     fn hooked_symbols_have_api_ids() {
         for &s in Sym::ALL.iter().filter(|s| s.hooked()) {
@@ -365,6 +366,14 @@ mod tests {
                 || name.starts_with("cuStreamWaitValue")
                 || name.starts_with("cuStreamWriteValue")
                 || name.starts_with("cuStreamBatchMemOp")
+                || [
+                    "cuMemSetAccess",
+                    "cuMemRetainAllocationHandle",
+                    "cuMemGetAllocationPropertiesFromHandle",
+                    "cuMemExportToShareableHandle",
+                    "cuMemMapArrayAsync",
+                ]
+                .contains(&name)
             {
                 assert!(ApiId::from_name(name).is_none(), "{name}");
                 continue;

@@ -81,6 +81,22 @@ pub enum Command {
         #[arg(long, value_parser = parse_bytes)]
         bytes: u64,
     },
+    /// Device memory as XLA's allocator takes it: cuMemAddressReserve of B bytes, cuMemCreate
+    /// of two chunks of B/2 (POSIX-fd shareable with `--shareable`), cuMemMap of each,
+    /// cuMemSetAccess of the range (read-write, device 0), a pattern copied in per chunk, then
+    /// cuMemRetainAllocationHandle of an address in the second chunk and cuMemRelease of what it
+    /// returned. Prints {"pid","bytes","result","ptr","handles","retained","released"}. Then per
+    /// stdin line: `check` (as `pattern`, over the chunks still mapped), `call NAME` (as
+    /// `pattern`), `export` (cuMemExportToShareableHandle of the first chunk: {"exported"}),
+    /// `release-one` (cuMemUnmap and cuMemRelease of the second chunk by the handles it got:
+    /// {"unmapped","released"}); at stdin EOF unmaps, releases and frees the range and prints
+    /// {"pid","freed"}.
+    VmmPattern {
+        #[arg(long, value_parser = parse_bytes)]
+        bytes: u64,
+        #[arg(long)]
+        shareable: bool,
+    },
     /// The driver's checkpoint API on process `--pid`: `lock` (with `--timeout-ms`), `checkpoint`,
     /// `restore`, `unlock`, or `state`; prints {"op","result","state"} (`state`: the process's
     /// CUprocessState after the call, or null if it cannot be read).

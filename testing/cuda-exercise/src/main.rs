@@ -75,6 +75,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         } => memory::alloc_free(&drv, ops, seed, max_size, api_mix),
         Command::Hold { bytes } => memory::hold(&drv, bytes as usize),
         Command::Pattern { bytes } => checkpoint::pattern(&drv, bytes as usize),
+        Command::VmmPattern { bytes, shareable } => {
+            checkpoint::vmm_pattern(&drv, bytes as usize, shareable)
+        }
         Command::Checkpoint {
             pid,
             op,

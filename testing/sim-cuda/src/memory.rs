@@ -190,7 +190,7 @@ exports! {
         if !s.valid_device(prop.location.id) {
             return CUDA_ERROR_INVALID_DEVICE;
         }
-        let r = s.create_physical(prop.location.id, size as u64);
+        let r = s.create_physical(prop, size as u64);
         drop(s);
         match r {
             Ok(h) => {
@@ -246,6 +246,58 @@ exports! {
             return CUDA_ERROR_INVALID_DEVICE;
         }
         out!(granularity, GRANULARITY as usize);
+        CUDA_SUCCESS
+    }
+    fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
+        if handle.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        match state().retain_physical(addr as u64) {
+            Ok(h) => {
+                out!(handle, h);
+                CUDA_SUCCESS
+            }
+            Err(e) => e,
+        }
+    }
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) {
+        if prop.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        match state().live_physical(handle) {
+            Ok(p) => {
+                let whole = CUmemAllocationProp {
+                    type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                    requested_handle_types: p.handle_types,
+                    location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: p.device },
+                    win32_handle_meta_data: std::ptr::null_mut(),
+                    compression_type: 0,
+                    gpu_direct_rdma_capable: 0,
+                    usage: 0,
+                    reserved: [0; 4],
+                };
+                out!(prop, whole);
+                CUDA_SUCCESS
+            }
+            Err(e) => e,
+        }
+    }
+    fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: c_int, flags: u64) {
+        // Only a POSIX file descriptor (1), asked for at creation, as the driver allows.
+        let asked = match state().live_physical(handle) {
+            Ok(p) => p.handle_types,
+            Err(e) => return e,
+        };
+        if shareable.is_null() || flags != 0 || handle_type != 1 || asked & 1 == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // A descriptor of the process's own (of /dev/null: nothing maps it in the sim).
+        // SAFETY: a valid NUL-terminated path.
+        let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        out!(shareable.cast::<c_int>(), fd);
         CUDA_SUCCESS
     }
     fn cuMemMapArrayAsync(map_info: *mut c_void, count: c_uint, stream: CUstream) {

@@ -5,6 +5,7 @@ use crate::config::config;
 use crate::types::*;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_int;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 /// First fake device address; addresses grow from here and are never handed out twice.
@@ -50,7 +51,13 @@ pub struct Physical {
     pub size: u64,
     pub device: i32,
     pub mappings: u32,
+    /// Released by every reference (`refs` is 0): the memory goes with its last mapping.
     pub released: bool,
+    /// References: `cuMemCreate`'s and one per `cuMemRetainAllocationHandle`, less each
+    /// `cuMemRelease`.
+    pub refs: u32,
+    /// The shareable handle types asked for at its creation (`requestedHandleTypes`).
+    pub handle_types: c_int,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -451,7 +458,12 @@ impl State {
     }
 
     /// `cuMemCreate`.
-    pub fn create_physical(&mut self, device: i32, size: u64) -> Result<u64, CUresult> {
+    pub fn create_physical(
+        &mut self,
+        prop: CUmemAllocationProp,
+        size: u64,
+    ) -> Result<u64, CUresult> {
+        let device = prop.location.id;
         if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -464,19 +476,23 @@ impl State {
                 device,
                 mappings: 0,
                 released: false,
+                refs: 1,
+                handle_types: prop.requested_handle_types,
             },
         );
         Ok(h)
     }
 
-    /// `cuMemRelease`: the memory goes once it is also unmapped everywhere.
+    /// `cuMemRelease`: one reference; the memory goes once none is left and it is also unmapped
+    /// everywhere.
     pub fn release_physical(&mut self, h: u64) -> Result<(), CUresult> {
         let p = self
             .physical
             .get_mut(&h)
             .filter(|p| !p.released)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        p.released = true;
+        p.refs -= 1;
+        p.released = p.refs == 0;
         self.drop_physical_if_unused(h);
         Ok(())
     }
@@ -489,6 +505,27 @@ impl State {
             self.physical.remove(&h);
             self.uncharge(p.device, p.size);
         }
+    }
+
+    /// `cuMemRetainAllocationHandle`: the handle mapped at `ptr`, with one more reference.
+    pub fn retain_physical(&mut self, ptr: u64) -> Result<u64, CUresult> {
+        let (_, m) = self.mapped_at(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let p = self
+            .physical
+            .get_mut(&m.handle)
+            .filter(|p| !p.released)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        p.refs += 1;
+        Ok(m.handle)
+    }
+
+    /// A live (not released) handle's allocation.
+    pub fn live_physical(&self, h: u64) -> Result<Physical, CUresult> {
+        self.physical
+            .get(&h)
+            .filter(|p| !p.released)
+            .copied()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
     /// `cuMemAddressReserve`.

@@ -28,15 +28,20 @@
 //!   Frozen --(a hooked call, or a Running mark)--> Thawing --> Running
 //! ```
 //!
-//! What stays on the GPU: the CUDA context, allocations under 2 MiB, and memory the limiter does
-//! not allocate itself (`cuMemCreate` by the application, pools, managed memory). A thaw that
+//! - [`created`]: device memory the application creates itself (`cuMemCreate`, `cuMemMap`,
+//!   `cuMemSetAccess`) moves too: its handles are the limiter's, translated at every hooked
+//!   call, and a thaw creates it again with its properties, mappings and access.
+//!
+//! What stays on the GPU: the CUDA context, allocations under 2 MiB, created memory that was
+//! exported or is not mapped whole with its device's access, pools and managed memory. A thaw that
 //! finds no room on the GPU waits for it (as the driver's restore would), logging once a minute.
 
 mod backing;
+mod created;
 mod gate;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::{
         Condvar, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU32, AtomicU64, Ordering},
@@ -47,13 +52,11 @@ use std::{
 use region::{FreezeMark, OwnFreeze as Answer, OwnFreezeState, Region, Slot};
 
 pub(crate) use self::backing::{Backing, MIN_BACKED};
-use self::{
-    backing::{Backed, Saved},
-    gate::Gate,
-};
+pub(crate) use self::created::{CreatedTable, on_device, whole_prop};
+use self::{backing::Saved, gate::Gate};
 use super::control::Control;
 use crate::platform::{
-    cuda::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUdeviceptr},
+    cuda::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUdevice, CUdeviceptr},
     driver::Driver,
     freeze_pool::{self, Loan, PoolError},
     host_memory::{HostBuffer, HostMemoryError},
@@ -91,6 +94,9 @@ enum Phase {
 #[derive(Debug)]
 pub(crate) struct OwnFreeze {
     pub(crate) backing: Backing,
+    /// The memory the application creates itself (`cuMemCreate`): its handles translated, its
+    /// mappings and access recorded. Locked after the backing's table, before the loan.
+    pub(crate) created: CreatedTable,
     gate: Gate,
     phase: Mutex<Phase>,
     changed: Condvar,
@@ -154,8 +160,9 @@ pub(crate) enum OwnFreezeError {
     HostMemory(#[from] HostMemoryError),
     #[error(
         "the limiter backs {backed} of the {allocated} bytes this process's allocations hold \
-         (memory from cuMemCreate, pools or managed memory, and allocations under 2 MiB, cannot \
-         move in-process); the driver's path moves it all"
+         (memory from cuMemCreate that is exported or not mapped whole with its device's access, \
+         pools or managed memory, and allocations under 2 MiB, cannot move in-process); the \
+         driver's path moves it all"
     )]
     NotCovered { backed: u64, allocated: u64 },
 }
@@ -218,6 +225,7 @@ impl OwnFreeze {
     pub(crate) fn new() -> OwnFreeze {
         OwnFreeze {
             backing: Backing::default(),
+            created: CreatedTable::default(),
             gate: Gate::default(),
             phase: Mutex::new(Phase::Running),
             changed: Condvar::new(),
@@ -283,6 +291,7 @@ impl OwnFreeze {
             // a loan also closes its copies of the chunks' descriptors). A lock a thread of the
             // parent held at the fork stays held here: what it guards is leaked instead.
             self.backing.forget_all();
+            self.created.forget_all();
             if let Ok(mut loan) = self.loan.try_lock()
                 && let Some(l) = loan.take()
             {
@@ -408,7 +417,7 @@ impl OwnFreeze {
         }
         let started = Instant::now();
         if let Some(held) = env.held.allocated_bytes()
-            && let Err(e) = covered(self.backing.bytes(), held)
+            && let Err(e) = covered(self.bytes(), held)
         {
             self.set_phase(Phase::Running);
             self.publish(env, OwnFreezeState::Failed, generation);
@@ -508,9 +517,20 @@ impl OwnFreeze {
     /// pool or it lends nothing usable.
     fn borrow(&self, env: Tenant) -> Option<Loan> {
         let (bytes, context) = self.backing.with_table(|t| {
-            let mut on_gpu = t.values().filter(|b| b.handle != 0).peekable();
-            let context = on_gpu.peek().map(|b| b.context);
-            (on_gpu.map(|b| b.size).sum::<u64>(), context)
+            let ct = self.created.lock();
+            let created = ct
+                .handles
+                .iter()
+                .filter(|(h, c)| c.real != 0 && ct.copy_address(**h, c).is_some())
+                .map(|(_, c)| (c.size, c.context));
+            let mut on_gpu = t
+                .values()
+                .filter(|b| b.handle != 0)
+                .map(|b| (b.size, b.context))
+                .chain(created)
+                .peekable();
+            let context = on_gpu.peek().map(|&(_, c)| c);
+            (on_gpu.map(|(size, _)| size).sum::<u64>(), context)
         });
         let context = context?;
         let loan = freeze_pool::borrow(env.pool, bytes)
@@ -539,33 +559,65 @@ impl OwnFreeze {
         }
     }
 
-    /// Saves every backed allocation to host memory (the `loan` where it holds it, else the
-    /// process's own) and releases its physical memory, with the gate closed and drained;
-    /// returns what was saved where. On an error nothing is lost: what was released is mapped
-    /// again, and the host memory (the loan too) is released.
+    /// Saves every backed allocation, and every movable one the application created
+    /// (`created`), to host memory (the `loan` where it holds it, else the process's own) and
+    /// releases its physical memory, with the gate closed and drained; returns what was saved
+    /// where. On an error nothing is lost: what was released is mapped again, and the host
+    /// memory (the loan too) is released.
     fn save(&self, env: Tenant, loan: Option<Loan>) -> Result<Moved, OwnFreezeError> {
         let d = env.driver;
         let driver_err = |call| move |code| OwnFreezeError::Driver { call, code };
         // Where a failed save's restore finds it.
         *self.lock_loan() = loan;
         let saved = self.backing.with_table(|t| {
-            let contexts: BTreeSet<usize> = t.values().map(|b| b.context).collect();
+            let mut ct = self.created.lock();
+            let ct = &mut *ct;
+            // The created allocations that move, and the address each is copied through.
+            let movable: BTreeMap<u64, CUdeviceptr> = ct
+                .handles
+                .iter()
+                .filter(|(_, c)| c.real != 0)
+                .filter_map(|(&h, c)| ct.copy_address(h, c).map(|va| (h, va)))
+                .collect();
+            let contexts: BTreeSet<usize> = t
+                .values()
+                .map(|b| b.context)
+                .chain(movable.keys().map(|h| ct.handles[h].context))
+                .collect();
             for c in contexts {
                 d.with_context(c as CUcontext, || d.synchronize_checked())
                     .map_err(driver_err("cuCtxSynchronize"))?;
             }
             let mut moved = Moved::default();
+            let mut items: Vec<Item<'_>> = t
+                .iter_mut()
+                .filter(|(_, b)| b.handle != 0)
+                .map(|(&ptr, b)| Item {
+                    ptr,
+                    size: b.size,
+                    context: b.context,
+                    saved: &mut b.saved,
+                })
+                .chain(ct.handles.iter_mut().filter_map(|(h, c)| {
+                    movable.get(h).map(|&ptr| Item {
+                        ptr,
+                        size: c.size,
+                        context: c.context,
+                        saved: &mut c.saved,
+                    })
+                }))
+                .collect();
             let mut loan = self.lock_loan();
             if let Some(l) = loan.as_ref() {
-                match save_to_loan(d, t, l) {
+                match save_to_loan(d, &mut items, l) {
                     Ok(0) => {}
                     Ok(_) => moved.pool_chunks = l.chunks(),
                     Err(e) => {
                         // The memory is all on the GPU still: the process's own host memory
                         // takes the loan's place.
-                        for b in t.values_mut() {
-                            if matches!(b.saved, Some(Saved::Pool { .. })) {
-                                b.saved = None;
+                        for it in items.iter_mut() {
+                            if matches!(it.saved, Some(Saved::Pool { .. })) {
+                                *it.saved = None;
                             }
                         }
                         if let Some(l) = loan.take() {
@@ -581,36 +633,34 @@ impl OwnFreeze {
             }
             drop(loan);
             let mut failed = None;
-            for (&ptr, b) in t
-                .iter_mut()
-                .filter(|(_, b)| b.handle != 0 && b.saved.is_none())
-            {
-                let buf = match HostBuffer::new(d, b.context as CUcontext, b.size) {
+            for it in items.iter_mut().filter(|it| it.saved.is_none()) {
+                let buf = match HostBuffer::new(d, it.context as CUcontext, it.size) {
                     Ok(buf) => buf,
                     Err(e) => {
                         failed = Some(OwnFreezeError::HostMemory(e));
                         break;
                     }
                 };
-                let copied = d.with_context(b.context as CUcontext, || {
-                    d.copy_to_host(buf.ptr(), ptr, b.size)
+                let copied = d.with_context(it.context as CUcontext, || {
+                    d.copy_to_host(buf.ptr(), it.ptr, it.size)
                 });
                 if let Err(code) = copied {
                     buf.release(d);
                     failed = Some(driver_err("cuMemcpyDtoH_v2")(code));
                     break;
                 }
-                b.saved = Some(Saved::Own(buf));
-                moved.own_bytes += b.size;
+                *it.saved = Some(Saved::Own(buf));
+                moved.own_bytes += it.size;
             }
             if let Some(f) = failed {
-                for b in t.values_mut().filter(|b| b.handle != 0) {
-                    if let Some(Saved::Own(buf)) = b.saved.take() {
+                for it in items.iter_mut() {
+                    if let Some(Saved::Own(buf)) = it.saved.take() {
                         buf.release(d);
                     }
                 }
                 return Err(f);
             }
+            drop(items);
             for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle != 0) {
                 let r = d
                     .vmm_unmap(ptr, b.size)
@@ -627,6 +677,22 @@ impl OwnFreeze {
                     }
                 }
             }
+            if failed.is_none() {
+                for &h in movable.keys() {
+                    let mappings = ct.mappings_of(h);
+                    let c = ct.handles.get_mut(&h).expect("listed above");
+                    match created::release_created(d, c, &mappings) {
+                        Ok(()) => {
+                            c.real = 0;
+                            moved.bytes += c.size;
+                        }
+                        Err((call, code)) => {
+                            failed = Some(driver_err(call)(code));
+                            break;
+                        }
+                    }
+                }
+            }
             match failed {
                 None => Ok(moved),
                 Some(f) => Err(f),
@@ -640,10 +706,11 @@ impl OwnFreeze {
         saved
     }
 
-    /// Maps new physical memory under every saved allocation and copies it back, then opens
-    /// the gate (`Running`). Waits for room as long as the GPU has none. Returns the host
-    /// memory it copied from (the loan too), for the caller to release (off a thawing call's
-    /// path: releasing 16 GiB takes 0.4 s); the loan is not used after.
+    /// Maps new physical memory under every saved allocation (a created one with its
+    /// properties, mappings and access) and copies it back, then opens the gate (`Running`).
+    /// Waits for room as long as the GPU has none. Returns the host memory it copied from (the
+    /// loan too), for the caller to release (off a thawing call's path: releasing 16 GiB takes
+    /// 0.4 s); the loan is not used after.
     fn restore(&self, env: Tenant) -> Released {
         let d = env.driver;
         let mut last_room_log: Option<Instant> = None;
@@ -651,74 +718,111 @@ impl OwnFreeze {
         self.backing.with_table(|t| {
             let mut loan = self.lock_loan();
             for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle == 0) {
-                let mut other_failures = 0;
-                loop {
-                    let r = d.with_context(b.context as CUcontext, || {
+                let placed = until_placed(env, &mut last_room_log, ptr, b.size, b.device, || {
+                    d.with_context(b.context as CUcontext, || {
                         let h = d.vmm_create(b.device, b.size)?;
                         if let Err(e) = d.vmm_map(ptr, b.size, h, b.device) {
                             let _ = d.vmm_release(h);
                             return Err(e);
                         }
-                        if let Err(e) = copy_back(d, loan.as_ref(), ptr, b) {
+                        if let Err(e) = copy_back(d, loan.as_ref(), ptr, b.size, &b.saved) {
                             let _ = d.vmm_unmap(ptr, b.size);
                             let _ = d.vmm_release(h);
                             return Err(e);
                         }
                         Ok(h)
-                    });
-                    match r {
-                        Ok(h) => {
-                            b.handle = h;
-                            if let Some(Saved::Own(buf)) = b.saved.take() {
-                                done.buffers.push(buf);
-                            }
-                            break;
-                        }
-                        Err(CUDA_ERROR_OUT_OF_MEMORY) => {
-                            if last_room_log.is_none_or(|t| t.elapsed() >= ROOM_LOG_PERIOD) {
-                                last_room_log = Some(Instant::now());
-                                log::write(
-                                    env.log,
-                                    Level::Warn,
-                                    format_args!(
-                                        "in-process thaw waits for {} bytes of room on device {}",
-                                        b.size, b.device
-                                    ),
-                                );
-                            }
-                            std::thread::sleep(ROOM_RETRY);
-                        }
-                        Err(code) => {
-                            other_failures += 1;
-                            if other_failures >= OTHER_ATTEMPTS {
-                                log::write(
-                                    env.log,
-                                    Level::Error,
-                                    format_args!(
-                                        "in-process thaw of {} bytes at {ptr:#x} failed {other_failures} times (CUDA error {code}); that allocation stays unmapped, its copy kept",
-                                        b.size
-                                    ),
-                                );
-                                break;
-                            }
-                            std::thread::sleep(ROOM_RETRY);
-                        }
+                    })
+                });
+                if let Some(h) = placed {
+                    b.handle = h;
+                    if let Some(Saved::Own(buf)) = b.saved.take() {
+                        done.buffers.push(buf);
                     }
+                }
+            }
+            let mut ct = self.created.lock();
+            let ct = &mut *ct;
+            let frozen: Vec<u64> = ct
+                .handles
+                .iter()
+                .filter(|(_, c)| c.real == 0 && c.saved.is_some())
+                .map(|(&h, _)| h)
+                .collect();
+            for h in frozen {
+                let mappings = ct.mappings_of(h);
+                let c = &ct.handles[&h];
+                let Some(va) = ct.copy_address(h, c) else {
+                    log::write(
+                        env.log,
+                        Level::Error,
+                        format_args!(
+                            "in-process thaw: the allocation {h:#x} lost the mapping it was saved through; its copy kept"
+                        ),
+                    );
+                    continue;
+                };
+                let device = c.prop.location.id;
+                let placed = until_placed(env, &mut last_room_log, va, c.size, device, || {
+                    let h = created::recreate(d, c, &mappings)?;
+                    let copied = d.with_context(c.context as CUcontext, || {
+                        copy_back(d, loan.as_ref(), va, c.size, &c.saved)
+                    });
+                    if let Err(e) = copied {
+                        for (va, m) in &mappings {
+                            let _ = d.vmm_unmap(*va, m.size);
+                        }
+                        let _ = d.vmm_release(h);
+                        return Err(e);
+                    }
+                    created::drop_creation_reference(d, c, h);
+                    Ok(h)
+                });
+                let c = ct.handles.get_mut(&h).expect("listed above");
+                if let Some(new) = placed {
+                    c.real = new;
+                    if let Some(Saved::Own(buf)) = c.saved.take() {
+                        done.buffers.push(buf);
+                    }
+                }
+            }
+            // A save that failed after copying left copies of memory still on the GPU: dropped,
+            // so that the next freeze copies it afresh.
+            let stale = t
+                .values_mut()
+                .filter(|b| b.handle != 0)
+                .map(|b| &mut b.saved)
+                .chain(
+                    ct.handles
+                        .values_mut()
+                        .filter(|c| c.real != 0)
+                        .map(|c| &mut c.saved),
+                );
+            for saved in stale {
+                if let Some(Saved::Own(buf)) = saved.take() {
+                    done.buffers.push(buf);
                 }
             }
             // A copy kept in the loan moves to host memory of the process's own: the agent takes
             // the loan's pages back once the thaw is answered.
-            for (&ptr, b) in t.iter_mut() {
-                let Some(Saved::Pool { offset }) = b.saved else {
+            let kept = t
+                .iter_mut()
+                .map(|(&ptr, b)| (ptr, b.size, b.context, &mut b.saved))
+                .chain(
+                    ct.handles
+                        .iter_mut()
+                        .filter(|(_, c)| c.real == 0)
+                        .map(|(&h, c)| (h, c.size, c.context, &mut c.saved)),
+                );
+            for (ptr, size, context, saved) in kept {
+                let Some(Saved::Pool { offset }) = *saved else {
                     continue;
                 };
-                b.saved = None;
+                *saved = None;
                 let kept = loan.as_ref().ok_or(None).and_then(|l| {
-                    let buf = HostBuffer::new(d, b.context as CUcontext, b.size).map_err(|e| {
-                        Some(e.to_string())
-                    })?;
-                    // SAFETY: the buffer holds `b.size` writable bytes of its own.
-                    match unsafe { l.read(offset, buf.ptr(), b.size) } {
+                    let buf = HostBuffer::new(d, context as CUcontext, size)
+                        .map_err(|e| Some(e.to_string()))?;
+                    // SAFETY: the buffer holds `size` writable bytes of its own.
+                    match unsafe { l.read(offset, buf.ptr(), size) } {
                         Ok(()) => Ok(buf),
                         Err(e) => {
                             buf.release(d);
@@ -727,13 +831,12 @@ impl OwnFreeze {
                     }
                 });
                 match kept {
-                    Ok(buf) => b.saved = Some(Saved::Own(buf)),
+                    Ok(buf) => *saved = Some(Saved::Own(buf)),
                     Err(why) => log::write(
                         env.log,
                         Level::Error,
                         format_args!(
-                            "in-process thaw: the copy of {} bytes at {ptr:#x} could not leave the agent's pool ({}); that allocation's content is lost",
-                            b.size,
+                            "in-process thaw: the copy of {size} bytes at {ptr:#x} could not leave the agent's pool ({}); that allocation's content is lost",
                             why.as_deref().unwrap_or("no loan")
                         ),
                     ),
@@ -744,6 +847,12 @@ impl OwnFreeze {
         self.gate.open();
         self.set_phase(Phase::Running);
         done
+    }
+
+    /// Bytes that can move: the backed allocations and the movable created ones (the 90% rule
+    /// and the slot's figure).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.backing.bytes() + self.created.movable_bytes()
     }
 
     /// Releases host memory a thawing call left (see [`OwnFreeze::restore`]) once
@@ -763,7 +872,7 @@ impl OwnFreeze {
         // Relaxed: the slot's own Release store publishes it; this copy is for `republish`.
         self.answer.store(word, Ordering::Relaxed);
         if let Some((region, slot)) = env.region {
-            region.publish_own_freeze(slot, Answer { state, generation }, self.backing.bytes());
+            region.publish_own_freeze(slot, Answer { state, generation }, self.bytes());
         }
     }
 
@@ -774,33 +883,83 @@ impl OwnFreeze {
         };
         // Relaxed: see `publish`.
         if let Some(answer) = Answer::decode(self.answer.load(Ordering::Relaxed)) {
-            region.publish_own_freeze(slot, answer, self.backing.bytes());
+            region.publish_own_freeze(slot, answer, self.bytes());
         }
     }
 }
 
-/// Copies the allocations on the GPU into the loan, back to back in the table's order, each
+/// One allocation a freeze saves: the address its copy is made through, its size and context,
+/// and where its copy goes (a backed allocation's or a created one's).
+struct Item<'a> {
+    ptr: CUdeviceptr,
+    size: u64,
+    context: usize,
+    saved: &'a mut Option<Saved>,
+}
+
+/// Runs a thaw step `place` for `size` bytes at `ptr` on `device` until it succeeds: waits for
+/// room as long as the GPU has none (a warning every [`ROOM_LOG_PERIOD`]), gives up after
+/// [`OTHER_ATTEMPTS`] other failures (`None`: the allocation stays unmapped, its copy kept).
+fn until_placed<T>(
+    env: Tenant,
+    last_room_log: &mut Option<Instant>,
+    ptr: CUdeviceptr,
+    size: u64,
+    device: CUdevice,
+    mut place: impl FnMut() -> Result<T, Code>,
+) -> Option<T> {
+    let mut other_failures = 0;
+    loop {
+        match place() {
+            Ok(v) => return Some(v),
+            Err(CUDA_ERROR_OUT_OF_MEMORY) => {
+                if last_room_log.is_none_or(|t| t.elapsed() >= ROOM_LOG_PERIOD) {
+                    *last_room_log = Some(Instant::now());
+                    log::write(
+                        env.log,
+                        Level::Warn,
+                        format_args!(
+                            "in-process thaw waits for {size} bytes of room on device {device}"
+                        ),
+                    );
+                }
+                std::thread::sleep(ROOM_RETRY);
+            }
+            Err(code) => {
+                other_failures += 1;
+                if other_failures >= OTHER_ATTEMPTS {
+                    log::write(
+                        env.log,
+                        Level::Error,
+                        format_args!(
+                            "in-process thaw of {size} bytes at {ptr:#x} failed {other_failures} times (CUDA error {code}); that allocation stays unmapped, its copy kept"
+                        ),
+                    );
+                    return None;
+                }
+                std::thread::sleep(ROOM_RETRY);
+            }
+        }
+    }
+}
+
+/// Copies the allocations on the GPU into the loan, back to back in the items' order, each
 /// where it fits whole (one made since the loan was asked for may not: it is left to the
 /// process's own host memory), and waits for the copies, failed or not (nothing of the loan is
 /// released while a copy into it is queued); returns the bytes copied.
-fn save_to_loan(
-    d: &Driver,
-    t: &mut std::collections::BTreeMap<CUdeviceptr, Backed>,
-    loan: &Loan,
-) -> Result<u64, PoolError> {
+fn save_to_loan(d: &Driver, items: &mut [Item<'_>], loan: &Loan) -> Result<u64, PoolError> {
     let mut offset = 0;
     let mut queued = BTreeSet::new();
     let mut failed = None;
-    for (&ptr, b) in t.iter_mut().filter(|(_, b)| b.handle != 0) {
-        if offset + b.size > loan.bytes() {
+    for it in items.iter_mut() {
+        if offset + it.size > loan.bytes() {
             continue;
         }
-        queued.insert(b.context);
+        queued.insert(it.context);
         let r = d
-            .with_context(
-                b.context as CUcontext,
-                || Ok(loan.save(offset, ptr, b.size)),
-            )
+            .with_context(it.context as CUcontext, || {
+                Ok(loan.save(offset, it.ptr, it.size))
+            })
             .unwrap_or_else(|code| {
                 Err(PoolError::Copy {
                     call: "cuCtxSetCurrent",
@@ -812,8 +971,8 @@ fn save_to_loan(
             failed = Some(e);
             break;
         }
-        b.saved = Some(Saved::Pool { offset });
-        offset += b.size;
+        *it.saved = Some(Saved::Pool { offset });
+        offset += it.size;
     }
     for c in queued {
         let synced = d.with_context(c as CUcontext, || d.synchronize_checked());
@@ -833,17 +992,22 @@ fn save_to_loan(
 
 /// Copies an allocation's saved copy back to its device memory at `ptr` (in the current
 /// context).
-fn copy_back(d: &Driver, loan: Option<&Loan>, ptr: CUdeviceptr, b: &Backed) -> Result<(), Code> {
-    match &b.saved {
-        Some(Saved::Own(buf)) => d.copy_to_device(ptr, buf.ptr(), b.size),
+fn copy_back(
+    d: &Driver,
+    loan: Option<&Loan>,
+    ptr: CUdeviceptr,
+    size: u64,
+    saved: &Option<Saved>,
+) -> Result<(), Code> {
+    match saved {
+        Some(Saved::Own(buf)) => d.copy_to_device(ptr, buf.ptr(), size),
         Some(Saved::Pool { offset }) => loan
             .ok_or(CUDA_ERROR_INVALID_VALUE)?
-            .restore(*offset, ptr, b.size)
+            .restore(*offset, ptr, size)
             .map_err(pool_code),
         None => Ok(()),
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,6 +145,54 @@ impl Driver {
         )
     }
 
+    /// `cuMemCreate` of `size` bytes on device 0 that may be exported as a POSIX file
+    /// descriptor (`requestedHandleTypes` = 1).
+    pub fn mem_create_shareable(&self, size: usize) -> (Option<CUresult>, u64) {
+        let mut h = 0u64;
+        let mut prop = MemAllocationProp::device(0);
+        prop.requested_handle_types = 1;
+        (
+            call!(
+                self,
+                "cuMemCreate",
+                fn(*mut u64, usize, *const MemAllocationProp, u64),
+                &mut h,
+                size,
+                &prop,
+                0
+            ),
+            h,
+        )
+    }
+
+    /// `cuMemRetainAllocationHandle` of the address `ptr`.
+    pub fn mem_retain(&self, ptr: u64) -> (Option<CUresult>, u64) {
+        let mut h = 0u64;
+        let r = call!(
+            self,
+            "cuMemRetainAllocationHandle",
+            fn(*mut u64, *mut c_void),
+            &mut h,
+            ptr as *mut c_void
+        );
+        (r, h)
+    }
+
+    /// `cuMemExportToShareableHandle` of `handle` as a POSIX file descriptor.
+    pub fn mem_export_fd(&self, handle: u64) -> (Option<CUresult>, c_int) {
+        let mut fd: c_int = -1;
+        let r = call!(
+            self,
+            "cuMemExportToShareableHandle",
+            fn(*mut c_void, u64, c_int, u64),
+            (&raw mut fd).cast(),
+            handle,
+            1,
+            0
+        );
+        (r, fd)
+    }
+
     pub fn mem_release(&self, handle: u64) -> Option<CUresult> {
         call!(self, "cuMemRelease", fn(u64), handle)
     }

@@ -3,8 +3,10 @@
 # docs/oversubscription.md "The in-process path"), through validate-freeze-frameworks.sh (each
 # tenant a container, `vgpu-agent freeze --container` beside `vgpu-agent run`, thawed by its next
 # CUDA call, pattern checked word for word):
-# - FRAMEWORKS=1 (default): PyTorch, JAX, CuPy and a two-process PyTorch container, 1 GiB each,
-#   in-process (at most 768 MiB per process may stay on the GPU: its CUDA context);
+# - FRAMEWORKS=1 (default): PyTorch, JAX (its default allocator), CuPy, a two-process PyTorch
+#   container and PyTorch with expandable segments (FRAMEWORK_TENANTS), 1 GiB each, in-process (at
+#   most 768 MiB per process may stay on the GPU: its CUDA context); FRAMEWORKS_POOL=SIZE gives
+#   the daemon a freeze pool of SIZE for them;
 # - SIZES_MIB (default 4096,16384): a PyTorch tenant of each size in-process, timed beside a pinned
 #   copy of the same size (FREEZE_LINK=1);
 # - POOL_SIZES_MIB (default 4096,16384): the same in-process tenant with the daemon's freeze pool
@@ -31,14 +33,18 @@ run() {
   tail -n 4 "$OUT/$name.log"
 }
 if [ "${FRAMEWORKS:-1}" = 1 ]; then
-  run frameworks-in-process VGPU_FREEZE_IN_PROCESS=1 FREEZE_KEEP_MIB=768
+  run frameworks-in-process VGPU_FREEZE_IN_PROCESS=1 FREEZE_KEEP_MIB=768 \
+    FREEZE_TENANTS="${FRAMEWORK_TENANTS:-torch,jax,cupy,torch-2proc,torch-expandable}" \
+    FREEZE_POOL="${FRAMEWORKS_POOL:-}"
 fi
 for m in $(echo "${SIZES_MIB-4096,16384}" | tr ',' ' '); do
   run "torch-${m}m-in-process" VGPU_FREEZE_IN_PROCESS=1 FREEZE_MIB="$m" FREEZE_TENANTS="${SIZE_TENANT:-torch}" \
     FREEZE_LINK=1 FREEZE_KEEP_MIB=768
 done
+n=0
 for m in $(echo "${POOL_SIZES_MIB-4096,16384}" | tr ',' ' '); do
-  run "torch-${m}m-in-process-pool" VGPU_FREEZE_IN_PROCESS=1 FREEZE_MIB="$m" FREEZE_TENANTS="${SIZE_TENANT:-torch}" \
+  n=$((n + 1)) # a size may come again (repeats): each run its own folder
+  run "torch-${m}m-${n}-in-process-pool" VGPU_FREEZE_IN_PROCESS=1 FREEZE_MIB="$m" FREEZE_TENANTS="${SIZE_TENANT:-torch}" \
     FREEZE_LINK=1 FREEZE_KEEP_MIB=768 FREEZE_POOL="$(( (m + 1023) / 1024 + 2 ))g"
 done
 for m in $(echo "${DRIVER_MIB-16384}" | tr ',' ' '); do

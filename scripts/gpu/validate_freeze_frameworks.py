@@ -5,7 +5,8 @@ validate-freeze-frameworks.sh).
 Usage: validate_freeze_frameworks.py VGPU_AGENT LIMITER_SO OUT
 
 Runs `vgpu-agent run` (its thaw watcher thaws a frozen container at its next CUDA call). Each
-tenant in FREEZE_TENANTS (default "torch,jax,cupy,torch-2proc") is a container of its own: a
+tenant in FREEZE_TENANTS (default "torch,jax,cupy,torch-2proc"; also `torch-expandable`:
+PyTorch with `expandable_segments:True`) is a container of its own: a
 docker-like cgroup (`vgpu-freeze-<pid>/docker/<id>` in the cgroup v2 hierarchy) and a region, with one
 process (two for `*-2proc`) under the limiter holding FREEZE_MIB (default 1024) MiB of a
 pattern.
@@ -117,7 +118,11 @@ def check():
 serve(make, check)
 """
 
-CODE = {"torch": TORCH, "jax": JAX, "cupy": CUPY}
+CODE = {"torch": TORCH, "jax": JAX, "cupy": CUPY,
+        # PyTorch's caching allocator on the virtual memory API (cuMemCreate + cuMemMap), as
+        # JAX's default allocator is.
+        "torch-expandable": TORCH}
+ENV = {"torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
 
 
 SIM_LIB = None
@@ -225,6 +230,7 @@ def one(agent, limiter, out, cg_root, name):
     # a context on each, and the driver's restore of such a process failed (CUDA error 304 on
     # two H200s, driver 580.159.04, 2026-11-28).
     env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    env.update(ENV.get(kind, {}))
     if POOL:
         env["VGPU_FREEZE_POOL_SOCKET"] = os.path.join(out, "pool", "freeze-pool.sock")
     if SIM:

@@ -1002,6 +1002,16 @@ impl OwnTenant {
 /// (`limiter/src/runtime/own_freeze/created.rs`).
 const APP_HANDLE_BASE: u64 = 0xC0DE_0000_0000_0000;
 
+/// The handles a `vmm-pattern` tenant says it was given (its first line).
+fn handles_of(first: &Value) -> Vec<u64> {
+    first["handles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_u64().unwrap())
+        .collect()
+}
+
 /// Memory the application maps itself as XLA's allocator does (`vmm-pattern`: a reserved range,
 /// two `cuMemCreate` chunks of 4 MiB mapped into it, access set, a handle retained from an
 /// address and released), with the in-process path on: the application sees the limiter's
@@ -1019,12 +1029,7 @@ fn in_process_memory_the_application_maps_itself_moves_and_its_handles_stay_vali
     let mut o = OwnTenant::spawn("ownvmm", &[], &["vmm-pattern", "--bytes", "8m"], true);
     let first = o.tenant.line();
     assert_eq!(first["result"], 0, "{first}");
-    let handles: Vec<u64> = first["handles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h.as_u64().unwrap())
-        .collect();
+    let handles = handles_of(&first);
     assert!(
         handles.iter().all(|&h| h > APP_HANDLE_BASE),
         "the limiter's handles: {first}"
@@ -1118,12 +1123,7 @@ fn without_the_path_the_application_sees_the_drivers_own_handles() {
     let mut o = OwnTenant::spawn("vmmoff", &[], &["vmm-pattern", "--bytes", "8m"], false);
     let first = o.tenant.line();
     assert_eq!(first["result"], 0, "{first}");
-    let handles: Vec<u64> = first["handles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h.as_u64().unwrap())
-        .collect();
+    let handles = handles_of(&first);
     // The simulated driver's handles are small counters from 0x5a00_0000.
     assert!(
         handles

@@ -51,7 +51,6 @@ referee the simulated device's charged bytes. It checks this script, not the GPU
 import json
 import os
 import queue
-import shutil
 import signal
 import socket
 import subprocess
@@ -60,7 +59,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from validate_freeze_frameworks import cgroup2_root, rmdir_when_empty  # noqa: E402
+from validate_freeze_frameworks import cgroup2_root, rmdir_when_empty, sim_paths  # noqa: E402
 
 SIM = os.environ.get("SIM") == "1"
 A_MIB = int(os.environ.get("FOD_A_MIB", "8" if SIM else "16384"))
@@ -174,22 +173,6 @@ torch.cuda.synchronize()
 print(json.dumps({"result": 0, "bytes": x.numel()}), flush=True)
 sys.stdin.read()
 """
-
-SIM_LIB = None
-
-
-def sim_paths():
-    """cuda-exercise, and the simulated driver copied as `libcuda.so.1` (what `freeze` and the
-    agent look for in a process's maps)."""
-    global SIM_LIB
-    b = os.environ.get("SIM_BIN", ".carry/bin")
-    if SIM_LIB is None:
-        d = os.path.abspath(os.path.join(os.environ.get("OUT", "/tmp"), "simlib"))
-        os.makedirs(d, exist_ok=True)
-        SIM_LIB = os.path.join(d, "libcuda.so.1")
-        shutil.copy(os.path.join(b, "libsimcuda.so"), SIM_LIB)
-    return os.path.abspath(os.path.join(b, "cuda-exercise")), SIM_LIB
-
 
 def sim_env(d, env):
     """The simulated device's environment (every process that uses it, the agent's too): a

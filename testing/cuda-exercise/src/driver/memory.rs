@@ -129,28 +129,19 @@ impl Driver {
     }
 
     pub fn mem_create(&self, size: usize) -> (Option<CUresult>, u64) {
-        let mut h = 0u64;
-        let prop = MemAllocationProp::device(0);
-        (
-            call!(
-                self,
-                "cuMemCreate",
-                fn(*mut u64, usize, *const MemAllocationProp, u64),
-                &mut h,
-                size,
-                &prop,
-                0
-            ),
-            h,
-        )
+        self.mem_create_with(size, MemAllocationProp::device(0))
     }
 
     /// `cuMemCreate` of `size` bytes on device 0 that may be exported as a POSIX file
     /// descriptor (`requestedHandleTypes` = 1).
     pub fn mem_create_shareable(&self, size: usize) -> (Option<CUresult>, u64) {
-        let mut h = 0u64;
         let mut prop = MemAllocationProp::device(0);
         prop.requested_handle_types = 1;
+        self.mem_create_with(size, prop)
+    }
+
+    fn mem_create_with(&self, size: usize, prop: MemAllocationProp) -> (Option<CUresult>, u64) {
+        let mut h = 0u64;
         (
             call!(
                 self,

@@ -25,6 +25,11 @@ pub struct ApiStats {
     pub bytes: u64,
     /// Sum of entry-to-return latencies, ns.
     pub total_ns: u64,
+    /// Calls that took a probe hit but were not counted in `calls`, at a sampling window's edge
+    /// where a kind's entry and return probes are switched one after the other: a return whose
+    /// entry was not seen (the entry probe gone, the return probe not yet), and an entry whose
+    /// return never came (counted at the thread's next entry of the same API).
+    pub unpaired: u64,
     /// Log2 latency histogram, see [`crate::hist`].
     pub hist: [u64; HIST_BUCKETS],
 }
@@ -35,6 +40,7 @@ impl ApiStats {
         errors: 0,
         bytes: 0,
         total_ns: 0,
+        unpaired: 0,
         hist: [0; HIST_BUCKETS],
     };
 }
@@ -319,7 +325,7 @@ const _: () = {
     assert!(core::mem::size_of::<ProbeLoss>() == 32);
     assert!(core::mem::size_of::<AllocSizeVal>() == 16);
     assert!(core::mem::size_of::<StatsKey>() == 16);
-    assert!(core::mem::size_of::<ApiStats>() == 32 + 8 * HIST_BUCKETS);
+    assert!(core::mem::size_of::<ApiStats>() == 40 + 8 * HIST_BUCKETS);
     assert!(core::mem::size_of::<InflightKey>() == 16);
     assert!(core::mem::size_of::<Inflight>() == 48);
     assert!(core::mem::size_of::<AllocKey>() == 16);

@@ -7,7 +7,7 @@ use agent_common::{
     maps::{AllocKey, AllocSizeKey, AllocVal, Health, Inflight, InflightKey, StatsKey},
 };
 use aya_ebpf::{
-    bindings::BPF_ANY,
+    bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -61,6 +61,16 @@ pub(crate) fn on_entry(ctx: &ProbeContext) {
     // Taken last so the latency excludes this program's own work.
     // SAFETY: reads the monotonic clock; no memory is touched.
     rec.start_ns = unsafe { bpf_ktime_get_ns() };
+    if INFLIGHT.insert(&key, &rec, BPF_NOEXIST as u64).is_ok() {
+        return;
+    }
+    // This thread's earlier call of the API is still in flight by the table: its return probe
+    // was gone when it returned (a sampling window's edge, the return probe detached first, or
+    // not attached yet). That call took a hit no call was counted for.
+    // SAFETY: only tests whether the entry exists; nothing is read from it.
+    if unsafe { INFLIGHT.get(&key) }.is_some() {
+        unpaired_hit(key.pid_tgid, cookie.api());
+    }
     if INFLIGHT.insert(&key, &rec, BPF_ANY as u64).is_err() {
         count(Health::InflightDropped);
     }
@@ -175,6 +185,33 @@ fn untrack(tgid: u32, space: u32, addr: u64) -> u64 {
     }
 }
 
+/// Counts a return whose entry the probes missed on its process's row: the call took a hit
+/// (the agent charges it) but has no latency to aggregate.
+#[inline(always)]
+fn unpaired_hit(pid_tgid: u64, api: u16) {
+    let tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: reads the current task's cgroup id; no memory is touched.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let skey = StatsKey {
+        cgroup_id,
+        tgid,
+        api,
+        _pad: 0,
+    };
+    let row = quota_row(
+        &STATS,
+        &skey,
+        &ZERO_STATS,
+        cgroup_id,
+        tgid,
+        Health::StatsDropped,
+    );
+    if let Some(row) = row {
+        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
+        unsafe { add(&raw mut (*row).unpaired, 1) };
+    }
+}
+
 #[inline(always)]
 pub(crate) fn on_return(ctx: &RetProbeContext) {
     // SAFETY: reads the monotonic clock; no memory is touched.
@@ -189,6 +226,7 @@ pub(crate) fn on_return(ctx: &RetProbeContext) {
     // SAFETY: the record is copied out before the entry is removed.
     let Some(rec) = (unsafe { INFLIGHT.get(&key) }).copied() else {
         count(Health::ReturnWithoutEntry);
+        unpaired_hit(pid_tgid, cookie.api());
         return;
     };
     let _ = INFLIGHT.remove(&key);

@@ -155,6 +155,16 @@ fn launch_heavy(sync_every: u64) {
         "{as_probed} s for {probed} probed launches"
     );
     assert!(num(&made["inside_total_ns"]) >= LAUNCHES as f64 * 3e3);
+    // Every hit is counted and charged: the launches that met the breakpoint (as the process saw
+    // its entry point before and after each call) are the probed calls and the unpaired hits at
+    // the windows' edges (a return without its entry, an entry without its return), give or
+    // take a call whose breakpoint came or went while it ran.
+    let trapped = num(&made["trapped"]);
+    let hits = probed + num(&p["unpaired_probe_hits"]);
+    assert!(
+        trapped > 0.0 && hits >= 0.97 * trapped && hits <= 1.01 * trapped + 100.0,
+        "{hits} hits counted ({probed} probed calls), {trapped} launches trapped"
+    );
 }
 
 /// A library attached through a process that exited (its `/proc/PID/map_files/...` entry is gone) is

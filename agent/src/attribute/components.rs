@@ -133,6 +133,8 @@ pub struct Charged {
     pub ns: f64,
     pub se_ns: f64,
     pub inband_ns: Option<f64>,
+    /// Hits in `ns` that no call was counted for (see `ProbeCost::unpaired_hits`).
+    pub unpaired_hits: u64,
 }
 
 /// The calls of `now` since `before` (the same process in the window's first snapshot), as the
@@ -181,16 +183,22 @@ pub fn attribute(
     let probed_calls: u64 = probed_of_kind.values().sum();
     // What one probe hit cost this process over the window (its charges over its probed calls),
     // and one standard error of that: the limiter's timing of a probed call includes a hit.
+    // Its hits are its probed calls and its unpaired returns; only the calls were timed.
     let hit = match charged {
-        Some(c) if probed_calls > 0 => Charged {
-            ns: c.ns / probed_calls as f64,
-            se_ns: c.se_ns / probed_calls as f64,
-            inband_ns: c.inband_ns.map(|i| i / probed_calls as f64),
-        },
+        Some(c) if probed_calls > 0 => {
+            let hits = (probed_calls + c.unpaired_hits) as f64;
+            Charged {
+                ns: c.ns / hits,
+                se_ns: c.se_ns / hits,
+                inband_ns: c.inband_ns.map(|i| i / probed_calls as f64),
+                unpaired_hits: 0,
+            }
+        }
         _ => Charged {
             ns: s.per_hit_ns,
             se_ns: 0.0,
             inband_ns: None,
+            unpaired_hits: 0,
         },
     };
     // What each probed call's measured latency is corrected by: the in-band part of the hits
@@ -597,6 +605,7 @@ mod tests {
             ns: 53_000.0 * 2_000.0,
             se_ns: 53_000.0 * 300.0,
             inband_ns: Some(53_000.0 * 1_000.0),
+            unpaired_hits: 0,
         };
         let a = attribute(
             &now,
@@ -656,6 +665,26 @@ mod tests {
                 < 1e-12
         );
         assert_eq!(a.probed_calls, 53_000);
+        // 7,000 more hits at a window's edge, charged but with no call counted: the probe cost
+        // grows by their price, the calls' time and the price of a hit stay as they were.
+        let edged = Charged {
+            ns: 60_000.0 * 2_000.0,
+            unpaired_hits: 7_000,
+            ..charged
+        };
+        let b = attribute(
+            &now,
+            None,
+            sampling(2_000.0, 1_000.0),
+            Some(edged),
+            &estimates,
+        );
+        assert!((b.components.probe_cost - 60_000.0 * 2_000e-9).abs() < 1e-12);
+        assert_eq!(b.components.driver, a.components.driver);
+        assert_eq!(
+            b.uncertainty["driver"].standard_error(),
+            a.uncertainty["driver"].standard_error()
+        );
     }
 
     /// An estimate from a single window has no known spread: the rows say so (and are marked).
@@ -731,6 +760,7 @@ mod tests {
                 ns: 20_000.0 * 2_000.0,
                 se_ns: 20_000.0 * 100.0,
                 inband_ns: None,
+                unpaired_hits: 0,
             };
             let a = attribute(
                 &now,

@@ -202,6 +202,7 @@ mod tests {
                 uncertainty: Default::default(),
                 apis: vec![],
                 allocation_classes: vec![],
+                unpaired_probe_hits: 0,
             }],
             baseline: None,
             notes: vec![],

@@ -49,6 +49,11 @@ pub struct ProcessAttribution {
     pub uncertainty: BTreeMap<String, Uncertainty>,
     pub apis: Vec<ApiTime>,
     pub allocation_classes: Vec<SizeClass>,
+    /// Probe hits charged in `components.probe_cost` that no call was counted for, at a
+    /// sampling window's edge, where a kind's entry and return probes switch one after the
+    /// other (`ApiStats::unpaired`). Its probed calls plus these are its hits.
+    #[serde(default)]
+    pub unpaired_probe_hits: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -270,17 +275,20 @@ pub fn build(
                 let pid = p.key.pid;
                 let ns = c.charged_ns.get(&pid).copied()?;
                 let se = c.charged_se_ns.get(&pid).copied().unwrap_or(0.0);
-                Some((ns, se, c.charged_inband_ns.get(&pid).copied()))
+                let unpaired = c.unpaired_hits.get(&pid).copied().unwrap_or(0);
+                Some((ns, se, c.charged_inband_ns.get(&pid).copied(), unpaired))
             })
         };
-        let charged = charged(last).map(|(ns, se, inband)| {
-            let (ns0, se0, inband0) = charged(first).unwrap_or((0.0, 0.0, None));
+        let charged = charged(last).map(|(ns, se, inband, unpaired)| {
+            let (ns0, se0, inband0, unpaired0) = charged(first).unwrap_or((0.0, 0.0, None, 0));
             Charged {
                 ns: (ns - ns0).max(0.0),
                 se_ns: (se - se0).max(0.0),
                 inband_ns: inband.map(|i| (i - inband0.unwrap_or(0.0)).max(0.0)),
+                unpaired_hits: unpaired.saturating_sub(unpaired0),
             }
         });
+        let unpaired_probe_hits = charged.map_or(0, |c| c.unpaired_hits);
         // The relative uncertainty of the prices this process's hits were charged at, and of
         // what they cost its own functions.
         let hit_relative_se = uncertainty::hit_price_relative_se(
@@ -324,6 +332,7 @@ pub fn build(
             components,
             apis,
             allocation_classes: classes(p, before),
+            unpaired_probe_hits,
         });
     }
     let mut containers: BTreeMap<String, ContainerAttribution> = BTreeMap::new();

@@ -117,6 +117,11 @@ pub struct ProbeCost {
     /// in-band cost then): what its probed calls' measured latencies are corrected by.
     #[serde(default)]
     pub charged_inband_ns: BTreeMap<u32, f64>,
+    /// Hits charged per process whose calls the probes did not count (returns without their
+    /// entry, at a sampling window's edge: `ApiStats::unpaired`); they are in `charged_ns` but
+    /// not in the in-band part. Cumulative.
+    #[serde(default)]
+    pub unpaired_hits: BTreeMap<u32, u64>,
     /// Every class measured.
     #[serde(default)]
     pub classes: Vec<ClassCost>,

@@ -188,6 +188,8 @@ pub struct Calibrator {
     default_main: Prologue,
     /// Probed calls per process and class at the last poll.
     calls_seen: BTreeMap<(u32, Prologue), u64>,
+    /// The unpaired returns of each process and class at the last poll.
+    unpaired_seen: BTreeMap<(u32, Prologue), u64>,
 }
 
 /// The agent's own binary (where the calibration functions are).
@@ -291,6 +293,7 @@ impl Calibrator {
             charged_ns: BTreeMap::new(),
             charged_se_ns: BTreeMap::new(),
             charged_inband_ns: BTreeMap::new(),
+            unpaired_hits: BTreeMap::new(),
             classes: costs,
             process_prologue: BTreeMap::new(),
         };
@@ -301,14 +304,21 @@ impl Calibrator {
             cost,
             default_main,
             calls_seen: BTreeMap::new(),
+            unpaired_seen: BTreeMap::new(),
         })
     }
 
     /// Re-measures the cost of a hit of every class with probed calls (three short batches each, the
     /// median: about 2 ms a class) and charges the calls each process made since the last poll
     /// at the median of the last [`RECENT`] measurements. `calls` is every process's probed calls
-    /// so far, by the class of the functions called.
-    pub fn remeasure(&mut self, calls: &BTreeMap<(u32, Prologue), u64>, probes: &Probes) {
+    /// so far, by the class of the functions called; `unpaired` its returns without an entry so
+    /// far (hits at a window's edge that no call was counted for: charged, with no in-band part).
+    pub fn remeasure(
+        &mut self,
+        calls: &BTreeMap<(u32, Prologue), u64>,
+        unpaired: &BTreeMap<(u32, Prologue), u64>,
+        probes: &Probes,
+    ) {
         let mut measured = BTreeMap::new();
         for (class, cost) in self.classes.iter().zip(&self.cost.classes) {
             // Only classes with probed calls: each burst takes CPU time from the workloads.
@@ -330,7 +340,7 @@ impl Calibrator {
                 },
             );
         }
-        self.settle(calls, &measured);
+        self.settle(calls, unpaired, &measured);
     }
 
     /// Takes in one re-measurement per class (`measured`: a burst's probed and unprobed
@@ -338,6 +348,7 @@ impl Calibrator {
     fn settle(
         &mut self,
         calls: &BTreeMap<(u32, Prologue), u64>,
+        unpaired: &BTreeMap<(u32, Prologue), u64>,
         measured: &BTreeMap<Prologue, Measured>,
     ) {
         for (class, cost) in self.classes.iter_mut().zip(&mut self.cost.classes) {
@@ -349,6 +360,17 @@ impl Calibrator {
                 class.recent.remove(0);
             }
             class.recent.push(m.probed.minus(m.unprobed));
+            // At debug level, each re-measurement with its CLOCK_MONOTONIC time: what
+            // scripts/gpu/probe_hit_trace.py lines up with the attributed process's own timings.
+            log::debug!(
+                "hit price {:?} at {} ns on CPU {}: {:.0} ns (unprobed body {:.0} ns)",
+                cost.prologue,
+                crate::sys::clock::monotonic_ns(),
+                // SAFETY: sched_getcpu has no preconditions.
+                unsafe { libc::sched_getcpu() },
+                m.probed.minus(m.unprobed).ns,
+                m.unprobed.ns
+            );
             if let Some(inband) = m.inband() {
                 if class.recent_inband.len() == RECENT {
                     class.recent_inband.remove(0);
@@ -386,7 +408,24 @@ impl Calibrator {
                 0.0,
             ))
         });
-        for (prologue, n) in charged {
+        // Unpaired returns: a hit each at the price of the moment, none of it in a measured
+        // latency (no call was timed).
+        let unpaired_charged = charge(&mut self.cost, &mut self.unpaired_seen, unpaired, |p| {
+            let price = prices.get(&p).map_or(
+                Timed {
+                    ns: 0.0,
+                    se_ns: 0.0,
+                },
+                |(price, _)| *price,
+            );
+            (price, 0.0)
+        });
+        let mut per_process: BTreeMap<u32, u64> = BTreeMap::new();
+        for (&(pid, _), &n) in &self.unpaired_seen {
+            *per_process.entry(pid).or_default() += n;
+        }
+        self.cost.unpaired_hits = per_process;
+        for (prologue, n) in charged.into_iter().chain(unpaired_charged) {
             if let Some(c) = self
                 .cost
                 .classes
@@ -422,6 +461,8 @@ impl Calibrator {
     pub fn forget(&mut self, pids: &[u32]) {
         for p in pids {
             self.calls_seen.retain(|(pid, _), _| pid != p);
+            self.unpaired_seen.retain(|(pid, _), _| pid != p);
+            self.cost.unpaired_hits.remove(p);
             self.cost.charged_ns.remove(p);
             self.cost.charged_se_ns.remove(p);
             self.cost.charged_inband_ns.remove(p);
@@ -479,6 +520,7 @@ mod tests {
             charged_ns: BTreeMap::new(),
             charged_se_ns: BTreeMap::new(),
             charged_inband_ns: BTreeMap::new(),
+            unpaired_hits: BTreeMap::new(),
             classes: classes
                 .iter()
                 .map(|&(prologue, ns)| ClassCost {
@@ -514,6 +556,7 @@ mod tests {
             cost: cost_with(&priced),
             default_main: start[0].0,
             calls_seen: BTreeMap::new(),
+            unpaired_seen: BTreeMap::new(),
         }
     }
 
@@ -585,6 +628,7 @@ mod tests {
         for polls in 1..=8u64 {
             c.settle(
                 &[((7, push), polls * 1_000)].into(),
+                &BTreeMap::new(),
                 &[(push, hit(2_000.0))].into(),
             );
         }
@@ -619,6 +663,7 @@ mod tests {
         for (i, ns) in [1_200.0, 800.0, 1_100.0, 900.0].into_iter().enumerate() {
             c.settle(
                 &[((7, push), (i as u64 + 1) * 100)].into(),
+                &BTreeMap::new(),
                 &[(push, hit(ns))].into(),
             );
             let p = price(&c.classes[0].recent);
@@ -646,6 +691,7 @@ mod tests {
         for (i, ns) in [2_000.0, 2_000.0, 9_000.0, 2_000.0].into_iter().enumerate() {
             c.settle(
                 &[((7, push), (i as u64 + 1) * 10)].into(),
+                &BTreeMap::new(),
                 &[(push, hit(ns))].into(),
             );
         }
@@ -670,6 +716,7 @@ mod tests {
             m.latency = Some(latency);
             c.settle(
                 &[((7, push), (i as u64 + 1) * 10)].into(),
+                &BTreeMap::new(),
                 &[(push, m)].into(),
             );
         }
@@ -683,7 +730,11 @@ mod tests {
         // Without a latency reading, the last in-band figure stands.
         let mut m = hit(2_000.0);
         m.latency = None;
-        c.settle(&[((7, push), 50)].into(), &[(push, m)].into());
+        c.settle(
+            &[((7, push), 50)].into(),
+            &BTreeMap::new(),
+            &[(push, m)].into(),
+        );
         assert_eq!(c.cost.class(push).unwrap().inband_ns, 1_000.0);
     }
 
@@ -691,7 +742,11 @@ mod tests {
     fn classes_without_calls_are_not_re_measured_or_charged() {
         let (push, other) = (Prologue::Push, Prologue::Other);
         let mut c = calibrator(&[(push, exact(1_500.0)), (other, exact(8_000.0))]);
-        c.settle(&[((7, other), 40)].into(), &[(other, hit(7_000.0))].into());
+        c.settle(
+            &[((7, other), 40)].into(),
+            &BTreeMap::new(),
+            &[(other, hit(7_000.0))].into(),
+        );
         assert_eq!(c.cost.class(push).unwrap().last_per_hit_ns, 1_500.0);
         // The median of {8,000, 7,000} (the upper middle).
         assert_eq!(c.cost.class(other).unwrap().last_per_hit_ns, 8_000.0);
@@ -703,6 +758,31 @@ mod tests {
         assert_eq!(c.cost.class_of(9).unwrap().prologue, other);
         c.forget(&[7]);
         assert!(c.cost.charged_ns.is_empty() && c.cost.charged_se_ns.is_empty());
+    }
+
+    #[test]
+    fn unpaired_returns_are_charged_a_hit_each_with_no_in_band_part() {
+        let push = Prologue::Push;
+        let mut c = calibrator(&[(push, exact(2_000.0))]);
+        // 100 counted calls and 30 returns without their entry (a window's edge).
+        c.settle(
+            &[((7, push), 100)].into(),
+            &[((7, push), 30)].into(),
+            &[(push, hit(2_000.0))].into(),
+        );
+        assert_eq!(c.cost.charged_ns[&7], 130.0 * 2_000.0);
+        assert_eq!(c.cost.charged_inband_ns[&7], 100.0 * 1_000.0);
+        assert_eq!(c.cost.unpaired_hits[&7], 30);
+        // Cumulative rows: only what is new is charged.
+        c.settle(
+            &[((7, push), 100)].into(),
+            &[((7, push), 45)].into(),
+            &[(push, hit(2_000.0))].into(),
+        );
+        assert_eq!(c.cost.charged_ns[&7], 145.0 * 2_000.0);
+        assert_eq!(c.cost.unpaired_hits[&7], 45);
+        c.forget(&[7]);
+        assert!(c.cost.unpaired_hits.is_empty());
     }
 
     #[test]

@@ -22,6 +22,7 @@ impl Cumulative for ApiStats {
             || self.errors < e.errors
             || self.bytes < e.bytes
             || self.total_ns < e.total_ns
+            || self.unpaired < e.unpaired
             || self.hist.iter().zip(&e.hist).any(|(a, b)| a < b)
     }
 
@@ -31,6 +32,7 @@ impl Cumulative for ApiStats {
         r.errors += o.errors;
         r.bytes += o.bytes;
         r.total_ns += o.total_ns;
+        r.unpaired += o.unpaired;
         for (a, b) in r.hist.iter_mut().zip(&o.hist) {
             *a += b;
         }

@@ -439,8 +439,10 @@ impl Tracer {
             self.switch_due()?;
         }
         // One read of the aggregation maps for the probe time and the schedule's poll.
-        let calls = sampled_calls(&self.probes);
-        self.account_probe_time(&calls);
+        let rows = probe_rows(&self.probes);
+        let calls: Vec<(u32, u16, u64)> = rows.iter().map(|r| (r.0, r.1, r.2)).collect();
+        let hits: Vec<(u32, u16, u64)> = rows.iter().map(|r| (r.0, r.1, r.2 + r.3)).collect();
+        self.account_probe_time(&hits);
         if let Some(s) = &mut self.schedule {
             s.poll(Instant::now(), |kind| calls_of_kind(&calls, kind));
         } else if let LaunchProbes::Sampled { window, period } = self.opts.launches {
@@ -543,10 +545,10 @@ impl Tracer {
         }
     }
 
-    /// Adds the hits since the last look (`calls`: the aggregation maps' rows) to each
-    /// process's probe time.
-    fn account_probe_time(&mut self, calls: &[(u32, u16, u64)]) {
-        let hits = super::probe_time::hits_per_process(calls);
+    /// Adds the hits since the last look (`hits`: the aggregation maps' rows, counted calls and
+    /// unpaired returns) to each process's probe time.
+    fn account_probe_time(&mut self, hits: &[(u32, u16, u64)]) {
+        let hits = super::probe_time::hits_per_process(hits);
         let prices = self.hit_prices();
         self.probe_time.account(hits, |pid| prices.price(pid));
     }
@@ -581,6 +583,10 @@ impl Tracer {
         if let (Some(b), Ok(a)) = (before, self.probes.read_health()) {
             let i = agent_common::maps::Health::ReturnWithoutEntry as usize;
             self.edge_returns += a[i].saturating_sub(b[i]);
+            log::debug!(
+                "window edge: {} returns without entry",
+                a[i].saturating_sub(b[i])
+            );
         }
         r
     }
@@ -742,18 +748,26 @@ impl Tracer {
         r.health[i] = r.health[i].saturating_sub(self.edge_returns);
         if self.calibrator.is_some() {
             let mut calls: std::collections::BTreeMap<(u32, Prologue), u64> = Default::default();
+            let mut unpaired: std::collections::BTreeMap<(u32, Prologue), u64> = Default::default();
             let probed = r
                 .stats
                 .iter()
                 .filter(|(k, _)| k.api != agent_common::ProbeCookie::CALIBRATION_API)
-                .map(|(k, s)| (k.tgid, k.api, s.calls))
-                .chain(r.nccl_stats.iter().map(|(k, s)| (k.tgid, k.api, s.calls)));
-            for (tgid, api, n) in probed {
+                .map(|(k, s)| (k.tgid, k.api, s.calls, s.unpaired))
+                .chain(
+                    r.nccl_stats
+                        .iter()
+                        .map(|(k, s)| (k.tgid, k.api, s.calls, s.unpaired)),
+                );
+            for (tgid, api, n, u) in probed {
                 let class = self.prologue_of(tgid, api);
                 *calls.entry((tgid, class)).or_default() += n;
+                if u > 0 {
+                    *unpaired.entry((tgid, class)).or_default() += u;
+                }
             }
             if let Some(c) = &mut self.calibrator {
-                c.remeasure(&calls, &self.probes);
+                c.remeasure(&calls, &unpaired, &self.probes);
             }
         }
         Ok(r)
@@ -847,11 +861,23 @@ impl HitPrices {
 /// Calls per (process, API) in the probes' aggregation maps, the CUDA driver's and NCCL's (a map
 /// that cannot be read counts nothing: the schedule sees no calls).
 fn sampled_calls(probes: &Probes) -> Vec<(u32, u16, u64)> {
+    probe_rows(probes)
+        .into_iter()
+        .map(|(tgid, api, calls, _)| (tgid, api, calls))
+        .collect()
+}
+
+/// Every aggregation row's process, API, counted calls and unpaired returns (calls that took a
+/// hit at a window's edge without being counted: [`agent_common::maps::ApiStats::unpaired`]).
+fn probe_rows(probes: &Probes) -> Vec<(u32, u16, u64, u64)> {
     let cuda = probes.read_stats().unwrap_or_default();
     let nccl = probes.read_nccl_stats().unwrap_or_default();
     cuda.iter()
-        .map(|(k, s)| (k.tgid, k.api, s.calls))
-        .chain(nccl.iter().map(|(k, s)| (k.tgid, k.api, s.calls)))
+        .map(|(k, s)| (k.tgid, k.api, s.calls, s.unpaired))
+        .chain(
+            nccl.iter()
+                .map(|(k, s)| (k.tgid, k.api, s.calls, s.unpaired)),
+        )
         .collect()
 }
 

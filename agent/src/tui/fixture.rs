@@ -429,6 +429,7 @@ pub fn snapshot() -> Snapshot {
                 charged_ns: BTreeMap::new(),
                 charged_se_ns: BTreeMap::new(),
                 charged_inband_ns: BTreeMap::new(),
+                unpaired_hits: BTreeMap::new(),
                 classes: Vec::new(),
                 process_prologue: BTreeMap::new(),
             }),

@@ -244,15 +244,24 @@ pub fn launch_loop(
     let mut direct_ns: Vec<u64> = Vec::new();
     let mut errors = 0u64;
     let mut inside = 0u64;
+    // Launches that met a uprobe's breakpoint (0xcc) on the entry point's first byte, before and
+    // after the call: what the probes trapped, whether or not their programs counted the call.
+    let entry = p.cast::<u8>().cast_const();
+    // SAFETY: the entry point's first byte is mapped code; a volatile read of it, as the kernel
+    // writes a breakpoint there and takes it out.
+    let trap = || unsafe { entry.read_volatile() } == 0xcc;
+    let mut trapped = 0u64;
     let t_all = Instant::now();
     for i in 0..count {
         let through = direct.filter(|_| (i + 1).is_multiple_of(direct_every));
+        let before = trap();
         let t = Instant::now();
         // SAFETY: a function from the driver, non-zero dimensions, no parameters.
         let r = unsafe {
             through.unwrap_or(launch)(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast())
         };
         let took = t.elapsed().as_nanos() as u64;
+        trapped += u64::from(through.is_none() && before && trap());
         ns.push(took);
         if through.is_some() {
             direct_ns.push(took);
@@ -283,6 +292,7 @@ pub fn launch_loop(
         "launch_ns": ns.get(ns.len() / 2).copied().unwrap_or(0),
         "launch_mean_ns": total.checked_div(count).unwrap_or(0),
         "inside_total_ns": inside_of.map(|_| inside),
+        "trapped": trapped,
         "direct": direct_figures,
     }));
     Ok(ExitCode::SUCCESS)

@@ -11,6 +11,11 @@
 // the launches' time in the driver is measured beside the hooked ones, at the same moments, without
 // the hook's own time: the truth for the limiter's timing of the hooked launches.
 //
+// With TRACE=PATH in the environment it also writes one 16-byte record per launch to PATH (the
+// launch's start on CLOCK_MONOTONIC in ns, its time in ns as a float, and flags: bit 0 probed
+// before, bit 1 after, bit 2 a synchronisation followed, bit 3 straight to libcuda), for
+// scripts/gpu/probe_hit_trace.py.
+//
 // ./attribute_micro N SYNC_EVERY LINGER_MS [DIRECT]   (prints one line: MICRO key=value ...)
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -115,6 +120,11 @@ int main(int argc, char** argv) {
   probed.reserve(n);
   unprobed.reserve(n);
   if (alternate) direct.reserve(n / 2 + 1);
+  struct Record { uint64_t start; float ns; uint32_t flags; };
+  static_assert(sizeof(Record) == 16, "trace record");
+  const char* trace_path = getenv("TRACE");
+  std::vector<Record> trace;  // every launch (the truths at the windows' own moments need them)
+  trace.reserve(n);
   long edges = 0, syncs = 0, errors = 0;
   double total = 0;
   uint64_t t_all = now_ns();
@@ -132,7 +142,9 @@ int main(int argc, char** argv) {
       if (before != after) edges++;
       else (before ? probed : unprobed).push_back(d);
     }
-    if (sync_every > 0 && (i + 1) % sync_every == 0) { cuStreamSynchronize(0); syncs++; }
+    bool sync = sync_every > 0 && (i + 1) % sync_every == 0;
+    if (sync) { cuStreamSynchronize(0); syncs++; }
+    trace.push_back({t, float(d), uint32_t(before) | uint32_t(after) << 1 | uint32_t(sync) << 2 | uint32_t(bypass) << 3});
   }
   cuCtxSynchronize();
   double loop_ns = double(now_ns() - t_all);
@@ -149,12 +161,53 @@ int main(int argc, char** argv) {
   for (double d : unprobed) driver_truth += d;
   driver_truth += (probed.size() + edges) * mu;
   if (alternate) driver_truth = hooked * direct_mean;
+  // The same truths at the windows' own moments: the launch's time drifts over a run by more
+  // than a tenth of a hit, and the probes are attached only in a few windows, so each window's
+  // probed launches are compared with the unprobed launches within WINDOW_BASELINE_NS of it.
+  const uint64_t WINDOW_BASELINE_NS = 200000000;
+  double local_cost_sum = 0, local_driver = 0;
+  long local_probed = 0;
+  for (size_t i = 0; i < trace.size();) {
+    bool probed_i = (trace[i].flags & 3) == 3 && !(trace[i].flags & 8);
+    if (!probed_i) {
+      if (!(trace[i].flags & 8) && (trace[i].flags & 3) == 0) local_driver += trace[i].ns;
+      i++;
+      continue;
+    }
+    size_t j = i;
+    std::vector<double> in_window;
+    while (j < trace.size() && ((trace[j].flags & 3) == 3 || (trace[j].flags & 8))) {
+      if (!(trace[j].flags & 8)) in_window.push_back(trace[j].ns);
+      j++;
+    }
+    uint64_t t0 = trace[i].start > WINDOW_BASELINE_NS ? trace[i].start - WINDOW_BASELINE_NS : 0;
+    uint64_t t1 = trace[j - 1].start + WINDOW_BASELINE_NS;
+    std::vector<double> around;
+    auto by_start = [](const Record& r, uint64_t t) { return r.start < t; };
+    size_t from = std::lower_bound(trace.begin(), trace.end(), t0, by_start) - trace.begin();
+    size_t to = std::lower_bound(trace.begin(), trace.end(), t1, by_start) - trace.begin();
+    for (size_t k = from; k < to; k++)
+      if ((trace[k].flags & 11) == 0) around.push_back(trace[k].ns);
+    double base = around.size() >= 100 ? trimmed_mean(around) : mu;
+    local_cost_sum += in_window.size() * (trimmed_mean(in_window) - base);
+    local_driver += in_window.size() * base;
+    local_probed += in_window.size();
+    i = j;
+  }
+  local_driver += edges * mu;
+  double local_cost = local_probed ? local_cost_sum / local_probed : 0;
+  if (alternate) local_driver = driver_truth;
   printf("MICRO launches=%ld hooked=%ld direct=%zu direct_mean_ns=%.1f direct_med_ns=%.1f syncs=%ld errors=%ld probed=%zu unprobed=%zu edges=%ld "
          "clock_ns=%.1f probed_med_ns=%.1f unprobed_med_ns=%.1f probed_mean_ns=%.1f unprobed_mean_ns=%.1f "
-         "launch_total_ns=%.0f driver_truth_ns=%.0f loop_ns=%.0f\n",
+         "launch_total_ns=%.0f driver_truth_ns=%.0f loop_ns=%.0f local_cost_ns=%.1f local_driver_truth_ns=%.0f\n",
          n, hooked, direct.size(), direct_mean, median(direct), syncs, errors, probed.size(), unprobed.size(), edges, clock_ns, median(probed), median(unprobed),
-         trimmed_mean(probed), mu, total, driver_truth, loop_ns);
+         trimmed_mean(probed), mu, total, driver_truth, loop_ns, local_cost, local_driver);
   fflush(stdout);
+  if (trace_path) {
+    FILE* f = fopen(trace_path, "wb");
+    if (!f || fwrite(trace.data(), sizeof(Record), trace.size(), f) != trace.size()) { printf("trace write failed\n"); return 1; }
+    fclose(f);
+  }
   // Linger past the agent's next poll: the limiter retires its region slot at exit.
   usleep(linger_ms * 1000);
   return errors ? 1 : 0;

@@ -366,8 +366,7 @@ impl Calibrator {
                 "hit price {:?} at {} ns on CPU {}: {:.0} ns (unprobed body {:.0} ns)",
                 cost.prologue,
                 crate::sys::clock::monotonic_ns(),
-                // SAFETY: sched_getcpu has no preconditions.
-                unsafe { libc::sched_getcpu() },
+                crate::sys::process::current_cpu().map_or(-1, i64::from),
                 m.probed.minus(m.unprobed).ns,
                 m.unprobed.ns
             );

@@ -46,6 +46,13 @@ pub fn send_signal(pid: u32, signal: Signal) -> std::io::Result<()> {
     }
 }
 
+/// The CPU this thread runs on now (`None`: the kernel does not say).
+pub fn current_cpu() -> Option<u32> {
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).ok()
+}
+
 /// Lowers the calling thread's scheduling priority to the lowest (nice 19), so that its work
 /// (the freeze pool's populating) yields the CPU to everything else on the host.
 pub fn lowest_priority_for_this_thread() -> std::io::Result<()> {

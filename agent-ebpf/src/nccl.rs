@@ -14,7 +14,7 @@ use agent_common::{
     },
 };
 use aya_ebpf::{
-    bindings::BPF_ANY,
+    bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_user_buf,
@@ -24,7 +24,7 @@ use aya_ebpf::{
 
 use crate::{
     maps::{NCCL_COMMS, NCCL_INFLIGHT, NCCL_STATS, ZERO_STATS},
-    shared::{account, arg_at, cookie_of, count, quota_row, read_user_u64, regs_and_sp},
+    shared::{account, add, arg_at, cookie_of, count, quota_row, read_user_u64, regs_and_sp},
     span::{Call, maybe_span},
 };
 
@@ -106,8 +106,46 @@ pub(crate) fn on_nccl_entry(ctx: &ProbeContext) {
     }
     // SAFETY: reads the monotonic clock; no memory is touched.
     rec.start_ns = unsafe { bpf_ktime_get_ns() };
+    if NCCL_INFLIGHT.insert(&key, &rec, BPF_NOEXIST as u64).is_ok() {
+        return;
+    }
+    // This thread's earlier call of the API is still in flight by the table: its return probe
+    // was gone when it returned (a sampling window's edge). That call took a hit no call was
+    // counted for, on its own communicator's row.
+    // SAFETY: the earlier record is copied out before it is replaced.
+    if let Some(earlier) = unsafe { NCCL_INFLIGHT.get(&key) }.copied() {
+        unpaired_nccl_hit(key.pid_tgid, cookie.api(), earlier.comm);
+    }
     if NCCL_INFLIGHT.insert(&key, &rec, BPF_ANY as u64).is_err() {
         count(Health::InflightDropped);
+    }
+}
+
+/// Counts a hit no call was counted for on the row of its process, API and communicator (0 for a
+/// return whose entry, and so whose communicator, was not seen: a row no communicator shows).
+#[inline(always)]
+fn unpaired_nccl_hit(pid_tgid: u64, api: u16, comm: u64) {
+    // SAFETY: reads the current task's cgroup id; no memory is touched.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let tgid = (pid_tgid >> 32) as u32;
+    let skey = NcclStatsKey {
+        cgroup_id,
+        tgid,
+        api,
+        _pad: 0,
+        comm,
+    };
+    let row = quota_row(
+        &NCCL_STATS,
+        &skey,
+        &ZERO_STATS,
+        cgroup_id,
+        tgid,
+        Health::NcclDropped,
+    );
+    if let Some(row) = row {
+        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
+        unsafe { add(&raw mut (*row).unpaired, 1) };
     }
 }
 
@@ -145,6 +183,7 @@ pub(crate) fn on_nccl_return(ctx: &RetProbeContext) {
     // SAFETY: the record is copied out before the entry is removed.
     let Some(rec) = (unsafe { NCCL_INFLIGHT.get(&key) }).copied() else {
         count(Health::ReturnWithoutEntry);
+        unpaired_nccl_hit(pid_tgid, cookie.api(), 0);
         return;
     };
     let _ = NCCL_INFLIGHT.remove(&key);

@@ -1066,6 +1066,9 @@ fn process_facts(
 fn probe_api_rows(rows: Option<&BTreeMap<u16, ApiStats>>) -> Vec<ApiUsage> {
     rows.into_iter()
         .flatten()
+        // A row of unpaired hits alone (a window's edge) counted no call: it is a cost, charged
+        // by the calibration, not a row of calls.
+        .filter(|(_, s)| s.calls > 0)
         .filter_map(|(&api, s)| {
             let spec = ApiId(api).spec()?;
             Some(ApiUsage {
@@ -1253,6 +1256,38 @@ fn events_lost(reading: &RawReading) -> BTreeMap<String, u64> {
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
+
+    #[test]
+    fn a_row_of_unpaired_hits_alone_is_no_row_of_calls() {
+        let launch = agent_common::ApiId::from_name("cuLaunchKernel").unwrap().0;
+        let sync = agent_common::ApiId::from_name("cuStreamSynchronize")
+            .unwrap()
+            .0;
+        let rows: BTreeMap<u16, ApiStats> = [
+            (
+                launch,
+                ApiStats {
+                    unpaired: 12,
+                    ..ApiStats::ZERO
+                },
+            ),
+            (
+                sync,
+                ApiStats {
+                    calls: 3,
+                    unpaired: 1,
+                    ..ApiStats::ZERO
+                },
+            ),
+        ]
+        .into();
+        let apis = probe_api_rows(Some(&rows));
+        assert_eq!(apis.len(), 1, "{apis:?}");
+        assert_eq!(
+            (apis[0].api.as_str(), apis[0].calls),
+            ("cuStreamSynchronize", 3)
+        );
+    }
 
     use region::{
         RegionConfig,

@@ -4,7 +4,7 @@
 use agent_common::{
     MemEffect,
     api::{ALLOC_SPACE_HANDLE, ALLOC_SPACE_PTR},
-    maps::{AllocKey, AllocSizeKey, AllocVal, Health, Inflight, InflightKey, StatsKey},
+    maps::{AllocKey, AllocSizeKey, AllocVal, ApiStats, Health, Inflight, InflightKey, StatsKey},
 };
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
@@ -189,27 +189,32 @@ fn untrack(tgid: u32, space: u32, addr: u64) -> u64 {
 /// (the agent charges it) but has no latency to aggregate.
 #[inline(always)]
 fn unpaired_hit(pid_tgid: u64, api: u16) {
-    let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: reads the current task's cgroup id; no memory is touched.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    if let Some(row) = stats_row(cgroup_id, (pid_tgid >> 32) as u32, api) {
+        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
+        unsafe { add(&raw mut (*row).unpaired, 1) };
+    }
+}
+
+/// The aggregation row of a process's calls of an API in a cgroup, made if its cgroup's row
+/// quota allows (see `quota_row`).
+#[inline(always)]
+fn stats_row(cgroup_id: u64, tgid: u32, api: u16) -> Option<*mut ApiStats> {
     let skey = StatsKey {
         cgroup_id,
         tgid,
         api,
         _pad: 0,
     };
-    let row = quota_row(
+    quota_row(
         &STATS,
         &skey,
         &ZERO_STATS,
         cgroup_id,
         tgid,
         Health::StatsDropped,
-    );
-    if let Some(row) = row {
-        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
-        unsafe { add(&raw mut (*row).unpaired, 1) };
-    }
+    )
 }
 
 #[inline(always)]
@@ -270,21 +275,7 @@ pub(crate) fn on_return(ctx: &RetProbeContext) {
         _ => {}
     }
 
-    let skey = StatsKey {
-        cgroup_id,
-        tgid,
-        api,
-        _pad: 0,
-    };
-    let row = quota_row(
-        &STATS,
-        &skey,
-        &ZERO_STATS,
-        cgroup_id,
-        tgid,
-        Health::StatsDropped,
-    );
-    if let Some(row) = row {
+    if let Some(row) = stats_row(cgroup_id, tgid, api) {
         account(row, ok, bytes, now.saturating_sub(rec.start_ns));
     }
     let call = Call {

@@ -9,7 +9,7 @@ use agent_common::{
         comm_id_digest, comm_id_word, nccl_datatype_size,
     },
     maps::{
-        Health, InflightKey, NCCL_INIT_ALL_MAX, NcclCommInfo, NcclCommKey, NcclInflight,
+        ApiStats, Health, InflightKey, NCCL_INIT_ALL_MAX, NcclCommInfo, NcclCommKey, NcclInflight,
         NcclStatsKey,
     },
 };
@@ -127,7 +127,16 @@ pub(crate) fn on_nccl_entry(ctx: &ProbeContext) {
 fn unpaired_nccl_hit(pid_tgid: u64, api: u16, comm: u64) {
     // SAFETY: reads the current task's cgroup id; no memory is touched.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    let tgid = (pid_tgid >> 32) as u32;
+    if let Some(row) = nccl_row(cgroup_id, (pid_tgid >> 32) as u32, api, comm) {
+        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
+        unsafe { add(&raw mut (*row).unpaired, 1) };
+    }
+}
+
+/// The aggregation row of a process's calls of an NCCL API on a communicator in a cgroup, made
+/// if its cgroup's row quota allows (see `quota_row`).
+#[inline(always)]
+fn nccl_row(cgroup_id: u64, tgid: u32, api: u16, comm: u64) -> Option<*mut ApiStats> {
     let skey = NcclStatsKey {
         cgroup_id,
         tgid,
@@ -135,18 +144,14 @@ fn unpaired_nccl_hit(pid_tgid: u64, api: u16, comm: u64) {
         _pad: 0,
         comm,
     };
-    let row = quota_row(
+    quota_row(
         &NCCL_STATS,
         &skey,
         &ZERO_STATS,
         cgroup_id,
         tgid,
         Health::NcclDropped,
-    );
-    if let Some(row) = row {
-        // SAFETY: `row` is a live map value; its fields are only changed by atomic adds.
-        unsafe { add(&raw mut (*row).unpaired, 1) };
-    }
+    )
 }
 
 #[inline(always)]
@@ -229,22 +234,7 @@ pub(crate) fn on_nccl_return(ctx: &RetProbeContext) {
 
     // SAFETY: reads the current task's cgroup id; no memory is touched.
     let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    let skey = NcclStatsKey {
-        cgroup_id,
-        tgid,
-        api,
-        _pad: 0,
-        comm,
-    };
-    let row = quota_row(
-        &NCCL_STATS,
-        &skey,
-        &ZERO_STATS,
-        cgroup_id,
-        tgid,
-        Health::NcclDropped,
-    );
-    if let Some(row) = row {
+    if let Some(row) = nccl_row(cgroup_id, tgid, api, comm) {
         account(row, ok, rec.bytes, now.saturating_sub(rec.start_ns));
     }
     let call = Call {

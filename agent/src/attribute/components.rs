@@ -260,8 +260,12 @@ pub fn attribute(
         // (seconds, calls, source, calls' standard error, seconds' error)
         let (seconds, calls, measured_by, calls_se, seconds_error) = match (probes, limiter) {
             // The limiter counts every call exactly: its figures for launches always (the hot
-            // path, which the probes only sample), and for any kind the probes sampled.
-            (Some(p), Some(l)) if sampled || kind == "launch" => limiter_row(l, p.calls),
+            // path, which the probes only sample), for any kind the probes sampled, and for any
+            // whose calls the probes did not all see (probed only until the agent found the
+            // process's region slot and left its calls to the limiter).
+            (Some(p), Some(l)) if sampled || kind == "launch" || l.calls > p.calls => {
+                limiter_row(l, p.calls)
+            }
             (Some(p), _) if sampled => {
                 let calls = p.calls as f64 * scale;
                 let seconds = in_probes(p) * scale;
@@ -685,6 +689,55 @@ mod tests {
             b.uncertainty["driver"].standard_error(),
             a.uncertainty["driver"].standard_error()
         );
+    }
+
+    /// A limited process's synchronisations probed only until the agent left them to the
+    /// limiter: the limiter's row, which counted them all, is the figure; while both saw every
+    /// call, the probes' stays.
+    #[test]
+    fn the_limiters_row_stands_for_calls_the_probes_saw_only_some_of() {
+        let rows = |probed: u64| {
+            process(
+                vec![
+                    usage(
+                        "cuCtxSynchronize",
+                        "sync",
+                        Source::Probes,
+                        probed,
+                        probed * 20_000,
+                        0,
+                    ),
+                    usage(
+                        "cuCtxSynchronize",
+                        "sync",
+                        Source::Limiter,
+                        1_954,
+                        1_954 * 18_000,
+                        1_954 * 100,
+                    ),
+                ],
+                0,
+            )
+        };
+        let a = attribute(
+            &rows(89),
+            None,
+            sampling(2_000.0, 1_000.0),
+            None,
+            &BTreeMap::new(),
+        );
+        let sync = &a.apis[0];
+        assert_eq!((sync.calls, sync.measured_by.as_str()), (1_954, "limiter"));
+        // Its 89 probed calls' hits are taken out of the limiter's timing.
+        assert!((sync.seconds - (1_954.0 * 18_000.0 - 89.0 * 2_000.0) / 1e9).abs() < 1e-12);
+        let b = attribute(
+            &rows(1_954),
+            None,
+            sampling(2_000.0, 1_000.0),
+            None,
+            &BTreeMap::new(),
+        );
+        assert_eq!(b.apis[0].measured_by, "probes");
     }
 
     /// An estimate from a single window has no known spread: the rows say so (and are marked).

@@ -680,7 +680,10 @@ impl OwnFreeze {
             if failed.is_none() {
                 for &h in movable.keys() {
                     let mappings = ct.mappings_of(h);
-                    let c = ct.handles.get_mut(&h).expect("listed above");
+                    // Listed from the table above; a panic must not cross into the application.
+                    let Some(c) = ct.handles.get_mut(&h) else {
+                        continue;
+                    };
                     match created::release_created(d, c, &mappings) {
                         Ok(()) => {
                             c.real = 0;
@@ -750,7 +753,10 @@ impl OwnFreeze {
                 .collect();
             for h in frozen {
                 let mappings = ct.mappings_of(h);
-                let c = &ct.handles[&h];
+                // Listed from the table above; a panic must not cross into the application.
+                let Some(c) = ct.handles.get(&h) else {
+                    continue;
+                };
                 let Some(va) = ct.copy_address(h, c) else {
                     log::write(
                         env.log,
@@ -777,7 +783,9 @@ impl OwnFreeze {
                     created::drop_creation_reference(d, c, h);
                     Ok(h)
                 });
-                let c = ct.handles.get_mut(&h).expect("listed above");
+                let Some(c) = ct.handles.get_mut(&h) else {
+                    continue;
+                };
                 if let Some(new) = placed {
                     c.real = new;
                     if let Some(Saved::Own(buf)) = c.saved.take() {

@@ -7,6 +7,9 @@ could estimate it from outside the process.
                                            writes nothing when the host has no hardware counter)
   probe_hit_trace.py analyse RAW          every RAW/<tag>.trace (attribute_micro's TRACE) with its
                                            RAW/<tag>.pmu.npy and RAW/<tag>.json (the agent's report)
+  probe_hit_trace.py windows JSON...      over the windows of several analyses (their
+                                           hit-trace.json): the range of a hit's cost, and how the
+                                           agent's prices around each window follow it
 
 For each run the analysis prints:
 - truth: what a hit costs per probed launch (the trimmed mean of the probed launches less that of
@@ -205,11 +208,34 @@ def analyse(raw):
     return 0 if ok else 1
 
 
+def windows(paths):
+    truth, price = [], []
+    for path in paths:
+        for run in json.load(open(path)):
+            for w in run.get("per_window", []):
+                around = [p[0] if isinstance(p, list) else p for p in w.get("prices_around", [])]
+                if around:
+                    truth.append(w["truth"])
+                    price.append(statistics.mean(around))
+    if len(truth) < 3:
+        print("fewer than 3 windows with prices around them")
+        return 1
+    r = statistics.correlation(truth, price)
+    errors = sorted(abs(p - t) / t for t, p in zip(truth, price))
+    bias = (statistics.mean(price) - statistics.mean(truth)) / statistics.mean(truth)
+    print(f"{len(truth)} windows: a hit cost the process {min(truth):.0f}-{max(truth):.0f} ns "
+          f"(mean {statistics.mean(truth):.0f}); the agent's prices around them: correlation "
+          f"{r:.2f}, median error {statistics.median(errors) * 100:.1f}%, mean {bias * 100:+.1f}%")
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "sample":
         sample(int(sys.argv[2]), sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == "analyse":
         sys.exit(analyse(sys.argv[2]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "windows":
+        sys.exit(windows(sys.argv[2:]))
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

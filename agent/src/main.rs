@@ -107,16 +107,17 @@ enum LaunchMode {
 /// Options shared by the commands that load probes and collect.
 #[derive(clap::Args, Clone)]
 struct CollectArgs {
-    /// Probe kernel launches too: `on`, `sampled` (in windows) or `off`. They cost about
-    /// 1.7 us per launch while attached.
-    /// (Default: off; `attribute` samples 200 ms every 10 s.)
+    /// Probe kernel launches too: `on` or `sampled` (in the probe budget's windows, like
+    /// synchronisations and copies; with `--probe-budget off`, `on` probes every launch and
+    /// `sampled` attaches them for --launch-window every --launch-period) or `off`. They cost
+    /// about 1.7 us per launch while attached. (Default: off; `sampled` for `attribute`.)
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on")]
     probe_launches: Option<LaunchMode>,
-    /// With `--probe-launches sampled`: how long each window lasts (default 1s; 200ms for
-    /// `attribute`).
+    /// With `--probe-launches sampled` and `--probe-budget off`: how long each window lasts
+    /// (default 1s; 200ms for `attribute`).
     #[arg(long, value_parser = units::parse_duration)]
     launch_window: Option<Duration>,
-    /// With `--probe-launches sampled`: how often a window starts.
+    /// With `--probe-launches sampled` and `--probe-budget off`: how often a window starts.
     #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
     launch_period: Duration,
     /// Keep the cost of the high-rate probes (launches, synchronisations, copies) under this
@@ -199,8 +200,18 @@ impl CollectArgs {
     ) -> anyhow::Result<probe_options::TraceOptions> {
         let (default_launches, default_window) = (defaults.launches, defaults.launch_window);
         let window = self.launch_window.unwrap_or(default_window);
+        let budget = self
+            .probe_budget
+            .unwrap_or(Budget(Some(defaults.budget)))
+            .0
+            .map(|share| probe_options::Budget {
+                share,
+                window: self.sample_window.unwrap_or(defaults.sample_window),
+            });
+        // A budget holds for every high-rate kind: launches asked for come under it too.
         let launches = match self.probe_launches.unwrap_or(default_launches) {
             LaunchMode::Off => LaunchProbes::Off,
+            LaunchMode::On | LaunchMode::Sampled if budget.is_some() => LaunchProbes::Budget,
             LaunchMode::On => LaunchProbes::On,
             LaunchMode::Sampled => {
                 anyhow::ensure!(
@@ -220,14 +231,7 @@ impl CollectArgs {
             calibrate: !self.no_calibrate,
             host: host::HostPaths::system().with_root(self.host_root.clone()),
             spans: None,
-            budget: self
-                .probe_budget
-                .unwrap_or(Budget(Some(defaults.budget)))
-                .0
-                .map(|share| probe_options::Budget {
-                    share,
-                    window: self.sample_window.unwrap_or(defaults.sample_window),
-                }),
+            budget,
             quotas: probe_options::MapQuotas {
                 allocs_per_process: self.probe_alloc_quota,
                 rows_per_cgroup: self.probe_row_quota,

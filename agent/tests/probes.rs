@@ -334,13 +334,19 @@ fn a_library_that_appears_later_is_attached_within_two_seconds() {
     assert_counts_match(&report, pid, &made);
 }
 
+/// Without a budget `--probe-launches` probes every launch; with one (the default) launches come
+/// under it like the other high-rate kinds (a launch loop at full probe cost would take a
+/// quarter of its process's time).
 #[test]
-fn launch_probes_are_off_by_default_and_count_exactly_when_on() {
+fn launch_probes_are_off_by_default_and_count_exactly_when_on_without_a_budget() {
     let _serial = serial();
     if !privileged() {
         return;
     }
-    for (flags, want) in [(&[][..], 0u64), (&["--probe-launches"][..], 100)] {
+    for (flags, want) in [
+        (&[][..], 0u64),
+        (&["--probe-budget", "off", "--probe-launches"][..], 100),
+    ] {
         let dir = tempdir();
         let lib = sim_lib(&dir.path().join("lib"));
         let mut cmd = exercise(&lib);
@@ -369,7 +375,33 @@ fn launch_probes_are_off_by_default_and_count_exactly_when_on() {
             want > 0,
             "{kinds}"
         );
+        let mode = &report["probes"]["launch_probes"]["mode"];
+        assert_eq!(mode, if want > 0 { "on" } else { "off" });
     }
+}
+
+#[test]
+fn with_a_budget_launch_probes_are_sampled_under_it() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir();
+    let lib = sim_lib(&dir.path().join("lib"));
+    let mut stat = Stat::start(&[
+        "--no-calibrate",
+        "--libcuda",
+        lib.to_str().unwrap(),
+        "--probe-launches",
+    ]);
+    stat.wait_for("tracing for", ATTACH_TIMEOUT);
+    std::thread::sleep(Duration::from_millis(500));
+    let report = stat.finish();
+    assert_eq!(report["probes"]["launch_probes"]["mode"], "budget");
+    let kinds = report["probes"]["budget"]["kinds"]
+        .as_array()
+        .expect("the budget's kinds");
+    assert!(kinds.iter().any(|k| k["kind"] == "launch"), "{kinds:?}");
 }
 
 /// Without a probe budget, `--probe-launches sampled` attaches the launch probes in fixed

@@ -157,7 +157,7 @@ mod tests {
             duration_seconds: 10.0,
             source: "in_process".into(),
             sampling: SamplingInfo {
-                launch_probes: "sampled".into(),
+                launch_probes: "budget".into(),
                 launch_probe_seconds: 0.2,
                 probe_cost_per_call_ns: 1500.0,
                 probe_cost_per_call_uncertainty: None,
@@ -170,6 +170,7 @@ mod tests {
                     attached_seconds: 0.5,
                     duty: 0.05,
                     rate_per_second: 90_000.0,
+                    overrun: 1.2,
                     gaps_by_reference: 0.8,
                 }],
             },

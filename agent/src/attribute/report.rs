@@ -106,6 +106,10 @@ pub struct SampledKind {
     pub duty: f64,
     /// Calls per second of the busiest process when last measured.
     pub rate_per_second: f64,
+    /// The hits of a window's whole cycle over those planned for the window alone (its edges):
+    /// the gaps were this much longer (the model's `sampling.kinds[].overrun`).
+    #[serde(default)]
+    pub overrun: f64,
     /// Of the calls estimated for the detached gaps over the window, the share estimated from a
     /// kind attached all along (synchronisations, copies, allocations: their calls in the gap
     /// times the ratio seen in the windows), the rest by the process's own pace in the windows.
@@ -248,7 +252,8 @@ pub fn build(
         launch_seconds: match last.agent.launch_probes {
             crate::model::probing::LaunchProbes::Off => 0.0,
             crate::model::probing::LaunchProbes::On => window_seconds,
-            crate::model::probing::LaunchProbes::Sampled { .. } => {
+            crate::model::probing::LaunchProbes::Budget
+            | crate::model::probing::LaunchProbes::Sampled { .. } => {
                 (last.agent.launch_probe_seconds - first.agent.launch_probe_seconds).max(0.0)
             }
         },
@@ -428,6 +433,7 @@ pub fn build(
             launch_probes: match last.agent.launch_probes {
                 crate::model::probing::LaunchProbes::Off => "off".into(),
                 crate::model::probing::LaunchProbes::On => "on".into(),
+                crate::model::probing::LaunchProbes::Budget => "budget".into(),
                 crate::model::probing::LaunchProbes::Sampled { .. } => "sampled".into(),
             },
             launch_probe_seconds: sampling.launch_seconds,
@@ -507,6 +513,7 @@ fn sampled_kinds(first: &Snapshot, last: &Snapshot, window_seconds: f64) -> Vec<
                 attached_seconds: attached,
                 duty,
                 rate_per_second: k.rate_per_second,
+                overrun: k.overrun,
                 gaps_by_reference: if by_reference + by_pace > 0.0 {
                     by_reference / (by_reference + by_pace)
                 } else {
@@ -596,6 +603,7 @@ mod tests {
             kinds: vec![KindSampling {
                 kind: "launch".into(),
                 duty: 0.05,
+                overrun: 1.0,
                 rate_per_second: 200_000.0,
                 attached_seconds: probed as f64 / 200_000.0,
             }],

@@ -26,8 +26,12 @@ pub enum AttachMode {
 #[serde(rename_all = "snake_case", tag = "mode")]
 pub enum LaunchProbes {
     Off,
+    /// Every launch (without a probe budget).
     On,
-    /// Attached for `window` out of every `period`.
+    /// In the probe budget's windows, like the other high-rate kinds (their duty and rate in
+    /// [`SamplingStatus`]): `--probe-launches` with a budget.
+    Budget,
+    /// Attached for `window` out of every `period` (`--probe-launches sampled` without a budget).
     Sampled {
         #[serde(with = "crate::units::serde_secs")]
         window: Duration,
@@ -191,11 +195,20 @@ pub struct SamplingStatus {
     pub exposure: BTreeMap<u32, BTreeMap<String, Exposure>>,
 }
 
+fn one() -> f64 {
+    1.0
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct KindSampling {
     pub kind: String,
     /// Share of the time it is attached now.
     pub duty: f64,
+    /// What a window's whole cycle cost the busiest process (its attach and detach, the calls in
+    /// flight across them) over what its rate planned for the window alone; the gaps are that
+    /// much longer (1 when it fits the budget whole).
+    #[serde(default = "one")]
+    pub overrun: f64,
     /// Calls per second of the busiest process in its last window.
     pub rate_per_second: f64,
     /// Seconds attached so far.

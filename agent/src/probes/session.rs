@@ -136,23 +136,18 @@ impl Tracer {
             t.settle(r)?;
         }
         if let Some(budget) = t.opts.budget {
+            // Launches come under the budget when they are probed at all (`LaunchProbes::On`
+            // is for runs without one). Allocations, frees and lifecycle calls stay attached
+            // but are no reference for the sampled kinds' gaps: they come in phases, at start-up
+            // or when a batch size changes, so a gap that spans a phase change would look full
+            // of launches.
             let kinds: Vec<_> = SAMPLED_KINDS
                 .into_iter()
                 .filter(|k| {
-                    *k != agent_common::ApiKind::Launch
-                        || matches!(t.opts.launches, LaunchProbes::Sampled { .. })
+                    *k != agent_common::ApiKind::Launch || t.opts.launches == LaunchProbes::Budget
                 })
                 .collect();
-            // Kinds attached all along that can set the pace of the sampled ones: launches when
-            // they are always probed. (Allocations, frees and lifecycle calls are attached all
-            // along too, but come in phases, at start-up or when a batch size changes: as a
-            // reference they would make a gap that spans a phase change look full of launches.)
-            let always_on: Vec<_> = (t.opts.launches == LaunchProbes::On)
-                .then_some(agent_common::ApiKind::Launch)
-                .into_iter()
-                .filter(|k| !kinds.contains(k))
-                .collect();
-            let schedule = Schedule::new(budget, &kinds, &always_on, Instant::now());
+            let schedule = Schedule::new(budget, &kinds, Instant::now());
             for k in schedule.initially_on() {
                 t.set_kind(k, true)?;
             }
@@ -515,9 +510,12 @@ impl Tracer {
         };
         let prices = self.hit_prices();
         let per_hit = |pid: u32| prices.price(pid);
-        let read = sampled_calls(&self.probes);
+        let rows = probe_rows(&self.probes);
+        let read: Vec<(u32, u16, u64)> = rows.iter().map(|r| (r.0, r.1, r.2)).collect();
+        let hit: Vec<(u32, u16, u64)> = rows.iter().map(|r| (r.0, r.1, r.2 + r.3)).collect();
         let calls = |kind| calls_of_kind(&read, kind);
-        let switches = schedule.due(Instant::now(), per_hit, calls);
+        let hits = |kind| calls_of_kind(&hit, kind);
+        let switches = schedule.due(Instant::now(), per_hit, calls, hits);
         let mut result = Ok(());
         for (kind, on) in switches {
             result = result.and(self.set_kind(kind, on));

@@ -200,6 +200,10 @@ pub fn table(r: &StatReport) -> String {
     let launches = match p.launch_probes {
         LaunchProbes::Off => "off".to_string(),
         LaunchProbes::On => "on".to_string(),
+        LaunchProbes::Budget => format!(
+            "under the probe budget ({:.1}s attached)",
+            p.launch_probe_seconds
+        ),
         LaunchProbes::Sampled { window, period } => {
             format!(
                 "sampled {window:?} every {period:?} ({:.1}s attached)",
@@ -661,12 +665,14 @@ mod tests {
                         crate::model::probing::KindSampling {
                             kind: "sync".into(),
                             duty: 0.25,
+                            overrun: 1.0,
                             rate_per_second: 8000.0,
                             attached_seconds: 2.5,
                         },
                         crate::model::probing::KindSampling {
                             kind: "copy".into(),
                             duty: 1.0,
+                            overrun: 1.0,
                             rate_per_second: 10.0,
                             attached_seconds: 10.0,
                         },

@@ -440,12 +440,14 @@ pub fn snapshot() -> Snapshot {
                     crate::model::probing::KindSampling {
                         kind: "sync".into(),
                         duty: 0.25,
+                        overrun: 1.0,
                         rate_per_second: 8_000.0,
                         attached_seconds: 15.0,
                     },
                     crate::model::probing::KindSampling {
                         kind: "copy".into(),
                         duty: 1.0,
+                        overrun: 1.0,
                         rate_per_second: 20.0,
                         attached_seconds: 60.0,
                     },

@@ -7,8 +7,7 @@ use agent_common::ApiKind;
 
 /// A pace clock for the detached gaps that the probes themselves do not disturb: the calls of
 /// the other sampled kinds while they fit the budget whole and stay attached (synchronisations
-/// and copies, which a training step makes at a steady ratio to its launches), and launches when
-/// they are always probed. Each window gives, per process, the ratio of the sampled
+/// and copies, which a training step makes at a steady ratio to its launches). Each window gives, per process, the ratio of the sampled
 /// kind's calls to the reference kinds' calls; the gap after it is estimated as the reference
 /// calls made in the gap times the ratio. Unlike a rate per second, the ratio does not move when
 /// the probes slow the process down (both kinds slow alike), nor when it is descheduled, and a
@@ -88,24 +87,17 @@ pub(super) fn calls_of_kinds(
     sum
 }
 
-/// The reference kinds of a window of `kind` that opened at `opened_at` and closes now: the
-/// kinds never detached, and those attached whole (`whole`: each with since when it has been)
-/// since before the window opened.
+/// The reference kinds of a window of `kind` that opened at `opened_at` and closes now: those
+/// attached whole (`whole`: each with since when it has been) since before the window opened.
 pub(super) fn reference_kinds(
-    always_on: &[ApiKind],
     whole: &[(ApiKind, Instant)],
     kind: ApiKind,
     opened_at: Instant,
 ) -> Vec<ApiKind> {
-    let mut refs: Vec<ApiKind> = always_on
+    let mut refs: Vec<ApiKind> = whole
         .iter()
-        .copied()
-        .chain(
-            whole
-                .iter()
-                .filter(|(_, since)| *since <= opened_at)
-                .map(|(k, _)| *k),
-        )
+        .filter(|(_, since)| *since <= opened_at)
+        .map(|(k, _)| *k)
         .filter(|k| *k != kind)
         .collect();
     refs.sort_by_key(|k| *k as u8);

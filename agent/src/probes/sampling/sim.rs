@@ -120,7 +120,7 @@ pub(super) fn run(agent: Agent, phases: &[Phase], noise: Noise) -> Vec<Reading> 
     } else {
         &[ApiKind::Launch]
     };
-    let mut s = Schedule::new(agent.budget, kinds, &[], t0);
+    let mut s = Schedule::new(agent.budget, kinds, t0);
     let mut attached: BTreeMap<ApiKind, bool> = kinds.iter().map(|k| (*k, true)).collect();
     // Probed calls per kind (what the kernel maps would say).
     let mut probed: BTreeMap<ApiKind, u64> = BTreeMap::new();
@@ -157,7 +157,12 @@ pub(super) fn run(agent: Agent, phases: &[Phase], noise: Noise) -> Vec<Reading> 
             }
         }
         if s.next_due().is_some_and(|d| d <= at(t)) {
-            for (kind, on) in s.due(at(t), |_| agent.priced_hit_ns, calls_of(&probed)) {
+            for (kind, on) in s.due(
+                at(t),
+                |_| agent.priced_hit_ns,
+                calls_of(&probed),
+                calls_of(&probed),
+            ) {
                 if on {
                     // Probed from now on; the window counts once the attach returned.
                     attached.insert(kind, true);

@@ -52,6 +52,16 @@ pub(super) struct KindState {
     /// before the gap alone): part of every reading until the window closes and the full
     /// estimate replaces it.
     pub(super) provisional: BTreeMap<u32, Gap>,
+    /// Every process's hits of the kind (probed calls and the unpaired hits at the windows'
+    /// edges) when its last window closed.
+    pub(super) hits_at_close: BTreeMap<u32, u64>,
+    /// The hits of a window's whole cycle (its attach and detach, the calls in flight across
+    /// them, a window that ran long) over those its measured rate plans for the window alone, in
+    /// the busiest process: the gaps are lengthened by it so that what the probes really cost
+    /// stays within the budget (at least 1; a moving average over the cycles).
+    pub(super) overrun: f64,
+    /// Whether a cycle has measured `overrun` yet.
+    pub(super) overrun_measured: bool,
     /// The weights the last closed window's values got so far in the gap estimates (by
     /// reference, by pace: see [`Spread`](crate::model::probing::exposure::Spread)), per process: the gap before it; the gap after it
     /// completes them.

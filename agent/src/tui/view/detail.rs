@@ -136,6 +136,10 @@ fn probe_lines(s: &Snapshot, apis: &[ApiUsage], t: &Theme) -> Vec<Line<'static>>
             ))];
         }
         (None, LaunchProbes::On) => "full (launches probed)".to_string(),
+        (None, LaunchProbes::Budget) => format!(
+            "launches under the probe budget ({:.0}s probed so far)",
+            a.launch_probe_seconds
+        ),
         (None, LaunchProbes::Sampled { window, period }) => format!(
             "sampled (launches probed {} of every {}, {:.0}s so far)",
             format_interval(window),

@@ -145,6 +145,7 @@ fn agent_line(s: &Snapshot, t: &Theme) -> Line<'static> {
             let launches = match a.launch_probes {
                 LaunchProbes::Off => "launch off".to_string(),
                 LaunchProbes::On => "launch on".to_string(),
+                LaunchProbes::Budget => "launch budget".to_string(),
                 LaunchProbes::Sampled { window, period } => format!(
                     "launch sampled {}/{}",
                     format_interval(window),

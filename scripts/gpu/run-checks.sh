@@ -5,6 +5,8 @@
 # $OUT/<check>/, each check's output in $OUT/<check>/run.log, a line per check in $OUT/checks.txt:
 # name, exit status, seconds). Checks:
 #   attribute        scripts/gpu/validate-attribute.sh (3 rounds, ~2 min)
+#   budget           scripts/gpu/validate-budget.sh (the probe budget held, measured inside a
+#                    launch loop under `vgpu-agent run --probe-launches on`, 3 rounds, ~5 min)
 #   gpu-use          scripts/gpu/validate-gpu-use.sh (~2 min)
 #   gpu-time         scripts/gpu/validate-gpu-time.sh (~2 min)
 #   metrics-nvml     scripts/gpu/validate-metrics-nvml.sh (~1 min)
@@ -28,6 +30,8 @@
 #   agent-cost       scripts/gpu/agent-cost.sh (the agent's cost on one GPU, ~5 min; RUNS=5 of
 #                    one pattern needs LIMIT_S=420)
 #   two-gpu-slowdown PARTS=1 scripts/gpu/two-gpu.sh (two GPUs: the seed's patterns, ~8 min)
+#   two-gpu-ranks-limits PARTS=2,3 scripts/gpu/two-gpu.sh (two GPUs: NCCL across ranks and the
+#                    per-device limits, ~2 min)
 #   probe-cost       scripts/gpu/probe-cost-breakdown.sh (two GPUs: where the agent's time goes;
 #                    CONFIGS picks configurations)
 #   memory-figures   scripts/gpu/validate-memory-figures.sh
@@ -50,6 +54,7 @@ for check in "$@"; do
   mkdir -p "$dir"
   case $check in
     attribute) cmd=(bash scripts/gpu/validate-attribute.sh) ;;
+    budget) cmd=(bash scripts/gpu/validate-budget.sh) ;;
     gpu-use) cmd=(bash scripts/gpu/validate-gpu-use.sh) ;;
     gpu-time) cmd=(bash scripts/gpu/validate-gpu-time.sh) ;;
     metrics-nvml) cmd=(bash scripts/gpu/validate-metrics-nvml.sh) ;;
@@ -70,6 +75,9 @@ for check in "$@"; do
     two-gpu-slowdown)
       # NVLink multicast off: the lent two-GPU machines cannot use it.
       cmd=(env PARTS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+           bash scripts/gpu/two-gpu.sh) ;;
+    two-gpu-ranks-limits)
+      cmd=(env PARTS=2,3 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
            bash scripts/gpu/two-gpu.sh) ;;
     memory-figures) cmd=(bash scripts/gpu/validate-memory-figures.sh) ;;
     bench-limiter)

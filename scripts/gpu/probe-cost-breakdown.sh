@@ -66,16 +66,7 @@ cpu_threads() { # pid: comm utime stime (clock ticks) per thread
   done
 }
 snapshot() { # socket file
-  python3 - "$1" "$2" <<'PY'
-import socket, sys
-s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
-buf = b""
-while True:
-    b = s.recv(1 << 20)
-    if not b: break
-    buf += b
-open(sys.argv[2], "wb").write(buf)
-PY
+  python3 "$HERE/daemon_snapshot.py" "$1" "$2"
 }
 start_daemon() { # config round
   local cfg=$1 r=$2 pin="" extra=""

@@ -47,16 +47,7 @@ CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 nvcc -O2 -o "$T/attribute_micro" "$HERE/attribute_micro.cu" -L"$CUDA_HOME/lib64/stubs" -lcuda -ldl \
   || { echo "nvcc failed"; exit 1; }
 snapshot() { # socket file
-  python3 - "$1" "$2" <<'PY'
-import socket, sys
-s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
-buf = b""
-while True:
-    b = s.recv(1 << 20)
-    if not b: break
-    buf += b
-open(sys.argv[2], "wb").write(buf)
-PY
+  python3 "$HERE/daemon_snapshot.py" "$1" "$2"
 }
 : > "$OUT/results.jsonl"
 for r in $(seq "$ROUNDS"); do

@@ -76,9 +76,9 @@ const MAX_OVERRUN: f64 = 4.0;
 const OVERRUN_MIN_HITS: f64 = 100.0;
 
 /// The share of the budget the schedule plans to spend. What a hit costs is measured from
-/// outside the probed process (`calibrate`), and on the GPU hosts a launch loop paid 6-12% more
-/// per hit than that price (scripts/gpu/validate-budget.sh, docs/gpu-validation.md): the rest is
-/// the margin that keeps what the probes really cost within the budget.
+/// outside the probed process (`calibrate`), and on an H200 a launch loop paid 6-21% more per
+/// hit than that price (scripts/gpu/validate-budget.sh, docs/gpu-validation.md): the rest is a
+/// margin for it, enough on average.
 const PLANNED_SHARE: f64 = 0.9;
 
 /// The schedule of every sampled kind.
@@ -199,9 +199,10 @@ impl Schedule {
                     .map(|(now, then)| now.saturating_sub(*then) as f64);
                 if let (Some(cycle), true) = (cycle, planned >= OVERRUN_MIN_HITS) {
                     // The first cycle measured is taken whole, the later ones averaged in.
-                    let mean = match k.overrun_measured {
-                        true => 0.5 * k.overrun + 0.5 * cycle / planned,
-                        false => cycle / planned,
+                    let mean = if k.overrun_measured {
+                        0.5 * k.overrun + 0.5 * cycle / planned
+                    } else {
+                        cycle / planned
                     };
                     k.overrun = mean.clamp(1.0, MAX_OVERRUN);
                     k.overrun_measured = true;
@@ -229,7 +230,8 @@ impl Schedule {
             }
         }
         let w = self.budget.window;
-        // Reference candidates: the sampled kinds that fit the budget whole (staying attached), with since when each has been attached.
+        // Reference candidates: the sampled kinds that fit the budget whole (staying attached),
+        // with since when each has been attached.
         let whole: Vec<(ApiKind, Instant)> = self
             .kinds
             .iter()

@@ -126,6 +126,9 @@ impl Schedule {
                     hits_at_close: BTreeMap::new(),
                     overrun: 1.0,
                     overrun_measured: false,
+                    mid_at: Some(now + budget.window / 2),
+                    at_mid: None,
+                    edge_rates: BTreeMap::new(),
                 })
                 .collect(),
             committed: BTreeMap::new(),
@@ -144,7 +147,13 @@ impl Schedule {
 
     /// When the next switch is due.
     pub fn next_due(&self) -> Option<Instant> {
-        self.kinds.iter().map(|k| k.until).min()
+        self.kinds
+            .iter()
+            .map(|k| match k.mid_at {
+                Some(mid) if k.on => mid.min(k.until),
+                _ => k.until,
+            })
+            .min()
     }
 
     /// Switches due at `now`. `calls(kind)` gives each process's probed calls of a kind so far,
@@ -169,6 +178,14 @@ impl Schedule {
             counts_of.push((kind, c.clone()));
             c
         };
+        // The calls at the middle of each window open now: the pace at its two ends
+        // (`KindState::half_rates`).
+        for k in &mut self.kinds {
+            if k.on && k.mid_at.is_some_and(|mid| mid <= now && now < k.until) {
+                k.at_mid = Some((now, counted(k.kind)));
+                k.mid_at = None;
+            }
+        }
         // Each closing window's calls per process.
         let mut seen: Vec<BTreeMap<u32, u64>> = vec![BTreeMap::new(); self.kinds.len()];
         for (k, seen) in self.kinds.iter_mut().zip(&mut seen) {
@@ -266,16 +283,21 @@ impl Schedule {
                     seen,
                     k.last.as_ref(),
                 );
+                // By pace, the gap before the window ends at the pace of its first half, and the
+                // gap after it starts from that of its second half.
+                let [at_start, at_end] = k
+                    .half_rates(now, &counted(k.kind), &per_hit_ns)
+                    .unwrap_or_else(|| [rates.clone(), rates.clone()]);
                 let between = if k.closed_at.is_some() {
                     gap_estimates(
                         k.last.as_ref(),
-                        &k.last_rates,
+                        &k.edge_rates,
                         &self.detached_at,
                         GapEnd {
                             seconds: k.gap.as_secs_f64(),
                             ref_calls: &k.at_open_of(k.last_reference_kinds()),
                         },
-                        Some((&reference, &rates)),
+                        Some((&reference, &at_start)),
                     )
                 } else {
                     BTreeMap::new()
@@ -296,6 +318,7 @@ impl Schedule {
                 );
                 k.provisional.clear();
                 k.last_rates = rates;
+                k.edge_rates = at_end;
                 k.last = Some(reference);
                 k.closed_at = Some(now);
                 k.gap = Duration::ZERO;
@@ -398,6 +421,7 @@ impl Schedule {
             self.status.exposure.remove(p);
             for k in &mut self.kinds {
                 k.last_rates.remove(p);
+                k.edge_rates.remove(p);
                 k.provisional.remove(p);
                 k.weights.remove(p);
                 if let Some(last) = &mut k.last {
@@ -820,6 +844,109 @@ mod tests {
         }
     }
 
+    /// By pace, the gap after a window starts from the pace of the window's second half and the
+    /// gap before it ends at that of its first half: a process that stops calling in a window
+    /// makes no calls in the gap after it, one that begins in a window made none in the gap
+    /// before (a burst is counted as what it was, not extrapolated at its pace), and one that
+    /// keeps its pace is estimated as before.
+    #[test]
+    fn the_gaps_beside_a_window_take_the_pace_of_its_half_next_to_them() {
+        let w = Duration::from_millis(100);
+        let est = |s: &Schedule, pid: u32| {
+            s.status
+                .exposure
+                .get(&pid)
+                .and_then(|k| k.get("launch"))
+                .map_or(0.0, |e| e.estimated_calls)
+        };
+        // Process 8 makes 10,000 launches a window all along (the kind is sampled); process 7
+        // makes 2,000 in one half of the second window (the first or the second) and none else.
+        for seven_in_first_half in [true, false] {
+            let t0 = Instant::now();
+            let mut s = Schedule::new(
+                Budget {
+                    share: 0.01,
+                    window: w,
+                },
+                &[ApiKind::Launch],
+                t0,
+            );
+            let none = |_: ApiKind| BTreeMap::new();
+            let at = |eight: u64, seven: u64| {
+                move |_: ApiKind| -> BTreeMap<u32, u64> {
+                    let mut m: BTreeMap<u32, u64> = [(8, eight)].into();
+                    if seven > 0 {
+                        m.insert(7, seven);
+                    }
+                    m
+                }
+            };
+            assert_eq!(s.next_due(), Some(t0 + w / 2), "the window's middle first");
+            assert!(
+                s.due(t0 + w / 2, |_| 1_000.0, at(5_000, 0), none)
+                    .is_empty()
+            );
+            let t1 = t0 + w;
+            assert_eq!(
+                s.due(t1, |_| 1_000.0, at(10_000, 0), none),
+                vec![(ApiKind::Launch, false)]
+            );
+            let t2 = s.next_due().unwrap();
+            assert_eq!(
+                s.due(t2, |_| 1_000.0, at(10_000, 0), none),
+                vec![(ApiKind::Launch, true)]
+            );
+            let half = if seven_in_first_half { 2_000 } else { 0 };
+            assert!(
+                s.due(t2 + w / 2, |_| 1_000.0, at(15_000, half), none)
+                    .is_empty()
+            );
+            let t3 = t2 + w;
+            assert_eq!(
+                s.due(t3, |_| 1_000.0, at(20_000, 2_000), none),
+                vec![(ApiKind::Launch, false)]
+            );
+            let gap = (t2 - t1).as_secs_f64();
+            let before = est(&s, 7);
+            let later = w.mul_f64(5.0);
+            s.poll(t3 + later, at(20_000, 2_000));
+            let after = est(&s, 7);
+            // Own-pace rates at 1 us a hit: 2,000 calls in half a window, 100,000 a second for
+            // process 8.
+            let pace = |calls: f64, seconds: f64| calls / (seconds - calls * 1e-6);
+            let (r7, r8) = (pace(2_000.0, 0.05), pace(10_000.0, 0.1));
+            if seven_in_first_half {
+                // Calling when the window opened: the gap before it ends at that pace (half the
+                // gap at it, as it may have begun anywhere in it); stopped within it: nothing
+                // for the gap after.
+                assert!(
+                    (before - (2_000.0 + gap * r7 / 2.0)).abs() < 1e-6,
+                    "{before}"
+                );
+                assert_eq!(
+                    after, before,
+                    "stopped in the window: nothing in the gap after"
+                );
+            } else {
+                // Begun within it: nothing for the gap before; calling when it closed: the gap
+                // after it at that pace so far.
+                assert_eq!(
+                    before, 2_000.0,
+                    "began in the window: nothing in the gap before"
+                );
+                let want = 2_000.0 + later.as_secs_f64() * r7;
+                assert!((after - want).abs() < 1e-6, "{after} against {want}");
+            }
+            // Process 8 kept its pace: its gaps at it, as by the whole windows.
+            let want = 20_000.0 + (gap + later.as_secs_f64()) * r8;
+            assert!(
+                (est(&s, 8) - want).abs() < 1e-6,
+                "{} against {want}",
+                est(&s, 8)
+            );
+        }
+    }
+
     #[test]
     fn a_busy_kind_gets_short_windows_far_apart_and_gaps_are_estimated() {
         let t0 = Instant::now();
@@ -832,7 +959,7 @@ mod tests {
             &[ApiKind::Launch, ApiKind::Sync],
             t0,
         );
-        assert_eq!(s.next_due(), Some(t0 + w));
+        assert_eq!(s.next_due(), Some(t0 + w / 2), "the window's middle first");
         // 10,000 launches and 5 syncs in the first window: 100k/s and 50/s (too few syncs for a
         // reference: the gaps are estimated by pace).
         let mut launches = 10_000;
@@ -848,7 +975,11 @@ mod tests {
         // Syncs cost 0.005%; launches get the rest of the 0.9% planned (`PLANNED_SHARE`) of
         // their 10%: duty 0.0895.
         let off = w.mul_f64(1.0 / 0.0895 - 1.0);
-        assert_eq!(s.next_due(), Some(t1 + w), "syncs are measured again first");
+        assert_eq!(
+            s.next_due(),
+            Some(t1 + w / 2),
+            "syncs are measured again first (their window's middle)"
+        );
         assert_eq!(s.status.exposure[&7]["launch"].estimated_calls, 10_000.0);
         assert_eq!(s.status.exposure[&7]["sync"].estimated_calls, 5.0);
         assert!(

@@ -62,6 +62,14 @@ pub(super) struct KindState {
     pub(super) overrun: f64,
     /// Whether a cycle has measured `overrun` yet.
     pub(super) overrun_measured: bool,
+    /// The middle of the window open now, until its calls are read there (`None` after).
+    pub(super) mid_at: Option<Instant>,
+    /// When the window's middle was read, and each process's calls then.
+    pub(super) at_mid: Option<(Instant, BTreeMap<u32, u64>)>,
+    /// Each process's own-pace rate at the end of the last closed window (over its second half;
+    /// over the whole window where its middle was not read): the pace the gap after it starts
+    /// from. See [`KindState::half_rates`].
+    pub(super) edge_rates: BTreeMap<u32, f64>,
     /// The weights the last closed window's values got so far in the gap estimates (by
     /// reference, by pace: see [`Spread`](crate::model::probing::exposure::Spread)), per process: the gap before it; the gap after it
     /// completes them.
@@ -81,6 +89,8 @@ impl KindState {
         self.until += at.saturating_duration_since(self.since);
         self.since = at;
         self.opened_at = at;
+        self.mid_at = Some(at + self.until.saturating_duration_since(at) / 2);
+        self.at_mid = None;
         self.at_open = kinds.iter().map(|k| (*k, calls(*k))).collect();
         self.calls_at_open = self.at_open.get(&self.kind).cloned().unwrap_or_default();
         self.gap = self
@@ -90,7 +100,7 @@ impl KindState {
         self.provisional = if self.closed_at.is_some() {
             gap_estimates(
                 self.last.as_ref(),
-                &self.last_rates,
+                &self.edge_rates,
                 detached_at,
                 GapEnd {
                     seconds: self.gap.as_secs_f64(),
@@ -101,6 +111,36 @@ impl KindState {
         } else {
             BTreeMap::new()
         };
+    }
+
+    /// Each process's own-pace rates over the first and the second half of the window closing at
+    /// `now` (`counts`: calls per process then), where its middle was read: the pace at the
+    /// window's start, which the gap before it ends at, and at its end, which the gap after it
+    /// starts from. A process that stopped calling in the window's first half makes no calls in
+    /// the gap after it, one that began in its second half made none in the gap before; for a
+    /// process that keeps its pace the halves' mean is the window's, so the gaps' estimates
+    /// together stay what the window rates give.
+    pub(super) fn half_rates(
+        &self,
+        now: Instant,
+        counts: &BTreeMap<u32, u64>,
+        per_hit_ns: impl Fn(u32) -> f64,
+    ) -> Option<[BTreeMap<u32, f64>; 2]> {
+        let (mid, at_mid) = self.at_mid.as_ref()?;
+        let first_s = mid.saturating_duration_since(self.since).as_secs_f64();
+        let second_s = now.saturating_duration_since(*mid).as_secs_f64();
+        if first_s <= 0.0 || second_s <= 0.0 {
+            return None;
+        }
+        let mut halves = [BTreeMap::new(), BTreeMap::new()];
+        for (pid, close) in counts {
+            let open = self.calls_at_open.get(pid).copied().unwrap_or(0);
+            let middle = at_mid.get(pid).copied().unwrap_or(open).clamp(open, *close);
+            let price = per_hit_ns(*pid);
+            halves[0].insert(*pid, Window::new(first_s, middle - open, price).rate());
+            halves[1].insert(*pid, Window::new(second_s, close - middle, price).rate());
+        }
+        Some(halves)
     }
 
     /// The reference kinds of the last closed window (none before the first).
@@ -139,7 +179,7 @@ impl KindState {
             let ref_calls = calls_of_kinds(self.last_reference_kinds(), calls);
             gap_estimates(
                 self.last.as_ref(),
-                &self.last_rates,
+                &self.edge_rates,
                 detached_at,
                 GapEnd {
                     seconds: now.saturating_duration_since(closed).as_secs_f64(),

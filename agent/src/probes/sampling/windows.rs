@@ -129,7 +129,9 @@ impl KindState {
         let (mid, at_mid) = self.at_mid.as_ref()?;
         let first_s = mid.saturating_duration_since(self.since).as_secs_f64();
         let second_s = now.saturating_duration_since(*mid).as_secs_f64();
-        if first_s <= 0.0 || second_s <= 0.0 {
+        // A middle read late (the agent was not scheduled) leaves one part too short to say.
+        let shorter = first_s.min(second_s);
+        if shorter <= 0.0 || shorter < 0.25 * (first_s + second_s) {
             return None;
         }
         let mut halves = [BTreeMap::new(), BTreeMap::new()];

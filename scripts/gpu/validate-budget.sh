@@ -65,10 +65,12 @@ for r in $(seq "$ROUNDS"); do
   w=$!
   # The schedule as it runs (duty, rate, overrun), 40 s into the loop.
   (sleep 40; snapshot "$T/agent.sock" "$RAW/snapshot-mid-$r.json") &
+  mid=$!
   for _ in $(seq 3000); do grep -q MICRO "$RAW/micro-$r.txt" && break; kill -0 "$w" 2>/dev/null || break; sleep 0.1; done
   sleep 2
   snapshot "$T/agent.sock" "$RAW/snapshot-$r.json" || echo "round $r: no snapshot"
   wait "$w"
+  kill "$mid" 2>/dev/null # a loop shorter than 40 s: never this round's snapshot from the next's daemon
   kill -INT "$DAEMON"; wait "$DAEMON" 2>/dev/null; DAEMON=
   echo "round $r: $(cat "$RAW/micro-$r.txt")"
   python3 "$HERE/probe_budget_share.py" "$T/trace" "$w" "$RAW/snapshot-$r.json" "$BUDGET" \

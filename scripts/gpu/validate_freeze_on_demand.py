@@ -52,13 +52,13 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import daemon_snapshot  # noqa: E402
 from validate_freeze_frameworks import cgroup2_root, rmdir_when_empty, sim_paths  # noqa: E402
 
 SIM = os.environ.get("SIM") == "1"
@@ -310,19 +310,7 @@ class Proc:
 def model(sock):
     """The daemon's model (JSON) from its socket: for sequencing and the record, never the
     verdict."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    try:
-        s.connect(sock)
-        body = b""
-        while True:
-            b = s.recv(1 << 20)
-            if not b:
-                break
-            body += b
-    finally:
-        s.close()
-    return json.loads(body)
+    return json.loads(daemon_snapshot.read(sock))
 
 
 def container_in(snap, cid):

@@ -124,9 +124,7 @@ impl Schedule {
                     provisional: BTreeMap::new(),
                     weights: BTreeMap::new(),
                     hits_at_close: BTreeMap::new(),
-                    overrun: 1.0,
-                    overrun_measured: false,
-                    mid_at: Some(now + budget.window / 2),
+                    overrun: None,
                     at_mid: None,
                     edge_rates: BTreeMap::new(),
                 })
@@ -149,10 +147,7 @@ impl Schedule {
     pub fn next_due(&self) -> Option<Instant> {
         self.kinds
             .iter()
-            .map(|k| match k.mid_at {
-                Some(mid) if k.on => mid.min(k.until),
-                _ => k.until,
-            })
+            .map(|k| k.middle().map_or(k.until, |mid| mid.min(k.until)))
             .min()
     }
 
@@ -181,9 +176,8 @@ impl Schedule {
         // The calls at the middle of each window open now: the pace at its two ends
         // (`KindState::half_rates`).
         for k in &mut self.kinds {
-            if k.on && k.mid_at.is_some_and(|mid| mid <= now && now < k.until) {
+            if k.middle().is_some_and(|mid| mid <= now && now < k.until) {
                 k.at_mid = Some((now, counted(k.kind)));
-                k.mid_at = None;
             }
         }
         // Each closing window's calls per process.
@@ -216,13 +210,10 @@ impl Schedule {
                     .map(|(now, then)| now.saturating_sub(*then) as f64);
                 if let (Some(cycle), true) = (cycle, planned >= OVERRUN_MIN_HITS) {
                     // The first cycle measured is taken whole, the later ones averaged in.
-                    let mean = if k.overrun_measured {
-                        0.5 * k.overrun + 0.5 * cycle / planned
-                    } else {
-                        cycle / planned
-                    };
-                    k.overrun = mean.clamp(1.0, MAX_OVERRUN);
-                    k.overrun_measured = true;
+                    let mean = k
+                        .overrun
+                        .map_or(cycle / planned, |o| 0.5 * o + 0.5 * cycle / planned);
+                    k.overrun = Some(mean.clamp(1.0, MAX_OVERRUN));
                 }
             }
             k.hits_at_close = hits_now;
@@ -242,7 +233,7 @@ impl Schedule {
                     k.kind.name(),
                     k.rate,
                     k.duty,
-                    k.overrun
+                    k.gap_factor()
                 );
             }
         }
@@ -265,7 +256,7 @@ impl Schedule {
                 let off = if k.duty >= 1.0 {
                     Duration::ZERO
                 } else {
-                    w.mul_f64(k.overrun / k.duty - 1.0)
+                    w.mul_f64(k.gap_factor() / k.duty - 1.0)
                 };
                 let windows: BTreeMap<u32, Window> = seen
                     .iter()
@@ -404,9 +395,9 @@ impl Schedule {
                 duty: if k.duty >= 1.0 {
                     1.0
                 } else {
-                    k.duty / k.overrun
+                    k.duty / k.gap_factor()
                 },
-                overrun: if k.duty >= 1.0 { 1.0 } else { k.overrun },
+                overrun: if k.duty >= 1.0 { 1.0 } else { k.gap_factor() },
                 rate_per_second: k.rate,
                 attached_seconds: a.as_secs_f64(),
             })
@@ -788,6 +779,18 @@ mod tests {
         }
     }
 
+    /// A schedule of launches alone under a 1% budget in windows of `w`.
+    fn launches_at_one_percent(w: Duration, t0: Instant) -> Schedule {
+        Schedule::new(
+            Budget {
+                share: 0.01,
+                window: w,
+            },
+            &[ApiKind::Launch],
+            t0,
+        )
+    }
+
     /// The hits a window's cycle takes past those of its measured calls (calls in flight when
     /// its probes are switched, a window that ran long) lengthen the gaps, so that the hits the
     /// process really pays stay within the budget.
@@ -796,14 +799,7 @@ mod tests {
         let w = Duration::from_millis(100);
         for (edge_hits, overrun) in [(0u64, 1.0), (3_000, 1.3)] {
             let t0 = Instant::now();
-            let mut s = Schedule::new(
-                Budget {
-                    share: 0.01,
-                    window: w,
-                },
-                &[ApiKind::Launch],
-                t0,
-            );
+            let mut s = launches_at_one_percent(w, t0);
             let at = |calls: u64, hits: u64| {
                 (
                     move |_: ApiKind| -> BTreeMap<u32, u64> { [(7, calls)].into() },
@@ -863,14 +859,7 @@ mod tests {
         // makes 2,000 in one half of the second window (the first or the second) and none else.
         for seven_in_first_half in [true, false] {
             let t0 = Instant::now();
-            let mut s = Schedule::new(
-                Budget {
-                    share: 0.01,
-                    window: w,
-                },
-                &[ApiKind::Launch],
-                t0,
-            );
+            let mut s = launches_at_one_percent(w, t0);
             let none = |_: ApiKind| BTreeMap::new();
             let at = |eight: u64, seven: u64| {
                 move |_: ApiKind| -> BTreeMap<u32, u64> {

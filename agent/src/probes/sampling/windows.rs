@@ -58,13 +58,11 @@ pub(super) struct KindState {
     /// The hits of a window's whole cycle (its attach and detach, the calls in flight across
     /// them, a window that ran long) over those its measured rate plans for the window alone, in
     /// the busiest process: the gaps are lengthened by it so that what the probes really cost
-    /// stays within the budget (at least 1; a moving average over the cycles).
-    pub(super) overrun: f64,
-    /// Whether a cycle has measured `overrun` yet.
-    pub(super) overrun_measured: bool,
-    /// The middle of the window open now, until its calls are read there (`None` after).
-    pub(super) mid_at: Option<Instant>,
-    /// When the window's middle was read, and each process's calls then.
+    /// stays within the budget (at least 1; a moving average over the cycles; `None`, taken as 1,
+    /// until a cycle measured it).
+    pub(super) overrun: Option<f64>,
+    /// When the open window's middle was read, and each process's calls then (`None` until it
+    /// is: see [`KindState::middle`]).
     pub(super) at_mid: Option<(Instant, BTreeMap<u32, u64>)>,
     /// Each process's own-pace rate at the end of the last closed window (over its second half;
     /// over the whole window where its middle was not read): the pace the gap after it starts
@@ -89,7 +87,6 @@ impl KindState {
         self.until += at.saturating_duration_since(self.since);
         self.since = at;
         self.opened_at = at;
-        self.mid_at = Some(at + self.until.saturating_duration_since(at) / 2);
         self.at_mid = None;
         self.at_open = kinds.iter().map(|k| (*k, calls(*k))).collect();
         self.calls_at_open = self.at_open.get(&self.kind).cloned().unwrap_or_default();
@@ -111,6 +108,17 @@ impl KindState {
         } else {
             BTreeMap::new()
         };
+    }
+
+    /// The middle of the window open now while its calls have not been read there.
+    pub(super) fn middle(&self) -> Option<Instant> {
+        (self.on && self.at_mid.is_none())
+            .then(|| self.since + self.until.saturating_duration_since(self.since) / 2)
+    }
+
+    /// What the gaps are lengthened by ([`KindState::overrun`]).
+    pub(super) fn gap_factor(&self) -> f64 {
+        self.overrun.unwrap_or(1.0)
     }
 
     /// Each process's own-pace rates over the first and the second half of the window closing at
